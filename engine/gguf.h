@@ -1,0 +1,165 @@
+// GGUF container: reader (v2, v3; v1 refused by name) and writer (v3).
+//
+// The reader parses the header, metadata and tensor table and validates all of
+// it against the file size; it never reads tensor data until asked and never
+// trusts a count, length or offset before checking it against the bytes that
+// remain. Every problem is a GgufError naming what is wrong and the byte offset.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/quant.h"
+
+namespace baton {
+
+class GgufError : public std::runtime_error {
+ public:
+  GgufError(const std::string& what, uint64_t offset)
+      : std::runtime_error(what + " (at byte " + std::to_string(offset) + ")"), offset_(offset) {}
+  uint64_t offset() const { return offset_; }
+
+ private:
+  uint64_t offset_;
+};
+
+enum class GgufType : uint32_t {
+  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
+  BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+};
+const char* gguf_type_name(GgufType t);
+
+// One metadata value. Scalars keep their declared type; integers live in
+// `i` (signed view) / `u` (unsigned view), floats in `f`. Arrays hold their
+// element type and items (arrays may nest).
+struct GgufValue {
+  GgufType type = GgufType::UINT32;
+  union { uint64_t u; int64_t i; double f; } num{0};
+  std::string str;                 // STRING
+  GgufType elem_type = GgufType::UINT8;  // ARRAY
+  std::vector<GgufValue> items;    // ARRAY
+
+  static GgufValue of_u32(uint32_t v);
+  static GgufValue of_i32(int32_t v);
+  static GgufValue of_u64(uint64_t v);
+  static GgufValue of_f32(float v);
+  static GgufValue of_bool(bool v);
+  static GgufValue of_str(std::string v);
+  static GgufValue of_array(GgufType elem, std::vector<GgufValue> items);
+
+  bool is_integer() const;
+  bool is_float() const;
+  // Typed views; throw std::runtime_error naming the expected type on mismatch.
+  int64_t as_int() const;      // any integer type or BOOL
+  double as_float() const;     // any integer or float type
+  const std::string& as_str() const;
+};
+
+struct GgufTensorInfo {
+  std::string name;
+  uint32_t n_dims = 0;
+  int64_t ne[4] = {1, 1, 1, 1};  // ggml order: ne[0] is the row length
+  DType type = DType::F32;
+  uint64_t offset = 0;       // relative to the data section, as stored
+  uint64_t file_offset = 0;  // absolute byte offset in the file
+  uint64_t nbytes = 0;       // exact bytes of the tensor data
+  uint64_t n_elements() const { return uint64_t(ne[0]) * ne[1] * ne[2] * ne[3]; }
+  uint64_t row_bytes() const { return nbytes / (n_elements() / ne[0]); }
+};
+
+class GgufFile {
+ public:
+  // Parses and validates the header of the file at `path` (throws GgufError,
+  // or std::system_error when the file cannot be opened).
+  static GgufFile open(const std::string& path);
+  // Same validation over an in-memory image (fuzzing, tests). Tensor data is
+  // readable with read_tensor as long as `data` outlives the object.
+  static GgufFile parse(const uint8_t* data, size_t size);
+
+  GgufFile(GgufFile&&) noexcept;
+  GgufFile& operator=(GgufFile&&) noexcept;
+  ~GgufFile();
+
+  const std::string& path() const { return path_; }
+  uint32_t version() const { return version_; }
+  uint64_t file_size() const { return file_size_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }  // start of the data section
+
+  // Metadata in file order.
+  const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
+  const GgufValue* find(std::string_view key) const;  // nullptr when absent
+  bool has(std::string_view key) const { return find(key) != nullptr; }
+  // Required typed getters: throw std::runtime_error "missing key K" / type mismatch.
+  int64_t get_int(std::string_view key) const;
+  double get_float(std::string_view key) const;
+  const std::string& get_str(std::string_view key) const;
+  const GgufValue& get_array(std::string_view key) const;
+  // Optional getters with a default.
+  int64_t get_int(std::string_view key, int64_t def) const;
+  double get_float(std::string_view key, double def) const;
+  std::string get_str(std::string_view key, const std::string& def) const;
+  bool get_bool(std::string_view key, bool def) const;
+
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  const GgufTensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
+
+  // Reads the tensor's bytes (exactly t.nbytes) into dst with pread.
+  void read_tensor(const GgufTensorInfo& t, void* dst) const;
+  // Reads an arbitrary byte range of the file into dst.
+  void read_bytes(uint64_t offset, uint64_t size, void* dst) const;
+
+  // FNV-1a 64 hash over the tensor table (name, type, dims, nbytes, in file
+  // order): the model identity used by split files and the wire protocol.
+  uint64_t tensor_table_hash() const;
+
+ private:
+  GgufFile() = default;
+  std::string path_;
+  int fd_ = -1;
+  const uint8_t* mem_ = nullptr;  // parse(): in-memory image
+  uint32_t version_ = 0;
+  uint64_t file_size_ = 0;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  std::vector<std::pair<std::string, GgufValue>> kv_;
+  std::map<std::string, size_t, std::less<>> kv_index_;
+  std::vector<GgufTensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;
+  friend class GgufParser;
+};
+
+// Writes GGUF v3: header, metadata in insertion order, tensor infos, padding to
+// the alignment, then tensor data each at an aligned offset. Tensor bytes come
+// from a callback at write time so large tensors stream with bounded memory.
+class GgufWriter {
+ public:
+  using Fill = std::function<void(uint8_t* dst, uint64_t nbytes)>;
+
+  void set(std::string key, GgufValue v);  // replaces an existing key in place
+  void remove(std::string_view key);
+  // ne in ggml order; nbytes is derived from the type and must be exact.
+  void add_tensor(std::string name, DType type, std::vector<int64_t> ne, Fill fill);
+  void add_tensor(std::string name, DType type, std::vector<int64_t> ne, std::vector<uint8_t> data);
+  // Throws std::runtime_error on I/O failure; writes to path + ".tmp" and renames.
+  void write(const std::string& path) const;
+
+ private:
+  struct Pending {
+    std::string name;
+    DType type;
+    std::vector<int64_t> ne;
+    uint64_t nbytes;
+    Fill fill;
+  };
+  std::vector<std::pair<std::string, GgufValue>> kv_;
+  std::vector<Pending> tensors_;
+};
+
+}  // namespace baton

@@ -1,0 +1,44 @@
+// Shared helpers for the GoogleTest suites.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace baton::test {
+
+// Folder with the read-only fixtures (shared/models...).
+std::string shared_dir();
+std::string model_path(const std::string& name);  // shared_dir()/models/name
+// Path of the built `baton` binary.
+std::string baton_binary();
+
+// A fresh temporary folder, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;  // -1 when killed by a signal
+  std::string out;     // stdout
+  std::string err;     // stderr
+};
+// Runs argv[0] with the arguments (no shell), capturing stdout and stderr.
+CommandResult run_command(const std::vector<std::string>& argv);
+
+// A seed for randomised tests: $BATON_TEST_SEED when set, else a fixed value.
+// Tests print it (SCOPED_TRACE) so a failure can be replayed.
+uint64_t test_seed();
+
+std::vector<uint8_t> read_file(const std::string& path);
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
+
+}  // namespace baton::test
