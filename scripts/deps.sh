@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Baton needs to build and test (only those missing).
+set -euo pipefail
+pkgs=(cmake ninja-build g++ pkg-config python3
+      libgtest-dev libgmock-dev libbenchmark-dev
+      libboost-program-options-dev nlohmann-json3-dev libfmt-dev libspdlog-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q || true
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

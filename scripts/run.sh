@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds `baton` (Release, -O2) and runs the main job on the embedded default
+# model. Extra arguments go to `baton run` (for example: -p "Tom and his dog" -n 40).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=$(( $(nproc) < 2 ? $(nproc) : 2 ))
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_TESTS=OFF >/dev/null
+cmake --build build --target baton -j "$jobs"
+exec build/baton run "$@"

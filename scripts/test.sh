@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds every test suite with AddressSanitizer and UBSan and runs them all,
+# printing each suite's GoogleTest summary. Exit status 0 only if all pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=$(( $(nproc) < 2 ? $(nproc) : 2 ))
+build=build-test
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DBATON_SANITIZE=address,undefined -DBATON_TESTS=ON >/dev/null
+cmake --build "$build" -j "$jobs"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+failed=()
+for t in "$build"/tests/test_*; do
+  [ -x "$t" ] || continue
+  echo "=== $(basename "$t")"
+  if ! "$t" --gtest_brief=1; then failed+=("$(basename "$t")"); fi
+done
+if ((${#failed[@]})); then
+  echo "FAILED suites: ${failed[*]}"
+  exit 1
+fi
+echo "all test suites passed"
