@@ -140,14 +140,26 @@ class GgufFile {
 // from a callback at write time so large tensors stream with bounded memory.
 class GgufWriter {
  public:
+  // Called once per tensor and write() with a buffer of exactly the tensor's
+  // nbytes: memory is bounded by the largest tensor.
   using Fill = std::function<void(uint8_t* dst, uint64_t nbytes)>;
+  // Called repeatedly with consecutive pieces (offset within the tensor,
+  // buffer, piece size of at most 4 MiB) until the tensor is complete: memory
+  // is bounded by one piece whatever the tensor size. Use it to stream copies.
+  using ChunkFill = std::function<void(uint64_t offset, uint8_t* dst, uint64_t nbytes)>;
 
+  // Throws std::invalid_argument for an empty key or an array whose items do
+  // not all have its element type.
   void set(std::string key, GgufValue v);  // replaces an existing key in place
   void remove(std::string_view key);
   // ne in ggml order; nbytes is derived from the type and must be exact.
+  // Throws std::invalid_argument for a duplicate name, 0 or >4 dims, a dim < 1,
+  // or a row length that is not a multiple of the type's block size.
   void add_tensor(std::string name, DType type, std::vector<int64_t> ne, Fill fill);
   void add_tensor(std::string name, DType type, std::vector<int64_t> ne, std::vector<uint8_t> data);
+  void add_tensor_chunked(std::string name, DType type, std::vector<int64_t> ne, ChunkFill fill);
   // Throws std::runtime_error on I/O failure; writes to path + ".tmp" and renames.
+  // Alignment: general.alignment when set (a u32 power of two), else 32.
   void write(const std::string& path) const;
 
  private:
@@ -156,8 +168,12 @@ class GgufWriter {
     DType type;
     std::vector<int64_t> ne;
     uint64_t nbytes;
-    Fill fill;
+    Fill fill;             // exactly one of fill / chunk_fill is set
+    ChunkFill chunk_fill;
   };
+  uint64_t checked_tensor_bytes(const std::string& name, DType type,
+                                const std::vector<int64_t>& ne) const;
+  uint64_t alignment() const;
   std::vector<std::pair<std::string, GgufValue>> kv_;
   std::vector<Pending> tensors_;
 };

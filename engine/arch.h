@@ -1,0 +1,116 @@
+// The architecture interface. An Arch is built from a GGUF file's metadata and
+// says everything the rest of the engine needs to plan and run a layer range
+// without knowing the model family:
+//   - the model's dimensions,
+//   - the tensors of the embedding, of the output head and of each layer
+//     (name, dtype rule, shape), in a fixed slot order it reads back by index,
+//   - the KV cache rows it keeps per token and layer,
+//   - how many floats cross a stage boundary per token,
+//   - the workspace its forward needs for a batch shape,
+//   - the forward of a layer range (with the embedding and/or head when the
+//     stage has them).
+// One file per architecture (arch_<name>.cpp); llama, qwen2 and qwen3 share
+// the llama-family core in llama_family.{h,cpp}.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/quant.h"
+
+namespace baton {
+
+class GgufFile;
+class KvCache;
+class Model;
+class ThreadPool;
+
+// An inclusive range of layer indices [first, last].
+struct LayerRange {
+  int first = 0;
+  int last = -1;
+  int count() const { return last - first + 1; }
+  bool contains(int layer) const { return layer >= first && layer <= last; }
+};
+
+// What the loader must find for one slot.
+struct TensorSpec {
+  std::string name;            // GGUF name, e.g. "blk.3.attn_q.weight"; empty: slot unused here
+  std::vector<int64_t> shape;  // ggml order: shape[0] is the row length
+  std::optional<DType> type;   // a required dtype (norms, biases: F32); none: any compute dtype
+  bool optional = false;       // absent in the file: the slot stays empty
+  std::string fallback;        // absent in the file: load this tensor instead (tied output head)
+};
+
+struct ModelDims {
+  int64_t n_vocab = 0;
+  int64_t n_embd = 0;
+  int n_layer = 0;
+  int64_t n_ctx_train = 0;  // the context the model was trained for
+};
+
+// The batch shape a workspace is sized for.
+struct WorkspaceShape {
+  int64_t max_batch = 1;       // tokens per forward
+  int64_t n_ctx = 0;           // longest sequence attention will see
+  int n_threads = 1;           // per-thread scratch
+  bool embedding = false;
+  bool head = false;
+  int64_t max_logit_rows = 1;  // head: logits rows per forward (1, or max_batch for all tokens)
+};
+
+// One forward over a stage's layer range for n_tokens consecutive tokens of
+// one sequence, appending their K/V at positions [pos0, pos0 + n_tokens).
+struct ForwardArgs {
+  const Model* model = nullptr;
+  LayerRange layers;
+  bool embedding = false;  // input: token ids
+  bool head = false;       // output: logits
+  KvCache* kv = nullptr;
+  int seq = 0;
+  int64_t pos0 = 0;
+  int64_t n_tokens = 0;
+  const int32_t* tokens = nullptr;  // embedding: n_tokens ids (checked against n_vocab)
+  const float* input = nullptr;     // no embedding: n_tokens rows of boundary_elems_per_token()
+  int64_t logit_rows = 1;           // head: logits for the last logit_rows tokens
+  uint8_t* workspace = nullptr;     // workspace_bytes(shape) bytes
+  WorkspaceShape shape;             // what the workspace was sized for; must cover this call
+  ThreadPool* pool = nullptr;
+};
+
+class Arch {
+ public:
+  // Builds the architecture named by `general.architecture`; refuses an
+  // unknown name (std::runtime_error naming it and the known ones).
+  static std::unique_ptr<Arch> from_gguf(const GgufFile& f);
+  static std::vector<std::string> known();
+
+  virtual ~Arch() = default;
+  virtual const std::string& name() const = 0;
+  virtual const ModelDims& dims() const = 0;
+  // One line of hyperparameters for humans.
+  virtual std::string describe() const = 0;
+
+  // Slot order is the architecture's own; Model keeps it.
+  virtual std::vector<TensorSpec> embedding_tensors() const = 0;
+  virtual std::vector<TensorSpec> head_tensors() const = 0;
+  virtual std::vector<TensorSpec> layer_tensors(int layer) const = 0;
+
+  // Floats per token of each KV stream a layer keeps (llama: K and V rows).
+  virtual std::vector<int64_t> kv_stream_widths() const = 0;
+  uint64_t kv_bytes_per_token_per_layer() const;
+  // Floats per token that cross a stage boundary (llama: one hidden vector).
+  virtual int64_t boundary_elems_per_token() const = 0;
+
+  virtual uint64_t workspace_bytes(const WorkspaceShape& shape) const = 0;
+
+  // Returns a pointer into the workspace: logits (logit_rows x n_vocab) when
+  // the stage has the head, else the boundary activations (n_tokens x
+  // boundary_elems_per_token()). Allocates nothing.
+  virtual const float* forward(const ForwardArgs& args) const = 0;
+};
+
+}  // namespace baton

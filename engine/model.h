@@ -1,0 +1,88 @@
+// The weights of one layer range: every tensor the architecture asks for,
+// checked against the file before anything is allocated, then read into one
+// allocation (each tensor at a kPlanAlignment boundary) and exposed as views
+// by slot.
+//
+// Loading is two steps so that the plan comes first:
+//   WeightLayout layout = Model::plan(file, arch, parts);   // validate, size
+//   Model model(file, layout);                              // allocate, read
+// A tied tensor (output head = embedding) is read once; both slots view it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/arch.h"
+#include "engine/memory_plan.h"
+#include "kernels/cpu_ops.h"
+
+namespace baton {
+
+class GgufFile;
+struct GgufTensorInfo;
+
+// Which parts of the model a stage holds.
+struct StageParts {
+  LayerRange layers;
+  bool embedding = false;
+  bool head = false;
+};
+
+// A loaded tensor: a view into the model's weight buffer.
+struct Tensor {
+  std::string name;             // the file's tensor (after a fallback, the tensor really loaded)
+  DType type = DType::F32;
+  int64_t ne[4] = {1, 1, 1, 1};  // ggml order
+  const uint8_t* data = nullptr;
+  uint64_t nbytes = 0;
+  uint64_t row_bytes = 0;       // bytes of one row of ne[0] elements
+  int64_t rows() const { return ne[1] * ne[2] * ne[3]; }
+  WeightView view() const { return {type, data, rows(), ne[0], row_bytes}; }
+  // Precondition: type == F32 (the loader enforces it where the spec asks).
+  const float* f32() const { return reinterpret_cast<const float*>(data); }
+};
+
+// Where each requested slot's tensor lands; computed without allocating.
+struct WeightLayout {
+  struct Entry {
+    const GgufTensorInfo* info = nullptr;  // nullptr: optional and absent
+    uint64_t offset = 0;                   // in the weight buffer; shared by aliases
+    bool alias = false;                    // same tensor as an earlier entry (tied weights)
+  };
+  StageParts parts;
+  std::vector<Entry> embedding;
+  std::vector<Entry> head;
+  std::vector<std::vector<Entry>> layers;  // [layer - parts.layers.first][slot]
+  uint64_t bytes = 0;                      // the plan's "weights" line
+  uint64_t n_tensors = 0;                  // distinct tensors read
+};
+
+class Model {
+ public:
+  // Validates every spec of the parts against the file and lays the tensors
+  // out. Throws std::runtime_error naming the tensor: missing, wrong shape or
+  // dtype (expected versus actual), a dtype without compute support, or a
+  // layer range outside the model.
+  static WeightLayout plan(const GgufFile& f, const Arch& arch, const StageParts& parts);
+
+  // One allocation of layout.bytes, filled with GgufFile::read_tensor.
+  Model(const GgufFile& f, const WeightLayout& layout);
+
+  const StageParts& parts() const { return parts_; }
+  // nullptr for an optional tensor the file does not have (or an unused slot).
+  const Tensor* embedding(int slot) const;
+  const Tensor* head(int slot) const;
+  const Tensor* layer(int layer, int slot) const;
+  uint64_t bytes() const { return buf_.size(); }
+
+ private:
+  static const Tensor* pick(const std::vector<Tensor>& v, int slot);
+  StageParts parts_;
+  AlignedBuffer buf_;
+  std::vector<Tensor> embedding_;
+  std::vector<Tensor> head_;
+  std::vector<std::vector<Tensor>> layers_;
+};
+
+}  // namespace baton

@@ -1,0 +1,110 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace baton {
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  for (auto& s : s_) s = splitmix64(seed);
+}
+
+uint64_t Rng::next() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
+
+int32_t argmax(std::span<const float> logits) {
+  if (logits.empty()) return -1;
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return int32_t(best);
+}
+
+Sampler::Sampler(const SamplerParams& params, int32_t n_vocab) : params_(params), rng_(params.seed) {
+  if (n_vocab <= 0) throw std::invalid_argument("sampler: vocabulary size must be positive, got " + std::to_string(n_vocab));
+  cand_.resize(size_t(n_vocab));
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (logits.size() != cand_.size()) {
+    throw std::invalid_argument("sampler: got " + std::to_string(logits.size()) + " logits for a vocabulary of " +
+                                std::to_string(cand_.size()));
+  }
+  if (params_.temperature <= 0.0f) {
+    int32_t id = argmax(logits);
+    cand_[0] = {id, logits[size_t(id)], 1.0};
+    n_cand_ = 1;
+    return id;
+  }
+  const size_t n = logits.size();
+  for (size_t i = 0; i < n; ++i) cand_[i] = {int32_t(i), logits[i] / params_.temperature, 0.0};
+  // Most likely first; ties by id so the order never depends on the sort.
+  auto by_logit = [](const Candidate& a, const Candidate& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+  size_t keep = n;
+  if (params_.top_k > 0 && size_t(params_.top_k) < n) {
+    keep = size_t(params_.top_k);
+    std::partial_sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(keep), cand_.begin() + std::ptrdiff_t(n), by_logit);
+  } else {
+    std::sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
+  }
+  // Softmax over the survivors, in double so that the cut points below do not
+  // move with float rounding.
+  const double mx = cand_[0].logit;
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += (cand_[i].p = std::exp(double(cand_[i].logit) - mx));
+  for (size_t i = 0; i < keep; ++i) cand_[i].p /= sum;
+  if (params_.top_p < 1.0f) {
+    double mass = 0;
+    size_t i = 0;
+    while (i < keep) {
+      mass += cand_[i].p;
+      ++i;
+      if (mass >= double(params_.top_p)) break;
+    }
+    keep = i;
+  }
+  if (params_.min_p > 0.0f) {
+    const double floor = double(params_.min_p) * cand_[0].p;
+    size_t i = 1;
+    while (i < keep && cand_[i].p >= floor) ++i;
+    keep = i;
+  }
+  sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += cand_[i].p;
+  for (size_t i = 0; i < keep; ++i) cand_[i].p /= sum;
+  n_cand_ = keep;
+  // Inverse CDF; the last candidate takes whatever rounding leaves over.
+  const double u = rng_.uniform();
+  double acc = 0;
+  for (size_t i = 0; i + 1 < keep; ++i) {
+    acc += cand_[i].p;
+    if (u < acc) return cand_[i].id;
+  }
+  return cand_[keep - 1].id;
+}
+
+}  // namespace baton

@@ -1,0 +1,141 @@
+#include "engine/stage.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "engine/gguf.h"
+
+namespace baton {
+
+StageConfig Stage::resolve(const Arch& arch, StageConfig c) {
+  const ModelDims& d = arch.dims();
+  if (c.last_layer < 0) c.last_layer = d.n_layer - 1;
+  if (c.first_layer < 0 || c.first_layer > c.last_layer || c.last_layer >= d.n_layer) {
+    throw std::invalid_argument(fmt::format("layer range [{}, {}] is not inside the model's layers [0, {}]",
+                                            c.first_layer, c.last_layer, d.n_layer - 1));
+  }
+  if (c.n_ctx <= 0) c.n_ctx = std::min<int64_t>(d.n_ctx_train, StageConfig::kDefaultMaxCtx);
+  if (c.n_seq < 1) throw std::invalid_argument(fmt::format("need at least one sequence slot, got {}", c.n_seq));
+  if (c.max_batch < 1) throw std::invalid_argument(fmt::format("max batch must be >= 1, got {}", c.max_batch));
+  if (c.n_threads < 1) throw std::invalid_argument(fmt::format("thread count must be >= 1, got {}", c.n_threads));
+  c.max_batch = std::min(c.max_batch, c.n_ctx);
+  return c;
+}
+
+WorkspaceShape Stage::workspace_shape(const StageConfig& c) {
+  WorkspaceShape s;
+  s.max_batch = c.max_batch;
+  s.n_ctx = c.n_ctx;
+  s.n_threads = c.n_threads;
+  s.embedding = c.embedding;
+  s.head = c.head;
+  s.max_logit_rows = c.all_logits ? c.max_batch : 1;
+  return s;
+}
+
+namespace {
+
+MemoryPlan make_plan(const Arch& arch, const StageConfig& c, const WeightLayout& layout,
+                     const WorkspaceShape& ws) {
+  LayerRange range{c.first_layer, c.last_layer};
+  MemoryPlan plan;
+  plan.add("weights", layout.bytes,
+           fmt::format("{} tensors, layers {}-{}{}{}", layout.n_tensors, c.first_layer, c.last_layer,
+                       c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
+  plan.add("kv cache", KvCache::bytes_needed(range, c.n_seq, c.n_ctx, arch.kv_stream_widths()),
+           fmt::format("{} layers x {} seq x {} ctx x {} B", range.count(), c.n_seq, c.n_ctx,
+                       arch.kv_bytes_per_token_per_layer()));
+  plan.add("workspace", arch.workspace_bytes(ws),
+           fmt::format("batch {}, {} threads{}", ws.max_batch, ws.n_threads,
+                       c.head ? fmt::format(", {} logit rows", ws.max_logit_rows) : ""));
+  return plan;
+}
+
+}  // namespace
+
+MemoryPlan Stage::plan(const GgufFile& f, const StageConfig& config) {
+  auto arch = Arch::from_gguf(f);
+  StageConfig c = resolve(*arch, config);
+  WeightLayout layout = Model::plan(f, *arch, {{c.first_layer, c.last_layer}, c.embedding, c.head});
+  return make_plan(*arch, c, layout, workspace_shape(c));
+}
+
+namespace {
+// Construction order matters: the plan is made and checked before Model
+// allocates. A helper keeps the member initialisers readable.
+struct Prepared {
+  std::unique_ptr<Arch> arch;
+  StageConfig config;
+  WeightLayout layout;
+  MemoryPlan plan;
+};
+Prepared prepare(const GgufFile& f, const StageConfig& config) {
+  Prepared p;
+  p.arch = Arch::from_gguf(f);
+  p.config = Stage::plan(f, config).lines().empty() ? config : config;  // validates early
+  return p;
+}
+}  // namespace
+
+Stage::Stage(const GgufFile& f, const StageConfig& config)
+    : arch_(Arch::from_gguf(f)),
+      config_(resolve(*arch_, config)),
+      plan_(),
+      model_(f, [&] {
+        WeightLayout layout = Model::plan(f, *arch_, {{config_.first_layer, config_.last_layer}, config_.embedding,
+                                                      config_.head});
+        plan_ = make_plan(*arch_, config_, layout, workspace_shape(config_));
+        return layout;
+      }()),
+      kv_({config_.first_layer, config_.last_layer}, config_.n_seq, config_.n_ctx, arch_->kv_stream_widths()),
+      workspace_(arch_->workspace_bytes(workspace_shape(config_))),
+      pool_(config_.n_threads) {}
+
+std::span<const float> Stage::forward(int seq, std::span<const int32_t> tokens) {
+  if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
+  return run(seq, tokens.data(), nullptr, int64_t(tokens.size()));
+}
+
+std::span<const float> Stage::forward(int seq, std::span<const float> activations, int64_t n_tokens) {
+  if (config_.embedding) throw std::logic_error("this stage has the embedding: give it token ids");
+  if (n_tokens < 0 || activations.size() != uint64_t(n_tokens) * uint64_t(boundary_width())) {
+    throw std::invalid_argument(fmt::format("stage input: {} floats for {} tokens of width {}", activations.size(),
+                                            n_tokens, boundary_width()));
+  }
+  return run(seq, nullptr, activations.data(), n_tokens);
+}
+
+std::span<const float> Stage::run(int seq, const int32_t* tokens, const float* input, int64_t n_tokens) {
+  const int64_t pos0 = kv_.length(seq);  // also checks seq
+  if (n_tokens < 1 || n_tokens > config_.max_batch) {
+    throw std::invalid_argument(
+        fmt::format("a forward takes 1..{} tokens (the planned batch), got {}; split the input", config_.max_batch, n_tokens));
+  }
+  if (pos0 + n_tokens > config_.n_ctx) {
+    throw std::out_of_range(fmt::format("sequence {} would reach {} tokens; the context is {}", seq, pos0 + n_tokens,
+                                        config_.n_ctx));
+  }
+  ForwardArgs a;
+  a.model = &model_;
+  a.layers = layers();
+  a.embedding = config_.embedding;
+  a.head = config_.head;
+  a.kv = &kv_;
+  a.seq = seq;
+  a.pos0 = pos0;
+  a.n_tokens = n_tokens;
+  a.tokens = tokens;
+  a.input = input;
+  a.logit_rows = config_.all_logits ? n_tokens : 1;
+  a.workspace = workspace_.data();
+  a.shape = workspace_shape(config_);
+  a.pool = &pool_;
+  const float* out = arch_->forward(a);
+  kv_.set_length(seq, pos0 + n_tokens);
+  const int64_t rows = config_.head ? a.logit_rows : n_tokens;
+  return {out, size_t(rows * output_width())};
+}
+
+}  // namespace baton
