@@ -62,27 +62,11 @@ MemoryPlan Stage::plan(const GgufFile& f, const StageConfig& config) {
   return make_plan(*arch, c, layout, workspace_shape(c));
 }
 
-namespace {
-// Construction order matters: the plan is made and checked before Model
-// allocates. A helper keeps the member initialisers readable.
-struct Prepared {
-  std::unique_ptr<Arch> arch;
-  StageConfig config;
-  WeightLayout layout;
-  MemoryPlan plan;
-};
-Prepared prepare(const GgufFile& f, const StageConfig& config) {
-  Prepared p;
-  p.arch = Arch::from_gguf(f);
-  p.config = Stage::plan(f, config).lines().empty() ? config : config;  // validates early
-  return p;
-}
-}  // namespace
-
 Stage::Stage(const GgufFile& f, const StageConfig& config)
     : arch_(Arch::from_gguf(f)),
       config_(resolve(*arch_, config)),
       plan_(),
+      // The plan is complete (and every tensor checked) before Model allocates.
       model_(f, [&] {
         WeightLayout layout = Model::plan(f, *arch_, {{config_.first_layer, config_.last_layer}, config_.embedding,
                                                       config_.head});

@@ -3,17 +3,46 @@
 //   model "gpt2"  -> byte-level BPE (merges, pre-tokenizer chosen by
 //                    `tokenizer.ggml.pre`, special tokens)
 // Anything else is refused by name when the tokenizer is built.
+// Behaviour follows llama.cpp's tokenizer (see docs/TOKENIZERS.md).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace baton {
 
 class GgufFile;
+
+// `tokenizer.ggml.token_type` values.
+enum class TokenType : int32_t {
+  Undefined = 0,
+  Normal = 1,
+  Unknown = 2,
+  Control = 3,      // BOS, EOS, chat markers: matched in text only with parse_special
+  UserDefined = 4,  // added tokens: always matched in text before merging
+  Unused = 5,
+  Byte = 6,         // SentencePiece byte fallback "<0xXX>"
+};
+
+// What a tokenizer is built from: the `tokenizer.ggml.*` metadata, as plain
+// data. from_gguf fills it; tests and tools may fill it directly.
+struct TokenizerVocab {
+  std::string model;                // "llama" or "gpt2"
+  std::string pre;                  // tokenizer.ggml.pre; empty means "default"
+  std::vector<std::string> tokens;  // id -> text
+  std::vector<float> scores;        // id -> score (SPM merge priority); empty: all 0
+  std::vector<TokenType> types;     // id -> type; empty: all Normal
+  std::vector<std::string> merges;  // BPE "left right"; the index is the rank
+  int32_t bos = -1, eos = -1, unk = -1, eot = -1, eom = -1;  // -1: absent
+  // Absent: the model's default (llama: BOS yes, space prefix yes; gpt2: no,
+  // except llama3-style pre-tokenizers which add BOS; EOS never).
+  std::optional<bool> add_bos, add_eos, add_space_prefix;
+};
 
 class Tokenizer {
  public:
@@ -21,6 +50,8 @@ class Tokenizer {
 
   // Throws std::runtime_error naming the problem (unknown model, missing keys).
   static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& f);
+  // Same, from metadata already read (throws std::runtime_error).
+  static std::unique_ptr<Tokenizer> from_vocab(TokenizerVocab v);
 
   // add_special: prepend BOS (and append EOS) when the vocabulary asks for it
   // (`tokenizer.ggml.add_bos_token`, default true for llama, false for gpt2).
@@ -39,5 +70,52 @@ class Tokenizer {
   virtual bool is_eog(int32_t id) const = 0;  // end of generation (EOS, EOT...)
   virtual const std::string& token_text(int32_t id) const = 0;  // raw vocabulary entry
 };
+
+// The part the SentencePiece and BPE tokenizers share: the vocabulary, its
+// text index, special-token splitting and the end-of-generation set.
+class VocabTokenizer : public Tokenizer {
+ public:
+  VocabTokenizer(const VocabTokenizer&) = delete;
+  VocabTokenizer& operator=(const VocabTokenizer&) = delete;
+
+  int32_t n_vocab() const override { return static_cast<int32_t>(v_.tokens.size()); }
+  int32_t bos() const override { return v_.bos; }
+  int32_t eos() const override { return v_.eos; }
+  bool is_eog(int32_t id) const override;
+  const std::string& token_text(int32_t id) const override;
+
+  TokenType token_type(int32_t id) const;  // Undefined when out of range
+  int32_t find(std::string_view text) const;  // exact vocabulary entry, -1 when absent
+  const TokenizerVocab& vocab() const { return v_; }
+  bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
+
+ protected:
+  // Validates sizes and ids (throws std::runtime_error) and builds the index.
+  // Index keys view the strings in v_.tokens, which never change afterwards.
+  explicit VocabTokenizer(TokenizerVocab v);
+
+  // A piece of the input: plain text (token < 0) or one special token.
+  struct Fragment {
+    std::string_view text;
+    int32_t token = -1;
+  };
+  // Finds special-token texts in `text`, longest first: user-defined tokens
+  // always, control and unknown ones only with parse_special.
+  std::vector<Fragment> split_special(std::string_view text, bool parse_special) const;
+
+  TokenizerVocab v_;  // types always has one entry per token
+  bool add_bos_ = false;
+  bool add_eos_ = false;
+
+ private:
+  std::unordered_map<std::string_view, int32_t> index_;
+  std::vector<int32_t> specials_;  // control, user-defined and unknown ids, longest text first
+  std::vector<int32_t> eog_;       // sorted
+};
+
+// The two implementations (from_vocab picks by v.model).
+std::unique_ptr<Tokenizer> make_spm_tokenizer(TokenizerVocab v);
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(TokenizerVocab v);
 
 }  // namespace baton

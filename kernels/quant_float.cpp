@@ -4,6 +4,7 @@
 // NaN (quieted) and values beyond the range become infinity.
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 
 #include "kernels/quant.h"
 #include "kernels/quant_impl.h"
@@ -60,8 +61,35 @@ uint16_t fp32_to_bf16(float f) {
 namespace quant_detail {
 namespace {
 
-// Narrow types are widened in chunks so the dot runs on a float buffer.
+// Rows are processed in chunks of a fixed size: constant trip counts let the
+// compiler vectorize the widening loops without runtime alias or epilogue
+// checks, and the dot runs on a float buffer.
 constexpr int64_t kChunk = 256;
+
+template <float (*Widen)(uint16_t)>
+void widen_chunk(const uint8_t* __restrict src, float* __restrict dst) {
+  for (int64_t i = 0; i < kChunk; ++i) dst[i] = Widen(load_u16(src + 2 * i));
+}
+
+template <float (*Widen)(uint16_t)>
+void widen_row(const uint8_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kChunk <= n; i += kChunk) widen_chunk<Widen>(src + 2 * i, dst + i);
+  for (; i < n; ++i) dst[i] = Widen(load_u16(src + 2 * i));
+}
+
+template <float (*Widen)(uint16_t)>
+float dot_narrow(const uint8_t* w, const float* x, int64_t n) {
+  float buf[kChunk];
+  float sum = 0.0f;
+  int64_t i = 0;
+  for (; i + kChunk <= n; i += kChunk) {
+    widen_chunk<Widen>(w + 2 * i, buf);
+    sum += dot_f32_by16(buf, x + i, kChunk);
+  }
+  for (; i < n; ++i) sum += Widen(load_u16(w + 2 * i)) * x[i];
+  return sum;
+}
 
 }  // namespace
 
@@ -70,6 +98,11 @@ void dequant_f32(const uint8_t* src, float* dst, int64_t n) {
 }
 
 float dot_f32_row(const uint8_t* w, const float* x, int64_t n) {
+  // Tensor data is at least 4-byte aligned in practice (GGUF aligns tensors
+  // to 32 bytes); only an unaligned pointer pays for the copy.
+  if (reinterpret_cast<uintptr_t>(w) % alignof(float) == 0) {
+    return dot_f32(reinterpret_cast<const float*>(w), x, n);
+  }
   float buf[kChunk];
   float sum = 0.0f;
   for (int64_t i = 0; i < n; i += kChunk) {
@@ -84,39 +117,15 @@ void quant_f32(const float* src, uint8_t* dst, int64_t n) {
   std::memcpy(dst, src, size_t(n) * sizeof(float));
 }
 
-void dequant_f16(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(load_u16(src + 2 * i));
-}
-
-float dot_f16(const uint8_t* w, const float* x, int64_t n) {
-  float buf[kChunk];
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; i += kChunk) {
-    const int64_t m = std::min(kChunk, n - i);
-    dequant_f16(w + 2 * i, buf, m);
-    sum += dot_f32(buf, x + i, m);
-  }
-  return sum;
-}
+void dequant_f16(const uint8_t* src, float* dst, int64_t n) { widen_row<half_to_float>(src, dst, n); }
+float dot_f16(const uint8_t* w, const float* x, int64_t n) { return dot_narrow<half_to_float>(w, x, n); }
 
 void quant_f16(const float* src, uint8_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store_u16(dst + 2 * i, fp32_to_fp16(src[i]));
 }
 
-void dequant_bf16(const uint8_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(load_u16(src + 2 * i));
-}
-
-float dot_bf16(const uint8_t* w, const float* x, int64_t n) {
-  float buf[kChunk];
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; i += kChunk) {
-    const int64_t m = std::min(kChunk, n - i);
-    dequant_bf16(w + 2 * i, buf, m);
-    sum += dot_f32(buf, x + i, m);
-  }
-  return sum;
-}
+void dequant_bf16(const uint8_t* src, float* dst, int64_t n) { widen_row<bf16_bits_to_float>(src, dst, n); }
+float dot_bf16(const uint8_t* w, const float* x, int64_t n) { return dot_narrow<bf16_bits_to_float>(w, x, n); }
 
 void quant_bf16(const float* src, uint8_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store_u16(dst + 2 * i, fp32_to_bf16(src[i]));

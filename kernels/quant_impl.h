@@ -37,22 +37,27 @@ inline float half_to_float(uint16_t h) {
 
 inline float bf16_bits_to_float(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
 
-// Sum of a[i] * b[i]. Independent partial sums let the compiler keep them in
-// vector registers without reassociating a single float chain (which it may
-// not do without -ffast-math).
-inline float dot_f32(const float* a, const float* b, int64_t n) {
+// Sum of a[i] * b[i] for n a multiple of 16. Independent partial sums let the
+// compiler keep them in vector registers without reassociating a single float
+// chain (which it may not do without -ffast-math).
+inline float dot_f32_by16(const float* a, const float* b, int64_t n) {
   constexpr int kLanes = 16;
   float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
+  for (int64_t i = 0; i < n; i += kLanes) {
     for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
   }
-  float tail = 0.0f;
-  for (; i < n; ++i) tail += a[i] * b[i];
   for (int w = kLanes / 2; w > 0; w /= 2) {
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   }
-  return acc[0] + tail;
+  return acc[0];
+}
+
+// Any n: the multiple-of-16 head as above, the rest in order.
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  const int64_t head = n & ~int64_t(15);
+  float tail = 0.0f;
+  for (int64_t i = head; i < n; ++i) tail += a[i] * b[i];
+  return dot_f32_by16(a, b, head) + tail;
 }
 
 // Deterministic generator for random_blocks (splitmix64).

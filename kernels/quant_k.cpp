@@ -64,7 +64,7 @@ void pack_scale_min(const int sc[8], const int m[8], uint8_t* s) {
 
 // --- block dequantizers ------------------------------------------------------
 
-void dequant_q2_k_block(const uint8_t* b, float* y) {
+void dequant_q2_k_block(const uint8_t* __restrict b, float* __restrict y) {
   const uint8_t* scales = b;
   const uint8_t* qs = b + 16;
   const float d = half_to_float(load_u16(b + 80));
@@ -83,7 +83,7 @@ void dequant_q2_k_block(const uint8_t* b, float* y) {
   }
 }
 
-void dequant_q4_k_block(const uint8_t* b, float* y) {
+void dequant_q4_k_block(const uint8_t* __restrict b, float* __restrict y) {
   const float d = half_to_float(load_u16(b));
   const float dmin = half_to_float(load_u16(b + 2));
   const uint8_t* scales = b + 4;
@@ -101,7 +101,7 @@ void dequant_q4_k_block(const uint8_t* b, float* y) {
   }
 }
 
-void dequant_q5_k_block(const uint8_t* b, float* y) {
+void dequant_q5_k_block(const uint8_t* __restrict b, float* __restrict y) {
   const float d = half_to_float(load_u16(b));
   const float dmin = half_to_float(load_u16(b + 2));
   const uint8_t* scales = b + 4;
@@ -125,26 +125,29 @@ void dequant_q5_k_block(const uint8_t* b, float* y) {
   }
 }
 
-void dequant_q6_k_block(const uint8_t* b, float* y) {
+void dequant_q6_k_block(const uint8_t* __restrict b, float* __restrict y) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
   const float d = half_to_float(load_u16(b + 208));
   for (int h = 0; h < 2; ++h) {
-    const uint8_t* l4 = ql + 64 * h;
-    const uint8_t* h2 = qh + 32 * h;
-    const int8_t* sc = scales + 8 * h;
-    float* out = y + 128 * h;
-    for (int l = 0; l < 32; ++l) {
-      const int s = l / 16;
-      const int q1 = int((l4[l] & 0x0f) | (((h2[l] >> 0) & 3) << 4)) - 32;
-      const int q2 = int((l4[l + 32] & 0x0f) | (((h2[l] >> 2) & 3) << 4)) - 32;
-      const int q3 = int((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4)) - 32;
-      const int q4 = int((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4)) - 32;
-      out[l] = d * float(sc[s + 0]) * float(q1);
-      out[l + 32] = d * float(sc[s + 2]) * float(q2);
-      out[l + 64] = d * float(sc[s + 4]) * float(q3);
-      out[l + 96] = d * float(sc[s + 6]) * float(q4);
+    for (int part = 0; part < 2; ++part) {  // l in [16*part, 16*part + 16): one scale per run
+      const int j = 8 * h + part;
+      const float s0 = d * float(scales[j]), s1 = d * float(scales[j + 2]);
+      const float s2 = d * float(scales[j + 4]), s3 = d * float(scales[j + 6]);
+      const uint8_t* l4 = ql + 64 * h + 16 * part;
+      const uint8_t* h2 = qh + 32 * h + 16 * part;
+      float* out = y + 128 * h + 16 * part;
+      for (int l = 0; l < 16; ++l) {
+        const int q0 = int((l4[l] & 0x0f) | (((h2[l] >> 0) & 3) << 4)) - 32;
+        const int q1 = int((l4[l + 32] & 0x0f) | (((h2[l] >> 2) & 3) << 4)) - 32;
+        const int q2 = int((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4)) - 32;
+        const int q3 = int((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4)) - 32;
+        out[l] = s0 * float(q0);
+        out[l + 32] = s1 * float(q1);
+        out[l + 64] = s2 * float(q2);
+        out[l + 96] = s3 * float(q3);
+      }
     }
   }
 }
@@ -161,7 +164,7 @@ float dot_rows(const uint8_t* w, const float* x, int64_t nblocks) {
   float sum = 0.0f;
   for (int64_t b = 0; b < nblocks; ++b) {
     Block(w + b * kBytes, y);
-    sum += dot_f32(y, x + b * kQK, kQK);
+    sum += dot_f32_by16(y, x + b * kQK, kQK);
   }
   return sum;
 }

@@ -17,13 +17,13 @@ constexpr int kQK = 32;
 constexpr int kQ8Bytes = 34;
 constexpr int kQ4Bytes = 18;
 
-void dequant_q8_0_block(const uint8_t* b, float* y) {
+void dequant_q8_0_block(const uint8_t* __restrict b, float* __restrict y) {
   const float d = half_to_float(load_u16(b));
   const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
   for (int i = 0; i < kQK; ++i) y[i] = d * float(q[i]);
 }
 
-void dequant_q4_0_block(const uint8_t* b, float* y) {
+void dequant_q4_0_block(const uint8_t* __restrict b, float* __restrict y) {
   const float d = half_to_float(load_u16(b));
   const uint8_t* qs = b + 2;
   for (int i = 0; i < kQK / 2; ++i) {
@@ -46,7 +46,7 @@ float dot_q8_0(const uint8_t* w, const float* x, int64_t nblocks) {
     float qf[kQK];
     for (int i = 0; i < kQK; ++i) qf[i] = float(q[i]);
     // The scale is applied once per block, after the dot of the raw quants.
-    sum += half_to_float(load_u16(blk)) * dot_f32(qf, x + b * kQK, kQK);
+    sum += half_to_float(load_u16(blk)) * dot_f32_by16(qf, x + b * kQK, kQK);
   }
   return sum;
 }
@@ -77,7 +77,7 @@ float dot_q4_0(const uint8_t* w, const float* x, int64_t nblocks) {
   float y[kQK];
   for (int64_t b = 0; b < nblocks; ++b) {
     dequant_q4_0_block(w + b * kQ4Bytes, y);
-    sum += dot_f32(y, x + b * kQK, kQK);
+    sum += dot_f32_by16(y, x + b * kQK, kQK);
   }
   return sum;
 }

@@ -1,0 +1,283 @@
+// `baton run`: generate text from a prompt with the whole model on this
+// machine (one Stage over every layer, with the embedding and the head).
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.h"
+#include "engine/gguf.h"
+#include "engine/sampler.h"
+#include "engine/stage.h"
+#include "engine/synth.h"
+#include "engine/tokenizer.h"
+
+namespace baton {
+
+namespace {
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+constexpr const char* kDefaultPrompt = "Once upon a time";
+constexpr int kDefaultTokens = 64;
+constexpr const char* kDefaultModelRel = "../shared/models/stories260K.gguf";
+
+struct RunOptions {
+  std::string model;
+  std::string prompt = kDefaultPrompt;
+  int n_predict = kDefaultTokens;
+  SamplerParams sampling;
+  int64_t n_ctx = 0;
+  int n_threads = 1;
+  int64_t batch = 64;
+  bool json = false;
+};
+
+fs::path executable_path() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : p;
+}
+
+// The model to run when -m is absent: $BATON_MODEL, else the fixture beside the
+// checkout (relative to the current folder, then to the binary's checkout),
+// else "" for the built-in synthetic model.
+std::string default_model() {
+  if (const char* env = std::getenv("BATON_MODEL"); env && *env) return env;
+  std::error_code ec;
+  if (fs::is_regular_file(kDefaultModelRel, ec)) return kDefaultModelRel;
+  fs::path exe = executable_path();
+  if (!exe.empty()) {
+    // <repo>/build/baton -> <repo>/../shared/models/...
+    fs::path candidate = exe.parent_path().parent_path() / kDefaultModelRel;
+    if (fs::is_regular_file(candidate, ec)) return candidate.lexically_normal().string();
+  }
+  return "";
+}
+
+// Writes the synthetic model into a fresh temporary folder and opens it; the
+// open descriptor keeps the data readable after the file is removed.
+GgufFile open_synthetic() {
+  std::string tmpl = (fs::temp_directory_path() / "baton-synthetic-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw std::system_error(errno, std::generic_category(), "cannot create a temporary folder");
+  fs::path dir = tmpl;
+  fs::path file = dir / "synthetic.gguf";
+  try {
+    write_synthetic_model(file.string());
+    GgufFile f = GgufFile::open(file.string());
+    fs::remove_all(dir);
+    return f;
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    throw;
+  }
+}
+
+std::string usage_text(const po::options_description& desc) {
+  std::string s =
+      "usage: baton run [-m MODEL] [-p PROMPT] [-n N] [options]\n\n"
+      "Generates text from a prompt with the whole model on this machine. Prints the\n"
+      "prompt, then the generated text as it comes; stops after N tokens, at an\n"
+      "end-of-generation token, or when the context is full.\n\n"
+      "Without -m: $BATON_MODEL, else " + std::string(kDefaultModelRel) + " (relative to the\n"
+      "current folder, then to the checkout the binary was built in), else a small\n"
+      "built-in synthetic model with random weights.\n\n";
+  std::ostringstream o;
+  o << desc;
+  return s + o.str();
+}
+
+// Parses argv; returns nullopt when --help was printed.
+std::optional<RunOptions> parse(int argc, char** argv) {
+  RunOptions r;
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  po::options_description desc("options");
+  // clang-format off
+  desc.add_options()
+      ("help,h", "print this help and exit")
+      ("model,m", po::value<std::string>(&r.model), "GGUF model file (default: see above)")
+      ("prompt,p", po::value<std::string>(&r.prompt)->default_value(kDefaultPrompt),
+       "the prompt text (BOS is added when the vocabulary asks for it)")
+      ("n-predict,n", po::value<int>(&r.n_predict)->default_value(kDefaultTokens),
+       "tokens to generate at most")
+      ("temp", po::value<float>(&r.sampling.temperature)->default_value(0.8f, "0.8"),
+       "sampling temperature; 0 = greedy (always the most likely token)")
+      ("seed", po::value<uint64_t>(&r.sampling.seed)->default_value(0),
+       "random seed: the same seed gives the same text on every machine")
+      ("top-k", po::value<int>(&r.sampling.top_k)->default_value(40),
+       "sample among the K most likely tokens; 0 = all")
+      ("top-p", po::value<float>(&r.sampling.top_p)->default_value(0.95f, "0.95"),
+       "then keep the most likely tokens until their probability reaches P; 1 = all")
+      ("min-p", po::value<float>(&r.sampling.min_p)->default_value(0.05f, "0.05"),
+       "then drop tokens less likely than P times the best one; 0 = none")
+      ("ctx", po::value<int64_t>(&r.n_ctx)->default_value(0),
+       "context length in tokens (KV cache size); 0 = the model's, at most 4096")
+      ("threads,t", po::value<int>(&r.n_threads)->default_value(hw),
+       "CPU threads for the forward pass (default: all cores)")
+      ("batch,b", po::value<int64_t>(&r.batch)->default_value(64),
+       "prompt tokens per forward pass during prefill")
+      ("json", po::bool_switch(&r.json),
+       "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
+       "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
+       "memory plan");
+  // clang-format on
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << usage_text(desc);
+    return std::nullopt;
+  }
+  po::notify(vm);
+  if (r.n_predict < 0) throw std::invalid_argument("-n must be >= 0");
+  if (r.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (r.batch < 1) throw std::invalid_argument("--batch must be >= 1");
+  if (r.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
+  if (r.sampling.temperature < 0) throw std::invalid_argument("--temp must be >= 0");
+  return r;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run(const RunOptions& opt) {
+  std::string model_path = opt.model.empty() ? default_model() : opt.model;
+  GgufFile file = model_path.empty() ? open_synthetic() : GgufFile::open(model_path);
+  if (model_path.empty()) model_path = "(built-in synthetic model)";
+  auto tokenizer = Tokenizer::from_gguf(file);
+
+  StageConfig sc;
+  sc.n_ctx = opt.n_ctx;
+  sc.n_threads = opt.n_threads;
+  sc.max_batch = opt.batch;
+  Stage stage(file, sc);
+
+  std::vector<int32_t> prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
+  if (prompt.empty()) throw std::runtime_error("the prompt gives no tokens");
+  if (int64_t(prompt.size()) > stage.n_ctx()) {
+    throw std::runtime_error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                             std::to_string(stage.n_ctx()) + " (see --ctx)");
+  }
+  if (!opt.json) {
+    std::fputs(opt.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+
+  // Prefill: the prompt in chunks of the planned batch; the last chunk's
+  // logits are the next-token distribution.
+  auto t0 = std::chrono::steady_clock::now();
+  std::span<const float> logits;
+  const int64_t batch = stage.config().max_batch;
+  for (size_t at = 0; at < prompt.size(); at += size_t(batch)) {
+    size_t n = std::min(prompt.size() - at, size_t(batch));
+    logits = stage.forward(0, std::span<const int32_t>(prompt.data() + at, n));
+  }
+  const double prefill_s = seconds_since(t0);
+
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  const size_t n_top = std::min<size_t>(5, order.size());
+  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(n_top), order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  nlohmann::json top = nlohmann::json::array();
+  for (size_t i = 0; i < n_top; ++i) top.push_back({order[i], logits[size_t(order[i])]});
+
+  Sampler sampler(opt.sampling, int32_t(stage.n_vocab()));
+  std::vector<int32_t> generated;
+  std::string text;
+  std::string stop = "length";
+  int decode_steps = 0;
+  auto t1 = std::chrono::steady_clock::now();
+  while (int(generated.size()) < opt.n_predict) {
+    int32_t id = sampler.sample(logits);
+    if (tokenizer->is_eog(id)) {
+      stop = "end of generation";
+      break;
+    }
+    generated.push_back(id);
+    std::string piece = tokenizer->token_to_piece(id);
+    text += piece;
+    if (!opt.json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (int(generated.size()) == opt.n_predict) break;
+    if (stage.position(0) >= stage.n_ctx()) {
+      stop = "context full";
+      break;
+    }
+    logits = stage.forward(0, std::span<const int32_t>(&id, 1));
+    ++decode_steps;
+  }
+  const double decode_s = seconds_since(t1);
+  const double prefill_tps = prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0;
+  const double decode_tps = decode_s > 0 && decode_steps > 0 ? decode_steps / decode_s : 0.0;
+
+  if (opt.json) {
+    nlohmann::json plan = nlohmann::json::array();
+    for (const auto& l : stage.memory_plan().lines()) plan.push_back({{"name", l.name}, {"bytes", l.bytes}});
+    nlohmann::json j = {
+        {"model", model_path},
+        {"arch", stage.arch().name()},
+        {"prompt", opt.prompt},
+        {"prompt_tokens", prompt},
+        {"tokens", generated},
+        {"text", text},
+        {"n_prompt", prompt.size()},
+        {"n_gen", generated.size()},
+        {"stop", stop},
+        {"n_ctx", stage.n_ctx()},
+        {"threads", opt.n_threads},
+        {"prefill_tokens_per_s", prefill_tps},
+        {"decode_tokens_per_s", decode_tps},
+        {"top_logits", top},
+        {"memory_plan", plan},
+    };
+    // Generated bytes need not be valid UTF-8 (a multi-byte character can be
+    // cut by -n); replace rather than fail.
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fputs("\n", stdout);
+    std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s]\n", prompt.size(),
+                 prefill_tps, generated.size(), decode_tps, stop.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+  try {
+    auto opt = parse(argc, argv);
+    if (!opt) return 0;
+    return run(*opt);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    std::fprintf(stderr, "baton run: %s\n", msg.c_str());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "baton run: unknown error\n");
+    return 1;
+  }
+}
+
+}  // namespace baton
