@@ -13,6 +13,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -160,12 +161,14 @@ int run(const RunOptions& opt) {
   std::string model_path = opt.model.empty() ? default_model() : opt.model;
   GgufFile file = model_path.empty() ? open_synthetic() : GgufFile::open(model_path);
   if (model_path.empty()) model_path = "(built-in synthetic model)";
-  auto tokenizer = Tokenizer::from_gguf(file);
-
   StageConfig sc;
   sc.n_ctx = opt.n_ctx;
   sc.n_threads = opt.n_threads;
   sc.max_batch = opt.batch;
+  // The dry-run plan checks the architecture and every tensor before the
+  // tokenizer is built or anything is allocated, so those errors come first.
+  Stage::plan(file, sc);
+  auto tokenizer = Tokenizer::from_gguf(file);
   Stage stage(file, sc);
 
   std::vector<int32_t> prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);

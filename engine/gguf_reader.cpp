@@ -410,7 +410,7 @@ class GgufParser {
     // Overlapping tensors would alias each other's bytes; no writer produces them.
     std::vector<size_t> order(f_.tensors_.size());
     std::iota(order.begin(), order.end(), size_t(0));
-    std::sort(order.begin(), order.end(),
+    std::stable_sort(order.begin(), order.end(),
               [&](size_t x, size_t y) { return f_.tensors_[x].offset < f_.tensors_[y].offset; });
     for (size_t k = 1; k < order.size(); ++k) {
       const GgufTensorInfo& prev = f_.tensors_[order[k - 1]];

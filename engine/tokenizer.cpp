@@ -3,6 +3,7 @@
 #include "engine/tokenizer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include "engine/gguf.h"
@@ -36,6 +37,26 @@ std::optional<bool> read_flag(const GgufFile& f, std::string_view key) {
 }
 
 }  // namespace
+
+uint64_t text_hash(std::string_view s) {
+  // Eight bytes at a time with a multiply-xorshift mix: tokens are short, and
+  // the high and low halves both need to be well spread (probe start and tag).
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (s.size() * 0xC2B2AE3D27D4EB4Full);
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+    h ^= h >> 32;
+  }
+  uint64_t w = 0;
+  if (i < s.size()) std::memcpy(&w, s.data() + i, s.size() - i);
+  h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+  h ^= h >> 29;
+  h *= 0xFF51AFD7ED558CCDull;
+  h ^= h >> 32;
+  return h;
+}
 
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   TokenizerVocab v;
@@ -117,9 +138,21 @@ VocabTokenizer::VocabTokenizer(TokenizerVocab v) : v_(std::move(v)) {
   }
 
   // A duplicated text maps to its last id, as in llama.cpp.
-  index_.reserve(n);
+  size_t cap = 16;
+  while (cap < 2 * n) cap *= 2;
+  slots_.assign(cap, 0);
+  slot_mask_ = cap - 1;
   for (size_t i = 0; i < n; ++i) {
-    if (!v_.tokens[i].empty()) index_[v_.tokens[i]] = static_cast<int32_t>(i);
+    const std::string& t = v_.tokens[i];
+    if (t.empty()) continue;
+    const uint64_t h = text_hash(t);
+    for (uint64_t k = h & slot_mask_;; k = (k + 1) & slot_mask_) {
+      const uint64_t s = slots_[k];
+      if (s == 0 || ((s >> 32) == (h >> 32) && v_.tokens[(s & 0xFFFFFFFFu) - 1] == t)) {
+        slots_[k] = (h & 0xFFFFFFFF00000000ull) | (i + 1);
+        break;
+      }
+    }
   }
 
   for (int32_t id : {v_.eos, v_.eot, v_.eom}) {
@@ -131,7 +164,7 @@ VocabTokenizer::VocabTokenizer(TokenizerVocab v) : v_(std::move(v)) {
     eog_.push_back(id);
     // An end marker typed as plain text would be tokenized from user input
     // and printed; llama.cpp retypes it as control, and so do we.
-    if (v_.types[id] != TokenType::Control) v_.types[id] = TokenType::Control;
+    v_.types[id] = TokenType::Control;
   }
   std::sort(eog_.begin(), eog_.end());
   eog_.erase(std::unique(eog_.begin(), eog_.end()), eog_.end());
@@ -160,8 +193,15 @@ TokenType VocabTokenizer::token_type(int32_t id) const {
 }
 
 int32_t VocabTokenizer::find(std::string_view text) const {
-  const auto it = index_.find(text);
-  return it == index_.end() ? -1 : it->second;
+  const uint64_t h = text_hash(text);
+  for (uint64_t k = h & slot_mask_;; k = (k + 1) & slot_mask_) {
+    const uint64_t s = slots_[k];
+    if (s == 0) return -1;
+    if ((s >> 32) == (h >> 32)) {
+      const size_t id = (s & 0xFFFFFFFFu) - 1;
+      if (v_.tokens[id] == text) return static_cast<int32_t>(id);
+    }
+  }
 }
 
 std::vector<VocabTokenizer::Fragment> VocabTokenizer::split_special(std::string_view text,

@@ -11,7 +11,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace baton {
@@ -92,7 +91,6 @@ class VocabTokenizer : public Tokenizer {
 
  protected:
   // Validates sizes and ids (throws std::runtime_error) and builds the index.
-  // Index keys view the strings in v_.tokens, which never change afterwards.
   explicit VocabTokenizer(TokenizerVocab v);
 
   // A piece of the input: plain text (token < 0) or one special token.
@@ -109,10 +107,17 @@ class VocabTokenizer : public Tokenizer {
   bool add_eos_ = false;
 
  private:
-  std::unordered_map<std::string_view, int32_t> index_;
+  // Open-addressing text index: slot = (hash high 32 bits << 32) | (id + 1),
+  // 0 when empty; the text itself is compared in v_.tokens. Flat so that
+  // building 129k entries and looking up pieces stay cache friendly.
+  std::vector<uint64_t> slots_;
+  uint64_t slot_mask_ = 0;
   std::vector<int32_t> specials_;  // control, user-defined and unknown ids, longest text first
   std::vector<int32_t> eog_;       // sorted
 };
+
+// Hash of a byte string for the tokenizers' flat tables.
+uint64_t text_hash(std::string_view s);
 
 // The two implementations (from_vocab picks by v.model).
 std::unique_ptr<Tokenizer> make_spm_tokenizer(TokenizerVocab v);

@@ -45,7 +45,10 @@ class BpeTokenizer final : public VocabTokenizer {
     add_bos_ = v_.add_bos.value_or(pre_.default_add_bos());
     add_eos_ = v_.add_eos.value_or(false);
     if (v_.merges.empty()) throw std::runtime_error("tokenizer: gpt2 vocabulary without merges (tokenizer.ggml.merges)");
-    merges_.reserve(v_.merges.size());
+    size_t cap = 16;
+    while (cap < 2 * v_.merges.size()) cap *= 2;
+    merges_.assign(cap, Merge{});
+    merge_mask_ = cap - 1;
     std::string joined;
     for (size_t rank = 0; rank < v_.merges.size(); ++rank) {
       const std::string& m = v_.merges[rank];
@@ -60,7 +63,7 @@ class BpeTokenizer final : public VocabTokenizer {
       const int32_t result = find(joined);
       // A merge whose parts or result are not tokens cannot produce a token.
       if (left < 0 || right < 0 || result < 0) continue;
-      merges_.emplace(key(left, right), Merge{static_cast<int32_t>(rank), result});  // first rank wins
+      add_merge(left, right, static_cast<int32_t>(rank), result);
     }
   }
 
@@ -105,9 +108,9 @@ class BpeTokenizer final : public VocabTokenizer {
   }
 
  private:
-  struct Merge {
-    int32_t rank;
-    int32_t result;
+  struct Merge {  // one slot of the flat merge table; left < 0 when empty
+    int32_t left = -1, right = -1;
+    int32_t rank = 0, result = 0;
   };
   struct Symbol {
     int prev, next;
@@ -126,7 +129,33 @@ class BpeTokenizer final : public VocabTokenizer {
     }
   };
 
-  static uint64_t key(int32_t left, int32_t right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
+  static uint64_t pair_hash(int32_t left, int32_t right) {
+    uint64_t h = (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 33;
+    return h;
+  }
+
+  // The first (lowest-rank) merge of a pair wins, as in llama.cpp.
+  void add_merge(int32_t left, int32_t right, int32_t rank, int32_t result) {
+    for (uint64_t k = pair_hash(left, right) & merge_mask_;; k = (k + 1) & merge_mask_) {
+      Merge& m = merges_[k];
+      if (m.left < 0) {
+        m = Merge{left, right, rank, result};
+        return;
+      }
+      if (m.left == left && m.right == right) return;
+    }
+  }
+
+  const Merge* find_merge(int32_t left, int32_t right) const {
+    for (uint64_t k = pair_hash(left, right) & merge_mask_;; k = (k + 1) & merge_mask_) {
+      const Merge& m = merges_[k];
+      if (m.left < 0) return nullptr;
+      if (m.left == left && m.right == right) return &m;
+    }
+  }
 
   void encode_word(std::string_view word, std::vector<int32_t>& out) const {
     const ByteAlphabet& a = byte_alphabet();
@@ -152,10 +181,8 @@ class BpeTokenizer final : public VocabTokenizer {
     std::priority_queue<Pair, std::vector<Pair>, Lower> queue;
     const auto try_pair = [&](int left, int right) {
       if (left < 0 || right < 0 || syms[left].id < 0 || syms[right].id < 0) return;
-      const auto it = merges_.find(key(syms[left].id, syms[right].id));
-      if (it != merges_.end()) {
-        queue.push({it->second.rank, left, right, syms[left].id, syms[right].id, it->second.result});
-      }
+      const Merge* m = find_merge(syms[left].id, syms[right].id);
+      if (m) queue.push({m->rank, left, right, syms[left].id, syms[right].id, m->result});
     };
     for (int i = 1; i < static_cast<int>(syms.size()); ++i) try_pair(i - 1, i);
 
@@ -191,7 +218,8 @@ class BpeTokenizer final : public VocabTokenizer {
   }
 
   PreTokenizer pre_;
-  std::unordered_map<uint64_t, Merge> merges_;
+  std::vector<Merge> merges_;  // open addressing, capacity a power of two
+  uint64_t merge_mask_ = 0;
 };
 
 }  // namespace

@@ -111,7 +111,10 @@ class SpmTokenizer final : public VocabTokenizer {
   void encode_escaped(const std::string& text, std::vector<int32_t>& out) const {
     std::vector<Symbol> syms;
     for (size_t off = 0; off < text.size();) {
-      const size_t len = std::min(utf8_sequence_length(static_cast<uint8_t>(text[off])), text.size() - off);
+      // One symbol per well-formed character; a malformed byte stands alone
+      // (so it cannot swallow the "▁" after it) and falls back to its byte.
+      char32_t cp = 0;
+      const size_t len = utf8_decode(text, off, cp);
       const int idx = static_cast<int>(syms.size());
       syms.push_back({idx - 1, off + len == text.size() ? -1 : idx + 1, uint32_t(off), uint32_t(len)});
       off += len;

@@ -117,15 +117,25 @@ void quant_f32(const float* src, uint8_t* dst, int64_t n) {
   std::memcpy(dst, src, size_t(n) * sizeof(float));
 }
 
-void dequant_f16(const uint8_t* src, float* dst, int64_t n) { widen_row<half_to_float>(src, dst, n); }
-float dot_f16(const uint8_t* w, const float* x, int64_t n) { return dot_narrow<half_to_float>(w, x, n); }
+void dequant_f16(const uint8_t* src, float* dst, int64_t n) {
+  widen_row<half_to_float>(src, dst, n);
+}
+
+float dot_f16(const uint8_t* w, const float* x, int64_t n) {
+  return dot_narrow<half_to_float>(w, x, n);
+}
 
 void quant_f16(const float* src, uint8_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store_u16(dst + 2 * i, fp32_to_fp16(src[i]));
 }
 
-void dequant_bf16(const uint8_t* src, float* dst, int64_t n) { widen_row<bf16_bits_to_float>(src, dst, n); }
-float dot_bf16(const uint8_t* w, const float* x, int64_t n) { return dot_narrow<bf16_bits_to_float>(w, x, n); }
+void dequant_bf16(const uint8_t* src, float* dst, int64_t n) {
+  widen_row<bf16_bits_to_float>(src, dst, n);
+}
+
+float dot_bf16(const uint8_t* w, const float* x, int64_t n) {
+  return dot_narrow<bf16_bits_to_float>(w, x, n);
+}
 
 void quant_bf16(const float* src, uint8_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store_u16(dst + 2 * i, fp32_to_bf16(src[i]));

@@ -104,7 +104,8 @@ constexpr FloatTables make_float_tables() {
     for (int j = 0; j < 8; ++j) t.grid[i][j] = float((kIq2xxsGrid[i] >> (8 * j)) & 0xff);
   }
   for (int i = 0; i < 128; ++i) {
-    for (int j = 0; j < 8; ++j) t.sign[i][j] = (iq2_sign_pattern(uint32_t(i)) >> j) & 1 ? -1.0f : 1.0f;
+    const uint8_t bits = iq2_sign_pattern(uint32_t(i));
+    for (int j = 0; j < 8; ++j) t.sign[i][j] = (bits >> j) & 1 ? -1.0f : 1.0f;
   }
   return t;
 }

@@ -326,7 +326,9 @@ void quant_q4_k_block(const float* x, uint8_t* b) {
   quant_q45_k_codes(x, 15, b, q);
   uint8_t* qs = b + 16;
   for (int p = 0; p < 4; ++p) {
-    for (int l = 0; l < 32; ++l) qs[32 * p + l] = uint8_t(q[64 * p + l] | (q[64 * p + 32 + l] << 4));
+    for (int l = 0; l < 32; ++l) {
+      qs[32 * p + l] = uint8_t(q[64 * p + l] | (q[64 * p + 32 + l] << 4));
+    }
   }
 }
 
@@ -385,19 +387,44 @@ void quant_rows(const float* src, uint8_t* dst, int64_t nblocks) {
 
 }  // namespace
 
-void dequant_q2_k(const uint8_t* s, float* d, int64_t n) { dequant_rows<dequant_q2_k_block, kQ2Bytes>(s, d, n); }
-void dequant_q4_k(const uint8_t* s, float* d, int64_t n) { dequant_rows<dequant_q4_k_block, kQ4Bytes>(s, d, n); }
-void dequant_q5_k(const uint8_t* s, float* d, int64_t n) { dequant_rows<dequant_q5_k_block, kQ5Bytes>(s, d, n); }
-void dequant_q6_k(const uint8_t* s, float* d, int64_t n) { dequant_rows<dequant_q6_k_block, kQ6Bytes>(s, d, n); }
+void dequant_q2_k(const uint8_t* src, float* dst, int64_t nblocks) {
+  dequant_rows<dequant_q2_k_block, kQ2Bytes>(src, dst, nblocks);
+}
+float dot_q2_k(const uint8_t* w, const float* x, int64_t nblocks) {
+  return dot_rows<dequant_q2_k_block, kQ2Bytes>(w, x, nblocks);
+}
+void quant_q2_k(const float* src, uint8_t* dst, int64_t nblocks) {
+  quant_rows<quant_q2_k_block, kQ2Bytes>(src, dst, nblocks);
+}
 
-float dot_q2_k(const uint8_t* w, const float* x, int64_t n) { return dot_rows<dequant_q2_k_block, kQ2Bytes>(w, x, n); }
-float dot_q4_k(const uint8_t* w, const float* x, int64_t n) { return dot_rows<dequant_q4_k_block, kQ4Bytes>(w, x, n); }
-float dot_q5_k(const uint8_t* w, const float* x, int64_t n) { return dot_rows<dequant_q5_k_block, kQ5Bytes>(w, x, n); }
-float dot_q6_k(const uint8_t* w, const float* x, int64_t n) { return dot_rows<dequant_q6_k_block, kQ6Bytes>(w, x, n); }
+void dequant_q4_k(const uint8_t* src, float* dst, int64_t nblocks) {
+  dequant_rows<dequant_q4_k_block, kQ4Bytes>(src, dst, nblocks);
+}
+float dot_q4_k(const uint8_t* w, const float* x, int64_t nblocks) {
+  return dot_rows<dequant_q4_k_block, kQ4Bytes>(w, x, nblocks);
+}
+void quant_q4_k(const float* src, uint8_t* dst, int64_t nblocks) {
+  quant_rows<quant_q4_k_block, kQ4Bytes>(src, dst, nblocks);
+}
 
-void quant_q2_k(const float* s, uint8_t* d, int64_t n) { quant_rows<quant_q2_k_block, kQ2Bytes>(s, d, n); }
-void quant_q4_k(const float* s, uint8_t* d, int64_t n) { quant_rows<quant_q4_k_block, kQ4Bytes>(s, d, n); }
-void quant_q5_k(const float* s, uint8_t* d, int64_t n) { quant_rows<quant_q5_k_block, kQ5Bytes>(s, d, n); }
-void quant_q6_k(const float* s, uint8_t* d, int64_t n) { quant_rows<quant_q6_k_block, kQ6Bytes>(s, d, n); }
+void dequant_q5_k(const uint8_t* src, float* dst, int64_t nblocks) {
+  dequant_rows<dequant_q5_k_block, kQ5Bytes>(src, dst, nblocks);
+}
+float dot_q5_k(const uint8_t* w, const float* x, int64_t nblocks) {
+  return dot_rows<dequant_q5_k_block, kQ5Bytes>(w, x, nblocks);
+}
+void quant_q5_k(const float* src, uint8_t* dst, int64_t nblocks) {
+  quant_rows<quant_q5_k_block, kQ5Bytes>(src, dst, nblocks);
+}
+
+void dequant_q6_k(const uint8_t* src, float* dst, int64_t nblocks) {
+  dequant_rows<dequant_q6_k_block, kQ6Bytes>(src, dst, nblocks);
+}
+float dot_q6_k(const uint8_t* w, const float* x, int64_t nblocks) {
+  return dot_rows<dequant_q6_k_block, kQ6Bytes>(w, x, nblocks);
+}
+void quant_q6_k(const float* src, uint8_t* dst, int64_t nblocks) {
+  quant_rows<quant_q6_k_block, kQ6Bytes>(src, dst, nblocks);
+}
 
 }  // namespace baton::quant_detail

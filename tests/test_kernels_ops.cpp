@@ -22,8 +22,6 @@ std::vector<float> random_vec(std::mt19937_64& rng, size_t n, float scale = 1.0f
   return v;
 }
 
-double rel_err(double got, double want) { return std::abs(got - want) / std::max(1e-6, std::abs(want)); }
-
 TEST(ThreadPool, EveryTaskOnceForAnySize) {
   for (int threads : {1, 2, 3, 5}) {
     ThreadPool pool(threads);

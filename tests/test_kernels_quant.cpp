@@ -213,8 +213,8 @@ TEST(QuantBf16, RandomRoundsToNearestEven) {
 
 TEST(QuantIq2Tables, GridProperties) {
   using quant_detail::kIq2xxsGrid;
-  // Entries checked by hand against ggml's iq2xxs_grid (first, second, one in
-  // the middle and the last), plus the table's FNV-1a hash over its bytes in
+  // Entries checked by hand against ggml's iq2xxs_grid (the first three, two
+  // in the middle, the last), plus the table's FNV-1a hash over its bytes in
   // element order, computed once and cross-checked against gguf-py's
   // independent 2-bit-per-element encoding of the same grid.
   EXPECT_EQ(kIq2xxsGrid[0], 0x0808080808080808ull);
@@ -364,7 +364,7 @@ TEST(QuantKnownAnswer, Iq2XxsLiteral) {
 // Known answers on random blocks: the test packs chosen fields by the
 // documented layout and predicts every value in float64.
 
-class LayoutTest : public ::testing::Test {
+class QuantLayout : public ::testing::Test {
  protected:
   void SetUp() override { rng_.seed(seed_); }
   int rand_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
@@ -385,7 +385,7 @@ class LayoutTest : public ::testing::Test {
   std::mt19937_64 rng_;
 };
 
-TEST_F(LayoutTest, Q4_0) {
+TEST_F(QuantLayout, Q4_0) {
   SCOPED_TRACE(seed_note(seed_));
   for (int rep = 0; rep < 8; ++rep) {
     std::vector<uint8_t> b(18);
@@ -402,7 +402,7 @@ TEST_F(LayoutTest, Q4_0) {
   }
 }
 
-TEST_F(LayoutTest, Q8_0) {
+TEST_F(QuantLayout, Q8_0) {
   SCOPED_TRACE(seed_note(seed_));
   std::vector<uint8_t> b(34);
   double d;
@@ -416,7 +416,7 @@ TEST_F(LayoutTest, Q8_0) {
   expect_values(DType::Q8_0, b, want);
 }
 
-TEST_F(LayoutTest, Q2_K) {
+TEST_F(QuantLayout, Q2_K) {
   SCOPED_TRACE(seed_note(seed_));
   for (int rep = 0; rep < 4; ++rep) {
     std::vector<uint8_t> b(84, 0);
@@ -448,7 +448,7 @@ void pack_k4_scales(const int sc[8], const int m[8], uint8_t* s) {
   }
 }
 
-TEST_F(LayoutTest, Q4_KAndQ5_K) {
+TEST_F(QuantLayout, Q4_KAndQ5_K) {
   SCOPED_TRACE(seed_note(seed_));
   for (int rep = 0; rep < 4; ++rep) {
     std::vector<uint8_t> q4(144, 0), q5(176, 0);
@@ -479,7 +479,7 @@ TEST_F(LayoutTest, Q4_KAndQ5_K) {
   }
 }
 
-TEST_F(LayoutTest, Q6_K) {
+TEST_F(QuantLayout, Q6_K) {
   SCOPED_TRACE(seed_note(seed_));
   for (int rep = 0; rep < 4; ++rep) {
     std::vector<uint8_t> b(210, 0);
@@ -502,7 +502,7 @@ TEST_F(LayoutTest, Q6_K) {
   }
 }
 
-TEST_F(LayoutTest, Iq2Xxs) {
+TEST_F(QuantLayout, Iq2Xxs) {
   SCOPED_TRACE(seed_note(seed_));
   for (int rep = 0; rep < 4; ++rep) {
     std::vector<uint8_t> b(66, 0);
@@ -603,7 +603,6 @@ const ErrorBound kErrorBounds[] = {
 };
 
 double relative_rms_error(DType t, const std::vector<float>& x) {
-  const DTypeInfo& info = dtype_info(t);
   const int64_t n = int64_t(x.size());
   std::vector<uint8_t> q(*dtype_bytes(t, uint64_t(n)));
   quantize_row(t, x.data(), q.data(), n);
@@ -613,7 +612,6 @@ double relative_rms_error(DType t, const std::vector<float>& x) {
     err += (double(y[i]) - x[i]) * (double(y[i]) - x[i]);
     ref += double(x[i]) * x[i];
   }
-  (void)info;
   return std::sqrt(err / ref);
 }
 

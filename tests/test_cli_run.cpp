@@ -1,0 +1,243 @@
+// `baton run` end to end: the greedy oracle in shared/models/reference_outputs.txt
+// (token ids, text and top-5 logits, read from the file), the refusals of the
+// legacy fixtures, the default model choice, sampling determinism and errors.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/gguf.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Reference {
+  std::string model;
+  std::string prompt;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<std::pair<int32_t, double>> top;  // top-5 after the prompt
+  std::vector<int32_t> greedy;
+  std::string text;  // prompt + generated text
+};
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> out;
+  std::regex num("-?\\d+");
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), num); it != std::sregex_iterator(); ++it) {
+    out.push_back(int32_t(std::stol(it->str())));
+  }
+  return out;
+}
+
+// Undoes Python's repr() of a str: quotes and the escapes that appear here.
+std::string py_unrepr(std::string s) {
+  if (s.size() >= 2 && (s.front() == '\'' || s.front() == '"')) s = s.substr(1, s.size() - 2);
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out += s[i];
+      continue;
+    }
+    char c = s[++i];
+    out += c == 'n' ? '\n' : c == 't' ? '\t' : c;
+  }
+  return out;
+}
+
+std::vector<Reference> read_references() {
+  std::ifstream in(test::model_path("reference_outputs.txt"));
+  std::vector<Reference> refs;
+  std::string line;
+  // 432(',')=17.799398 — the piece is a Python repr in either quote style.
+  std::regex top_re(R"((\d+)\((?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\)=(-?[0-9.eE+-]+))");
+  auto value = [&](const std::string& key) { return line.substr(key.size()); };
+  while (std::getline(in, line)) {
+    if (line.rfind("model: ", 0) == 0) {
+      refs.push_back({});
+      refs.back().model = value("model: ");
+    } else if (refs.empty()) {
+      continue;
+    } else if (line.rfind("prompt: ", 0) == 0) {
+      refs.back().prompt = py_unrepr(value("prompt: "));
+    } else if (line.rfind("prompt tokens: ", 0) == 0) {
+      refs.back().prompt_tokens = parse_ids(value("prompt tokens: "));
+    } else if (line.rfind("top-5 after prompt: ", 0) == 0) {
+      std::string v = value("top-5 after prompt: ");
+      for (auto it = std::sregex_iterator(v.begin(), v.end(), top_re); it != std::sregex_iterator(); ++it) {
+        refs.back().top.emplace_back(int32_t(std::stol((*it)[1])), std::stod((*it)[2]));
+      }
+    } else if (line.rfind("greedy tokens: ", 0) == 0) {
+      refs.back().greedy = parse_ids(value("greedy tokens: "));
+    } else if (line.rfind("greedy text: ", 0) == 0) {
+      refs.back().text = py_unrepr(value("greedy text: "));
+    }
+  }
+  return refs;
+}
+
+test::CommandResult baton_run(std::vector<std::string> args) {
+  args.insert(args.begin(), {test::baton_binary(), "run"});
+  return test::run_command(args);
+}
+
+// Errors are one line, "baton run: <message>".
+void expect_clean_error(const test::CommandResult& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("baton run: ", 0), 0u) << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "more than one line: " << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+}
+
+// The legacy fixtures the reader refuses by decision, and what the message names.
+const std::map<std::string, std::string> kRefused = {
+    {"tinyllamas-stories-260k-f32.gguf", "version 1"},  // GGUF v1
+    {"tinyllamas-stories-260k-q8_0.gguf", "block size"},  // ffn_down rows of 172 in 32-element blocks
+};
+
+TEST(CliRun, GreedyOracleFromReferenceOutputs) {
+  auto refs = read_references();
+  ASSERT_GE(refs.size(), 4u) << "could not read " << test::model_path("reference_outputs.txt");
+  int checked = 0, refused = 0;
+  for (const auto& ref : refs) {
+    SCOPED_TRACE(ref.model + " prompt '" + ref.prompt + "'");
+    ASSERT_FALSE(ref.greedy.empty());
+    ASSERT_EQ(ref.top.size(), 5u);
+    auto r = baton_run({"-m", test::model_path(ref.model), "-p", ref.prompt, "-n", std::to_string(ref.greedy.size()),
+                        "--temp", "0", "--json", "--threads", "2"});
+    if (auto it = kRefused.find(ref.model); it != kRefused.end()) {
+      expect_clean_error(r, it->second);
+      ++refused;
+      continue;
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["prompt_tokens"].get<std::vector<int32_t>>(), ref.prompt_tokens);
+    EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), ref.greedy);
+    EXPECT_EQ(j["n_prompt"].get<size_t>(), ref.prompt_tokens.size());
+    EXPECT_EQ(j["n_gen"].get<size_t>(), ref.greedy.size());
+    EXPECT_EQ(ref.prompt + j["text"].get<std::string>(), ref.text);
+    ASSERT_EQ(j["top_logits"].size(), 5u);
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(j["top_logits"][i][0].get<int32_t>(), ref.top[i].first) << "rank " << i;
+      double got = j["top_logits"][i][1].get<double>(), want = ref.top[i].second;
+      EXPECT_NEAR(got, want, 1e-3 * std::abs(want)) << "rank " << i;
+    }
+    EXPECT_GE(j["prefill_tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0.0);
+    ++checked;
+  }
+  EXPECT_EQ(refused, 2);
+  EXPECT_GE(checked, 3);
+}
+
+TEST(CliRun, StreamsPromptThenGeneratedText) {
+  const std::string model = test::model_path("stories260K.gguf");
+  auto r = baton_run({"-m", model, "-p", "Once upon a time", "-n", "12", "--temp", "0", "--threads", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(
+      baton_run({"-m", model, "-p", "Once upon a time", "-n", "12", "--temp", "0", "--json"}).out);
+  EXPECT_EQ(r.out, "Once upon a time" + j["text"].get<std::string>() + "\n");
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl", 0), 0u) << r.out;
+}
+
+TEST(CliRun, SamplingIsDeterministicPerSeed) {
+  const std::string model = test::model_path("stories260K.gguf");
+  auto run = [&](const std::string& seed) {
+    auto r = baton_run({"-m", model, "-n", "24", "--temp", "1.0", "--seed", seed, "--json", "--threads", "2"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["tokens"].get<std::vector<int32_t>>();
+  };
+  auto a = run("7"), b = run("7"), c = run("8");
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(CliRun, HelpExplainsEveryOption) {
+  auto r = baton_run({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* opt : {"--model", "--prompt", "--n-predict", "--temp", "--seed", "--top-k", "--top-p", "--min-p",
+                          "--ctx", "--threads", "--json", "BATON_MODEL", "Once upon a time", "64"}) {
+    EXPECT_NE(r.out.find(opt), std::string::npos) << opt;
+  }
+}
+
+// Runs baton from a folder where no default fixture can be found, with
+// BATON_MODEL set or not: the child inherits this process's cwd and env.
+test::CommandResult run_isolated(const std::vector<std::string>& args, const char* baton_model) {
+  test::TempDir dir;
+  fs::create_directories(dir.path() / "bin");
+  fs::path exe = dir.path() / "bin" / "baton";  // <dir>/bin/baton: <dir>/../shared does not exist
+  fs::copy_file(test::baton_binary(), exe);
+  fs::permissions(exe, fs::perms::owner_exec, fs::perm_options::add);
+  fs::path old_cwd = fs::current_path();
+  fs::current_path(dir.path());
+  std::string old_env = std::getenv("BATON_MODEL") ? std::getenv("BATON_MODEL") : "";
+  if (baton_model) {
+    setenv("BATON_MODEL", baton_model, 1);
+  } else {
+    unsetenv("BATON_MODEL");
+  }
+  std::vector<std::string> argv = {exe.string(), "run"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = test::run_command(argv);
+  fs::current_path(old_cwd);
+  if (old_env.empty()) {
+    unsetenv("BATON_MODEL");
+  } else {
+    setenv("BATON_MODEL", old_env.c_str(), 1);
+  }
+  return r;
+}
+
+TEST(CliRun, DefaultModelIsEnvThenFixtureThenSynthetic) {
+  auto synth = run_isolated({"-n", "8", "--json"}, nullptr);
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  auto j = nlohmann::json::parse(synth.out);
+  EXPECT_EQ(j["model"], "(built-in synthetic model)");
+  EXPECT_EQ(j["arch"], "llama");
+  EXPECT_EQ(j["prompt"], "Once upon a time");
+  EXPECT_GT(j["n_prompt"].get<int>(), 1);
+
+  const std::string stories = test::model_path("stories260K.gguf");
+  auto env = run_isolated({"-n", "5", "--temp", "0", "--json"}, stories.c_str());
+  ASSERT_EQ(env.exit_code, 0) << env.err;
+  auto je = nlohmann::json::parse(env.out);
+  EXPECT_EQ(je["model"], stories);
+  EXPECT_EQ(je["tokens"].get<std::vector<int32_t>>(), (std::vector<int32_t>{432, 383, 286, 261, 376}));
+
+  // From the build folder the fixture beside the checkout is found by the binary's path.
+  auto plain = baton_run({"-n", "3", "--temp", "0", "--json"});
+  if (!std::getenv("BATON_MODEL")) {
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_NE(nlohmann::json::parse(plain.out)["model"].get<std::string>().find("stories260K.gguf"), std::string::npos);
+  }
+}
+
+TEST(CliRun, ErrorsAreOneLineNeverACrash) {
+  test::TempDir dir;
+  expect_clean_error(baton_run({"-m", dir.file("absent.gguf")}), "absent.gguf");
+  test::write_file(dir.file("junk.gguf"), {'n', 'o', 't', ' ', 'g', 'g', 'u', 'f', 0, 1, 2, 3});
+  expect_clean_error(baton_run({"-m", dir.file("junk.gguf")}), "GGUF");
+  GgufWriter w;
+  w.set("general.architecture", GgufValue::of_str("rwkv42"));
+  w.write(dir.file("rwkv.gguf"));
+  expect_clean_error(baton_run({"-m", dir.file("rwkv.gguf")}), "unknown architecture 'rwkv42'");
+  expect_clean_error(baton_run({"--temp", "warm"}), "temp");
+  expect_clean_error(baton_run({"--no-such-option"}), "no-such-option");
+  expect_clean_error(baton_run({"-m", test::model_path("stories260K.gguf"), "--ctx", "3"}), "context");
+}
+
+}  // namespace
+}  // namespace baton
