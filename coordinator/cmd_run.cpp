@@ -101,7 +101,7 @@ std::string usage_text(const po::options_description& desc) {
       "built-in synthetic model with random weights.\n\n";
   std::ostringstream o;
   o << desc;
-  return s + o.str();
+  return s + o.str() + "\n";
 }
 
 // Parses argv; returns nullopt when --help was printed.

@@ -73,7 +73,7 @@ LlamaHparams read_hparams(const GgufFile& f, const std::string& a) {
 
 // The workspace, in floats, each section starting on a kPlanAlignment boundary.
 struct WsLayout {
-  uint64_t x, xn, q, att, gate, up, scores, logits, freqs, bytes;
+  uint64_t x, xn, q, att, gate, up, scores, rows, logits, freqs, bytes;
 };
 
 WsLayout ws_layout(const LlamaHparams& hp, const WorkspaceShape& s) {
@@ -92,6 +92,9 @@ WsLayout ws_layout(const LlamaHparams& hp, const WorkspaceShape& s) {
   w.gate = take(B * hp.n_ff);
   w.up = take(B * hp.n_ff);
   w.scores = take(uint64_t(s.n_threads) * uint64_t(s.n_ctx));
+  // One dequantized weight row per thread (matmul's row_scratch): the widest
+  // input is n_embd, n_ff or the attention output.
+  w.rows = take(uint64_t(s.n_threads) * uint64_t(std::max({hp.n_embd, hp.n_ff, int64_t(hp.n_head) * hp.head_dim_v})));
   w.freqs = take(uint64_t(hp.rope_dim / 2));
   w.logits = s.head ? take(uint64_t(s.max_logit_rows) * hp.n_vocab) : at;
   w.bytes = at;
@@ -201,6 +204,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   const WsLayout L = ws_layout(hp_, s);
   auto ws = [&](uint64_t off) { return reinterpret_cast<float*>(a.workspace + off); };
   float *x = ws(L.x), *xn = ws(L.xn), *q = ws(L.q), *att = ws(L.att), *gate = ws(L.gate), *up = ws(L.up);
+  float* row_buf = ws(L.rows);  // matmul row_scratch
   ThreadPool& pool = *a.pool;
 
   if (a.embedding) {
@@ -223,9 +227,9 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
     float* vc = a.kv->stream(l, a.seq, 1);
     float* k_new = kc + a.pos0 * kw;
     float* v_new = vc + a.pos0 * vw;
-    matmul(xn, B, E, w(kWq)->view(), q, qw, pool);
-    matmul(xn, B, E, w(kWk)->view(), k_new, kw, pool);
-    matmul(xn, B, E, w(kWv)->view(), v_new, vw, pool);
+    matmul(xn, B, E, w(kWq)->view(), q, qw, pool, row_buf);
+    matmul(xn, B, E, w(kWk)->view(), k_new, kw, pool, row_buf);
+    matmul(xn, B, E, w(kWv)->view(), v_new, vw, pool, row_buf);
     add_bias(q, B, qw, w(kBq));
     add_bias(k_new, B, kw, w(kBk));
     add_bias(v_new, B, vw, w(kBv));
@@ -261,24 +265,24 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
     at.out_stride = ow;
     at.scratch = ws(L.scores);
     attention(at, pool);
-    matmul(att, B, ow, w(kWo)->view(), xn, E, pool);
+    matmul(att, B, ow, w(kWo)->view(), xn, E, pool, row_buf);
     add_into(x, xn, B * E);
 
     // Feed-forward block.
     for (int64_t t = 0; t < B; ++t) rmsnorm(x + t * E, w(kFfnNorm)->f32(), xn + t * E, E, hp_.rms_eps);
-    matmul(xn, B, E, w(kGate)->view(), gate, F, pool);
-    matmul(xn, B, E, w(kUp)->view(), up, F, pool);
+    matmul(xn, B, E, w(kGate)->view(), gate, F, pool, row_buf);
+    matmul(xn, B, E, w(kUp)->view(), up, F, pool, row_buf);
     swiglu(gate, up, gate, B * F);
-    matmul(gate, B, F, w(kDown)->view(), xn, E, pool);
+    matmul(gate, B, F, w(kDown)->view(), xn, E, pool, row_buf);
     add_into(x, xn, B * E);
   }
 
   if (!a.head) return x;
-  const int64_t rows = a.logit_rows;
-  const float* last = x + (B - rows) * E;
-  for (int64_t r = 0; r < rows; ++r) rmsnorm(last + r * E, m.head(kOutputNorm)->f32(), xn + r * E, E, hp_.rms_eps);
+  const int64_t n_rows = a.logit_rows;
+  const float* last = x + (B - n_rows) * E;
+  for (int64_t r = 0; r < n_rows; ++r) rmsnorm(last + r * E, m.head(kOutputNorm)->f32(), xn + r * E, E, hp_.rms_eps);
   float* logits = ws(L.logits);
-  matmul(xn, rows, E, m.head(kOutput)->view(), logits, hp_.n_vocab, pool);
+  matmul(xn, n_rows, E, m.head(kOutput)->view(), logits, hp_.n_vocab, pool, row_buf);
   return logits;
 }
 

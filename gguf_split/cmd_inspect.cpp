@@ -31,9 +31,8 @@ std::string printable(const std::string& s, size_t max_chars) {
     unsigned char u = static_cast<unsigned char>(c);
     if (c == '\n') {
       out += "\\n";
-    } else if (c == '\\' || c == '\'') {
-      out += '\\';
-      out += c;
+    } else if (c == '\\') {
+      out += "\\\\";
     } else if (u < 0x20 || u == 0x7f) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", u);

@@ -159,13 +159,19 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n) {
 // ---------------------------------------------------------------- matmul
 
 void matmul(const float* x, int64_t n_tokens, int64_t x_stride, const WeightView& w, float* out,
-            int64_t out_stride, ThreadPool& pool) {
+            int64_t out_stride, ThreadPool& pool, float* row_scratch) {
   // Rows outside, tokens inside: each weight row is read from memory once per
   // batch and reused from cache for every token.
-  auto task = [&](int64_t r0, int64_t r1, int) {
+  auto task = [&](int64_t r0, int64_t r1, int worker) {
     if (w.type == DType::F32) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* wr = reinterpret_cast<const float*>(w.row(r));
+        for (int64_t t = 0; t < n_tokens; ++t) out[t * out_stride + r] = dot_f32(wr, x + t * x_stride, w.cols);
+      }
+    } else if (row_scratch) {
+      float* wr = row_scratch + int64_t(worker) * w.cols;
+      for (int64_t r = r0; r < r1; ++r) {
+        dequantize_row(w.type, w.row(r), wr, w.cols);
         for (int64_t t = 0; t < n_tokens; ++t) out[t * out_stride + r] = dot_f32(wr, x + t * x_stride, w.cols);
       }
     } else {

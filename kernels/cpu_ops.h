@@ -115,10 +115,14 @@ inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
 // out[t][r] = sum_c w[r][c] * x[t][c] for t < n_tokens, r < w.rows.
-// x rows are w.cols floats apart (x_stride), out rows are out_stride floats
-// apart. Threaded over output rows. out must not alias x.
+// x rows are x_stride floats apart, out rows out_stride floats apart.
+// Threaded over output rows. out must not alias x.
+// row_scratch (optional): pool.size() * w.cols floats. With it, each row of a
+// non-F32 weight is dequantized once and reused for every token of the batch
+// (prefill), instead of being decoded again per token by dot_row. Either way
+// each output depends only on its row and token, not on the batch or threads.
 void matmul(const float* x, int64_t n_tokens, int64_t x_stride, const WeightView& w, float* out,
-            int64_t out_stride, ThreadPool& pool);
+            int64_t out_stride, ThreadPool& pool, float* row_scratch = nullptr);
 
 // Causal attention over a KV cache.
 struct AttentionArgs {

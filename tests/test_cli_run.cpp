@@ -4,12 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,9 +33,36 @@ struct Reference {
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> out;
-  std::regex num("-?\\d+");
-  for (auto it = std::sregex_iterator(s.begin(), s.end(), num); it != std::sregex_iterator(); ++it) {
-    out.push_back(int32_t(std::stol(it->str())));
+  for (size_t i = 0; i < s.size();) {
+    if (std::isdigit(static_cast<unsigned char>(s[i]))) {
+      size_t used = 0;
+      out.push_back(int32_t(std::stol(s.substr(i), &used)));
+      i += used;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+// "432(',')=17.799398, 383('▁there')=14.281259, ...": the piece is a Python
+// repr in either quote style and may hold any character, so scan it.
+std::vector<std::pair<int32_t, double>> parse_top(const std::string& s) {
+  std::vector<std::pair<int32_t, double>> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t used = 0;
+    int32_t id = int32_t(std::stol(s.substr(i), &used));
+    i += used;
+    if (i + 1 >= s.size() || s[i] != '(') break;
+    const char quote = s[i + 1];
+    i += 2;
+    while (i < s.size() && s[i] != quote) i += s[i] == '\\' ? 2 : 1;
+    if (s.compare(i, 3, std::string(1, quote) + ")=") != 0) break;
+    i += 3;
+    out.emplace_back(id, std::stod(s.substr(i), &used));
+    i += used;
+    while (i < s.size() && (s[i] == ',' || s[i] == ' ')) ++i;
   }
   return out;
 }
@@ -59,8 +86,6 @@ std::vector<Reference> read_references() {
   std::ifstream in(test::model_path("reference_outputs.txt"));
   std::vector<Reference> refs;
   std::string line;
-  // 432(',')=17.799398 — the piece is a Python repr in either quote style.
-  std::regex top_re(R"((\d+)\((?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\)=(-?[0-9.eE+-]+))");
   auto value = [&](const std::string& key) { return line.substr(key.size()); };
   while (std::getline(in, line)) {
     if (line.rfind("model: ", 0) == 0) {
@@ -73,10 +98,7 @@ std::vector<Reference> read_references() {
     } else if (line.rfind("prompt tokens: ", 0) == 0) {
       refs.back().prompt_tokens = parse_ids(value("prompt tokens: "));
     } else if (line.rfind("top-5 after prompt: ", 0) == 0) {
-      std::string v = value("top-5 after prompt: ");
-      for (auto it = std::sregex_iterator(v.begin(), v.end(), top_re); it != std::sregex_iterator(); ++it) {
-        refs.back().top.emplace_back(int32_t(std::stol((*it)[1])), std::stod((*it)[2]));
-      }
+      refs.back().top = parse_top(value("top-5 after prompt: "));
     } else if (line.rfind("greedy tokens: ", 0) == 0) {
       refs.back().greedy = parse_ids(value("greedy tokens: "));
     } else if (line.rfind("greedy text: ", 0) == 0) {

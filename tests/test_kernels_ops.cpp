@@ -158,29 +158,32 @@ void check_matmul(DType type, int64_t rows, int64_t cols, int64_t n_tokens, uint
   const int64_t x_stride = cols + 3, out_stride = rows + 5;  // strides wider than rows on purpose
   auto x = random_vec(rng, size_t(n_tokens * x_stride));
   WeightView w{type, wq.data(), rows, cols, row_bytes};
-  std::vector<float> first;
+  std::vector<float> first[2];
   for (int threads : {1, 2, 4}) {
     ThreadPool pool(threads);
-    std::vector<float> out(size_t(n_tokens * out_stride), -7.0f);
-    matmul(x.data(), n_tokens, x_stride, w, out.data(), out_stride, pool);
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t r = 0; r < rows; ++r) {
-        double want = 0, mag = 0;
-        for (int64_t c = 0; c < cols; ++c) {
-          want += double(deq[size_t(r * cols + c)]) * x[size_t(t * x_stride + c)];
-          mag += std::abs(double(deq[size_t(r * cols + c)]) * x[size_t(t * x_stride + c)]);
+    for (int with_scratch : {0, 1}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + " row scratch " + std::to_string(with_scratch));
+      std::vector<float> out(size_t(n_tokens * out_stride), -7.0f);
+      std::vector<float> scratch(size_t(threads * cols), 0.0f);
+      matmul(x.data(), n_tokens, x_stride, w, out.data(), out_stride, pool, with_scratch ? scratch.data() : nullptr);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          double want = 0, mag = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            want += double(deq[size_t(r * cols + c)]) * x[size_t(t * x_stride + c)];
+            mag += std::abs(double(deq[size_t(r * cols + c)]) * x[size_t(t * x_stride + c)]);
+          }
+          // Float accumulation of the same dequantized values: rounding only.
+          ASSERT_NEAR(out[size_t(t * out_stride + r)], want, 1e-5 * (1 + mag)) << "t " << t << " r " << r;
         }
-        // Q8_0's dot may quantize x too; allow for it relative to the magnitude.
-        double tol = (type == DType::F32 ? 1e-5 : 1e-2) * (1 + mag);
-        ASSERT_NEAR(out[size_t(t * out_stride + r)], want, tol) << "t " << t << " r " << r;
+        for (int64_t r = rows; r < out_stride; ++r) EXPECT_EQ(out[size_t(t * out_stride + r)], -7.0f);
       }
-      for (int64_t r = rows; r < out_stride; ++r) EXPECT_EQ(out[size_t(t * out_stride + r)], -7.0f);
-    }
-    // The split between threads never changes a result.
-    if (first.empty()) {
-      first = out;
-    } else {
-      EXPECT_EQ(out, first) << "threads " << threads;
+      // The split between threads never changes a result.
+      if (first[with_scratch].empty()) {
+        first[with_scratch] = out;
+      } else {
+        EXPECT_EQ(out, first[with_scratch]);
+      }
     }
   }
 }

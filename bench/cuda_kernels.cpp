@@ -1,0 +1,2 @@
+// CUDA kernel micro-benchmark (being written).
+int main() { return 0; }

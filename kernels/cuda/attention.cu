@@ -1,0 +1,266 @@
+// Attention kernels (see attention.cuh). Lane l of a warp holds dims l,
+// l + 32, ... of each head vector, so K and V rows are read with coalesced
+// 128-byte transactions and a score is a per-lane partial dot plus a
+// butterfly reduction that leaves it in every lane; all softmax decisions are
+// therefore warp-uniform.
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device_util.cuh"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace baton::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kRowsPerWarp = 4;
+constexpr int kWarpsPerBlock = 4;
+constexpr int kMaxHeadDim = 512;
+constexpr int kMaxSplits = 64;
+constexpr int64_t kMaxSplitRows = 256;   // n_tokens * n_head up to this may split
+constexpr int64_t kMinSplitPositions = 64;
+
+struct KernelArgs {
+  AttentionParams p;
+  int group;              // query heads per KV head
+  int64_t groups_per_kv;  // warps per KV head: ceil(n_tokens * group / 4)
+  int64_t chunk;          // positions per split
+  int n_splits;
+  float* partial;  // n_splits x (n_tokens * n_head) x (head_dim_v + 2), when n_splits > 1
+};
+
+// Positions per step: loading U K rows before the reductions keeps U loads in
+// flight; fewer for wide heads, whose registers are spent on q and o.
+template <int N>
+constexpr int kPositionsPerStep = N <= 4 ? 4 : (N == 8 ? 2 : 1);
+
+// N: dims per lane (head dims up to 32 * N).
+template <int N>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelArgs a) {
+  constexpr int U = kPositionsPerStep<N>;
+  constexpr int J = kRowsPerWarp;
+  const int lane = threadIdx.x & 31;
+  const int64_t wg = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (wg >= int64_t(a.p.n_head_kv) * a.groups_per_kv) return;  // whole warp
+  const int kvh = int(wg / a.groups_per_kv);
+  const int64_t grp = wg % a.groups_per_kv;
+  const int g = a.group, dk = a.p.head_dim_k, dv = a.p.head_dim_v;
+  const int64_t n_rows_kv = a.p.n_tokens * g;
+  const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
+
+  // Query rows of this warp: row i of the KV head is token i / g, head i % g
+  // of the group. Missing rows (past the end) repeat the last one, masked
+  // out with lim = -1.
+  int64_t tok[J], lim[J];
+  int head[J];
+  int64_t last = 0;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int64_t i = grp * J + j;
+    const bool valid = i < n_rows_kv;
+    const int64_t ic = valid ? i : n_rows_kv - 1;
+    tok[j] = ic / g;
+    head[j] = kvh * g + int(ic % g);
+    lim[j] = valid ? a.p.pos0 + tok[j] : -1;
+    last = max(last, lim[j]);
+  }
+  const int64_t p_begin = int64_t(blockIdx.y) * a.chunk;
+  const int64_t p_end = min(p_begin + a.chunk, last + 1);
+
+  float q[J][N], o[J][N], m[J], l[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const float* qr = a.p.q + tok[j] * a.p.q_stride + int64_t(head[j]) * dk;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const int d = lane + 32 * n;
+      q[j][n] = d < dk ? qr[d] : 0.0f;
+      o[j][n] = 0.0f;
+    }
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+  }
+
+  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
+  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
+  for (int64_t p = p_begin; p < p_end; p += U) {
+    float kr[U][N], vr[U][N];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t pp = min(p + u, p_end - 1);  // in bounds; masked below
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const int d = lane + 32 * n;
+        kr[u][n] = d < dk ? __ldg(kb + pp * k_row + d) : 0.0f;
+        vr[u][n] = d < dv ? __ldg(vb + pp * v_row + d) : 0.0f;
+      }
+    }
+    float s[J][U];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int n = 0; n < N; ++n) dot = fmaf(q[j][n], kr[u][n], dot);
+        dot = warp_sum(dot);
+        const bool visible = p + u < p_end && p + u <= lim[j];
+        s[j][u] = visible ? a.p.scale * dot : -INFINITY;
+      }
+    }
+    // Online softmax, U positions at a time: rescale the running sum and
+    // output once per step to the new maximum.
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      float mx = m[j];
+#pragma unroll
+      for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[j][u]);
+      if (mx == -INFINITY) continue;  // nothing visible yet for this row
+      const float corr = expf(m[j] - mx);
+      float pk[U], ps = 0.0f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        pk[u] = expf(s[j][u] - mx);
+        ps += pk[u];
+      }
+      l[j] = l[j] * corr + ps;
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        float acc = o[j][n] * corr;
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc = fmaf(pk[u], vr[u][n], acc);
+        o[j][n] = acc;
+      }
+      m[j] = mx;
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    if (lim[j] < 0) continue;
+    if (a.n_splits == 1) {
+      // Position 0 is always visible, so l > 0.
+      const float inv = 1.0f / l[j];
+      float* dst = a.p.out + tok[j] * a.p.out_stride + int64_t(head[j]) * dv;
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const int d = lane + 32 * n;
+        if (d < dv) dst[d] = o[j][n] * inv;
+      }
+    } else {
+      const int64_t row = tok[j] * a.p.n_head + head[j];
+      float* dst = a.partial + (int64_t(blockIdx.y) * a.p.n_tokens * a.p.n_head + row) * (dv + 2);
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const int d = lane + 32 * n;
+        if (d < dv) dst[d] = o[j][n];
+      }
+      if (lane == 0) {
+        dst[dv] = m[j];
+        dst[dv + 1] = l[j];
+      }
+    }
+  }
+}
+
+// One block per (token, head) row: weight each split's partial by
+// exp(m_s - M) and normalize by the weighted sum of the l_s. A split that saw
+// no visible position has l = 0 and m = -inf and drops out.
+__global__ void attention_merge_kernel(const float* __restrict__ partial, int n_splits, int64_t n_rows, int n_head,
+                                       int dv, float* out, int64_t out_stride) {
+  const int64_t row = blockIdx.x;
+  const int64_t split_stride = n_rows * (dv + 2);
+  const float* base = partial + row * (dv + 2);
+  float mx = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, base[s * split_stride + dv]);
+  float sum = 0.0f;
+  for (int s = 0; s < n_splits; ++s) {
+    const float ls = base[s * split_stride + dv + 1];
+    if (ls > 0.0f) sum += ls * expf(base[s * split_stride + dv] - mx);
+  }
+  const float inv = 1.0f / sum;
+  float* dst = out + (row / n_head) * out_stride + (row % n_head) * dv;
+  for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float* ps = base + s * split_stride;
+      if (ps[dv + 1] > 0.0f) acc = fmaf(ps[d], expf(ps[dv] - mx), acc);
+    }
+    dst[d] = acc * inv;
+  }
+}
+
+template <int N>
+void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
+  const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
+  attention_kernel<N><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
+  check_launch("attention_kernel");
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(int64_t n_tokens, int n_head, int head_dim_v) {
+  const int64_t rows = n_tokens * n_head;
+  if (rows <= 0 || rows > kMaxSplitRows) return 0;
+  return size_t(kMaxSplits) * size_t(rows) * size_t(head_dim_v + 2) * sizeof(float);
+}
+
+void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (p.n_head <= 0 || p.n_head_kv <= 0 || p.n_head % p.n_head_kv != 0) {
+    throw std::invalid_argument("attention: n_head " + std::to_string(p.n_head) + " is not a multiple of n_head_kv " +
+                                std::to_string(p.n_head_kv));
+  }
+  if (p.head_dim_k < 1 || p.head_dim_v < 1 || p.head_dim_k > kMaxHeadDim || p.head_dim_v > kMaxHeadDim) {
+    throw std::invalid_argument("attention: head dims must be in [1, " + std::to_string(kMaxHeadDim) + "]");
+  }
+  if (p.n_tokens < 0 || p.pos0 < 0) throw std::invalid_argument("attention: negative n_tokens or pos0");
+  if (p.n_tokens == 0) return;
+  if (!p.q || !p.k_cache || !p.v_cache || !p.out) throw std::invalid_argument("attention: null pointer");
+  if (p.n_tokens > 1 && (p.q_stride < int64_t(p.n_head) * p.head_dim_k || p.out_stride < int64_t(p.n_head) * p.head_dim_v)) {
+    throw std::invalid_argument("attention: q_stride or out_stride below one token's row");
+  }
+
+  KernelArgs a{};
+  a.p = p;
+  a.group = p.n_head / p.n_head_kv;
+  a.groups_per_kv = (p.n_tokens * a.group + kRowsPerWarp - 1) / kRowsPerWarp;
+  const int64_t n_warps = int64_t(p.n_head_kv) * a.groups_per_kv;
+  const int64_t n_pos = p.pos0 + p.n_tokens;
+  const int64_t rows = p.n_tokens * p.n_head;
+
+  // Split positions when the unsplit grid would leave most of the GPU idle:
+  // aim for about 8 warps per multiprocessor, each with >= 64 positions.
+  int64_t splits = 1;
+  if (workspace != nullptr && rows <= kMaxSplitRows) {
+    const int64_t target = int64_t(sm_count()) * 8;
+    splits = std::min<int64_t>({(target + n_warps - 1) / n_warps, kMaxSplits,
+                                (n_pos + kMinSplitPositions - 1) / kMinSplitPositions});
+    splits = std::max<int64_t>(splits, 1);
+    const size_t need = size_t(splits) * size_t(rows) * size_t(p.head_dim_v + 2) * sizeof(float);
+    if (workspace_bytes < need) splits = 1;
+  }
+  a.chunk = (n_pos + splits - 1) / splits;
+  a.n_splits = int((n_pos + a.chunk - 1) / a.chunk);
+  a.partial = a.n_splits > 1 ? static_cast<float*>(workspace) : nullptr;
+
+  const int per_lane = (std::max(p.head_dim_k, p.head_dim_v) + 31) / 32;
+  if (per_lane <= 2) {
+    launch<2>(a, n_warps, stream);
+  } else if (per_lane <= 4) {
+    launch<4>(a, n_warps, stream);
+  } else if (per_lane <= 8) {
+    launch<8>(a, n_warps, stream);
+  } else {
+    launch<16>(a, n_warps, stream);
+  }
+  if (a.n_splits > 1) {
+    attention_merge_kernel<<<unsigned(rows), 128, 0, stream>>>(a.partial, a.n_splits, rows, p.n_head, p.head_dim_v,
+                                                               p.out, p.out_stride);
+    check_launch("attention_merge_kernel");
+  }
+}
+
+}  // namespace baton::cuda

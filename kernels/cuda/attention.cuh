@@ -1,0 +1,52 @@
+// Causal grouped-query attention over a float32 KV cache, for prefill and
+// decode, matching the CPU reference baton::attention (kernels/cpu_ops.h).
+//
+// The cache is float32 like the CPU reference's, so both backends hold the
+// same numbers and the tests compare like with like; an F16 cache (half the
+// bytes per token) is a later, planned change of this file.
+//
+// One warp owns up to 4 query rows (token, head) that share a KV head, walks
+// their visible positions with an online softmax and keeps the output in
+// registers, so K and V rows are read once per 4 query rows. For short
+// queries over long caches (decode) the positions are split across blocks
+// (flash-decoding): each split writes an unnormalized partial (max, sum,
+// output) to the workspace and a second kernel merges them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace baton::cuda {
+
+struct AttentionParams {
+  int n_head = 0;      // query heads
+  int n_head_kv = 0;   // key/value heads; n_head % n_head_kv == 0
+  int head_dim_k = 0;  // q and k head width, <= 512
+  int head_dim_v = 0;  // v and output head width, <= 512
+  float scale = 0;     // usually 1/sqrt(head_dim_k)
+  // q: n_tokens rows of n_head*head_dim_k floats, q_stride apart.
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  int64_t n_tokens = 0;
+  // Token t is at position pos0 + t and sees cache positions [0, pos0 + t].
+  int64_t pos0 = 0;
+  // Row p of the cache: k_cache[p * n_head_kv*head_dim_k ...], v_cache likewise;
+  // rows [0, pos0 + n_tokens) must be filled.
+  const float* k_cache = nullptr;
+  const float* v_cache = nullptr;
+  // out: n_tokens rows of n_head*head_dim_v floats, out_stride apart.
+  float* out = nullptr;
+  int64_t out_stride = 0;
+};
+
+// Workspace that lets attention() split positions across blocks: nonzero only
+// when n_tokens * n_head is small enough for splitting to pay (decode and
+// short batches). attention() runs unsplit with less (or no) workspace.
+size_t attention_workspace_bytes(int64_t n_tokens, int n_head, int head_dim_v);
+
+// Throws std::invalid_argument on bad shapes. workspace may be null.
+void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace baton::cuda

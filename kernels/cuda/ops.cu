@@ -1,0 +1,132 @@
+// RMS norm, RoPE, SwiGLU and softmax (declared in ops.cuh). One block per row
+// for the row reductions; plain grid-stride loops for the elementwise ops.
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/ops.cuh"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace baton::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kRowThreads = 256;
+constexpr int kMaxRotDim = 1024;
+
+unsigned grid_for(int64_t work, int threads) {
+  const int64_t blocks = (work + threads - 1) / threads;
+  return unsigned(std::clamp<int64_t>(blocks, 1, int64_t(sm_count()) * 32));
+}
+
+__global__ void rmsnorm_kernel(const float* x, int64_t x_stride, const float* __restrict__ w, float* out,
+                               int64_t out_stride, int64_t n, float eps) {
+  __shared__ float red[32];
+  const float* xr = x + int64_t(blockIdx.x) * x_stride;
+  float* orow = out + int64_t(blockIdx.x) * out_stride;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, red);
+  // The scale in double like the CPU reference; one per row, so free.
+  const float scale = float(1.0 / sqrt(double(ss) / double(n) + double(eps)));
+  // Each thread rewrites only the elements it read above, so out may alias x.
+  if (w != nullptr) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale;
+  }
+}
+
+// One block per token: cos/sin of the rot_dim/2 angles once into shared
+// memory, then every (head, pair) rotation of the token.
+__global__ void rope_kernel(float* x, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
+                            const int32_t* __restrict__ positions, const float* __restrict__ inv_freq, bool neox) {
+  __shared__ float cs[kMaxRotDim / 2], sn[kMaxRotDim / 2];
+  const int half = rot_dim / 2;
+  const double pos = double(positions[blockIdx.x]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double s, c;
+    sincos(pos * double(inv_freq[i]), &s, &c);
+    cs[i] = float(c);
+    sn[i] = float(s);
+  }
+  __syncthreads();
+  float* xt = x + int64_t(blockIdx.x) * token_stride;
+  for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
+    const int h = k / half, i = k % half;
+    float* v = xt + int64_t(h) * head_dim;
+    const int a = neox ? i : 2 * i;
+    const int b = neox ? i + half : 2 * i + 1;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = x0 * cs[i] - x1 * sn[i];
+    v[b] = x0 * sn[i] + x1 * cs[i];
+  }
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void softmax_kernel(float* x, int64_t n, int64_t stride) {
+  __shared__ float red[32];
+  float* xr = x + int64_t(blockIdx.x) * stride;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, xr[i]);
+  mx = block_max(mx, red);
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float e = expf(xr[i] - mx);
+    xr[i] = e;
+    sum += e;
+  }
+  sum = block_sum(sum, red);
+  const float inv = 1.0f / sum;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
+}
+
+}  // namespace
+
+void rmsnorm(const float* x, int64_t x_stride, const float* w, float* out, int64_t out_stride, int64_t n_rows,
+             int64_t n, float eps, cudaStream_t stream) {
+  if (n <= 0 || n_rows < 0 || (n_rows > 1 && (x_stride < n || out_stride < n))) {
+    throw std::invalid_argument("rmsnorm: bad row length or strides");
+  }
+  if (n_rows == 0) return;
+  rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, stream>>>(x, x_stride, w, out, out_stride, n, eps);
+  check_launch("rmsnorm_kernel");
+}
+
+void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
+          const int32_t* positions, const float* inv_freq, RopeMode mode, cudaStream_t stream) {
+  if (rot_dim < 2 || rot_dim % 2 != 0 || rot_dim > head_dim || rot_dim > kMaxRotDim || n_heads < 1) {
+    throw std::invalid_argument("rope: rot_dim " + std::to_string(rot_dim) + " must be even, at least 2 and at most head_dim " +
+                                std::to_string(head_dim) + " and " + std::to_string(kMaxRotDim));
+  }
+  if (n_tokens > 1 && token_stride < int64_t(n_heads) * head_dim) {
+    throw std::invalid_argument("rope: token_stride below n_heads * head_dim");
+  }
+  if (n_tokens <= 0) return;
+  rope_kernel<<<unsigned(n_tokens), kRowThreads, 0, stream>>>(x, token_stride, n_heads, head_dim, rot_dim, positions,
+                                                               inv_freq, mode == RopeMode::Neox);
+  check_launch("rope_kernel");
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
+  if (n < 0) throw std::invalid_argument("swiglu: negative length");
+  if (n == 0) return;
+  swiglu_kernel<<<grid_for(n, kRowThreads), kRowThreads, 0, stream>>>(gate, up, out, n);
+  check_launch("swiglu_kernel");
+}
+
+void softmax(float* x, int64_t n_rows, int64_t n, int64_t stride, cudaStream_t stream) {
+  if (n <= 0 || n_rows < 0 || (n_rows > 1 && stride < n)) throw std::invalid_argument("softmax: bad row length or stride");
+  if (n_rows == 0) return;
+  softmax_kernel<<<unsigned(n_rows), 1024, 0, stream>>>(x, n, stride);
+  check_launch("softmax_kernel");
+}
+
+}  // namespace baton::cuda

@@ -1,0 +1,44 @@
+// Row-wise and elementwise ops of the forward pass: RMS norm, rotary
+// embedding, SwiGLU, softmax and the embedding row gather. Each matches the
+// CPU reference of kernels/cpu_ops.h (see docs/CUDA.md for tolerances).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cpu_ops.h"
+#include "kernels/cuda/common.cuh"
+
+namespace baton::cuda {
+
+// For each of n_rows rows of n floats: out = x / sqrt(mean(x^2) + eps) * w
+// (w may be null: no scale). Rows are x_stride / out_stride floats apart;
+// out may alias x.
+void rmsnorm(const float* x, int64_t x_stride, const float* w, float* out, int64_t out_stride, int64_t n_rows,
+             int64_t n, float eps, cudaStream_t stream);
+
+// Rotates in place the first rot_dim dims of each of n_heads heads (head_dim
+// floats apart) of each of n_tokens token rows (token_stride floats apart),
+// token t at position positions[t]. inv_freq holds rot_dim/2 floats
+// (rope_inv_freq); the angle pos * inv_freq is formed in double, as on the
+// CPU, because positions reach 1e5 and float would lose its digits.
+// Preconditions: rot_dim even, 2 <= rot_dim <= head_dim, rot_dim <= 1024.
+void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
+          const int32_t* positions, const float* inv_freq, RopeMode mode, cudaStream_t stream);
+
+// out[i] = silu(gate[i]) * up[i] for i < n; out may alias gate or up.
+void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+
+// In place over each of n_rows rows of n floats, `stride` floats apart;
+// subtracts the row max first.
+void softmax(float* x, int64_t n_rows, int64_t n, int64_t stride, cudaStream_t stream);
+
+// out[i * out_stride + c] = table[ids[i]][c] as float, for i < n_ids
+// (embedding lookup). Any device dtype (validate_matrix); out 16-byte
+// aligned with out_stride a multiple of 4. An id outside [0, rows) gives a
+// row of NaN rather than reading out of bounds.
+void get_rows(const MatrixView& table, const int32_t* ids, int64_t n_ids, float* out, int64_t out_stride,
+              cudaStream_t stream);
+
+}  // namespace baton::cuda

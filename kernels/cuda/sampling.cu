@@ -1,0 +1,182 @@
+// argmax: one block per row, each thread scanning a strided part of the row
+// and the block reducing (value, index) pairs.
+//
+// top_k: a tree of selection passes. Each pass cuts its input into tiles of
+// 1024 candidates, bitonic-sorts every tile in shared memory (one block per
+// tile) and keeps the tile's best k; 129280 logits become 127 * k, then
+// 8 * k, then k candidates in three passes. The last pass, a single tile,
+// also writes the scaled logits and the softmax.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/sampling.cuh"
+
+#include <climits>
+#include <stdexcept>
+#include <string>
+
+namespace baton::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kTile = 1024;  // candidates per block and pass (one per thread)
+
+// Is (va, ia) ranked before (vb, ib)? Higher logit first, then lower id.
+__device__ __forceinline__ bool ranks_before(float va, int32_t ia, float vb, int32_t ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+__global__ void argmax_kernel(const float* __restrict__ logits, int64_t n, int64_t stride, int32_t* ids) {
+  const float* row = logits + int64_t(blockIdx.x) * stride;
+  float best = -INFINITY;
+  int32_t best_id = INT_MAX;
+  // Increasing indices per thread: a strict > keeps the first of equals.
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = row[i];
+    if (v > best || best_id == INT_MAX) {
+      best = v;
+      best_id = int32_t(i);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(kFullMask, best, o);
+    const int32_t id = __shfl_xor_sync(kFullMask, best_id, o);
+    if (ranks_before(v, id, best, best_id)) best = v, best_id = id;
+  }
+  __shared__ float sv[32];
+  __shared__ int32_t si[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sv[warp] = best, si[warp] = best_id;
+  __syncthreads();
+  if (warp == 0) {
+    const int n_warps = blockDim.x / 32;
+    best = lane < n_warps ? sv[lane] : -INFINITY;
+    best_id = lane < n_warps ? si[lane] : INT_MAX;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v = __shfl_xor_sync(kFullMask, best, o);
+      const int32_t id = __shfl_xor_sync(kFullMask, best_id, o);
+      if (ranks_before(v, id, best, best_id)) best = v, best_id = id;
+    }
+    if (lane == 0) ids[blockIdx.x] = best_id;
+  }
+}
+
+// One block of kTile threads per tile of the n input candidates (values and
+// ids; ids == nullptr means id = position). Writes the tile's best k to
+// out_v/out_i[blockIdx.x * k ...]; tiles with fewer than k real candidates
+// pad with (-inf, INT_MAX), which rank after every real candidate. When
+// `final` (a single tile), writes ids, scaled logits and probabilities.
+__global__ void __launch_bounds__(kTile)
+    top_k_pass_kernel(const float* __restrict__ in_v, const int32_t* __restrict__ in_i, int64_t n, int k,
+                      float* out_v, int32_t* out_i, bool final, float inv_temp, int32_t* ids, float* scaled,
+                      float* probs) {
+  __shared__ float sv[kTile];
+  __shared__ int32_t si[kTile];
+  const int t = threadIdx.x;
+  const int64_t src = int64_t(blockIdx.x) * kTile + t;
+  if (src < n) {
+    sv[t] = in_v[src];
+    si[t] = in_i ? in_i[src] : int32_t(src);
+  } else {
+    sv[t] = -INFINITY;
+    si[t] = INT_MAX;
+  }
+  __syncthreads();
+  // Bitonic sort into ranking order (best first).
+  for (int size = 2; size <= kTile; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const int partner = t ^ stride;
+      if (partner > t) {
+        const bool up = (t & size) == 0;  // this pair's run is sorted best-first
+        const float va = sv[t], vb = sv[partner];
+        const int32_t ia = si[t], ib = si[partner];
+        const bool b_first = ranks_before(vb, ib, va, ia);
+        if (b_first == up) {
+          sv[t] = vb, si[t] = ib;
+          sv[partner] = va, si[partner] = ia;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (!final) {
+    if (t < k) {
+      out_v[int64_t(blockIdx.x) * k + t] = sv[t];
+      out_i[int64_t(blockIdx.x) * k + t] = si[t];
+    }
+    return;
+  }
+  if (t == 0) {
+    // k <= 64 values: a serial softmax is shorter than a parallel one.
+    const float mx = sv[0] * inv_temp;
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += expf(sv[j] * inv_temp - mx);
+    for (int j = 0; j < k; ++j) {
+      ids[j] = si[j];
+      scaled[j] = sv[j] * inv_temp;
+      probs[j] = expf(sv[j] * inv_temp - mx) / sum;
+    }
+  }
+}
+
+int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
+
+}  // namespace
+
+void argmax(const float* logits, int64_t n_rows, int64_t n, int64_t stride, int32_t* ids, cudaStream_t stream) {
+  if (n <= 0 || n_rows < 0 || (n_rows > 1 && stride < n) || n > INT32_MAX) {
+    throw std::invalid_argument("argmax: bad row length or stride");
+  }
+  if (n_rows == 0) return;
+  argmax_kernel<<<unsigned(n_rows), 1024, 0, stream>>>(logits, n, stride, ids);
+  check_launch("argmax_kernel");
+}
+
+size_t top_k_workspace_bytes(int64_t n, int k) {
+  // Two ping-pong candidate buffers sized for the first pass's output.
+  const size_t cands = size_t(tiles(n)) * size_t(k);
+  const size_t one = (cands * (sizeof(float) + sizeof(int32_t)) + 15) / 16 * 16;
+  return 2 * one;
+}
+
+void top_k(const float* logits, int64_t n, int k, float temperature, int32_t* ids, float* scaled_logits,
+           float* probs, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (k < 1 || k > kTopKMax || int64_t(k) > n || n > INT32_MAX) {
+    throw std::invalid_argument("top_k: k " + std::to_string(k) + " must be in [1, min(n, " +
+                                std::to_string(kTopKMax) + ")] for n " + std::to_string(n));
+  }
+  if (!(temperature > 0.0f)) throw std::invalid_argument("top_k: temperature must be positive");
+  const size_t need = top_k_workspace_bytes(n, k);
+  if (workspace_bytes < need || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+    throw std::invalid_argument("top_k: workspace of " + std::to_string(workspace_bytes) + " bytes, need " +
+                                std::to_string(need) + " (16-byte aligned)");
+  }
+  const size_t cands = size_t(tiles(n)) * size_t(k);
+  const size_t one = need / 2;
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  float* buf_v[2] = {reinterpret_cast<float*>(ws), reinterpret_cast<float*>(ws + one)};
+  int32_t* buf_i[2] = {reinterpret_cast<int32_t*>(ws + cands * sizeof(float)),
+                       reinterpret_cast<int32_t*>(ws + one + cands * sizeof(float))};
+  const float inv_temp = 1.0f / temperature;
+
+  const float* in_v = logits;
+  const int32_t* in_i = nullptr;
+  int64_t count = n;
+  for (int pass = 0;; ++pass) {
+    const int64_t nt = tiles(count);
+    const bool final = nt == 1;
+    float* ov = buf_v[pass & 1];
+    int32_t* oi = buf_i[pass & 1];
+    top_k_pass_kernel<<<unsigned(nt), kTile, 0, stream>>>(in_v, in_i, count, k, ov, oi, final, inv_temp, ids,
+                                                         scaled_logits, probs);
+    check_launch("top_k_pass_kernel");
+    if (final) break;
+    in_v = ov;
+    in_i = oi;
+    count = nt * k;
+  }
+}
+
+}  // namespace baton::cuda

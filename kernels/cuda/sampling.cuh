@@ -1,0 +1,35 @@
+// Sampling helpers on the device, so that only a few numbers per token cross
+// to the host instead of the whole vocabulary of logits.
+//
+// Greedy decoding needs only argmax(). For temperature sampling, top_k()
+// returns the k most likely tokens (k <= 64), most likely first, with their
+// logits divided by the temperature and the softmax over those k; the host
+// sampler finishes (top-p, min-p, the random draw) from these k candidates,
+// exactly as engine/sampler.cpp does after its own top-k cut.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace baton::cuda {
+
+constexpr int kTopKMax = 64;
+
+// ids[r] = index of the largest of the n logits of row r (rows `stride`
+// floats apart); ties go to the lowest index, as in the CPU sampler.
+void argmax(const float* logits, int64_t n_rows, int64_t n, int64_t stride, int32_t* ids, cudaStream_t stream);
+
+size_t top_k_workspace_bytes(int64_t n, int k);
+
+// One row of n logits. Writes k ids, k logits / temperature and k
+// probabilities (softmax over the k), ordered by logit descending and then
+// by id ascending, like the CPU sampler's sort. Preconditions
+// (std::invalid_argument): 1 <= k <= min(n, kTopKMax), temperature > 0,
+// workspace of top_k_workspace_bytes(n, k), 16-byte aligned. Logits must not
+// be NaN.
+void top_k(const float* logits, int64_t n, int k, float temperature, int32_t* ids, float* scaled_logits,
+           float* probs, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace baton::cuda

@@ -1,0 +1,27 @@
+// Log output of the net layer. Connections log why they close; a process
+// (or a test) can route these lines elsewhere with set_log_sink. Peer-supplied
+// text is passed through printable() before it is logged.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace baton::net {
+
+enum class LogLevel { debug, info, warn, error };
+
+using LogSink = std::function<void(LogLevel, std::string_view)>;
+
+// Replaces the sink (nullptr restores the default: "baton net <level>: ..." on
+// stderr, debug lines dropped). Thread-safe; returns the previous sink.
+LogSink set_log_sink(LogSink sink);
+void log(LogLevel level, std::string_view line);
+
+std::string_view level_name(LogLevel level);
+
+// Untrusted text made safe for one log line: non-printable bytes become
+// \xNN and the result is cut at max_bytes.
+std::string printable(std::string_view s, size_t max_bytes = 200);
+
+}  // namespace baton::net

@@ -1,0 +1,385 @@
+// The messages of Baton's wire protocol (docs/PROTOCOL.md is the reference).
+// Every message is a plain struct whose serialize() is its wire layout, field
+// by field, in a cereal PortableBinary archive (little-endian). The structs
+// use fixed-width types only so that the layout does not depend on the
+// platform. Validation of field values (enum ranges, sizes that must agree)
+// lives in net/codec.cpp; a decoded message has passed it.
+//
+// This header includes no cereal or Asio: serialize() is a template that only
+// net/codec.cpp instantiates.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace baton::net {
+
+// Bumped on any change of a message's layout or meaning. Peers must speak the
+// same version (checked in the handshake, before anything else is trusted).
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Frame type codes. APPEND-ONLY: never renumber, never reuse a retired value;
+// a new message takes the next number (and bumps kProtocolVersion).
+enum class MsgType : uint16_t {
+  // 0 is never sent: a zeroed header is a bug, not a message.
+  hello = 1,
+  challenge = 2,
+  auth_response = 3,
+  auth_ok = 4,
+  assign = 5,
+  ready = 6,
+  load_progress = 7,
+  forward = 8,
+  result = 9,
+  cancel = 10,
+  free_seq = 11,
+  heartbeat = 12,
+  heartbeat_echo = 13,
+  error = 14,
+  shutdown = 15,
+};
+inline constexpr uint16_t kFirstMsgType = 1;
+inline constexpr uint16_t kLastMsgType = 15;  // keep equal to the last enumerator
+
+std::string_view msg_type_name(MsgType t);  // "HELLO", ...; "UNKNOWN" otherwise
+
+// Append-only like MsgType.
+enum class Role : uint8_t { coordinator = 1, worker = 2, peer = 3 };
+enum class Backend : uint8_t { cpu = 1, cuda = 2 };
+
+using Nonce = std::array<uint8_t, 32>;  // random, one per side per handshake
+using Mac = std::array<uint8_t, 32>;    // HMAC-SHA256
+
+// Error codes carried by ERROR. Append-only; a receiver treats a code it does
+// not know as `internal`.
+enum class WireError : uint32_t {
+  internal = 1,
+  version_mismatch = 2,
+  auth_failed = 3,
+  bad_frame = 4,          // malformed, oversized, unknown type, invalid field
+  unexpected_message = 5, // valid message at the wrong time
+  model_mismatch = 6,     // model identity differs from what was assigned
+  out_of_memory = 7,      // the plan does not fit
+  load_failed = 8,
+  bad_request = 9,        // FORWARD that the stage cannot run (position, seq, size)
+  cancelled = 10,
+  shutting_down = 11,
+};
+
+// What a worker brings. Sizes in bytes; 0 means "not known".
+struct Capabilities {
+  Backend backend = Backend::cpu;
+  std::string device_name;       // "NVIDIA GB10", "cpu: AMD EPYC ..."
+  uint64_t memory_total = 0;     // bytes usable for the plan on this device
+  uint64_t memory_free = 0;
+  bool unified_memory = false;   // host and device share one pool (GB10)
+  double bandwidth_gbps = 0;     // measured memory bandwidth, 0: not measured
+  bool nccl = false;             // can open an NCCL link (later)
+  uint32_t n_threads = 0;        // CPU threads offered
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(backend, device_name, memory_total, memory_free, unified_memory, bandwidth_gbps, nccl, n_threads);
+  }
+  bool operator==(const Capabilities&) const = default;
+};
+
+// One split part a worker holds (a per-node GGUF from gguf_split).
+struct ModelPart {
+  uint64_t tensor_table_hash = 0;  // of the part file itself
+  int32_t layer_first = 0;         // inclusive
+  int32_t layer_last = 0;          // inclusive
+  bool has_embedding = false;
+  bool has_output = false;
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(tensor_table_hash, layer_first, layer_last, has_embedding, has_output);
+  }
+  bool operator==(const ModelPart&) const = default;
+};
+
+// Which model a worker has: the tensor-table hash of the full model (for a
+// split part: baton.split.source_tensor_table_hash) and, when it holds split
+// parts rather than the full file, which ones. 0 and no parts: no model yet.
+struct ModelIdentity {
+  uint64_t tensor_table_hash = 0;
+  std::vector<ModelPart> parts;  // empty: the full GGUF
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(tensor_table_hash, parts);
+  }
+  bool operator==(const ModelIdentity&) const = default;
+};
+
+// Client -> server, first frame of every connection.
+struct Hello {
+  uint32_t protocol_version = kProtocolVersion;
+  Role role = Role::worker;
+  std::string node_name;
+  Capabilities caps;
+  ModelIdentity model;
+  std::string listen_address;  // "host:port" for peer links; empty: none
+  Nonce nonce{};               // client nonce (filled by the handshake)
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(protocol_version, role, node_name, caps, model, listen_address, nonce);
+  }
+  bool operator==(const Hello&) const = default;
+};
+
+// Server -> client, answer to HELLO.
+struct Challenge {
+  uint32_t protocol_version = kProtocolVersion;
+  Role role = Role::coordinator;
+  std::string node_name;
+  Nonce nonce{};  // server nonce
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(protocol_version, role, node_name, nonce);
+  }
+  bool operator==(const Challenge&) const = default;
+};
+
+// Client -> server: HMAC over the transcript with the client label.
+struct AuthResponse {
+  Mac mac{};
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(mac);
+  }
+  bool operator==(const AuthResponse&) const = default;
+};
+
+// Server -> client: HMAC over the transcript with the server label (the
+// server proves the secret too, only after the client has).
+struct AuthOk {
+  Mac mac{};
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(mac);
+  }
+  bool operator==(const AuthOk&) const = default;
+};
+
+// Coordinator -> worker: the stage this worker runs.
+struct Assign {
+  uint32_t stage_index = 0;  // 0-based position in the pipeline
+  uint32_t n_stages = 1;
+  int32_t layer_first = 0;   // inclusive
+  int32_t layer_last = 0;    // inclusive
+  bool has_embedding = false;
+  bool has_output = false;
+  uint32_t n_ctx = 0;              // context per sequence
+  uint32_t micro_batch = 0;        // most tokens in one FORWARD
+  uint32_t prefill_chunk = 0;      // prompt tokens per prefill step
+  uint32_t n_seq = 1;              // KV sequence slots
+  std::string next_peer;           // "host:port" of the next stage; empty: results go to the coordinator
+  std::string model_path;          // file on the worker: full GGUF or this stage's split part
+  uint64_t model_hash = 0;         // expected tensor-table hash of model_path (0: do not check)
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(stage_index, n_stages, layer_first, layer_last, has_embedding, has_output, n_ctx, micro_batch,
+       prefill_chunk, n_seq, next_peer, model_path, model_hash);
+  }
+  bool operator==(const Assign&) const = default;
+};
+
+// Worker -> coordinator: loaded and measured.
+struct Ready {
+  uint64_t weights_bytes = 0;
+  uint64_t kv_bytes = 0;
+  uint64_t workspace_bytes = 0;
+  double load_seconds = 0;
+  uint32_t boundary_width = 0;  // floats per token this stage emits (0: logits/last stage)
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(weights_bytes, kv_bytes, workspace_bytes, load_seconds, boundary_width);
+  }
+  bool operator==(const Ready&) const = default;
+};
+
+struct LoadProgress {
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(bytes_done, bytes_total);
+  }
+  bool operator==(const LoadProgress&) const = default;
+};
+
+// Sampling for one sequence; used by the last stage only, carried from the
+// first stage onwards so the coordinator talks to one stage.
+struct SamplingParams {
+  float temperature = 0.8f;  // <= 0: greedy
+  int32_t top_k = 40;        // <= 0: all
+  float top_p = 0.95f;       // >= 1: all
+  float min_p = 0.05f;       // <= 0: none
+  uint64_t seed = 0;
+  bool want_logprobs = false;
+  uint32_t top_logprobs = 0;  // alternatives per sampled token (<= kMaxTopLogprobs)
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(temperature, top_k, top_p, min_p, seed, want_logprobs, top_logprobs);
+  }
+  bool operator==(const SamplingParams&) const = default;
+};
+inline constexpr uint32_t kMaxTopLogprobs = 64;
+
+// The tokens of one sequence inside a FORWARD micro-batch.
+struct SeqChunk {
+  uint32_t seq = 0;        // sequence (KV slot) id
+  uint32_t start_pos = 0;  // position of the chunk's first token
+  uint32_t n_tokens = 0;   // > 0
+  bool sample = false;     // last stage: sample after this chunk's last token
+  SamplingParams sampling;
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(seq, start_pos, n_tokens, sample, sampling);
+  }
+  bool operator==(const SeqChunk&) const = default;
+};
+
+// One micro-batch through one stage. Rows follow `chunks` in order. The first
+// stage takes token ids; the others take boundary activations as raw
+// little-endian f32 bytes (one memcpy each way, not element by element):
+// total_tokens * row_width * 4 bytes. Exactly one of tokens/activations is
+// non-empty.
+struct Forward {
+  uint64_t request_id = 0;
+  std::vector<SeqChunk> chunks;
+  std::vector<int32_t> tokens;        // total_tokens ids (first stage)
+  uint32_t row_width = 0;             // floats per token row (activations only)
+  std::vector<uint8_t> activations;   // f32 LE, row-major
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(request_id, chunks, tokens, row_width, activations);
+  }
+  bool operator==(const Forward&) const = default;
+
+  uint64_t total_tokens() const {
+    uint64_t n = 0;
+    for (const SeqChunk& c : chunks) n += c.n_tokens;
+    return n;
+  }
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(token, logprob);
+  }
+  bool operator==(const TokenLogprob&) const = default;
+};
+
+// Last stage -> coordinator: what was sampled for one sequence of a FORWARD.
+struct Result {
+  uint64_t request_id = 0;
+  uint32_t seq = 0;
+  std::vector<int32_t> tokens;                 // sampled ids, in order (>= 1)
+  std::vector<float> logprobs;                 // empty, or one per token
+  std::vector<std::vector<TokenLogprob>> top;  // empty, or one list per token, most likely first
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(request_id, seq, tokens, logprobs, top);
+  }
+  bool operator==(const Result&) const = default;
+};
+
+// Stop work on a sequence and drop what is in flight for it.
+struct Cancel {
+  uint32_t seq = 0;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(seq);
+  }
+  bool operator==(const Cancel&) const = default;
+};
+
+// Forget a sequence's KV (the slot may be reused).
+struct FreeSeq {
+  uint32_t seq = 0;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(seq);
+  }
+  bool operator==(const FreeSeq&) const = default;
+};
+
+// Liveness, handled inside Connection: each side sends HEARTBEAT every
+// interval and answers each with a HEARTBEAT_ECHO of the same fields.
+struct Heartbeat {
+  uint64_t counter = 0;
+  uint64_t sent_us = 0;  // sender's steady clock, only meaningful to the sender
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(counter, sent_us);
+  }
+  bool operator==(const Heartbeat&) const = default;
+};
+
+struct HeartbeatEcho {
+  uint64_t counter = 0;
+  uint64_t sent_us = 0;
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(counter, sent_us);
+  }
+  bool operator==(const HeartbeatEcho&) const = default;
+};
+
+struct Error {
+  uint32_t code = uint32_t(WireError::internal);  // a WireError
+  uint64_t request_id = 0;                         // 0: about the connection
+  std::string text;
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(code, request_id, text);
+  }
+  bool operator==(const Error&) const = default;
+};
+
+struct Shutdown {
+  std::string reason;
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(reason);
+  }
+  bool operator==(const Shutdown&) const = default;
+};
+
+// Alternatives in MsgType order: index + 1 is the type code (checked in
+// net/codec.cpp).
+using Message = std::variant<Hello, Challenge, AuthResponse, AuthOk, Assign, Ready, LoadProgress, Forward, Result,
+                             Cancel, FreeSeq, Heartbeat, HeartbeatEcho, Error, Shutdown>;
+
+inline MsgType message_type(const Message& m) { return MsgType(uint16_t(m.index() + 1)); }
+
+// Limits every decoder enforces (beyond the frame size).
+inline constexpr size_t kMaxNameBytes = 4096;       // names, addresses, paths
+inline constexpr size_t kMaxTextBytes = 16384;      // ERROR text, SHUTDOWN reason
+inline constexpr size_t kMaxModelParts = 1024;  // HELLO must fit the 64 KiB handshake limit
+inline constexpr size_t kMaxChunksPerForward = 65536;
+
+}  // namespace baton::net
