@@ -63,8 +63,8 @@ struct GgufValue {
 
 struct GgufTensorInfo {
   std::string name;
-  uint32_t n_dims = 0;
-  int64_t ne[4] = {1, 1, 1, 1};  // ggml order: ne[0] is the row length
+  uint32_t n_dims = 0;            // 1..4
+  int64_t ne[4] = {1, 1, 1, 1};  // ggml order: ne[0] is the row length; each >= 1
   DType type = DType::F32;
   uint64_t offset = 0;       // relative to the data section, as stored
   uint64_t file_offset = 0;  // absolute byte offset in the file
@@ -115,8 +115,11 @@ class GgufFile {
   // Reads an arbitrary byte range of the file into dst.
   void read_bytes(uint64_t offset, uint64_t size, void* dst) const;
 
-  // FNV-1a 64 hash over the tensor table (name, type, dims, nbytes, in file
-  // order): the model identity used by split files and the wire protocol.
+  // FNV-1a 64 hash over the tensor table: the model identity used by split
+  // files and the wire protocol. For each tensor in file order it feeds, all
+  // little-endian: u64 name length, the name bytes, u32 type id, u32 n_dims,
+  // n_dims x i64 ne, u64 nbytes. Offsets are left out on purpose: the same
+  // tensors re-packed with another alignment keep their identity.
   uint64_t tensor_table_hash() const;
 
  private:

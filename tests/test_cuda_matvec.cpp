@@ -127,7 +127,7 @@ TEST(CudaMatvec, AllTypesTokenCountsAndStrides) {
         const int64_t x_stride = s.cols + 4, out_stride = s.rows + 3;
         const std::vector<float> x = test::random_floats(rng, size_t(n_tokens * x_stride));
         DeviceArray<float> dx(x);
-        DeviceArray<float> dout(size_t(n_tokens * out_stride));
+        DeviceArray<float> dout(static_cast<size_t>(n_tokens * out_stride));
         dout.poison();
         cuda::matvec(view(m, dw), dx.get(), n_tokens, x_stride, dout.get(), out_stride, nullptr);
         std::vector<double> ref, mag;
@@ -178,7 +178,7 @@ TEST(CudaMatmul, AllTypesInChunks) {
     DeviceArray<uint8_t> dw(m.bytes);
     const std::vector<float> x = test::random_floats(rng, size_t(n_tokens * x_stride));
     DeviceArray<float> dx(x);
-    DeviceArray<float> dout(size_t(n_tokens * out_stride));
+    DeviceArray<float> dout(static_cast<size_t>(n_tokens * out_stride));
     dout.poison();
     // 128-row chunks: 300 rows take three GEMMs, the last one partial.
     const size_t ws_bytes = cuda::matmul_workspace_bytes(t, cols, n_tokens, 128);

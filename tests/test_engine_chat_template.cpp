@@ -253,7 +253,9 @@ TEST(ChatTemplate, RandomConversationProperties) {
       }
       // The generation prompt is a pure suffix.
       ASSERT_EQ(with_gen.compare(0, without.size(), without), 0);
-      if (f != ChatFamily::Llama2) ASSERT_GT(with_gen.size(), without.size());
+      if (f != ChatFamily::Llama2) {
+        ASSERT_GT(with_gen.size(), without.size());
+      }
       // Appending turns only appends text (what makes prompt caching work):
       // each shorter conversation renders to a prefix of the longer one.
       // (Thinking mode is exempt by design: earlier turns drop reasoning.)

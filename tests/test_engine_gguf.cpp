@@ -448,6 +448,20 @@ TEST(GgufWriter, TensorTableHashFollowsTheTable) {
   EXPECT_EQ(GgufFile::open(dir.file("e.gguf")).tensor_table_hash(), 0xcbf29ce484222325ull);
 }
 
+// The committed fuzz seeds (tests/fuzz/corpus/gguf, made by fuzz_gguf_corpus)
+// must stay valid files, or the fuzzer starts from noise.
+TEST(GgufReader, FuzzSeedCorpusIsValid) {
+  auto dir = std::filesystem::path(__FILE__).parent_path() / "fuzz" / "corpus" / "gguf";
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    SCOPED_TRACE(entry.path().string());
+    std::vector<uint8_t> b = test::read_file(entry.path().string());
+    EXPECT_NO_THROW(GgufFile::parse(b.data(), b.size()));
+    ++seen;
+  }
+  EXPECT_GE(seen, 4);
+}
+
 // --- hostile input ---------------------------------------------------------------
 
 TEST(GgufHostile, EveryHeaderTruncationIsRefused) {

@@ -1,2 +1,0 @@
-// CUDA kernel micro-benchmark (being written).
-int main() { return 0; }

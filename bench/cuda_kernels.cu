@@ -1,0 +1,344 @@
+// CUDA kernel micro-benchmark: measures the device's copy and read bandwidth,
+// then the decode matvecs (GB/s of weights against those ceilings), the
+// prefill matmul (TFLOP/s, and the share of dequantization), attention and
+// sampling. Weights are realistic random blocks, rotated over enough copies
+// that the working set is several times the L2 cache, and matvecs are timed
+// as CUDA graph replays so launch gaps do not count. Prints a table.
+//
+//   bench_cuda_kernels            all sections
+//   bench_cuda_kernels matvec     one section (copy, matvec, matmul, attention, sampling)
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/sampling.cuh"
+#include "kernels/quant.h"
+
+namespace baton::cuda {
+namespace {
+
+constexpr size_t kRotateBytes = size_t(512) << 20;  // > 8x the H200's 60 MB L2
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(size_t n) { BATON_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1))); }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median milliseconds of one call of fn, timed with events around `inner`
+// calls, after two warm-up rounds.
+double time_calls(cudaStream_t s, int inner, int reps, const std::function<void(int)>& fn) {
+  cudaEvent_t a, b;
+  BATON_CUDA_CHECK(cudaEventCreate(&a));
+  BATON_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int r = 0; r < reps + 2; ++r) {
+    BATON_CUDA_CHECK(cudaEventRecord(a, s));
+    for (int i = 0; i < inner; ++i) fn(i);
+    BATON_CUDA_CHECK(cudaEventRecord(b, s));
+    BATON_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    BATON_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (r >= 2) ms.push_back(double(t) / inner);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(ms);
+}
+
+// Same, but the `inner` calls are captured once into a CUDA graph and the
+// graph is replayed: no launch gaps between the kernels.
+double time_graph(cudaStream_t s, int inner, int reps, const std::function<void(int)>& fn) {
+  fn(0);  // first-call setup (cached attributes) outside the capture
+  BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BATON_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < inner; ++i) fn(i);
+  BATON_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  BATON_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = time_calls(s, 1, reps, [&](int) { BATON_CUDA_CHECK(cudaGraphLaunch(exec, s)); });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms / inner;
+}
+
+__global__ void read_kernel(const uint4* p, size_t n, unsigned* sink) {
+  uint32_t acc = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;  // keeps the loads alive
+}
+
+struct Ceilings {
+  double copy_gbs = 0;  // device-to-device copy, bytes read + written
+  double read_gbs = 0;  // streaming read kernel
+};
+
+Ceilings measure_ceilings(cudaStream_t s) {
+  const size_t bytes = size_t(1) << 30;
+  Buf a(bytes), b(bytes), sink(64);
+  BATON_CUDA_CHECK(cudaMemset(a.p, 1, bytes));
+  Ceilings c;
+  const double copy_ms =
+      time_calls(s, 5, 7, [&](int) { BATON_CUDA_CHECK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, s)); });
+  c.copy_gbs = 2.0 * double(bytes) / (copy_ms * 1e6);
+  int sms = 0;
+  BATON_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double read_ms = time_calls(s, 5, 7, [&](int) {
+    read_kernel<<<sms * 8, 256, 0, s>>>(a.as<uint4>(), bytes / 16, sink.as<unsigned>());
+  });
+  c.read_gbs = double(bytes) / (read_ms * 1e6);
+  std::printf("device copy  : %.0f GB/s (read + write, 1 GiB, cudaMemcpyAsync D2D)\n", c.copy_gbs);
+  std::printf("device read  : %.0f GB/s (streaming 16-byte loads, 1 GiB)\n", c.read_gbs);
+  return c;
+}
+
+// A rows x cols matrix of realistic random blocks: a pool of up to 64
+// distinct rows repeated (quantizing all rows on the CPU would take seconds).
+std::vector<uint8_t> host_matrix(DType t, int64_t rows, int64_t cols, uint64_t seed) {
+  const uint64_t row_bytes = *dtype_bytes(t, uint64_t(cols));
+  const int64_t pool = std::min<int64_t>(rows, 64);
+  std::vector<uint8_t> m(size_t(row_bytes * uint64_t(rows)));
+  random_blocks(t, m.data(), int64_t(uint64_t(pool) * row_bytes / dtype_info(t).block_bytes), seed);
+  for (int64_t r = pool; r < rows; ++r) {
+    std::memcpy(m.data() + uint64_t(r) * row_bytes, m.data() + uint64_t(r % pool) * row_bytes, row_bytes);
+  }
+  return m;
+}
+
+// n copies of one matrix on the device, enough to exceed kRotateBytes.
+struct DeviceCopies {
+  std::vector<void*> ptrs;
+  size_t bytes = 0;
+  DeviceCopies(const std::vector<uint8_t>& host, size_t min_copies = 2) : bytes(host.size()) {
+    const size_t n = std::max(min_copies, (kRotateBytes + bytes - 1) / bytes);
+    for (size_t i = 0; i < n; ++i) {
+      void* p;
+      BATON_CUDA_CHECK(cudaMalloc(&p, bytes));
+      BATON_CUDA_CHECK(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice));
+      ptrs.push_back(p);
+    }
+  }
+  ~DeviceCopies() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+};
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float((double(rng() >> 11) * 0x1.0p-53 * 2.0 - 1.0));
+  return v;
+}
+
+void bench_matvec(cudaStream_t s, const Ceilings& c) {
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{"attn 4096x4096", 4096, 4096},
+                          {"ffn up 14336x4096", 14336, 4096},
+                          {"ffn down 4096x14336", 4096, 14336}};
+  const DType types[] = {DType::F16, DType::BF16, DType::Q8_0, DType::Q6_K, DType::Q4_K, DType::Q2_K, DType::IQ2_XXS};
+  std::printf("\nmatvec (decode), graph replays of 64 launches over rotating copies\n");
+  std::printf("%-8s %-26s %3s %9s %8s %7s %7s\n", "type", "shape", "T", "us", "GB/s", "%copy", "%read");
+  Buf x(sizeof(float) * 14336 * 8), out(sizeof(float) * 14336 * 8);
+  const std::vector<float> hx = random_floats(14336 * 8, 7);
+  BATON_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+  auto run = [&](DType t, const char* name, int64_t rows, int64_t cols, const std::vector<int>& tokens) {
+    const std::vector<uint8_t> host = host_matrix(t, rows, cols, 11);
+    DeviceCopies copies(host);
+    for (int T : tokens) {
+      const double ms = time_graph(s, 64, 9, [&](int i) {
+        const MatrixView w{t, copies.ptrs[size_t(i) % copies.ptrs.size()], rows, cols, *dtype_bytes(t, cols)};
+        matvec(w, x.as<float>(), T, cols, out.as<float>(), rows, s);
+      });
+      const double bytes = double(copies.bytes) + 4.0 * double(T) * double(cols + rows);
+      const double gbs = bytes / (ms * 1e6);
+      std::printf("%-8s %-26s %3d %9.2f %8.0f %6.0f%% %6.0f%%\n", dtype_name(t), name, T, ms * 1e3, gbs,
+                  100.0 * gbs / c.copy_gbs, 100.0 * gbs / c.read_gbs);
+    }
+  };
+  for (const Shape& sh : shapes) {
+    for (DType t : types) run(t, sh.name, sh.rows, sh.cols, {1});
+  }
+  // DeepSeek V4 Flash Q2 experts: IQ2_XXS gate/up (2048 x 4096), Q2_K down
+  // (4096 x 2048); alone and as the 6 routed experts of a token in one matrix.
+  run(DType::IQ2_XXS, "expert gate 2048x4096", 2048, 4096, {1});
+  run(DType::IQ2_XXS, "6 experts 12288x4096", 12288, 4096, {1});
+  run(DType::Q2_K, "expert down 4096x2048", 4096, 2048, {1});
+  // Small batches share each weight read.
+  for (DType t : {DType::F16, DType::Q8_0, DType::Q4_K, DType::IQ2_XXS}) {
+    run(t, "ffn up 14336x4096", 14336, 4096, {2, 4, 8});
+  }
+}
+
+void bench_matmul(cudaStream_t s) {
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+  // cuBLAS's own scratch, given up front (32 MiB, as a plan would).
+  Buf cublas_ws(size_t(32) << 20);
+  cublasSetWorkspace(h, cublas_ws.p, size_t(32) << 20);
+  std::printf("\nmatmul (prefill) through cuBLAS, whole matrix per GEMM\n");
+  std::printf("%-8s %-12s %5s %10s %8s %12s\n", "type", "rows x cols", "T", "us", "TFLOP/s", "dequant us");
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (Shape sh : {Shape{4096, 4096}, Shape{14336, 4096}}) {
+    for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q6_K, DType::Q4_K, DType::IQ2_XXS}) {
+      const std::vector<uint8_t> host = host_matrix(t, sh.rows, sh.cols, 13);
+      Buf w(host.size());
+      BATON_CUDA_CHECK(cudaMemcpy(w.p, host.data(), host.size(), cudaMemcpyHostToDevice));
+      const MatrixView mv{t, w.p, sh.rows, sh.cols, *dtype_bytes(t, sh.cols)};
+      for (int64_t T : {int64_t(8), int64_t(64), int64_t(512)}) {
+        const std::vector<float> hx = random_floats(size_t(T * sh.cols), 17);
+        Buf x(hx.size() * 4), out(size_t(T * sh.rows) * 4);
+        BATON_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        const size_t wsb = matmul_workspace_bytes(t, sh.cols, T, sh.rows);
+        Buf ws(wsb);
+        const double ms = time_calls(s, 10, 7, [&](int) {
+          matmul(h, mv, x.as<float>(), T, sh.cols, out.as<float>(), sh.rows, ws.p, wsb, s);
+        });
+        double dq_ms = 0;
+        if (t != DType::F16 && t != DType::BF16) {
+          dq_ms = time_calls(s, 10, 7, [&](int) { dequantize_rows_f16(mv, 0, sh.rows, ws.as<uint8_t>() + (wsb - size_t(sh.rows * sh.cols) * 2), s); });
+        }
+        std::printf("%-8s %5lldx%-6lld %5lld %10.1f %8.1f %12.1f\n", dtype_name(t), (long long)sh.rows,
+                    (long long)sh.cols, (long long)T, ms * 1e3, 2.0 * sh.rows * sh.cols * T / (ms * 1e9), dq_ms * 1e3);
+      }
+    }
+  }
+  // Crossover: at 8 tokens the matvec reads the weights once; past that it
+  // reads them once per 8 tokens.
+  std::printf("\nmatvec vs matmul, Q4_K 4096x4096 (us per call)\n%5s %10s %10s\n", "T", "matvec", "matmul");
+  const std::vector<uint8_t> host = host_matrix(DType::Q4_K, 4096, 4096, 19);
+  DeviceCopies copies(host);
+  for (int64_t T : {int64_t(1), int64_t(8), int64_t(16), int64_t(32), int64_t(64)}) {
+    const std::vector<float> hx = random_floats(size_t(T * 4096), 23);
+    Buf x(hx.size() * 4), out(size_t(T * 4096) * 4);
+    BATON_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    const size_t wsb = matmul_workspace_bytes(DType::Q4_K, 4096, T, 4096);
+    Buf ws(wsb);
+    auto view = [&](int i) { return MatrixView{DType::Q4_K, copies.ptrs[size_t(i) % copies.ptrs.size()], 4096, 4096, *dtype_bytes(DType::Q4_K, 4096)}; };
+    const double mv = time_calls(s, 20, 7, [&](int i) { matvec(view(i), x.as<float>(), T, 4096, out.as<float>(), 4096, s); });
+    const double mm = time_calls(s, 20, 7, [&](int i) {
+      matmul(h, view(i), x.as<float>(), T, 4096, out.as<float>(), 4096, ws.p, wsb, s);
+    });
+    std::printf("%5lld %10.1f %10.1f\n", (long long)T, mv * 1e3, mm * 1e3);
+  }
+  cublasDestroy(h);
+}
+
+void bench_attention(cudaStream_t s, const Ceilings& c) {
+  std::printf("\nattention (float32 KV cache)\n%-34s %10s %8s\n", "case", "us", "GB/s KV");
+  struct Case {
+    const char* name;
+    int n_head, n_head_kv, d;
+    int64_t n_tokens, pos0;
+    bool split;
+  };
+  const Case cases[] = {{"decode 32/8x128 ctx 4096 split", 32, 8, 128, 1, 4095, true},
+                        {"decode 32/8x128 ctx 4096 1-pass", 32, 8, 128, 1, 4095, false},
+                        {"decode 32/8x128 ctx 32768 split", 32, 8, 128, 1, 32767, true},
+                        {"decode 64/1x512 ctx 4096 split", 64, 1, 512, 1, 4095, true},
+                        {"prefill 32/8x128 512 tokens", 32, 8, 128, 512, 0, false},
+                        {"prefill 32/8x128 2048 tokens", 32, 8, 128, 2048, 0, false}};
+  for (const Case& k : cases) {
+    const int64_t n_pos = k.pos0 + k.n_tokens;
+    const std::vector<float> hq = random_floats(size_t(k.n_tokens * k.n_head * k.d), 29);
+    const std::vector<float> hkv = random_floats(size_t(n_pos * k.n_head_kv * k.d), 31);
+    Buf q(hq.size() * 4), kc(hkv.size() * 4), vc(hkv.size() * 4), out(hq.size() * 4);
+    BATON_CUDA_CHECK(cudaMemcpy(q.p, hq.data(), hq.size() * 4, cudaMemcpyHostToDevice));
+    BATON_CUDA_CHECK(cudaMemcpy(kc.p, hkv.data(), hkv.size() * 4, cudaMemcpyHostToDevice));
+    BATON_CUDA_CHECK(cudaMemcpy(vc.p, hkv.data(), hkv.size() * 4, cudaMemcpyHostToDevice));
+    AttentionParams p;
+    p.n_head = k.n_head;
+    p.n_head_kv = k.n_head_kv;
+    p.head_dim_k = p.head_dim_v = k.d;
+    p.scale = 1.0f / std::sqrt(float(k.d));
+    p.q = q.as<float>();
+    p.q_stride = int64_t(k.n_head) * k.d;
+    p.n_tokens = k.n_tokens;
+    p.pos0 = k.pos0;
+    p.k_cache = kc.as<float>();
+    p.v_cache = vc.as<float>();
+    p.out = out.as<float>();
+    p.out_stride = p.q_stride;
+    const size_t wsb = k.split ? attention_workspace_bytes(k.n_tokens, k.n_head, k.d) : 0;
+    Buf ws(wsb);
+    const double ms = time_calls(s, 10, 7, [&](int) { attention(p, k.split ? ws.p : nullptr, wsb, s); });
+    const double kv_bytes = 2.0 * double(hkv.size()) * 4.0;
+    std::printf("%-34s %10.1f %8.0f\n", k.name, ms * 1e3, k.n_tokens == 1 ? kv_bytes / (ms * 1e6) : 0.0);
+  }
+  (void)c;
+}
+
+void bench_sampling(cudaStream_t s) {
+  const int64_t n = 129280;
+  const std::vector<float> h = random_floats(size_t(n), 37);
+  Buf x(size_t(n) * 4), ids(64 * 4), v(64 * 4), p(64 * 4), ws(top_k_workspace_bytes(n, 64));
+  BATON_CUDA_CHECK(cudaMemcpy(x.p, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  std::printf("\nsampling over %lld logits (us, launch included)\n", (long long)n);
+  const double am = time_calls(s, 20, 7, [&](int) { argmax(x.as<float>(), 1, n, n, ids.as<int32_t>(), s); });
+  std::printf("argmax       %8.1f\n", am * 1e3);
+  for (int k : {40, 64}) {
+    const double tk = time_calls(s, 20, 7, [&](int) {
+      top_k(x.as<float>(), n, k, 0.8f, ids.as<int32_t>(), v.as<float>(), p.as<float>(), ws.p, top_k_workspace_bytes(n, k), s);
+    });
+    std::printf("top_k k=%-3d  %8.1f\n", k, tk * 1e3);
+  }
+}
+
+}  // namespace
+}  // namespace baton::cuda
+
+int main(int argc, char** argv) {
+  using namespace baton::cuda;
+  const std::string only = argc > 1 ? argv[1] : "";
+  try {
+    cudaDeviceProp prop;
+    BATON_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs, %.0f MB L2\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6);
+    cudaStream_t s;
+    BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const Ceilings c = measure_ceilings(s);
+    if (only.empty() || only == "matvec") bench_matvec(s, c);
+    if (only.empty() || only == "matmul") bench_matmul(s);
+    if (only.empty() || only == "attention") bench_attention(s, c);
+    if (only.empty() || only == "sampling") bench_sampling(s);
+    BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+    BATON_CUDA_CHECK(cudaGetLastError());
+    cudaStreamDestroy(s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda_kernels: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,115 @@
+// CUDA argmax and top-k selection against plain CPU references, with many
+// tied logits so that the id tie-break is exercised.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/sampling.cuh"
+#include "tests/test_cuda_util.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+using test::DeviceArray;
+
+// Logits on a coarse grid (multiples of 1/4 in [-8, 8]): many exact ties.
+std::vector<float> tied_logits(std::mt19937_64& rng, size_t n) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(int64_t(rng() % 65) - 32) * 0.25f;
+  return v;
+}
+
+TEST(CudaSampling, ArgmaxLowestIdOnTies) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int64_t n = 129280, stride = n + 3, n_rows = 4;
+  std::vector<float> x = test::random_floats(rng, size_t(n_rows * stride), 20.0f);
+  // Row 1: the maximum twice; row 2: all equal; row 3: coarse ties.
+  x[size_t(stride + 90000)] = 50.0f;
+  x[size_t(stride + 70001)] = 50.0f;
+  std::fill(x.begin() + 2 * stride, x.begin() + 2 * stride + n, -3.5f);
+  const std::vector<float> tied = tied_logits(rng, size_t(n));
+  std::copy(tied.begin(), tied.end(), x.begin() + 3 * stride);
+  DeviceArray<float> dx(x);
+  DeviceArray<int32_t> ids(static_cast<size_t>(n_rows));
+  cuda::argmax(dx.get(), n_rows, n, stride, ids.get(), nullptr);
+  const std::vector<int32_t> got = ids.download();
+  for (int64_t r = 0; r < n_rows; ++r) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i) {
+      if (x[size_t(r * stride + i)] > x[size_t(r * stride + best)]) best = i;
+    }
+    EXPECT_EQ(got[size_t(r)], best) << "row " << r;
+  }
+  EXPECT_EQ(got[1], 70001);
+  EXPECT_EQ(got[2], 0);
+}
+
+TEST(CudaSampling, TopKMatchesSortAndSoftmax) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 1);
+  for (int64_t n : {100, 3000, 129280}) {
+    for (int k : {1, 7, 40, 64}) {
+      for (bool ties : {true, false}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k) + (ties ? " tied" : ""));
+        const float temperature = 0.7f;
+        const std::vector<float> x = ties ? tied_logits(rng, size_t(n)) : test::random_floats(rng, size_t(n), 10.0f);
+        DeviceArray<float> dx(x);
+        DeviceArray<int32_t> ids(static_cast<size_t>(k));
+        DeviceArray<float> scaled(static_cast<size_t>(k)), probs(static_cast<size_t>(k));
+        const size_t ws_bytes = cuda::top_k_workspace_bytes(n, k);
+        DeviceArray<uint8_t> ws(ws_bytes);
+        cuda::top_k(dx.get(), n, k, temperature, ids.get(), scaled.get(), probs.get(), ws.get(), ws_bytes, nullptr);
+        const std::vector<int32_t> got_ids = ids.download();
+        const std::vector<float> got_scaled = scaled.download(), got_probs = probs.download();
+
+        std::vector<int32_t> order(static_cast<size_t>(n));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+          return x[size_t(a)] > x[size_t(b)] || (x[size_t(a)] == x[size_t(b)] && a < b);
+        });
+        double sum = 0;
+        std::vector<double> p(static_cast<size_t>(k));
+        for (int j = 0; j < k; ++j) sum += (p[size_t(j)] = std::exp(double(x[size_t(order[size_t(j)])] - x[size_t(order[0])]) / temperature));
+        for (int j = 0; j < k; ++j) {
+          ASSERT_EQ(got_ids[size_t(j)], order[size_t(j)]) << "rank " << j;
+          const double want_scaled = double(x[size_t(order[size_t(j)])]) / temperature;
+          ASSERT_NEAR(got_scaled[size_t(j)], want_scaled, 1e-6 * std::fabs(want_scaled) + 1e-7) << "rank " << j;
+          ASSERT_NEAR(got_probs[size_t(j)], p[size_t(j)] / sum, 1e-5) << "rank " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaSampling, TopKRejectsBadArguments) {
+  BATON_REQUIRE_CUDA();
+  DeviceArray<float> x(100), out(128);
+  DeviceArray<int32_t> ids(128);
+  DeviceArray<uint8_t> ws(cuda::top_k_workspace_bytes(100, 64));
+  const size_t wsb = ws.size();
+  EXPECT_THROW(cuda::top_k(x.get(), 100, 0, 1.0f, ids.get(), out.get(), out.get(), ws.get(), wsb, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::top_k(x.get(), 100, 65, 1.0f, ids.get(), out.get(), out.get(), ws.get(), wsb, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::top_k(x.get(), 10, 20, 1.0f, ids.get(), out.get(), out.get(), ws.get(), wsb, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::top_k(x.get(), 100, 8, 0.0f, ids.get(), out.get(), out.get(), ws.get(), wsb, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::top_k(x.get(), 100, 8, 1.0f, ids.get(), out.get(), out.get(), ws.get(), 8, nullptr),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace baton
