@@ -170,7 +170,7 @@ void Connection::Impl::on_message(Message&& m) {
   }
   if (!handler) return;
   try {
-    handler(std::move(m));
+    call_user([&] { handler(std::move(m)); });
   } catch (const std::exception& e) {
     close_now(Errc::handler_failed, std::string("message handler failed: ") + e.what());
   } catch (...) {
@@ -230,7 +230,7 @@ void Connection::Impl::begin_open(MessageHandler on_msg, CloseHandler on_close) 
   if (state == LinkState::closed) {
     if (on_close) {
       try {
-        on_close(closed_ec, closed_reason);
+        call_user([&] { on_close(closed_ec, closed_reason); });
       } catch (...) {
       }
     }
@@ -346,9 +346,9 @@ void Connection::Impl::close_now(std::error_code ec, const std::string& reason) 
   handler = nullptr;
   try {
     if (d) {
-      d(ec, reason, nullptr);
+      d(ec, reason, nullptr);  // handshake failed: no Connection exists yet
     } else if (c) {
-      c(ec, reason);
+      call_user([&] { c(ec, reason); });
     }
   } catch (const std::exception& e) {
     log(LogLevel::error, describe() + ": close handler threw: " + e.what());
@@ -362,6 +362,10 @@ void Connection::Impl::close_now(std::error_code ec, const std::string& reason) 
 Connection::Connection(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Connection::~Connection() {
+  {
+    std::lock_guard lock(impl_->user_mu);
+    impl_->detached = true;
+  }
   asio::post(impl_->strand, [impl = impl_] { impl->close_now(Errc::closed_locally, "connection released"); });
 }
 

@@ -81,7 +81,10 @@ class Connection {
   explicit Connection(std::shared_ptr<Impl> impl);  // made by the handshake
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
-  ~Connection();  // closes the socket ("connection released")
+  // Closes the socket ("connection released") and detaches the handlers:
+  // once the destructor returns, none of them runs (so they may capture the
+  // owner's `this`). Destroy connections before their io_context.
+  ~Connection();
 
   // Starts the read loop and the heartbeats. Messages that arrived after the
   // handshake wait in the socket until then. HEARTBEAT / HEARTBEAT_ECHO are
@@ -133,10 +136,15 @@ class Listener {
            Secret secret, LinkConfig config, AcceptHandler on_accept, RejectHandler on_reject = {});
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
-  ~Listener();  // stops accepting; connections already handed out live on
+  ~Listener();  // close()
+
+  // Stops accepting. Once it returns, on_accept / on_reject are not running
+  // and never run again (handshakes in progress are dropped); connections
+  // already handed out live on.
+
+  void close();
 
   uint16_t port() const;
-  void close();
 
   struct Impl;
 

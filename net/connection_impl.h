@@ -16,6 +16,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,17 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   std::error_code pending_ec, closed_ec;  // flushing: the close to come; closed: why
   std::string pending_reason, closed_reason;
   uint64_t heartbeat_counter = 0;
+
+  // Runs a user callback unless the Connection was destroyed: ~Connection
+  // sets `detached` under the same lock, so once it returns no callback runs.
+  // Recursive: a callback may destroy its own Connection.
+  template <class F>
+  void call_user(F&& f) {
+    std::lock_guard lock(user_mu);
+    if (!detached) f();
+  }
+  std::recursive_mutex user_mu;
+  bool detached = false;  // guarded by user_mu
 
   // Read from any thread.
   std::atomic<bool> open_flag{false};

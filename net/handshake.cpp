@@ -216,6 +216,9 @@ struct Listener::Impl : std::enable_shared_from_this<Listener::Impl> {
   uint16_t port = 0;
   std::atomic<uint32_t> pending{0};
   std::atomic<bool> closed{false};
+  // Held while a handler runs and while close() sets `closed`, so close()
+  // returns only when no handler is running. Recursive: a handler may close.
+  std::recursive_mutex user_mu;
 };
 
 void Listener::Impl::accept_next() {
@@ -232,6 +235,7 @@ void Listener::Impl::accept_next() {
         }
         conn->done = [self](std::error_code e, const std::string& reason, std::shared_ptr<Connection> c) {
           self->pending.fetch_sub(1);
+          std::lock_guard lock(self->user_mu);
           if (self->closed.load()) return;  // c (if any) closes as it goes out of scope
           if (e) {
             if (self->on_reject) self->on_reject(e, reason);
@@ -291,7 +295,10 @@ Listener::~Listener() { close(); }
 uint16_t Listener::port() const { return impl_->port; }
 
 void Listener::close() {
-  if (impl_->closed.exchange(true)) return;
+  {
+    std::lock_guard lock(impl_->user_mu);
+    if (impl_->closed.exchange(true)) return;
+  }
   asio::post(impl_->strand, [impl = impl_] {
     boost::system::error_code ignore;
     impl->acceptor.close(ignore);

@@ -1,14 +1,19 @@
-// Device dequantizers: one traits struct per GGUF dtype, each turning 8
-// consecutive elements of a block into floats. Every kernel that reads
-// weights (matvec, dequantize-to-f16 for matmul, get_rows) walks a row in
-// slices of 8 elements and calls Q::dequant8(block, slice, out), so adding a
-// type means adding one struct here (and one case in dispatch_dtype).
+// Device dequantizers: one traits struct per GGUF dtype. Every kernel that
+// reads weights (matvec, dequantize-to-f16 for matmul, get_rows) walks a row
+// in steps of kStep = 8 * kSlices consecutive elements and calls
+// Q::dequant(block, s0, out), which writes elements [8*s0, 8*s0 + kStep) of
+// the block; s0 is a multiple of kSlices. Adding a type means adding one
+// struct here and one case in dispatch_dtype.
 //
-// kQK is the block's element count and kBytes its size (the plain float types
-// use a virtual block of 8 elements). slice s covers elements [8s, 8s + 8) of
-// the block. Layouts are the ones of kernels/quant_*.cpp (docs/QUANT.md); the
-// float expressions follow the CPU reference in the same order, so values
-// differ from it only where the compiler fuses a multiply-add.
+// The step is one 32-element run (a sub-block or a whole small block) for
+// the quantized types, so each thread reads 16 to 34 bytes of a row at once
+// and the block header is decoded once per run; the plain float types step
+// 8 elements (16 or 32 bytes). kQK is the block's element count and kBytes
+// its size (the float types use a virtual block of 8 elements).
+//
+// Layouts are those of kernels/quant_*.cpp (docs/QUANT.md). The float
+// expressions follow the CPU reference in the same order, so values differ
+// from it only where the compiler fuses a multiply and a subtraction.
 //
 // Device-only: include from .cu files.
 #pragma once
@@ -26,8 +31,8 @@ namespace baton::cuda::detail {
 
 struct DqF32 {
   static constexpr DType kType = DType::F32;
-  static constexpr int kQK = 8, kBytes = 32;
-  __device__ static void dequant8(const uint8_t* b, int, float* w) {
+  static constexpr int kQK = 8, kBytes = 32, kSlices = 1, kStep = 8;
+  __device__ static void dequant(const uint8_t* b, int, float* w) {
     const float4 a = __ldg(reinterpret_cast<const float4*>(b));
     const float4 c = __ldg(reinterpret_cast<const float4*>(b + 16));
     w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
@@ -37,8 +42,8 @@ struct DqF32 {
 
 struct DqF16 {
   static constexpr DType kType = DType::F16;
-  static constexpr int kQK = 8, kBytes = 16;
-  __device__ static void dequant8(const uint8_t* b, int, float* w) {
+  static constexpr int kQK = 8, kBytes = 16, kSlices = 1, kStep = 8;
+  __device__ static void dequant(const uint8_t* b, int, float* w) {
     const uint4 v = ld_u128(b);
     const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -51,8 +56,8 @@ struct DqF16 {
 
 struct DqBF16 {
   static constexpr DType kType = DType::BF16;
-  static constexpr int kQK = 8, kBytes = 16;
-  __device__ static void dequant8(const uint8_t* b, int, float* w) {
+  static constexpr int kQK = 8, kBytes = 16, kSlices = 1, kStep = 8;
+  __device__ static void dequant(const uint8_t* b, int, float* w) {
     const uint4 v = ld_u128(b);
     const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -63,63 +68,73 @@ struct DqBF16 {
   }
 };
 
-// Q8_0 (34 bytes): f16 d @0 | int8 q[32] @2.
+// Q8_0 (34 bytes): f16 d @0 | int8 q[32] @2. One step is the whole block.
 struct DqQ8_0 {
   static constexpr DType kType = DType::Q8_0;
-  static constexpr int kQK = 32, kBytes = 34;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+  static constexpr int kQK = 32, kBytes = 34, kSlices = 4, kStep = 32;
+  __device__ static void dequant(const uint8_t* b, int, float* w) {
     const float d = half_bits_to_float(ld_u16(b));
-    const uint8_t* q = b + 2 + 8 * s;
-    // int8 -> byte + 128 (flip the sign bit), then the 2^23 trick with the
-    // offset folded into the bias.
-    const uint32_t lo = ld_u32_a2(q) ^ 0x80808080u, hi = ld_u32_a2(q + 4) ^ 0x80808080u;
-    float f[8];
-    bytes_to_floats(lo, kMagic + 128.0f, f);
-    bytes_to_floats(hi, kMagic + 128.0f, f + 4);
+    uint32_t q[8];
+    ld_words_a2<8>(b + 2, q);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = d * f[i];
+    for (int i = 0; i < 8; ++i) {
+      // int8 -> byte + 128 (flip the sign bit), then the 2^23 trick with
+      // the offset folded into the bias.
+      float f[4];
+      bytes_to_floats(q[i] ^ 0x80808080u, kMagic + 128.0f, f);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[4 * i + k] = d * f[k];
+    }
   }
 };
 
 // Q4_0 (18 bytes): f16 d @0 | qs[16] @2; elements 0-15 in the low nibbles,
-// 16-31 in the high nibbles; value d * (nibble - 8).
+// 16-31 in the high nibbles; value d * (nibble - 8). One step is the block.
 struct DqQ4_0 {
   static constexpr DType kType = DType::Q4_0;
-  static constexpr int kQK = 32, kBytes = 18;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+  static constexpr int kQK = 32, kBytes = 18, kSlices = 4, kStep = 32;
+  __device__ static void dequant(const uint8_t* b, int, float* w) {
     const float d = half_bits_to_float(ld_u16(b));
-    const uint8_t* q = b + 2 + 8 * (s & 1);
-    const int shift = 4 * (s >> 1);
-    const uint32_t lo = (ld_u32_a2(q) >> shift) & 0x0f0f0f0fu;
-    const uint32_t hi = (ld_u32_a2(q + 4) >> shift) & 0x0f0f0f0fu;
-    float f[8];
-    bytes_to_floats(lo, kMagic + 8.0f, f);
-    bytes_to_floats(hi, kMagic + 8.0f, f + 4);
+    uint32_t q[4];
+    ld_words_a2<4>(b + 2, q);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = d * f[i];
+    for (int i = 0; i < 4; ++i) {
+      float lo[4], hi[4];
+      bytes_to_floats(q[i] & 0x0f0f0f0fu, kMagic + 8.0f, lo);
+      bytes_to_floats((q[i] >> 4) & 0x0f0f0f0fu, kMagic + 8.0f, hi);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        w[4 * i + k] = d * lo[k];
+        w[16 + 4 * i + k] = d * hi[k];
+      }
+    }
   }
 };
 
 // Q2_K (84 bytes): scales[16] @0 | qs[64] @16 | f16 d @80 | f16 dmin @82.
 // Element e: sub-block e/16 (scale low nibble, min high nibble),
-// q = (qs[32*(e/128) + e%32] >> 2*((e%128)/32)) & 3.
+// q = (qs[32*(e/128) + e%32] >> 2*((e%128)/32)) & 3. A step of 32 elements
+// starting at e0 = 32*g reads all 32 bytes of one half of qs at one shift.
 struct DqQ2_K {
   static constexpr DType kType = DType::Q2_K;
-  static constexpr int kQK = 256, kBytes = 84;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+  static constexpr int kQK = 256, kBytes = 84, kSlices = 4, kStep = 32;
+  __device__ static void dequant(const uint8_t* b, int s0, float* w) {
+    const int g = s0 >> 2;  // 32-element run 0..7
     const uint32_t dd = ld_u32(b + 80);
     const float d = half_bits_to_float(dd & 0xffffu), dmin = half_bits_to_float(dd >> 16);
-    const uint32_t sc = ld_u8(b + (s >> 1));
-    const float dl = d * float(sc & 0x0f), ml = dmin * float(sc >> 4);
-    const uint8_t* q = b + 16 + 32 * (s >> 4) + 8 * (s & 3);
-    const int shift = 2 * ((s >> 2) & 3);
-    const uint32_t lo = (ld_u32(q) >> shift) & 0x03030303u;
-    const uint32_t hi = (ld_u32(q + 4) >> shift) & 0x03030303u;
-    float f[8];
-    bytes_to_floats(lo, kMagic, f);
-    bytes_to_floats(hi, kMagic, f + 4);
+    const uint32_t sc = ld_u16(b + 2 * g);  // the two sub-blocks' scale bytes
+    const float dl0 = d * float(sc & 0x0f), ml0 = dmin * float((sc >> 4) & 0x0f);
+    const float dl1 = d * float((sc >> 8) & 0x0f), ml1 = dmin * float((sc >> 12) & 0x0f);
+    const uint8_t* q = b + 16 + 32 * (g >> 2);
+    const int shift = 2 * (g & 3);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = dl * f[i] - ml;
+    for (int i = 0; i < 8; ++i) {
+      float f[4];
+      bytes_to_floats((ld_u32(q + 4 * i) >> shift) & 0x03030303u, kMagic, f);
+      const float dl = i < 4 ? dl0 : dl1, ml = i < 4 ? ml0 : ml1;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[4 * i + k] = dl * f[k] - ml;
+    }
   }
 };
 
@@ -138,97 +153,112 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* b, int j, float& sc, 
 }
 
 // Q4_K (144 bytes): f16 d @0 | f16 dmin @2 | scales[12] @4 | qs[128] @16.
-// Sub-block j = e/32; q = nibble of qs[32*(j/2) + e%32], low for even j.
+// Sub-block j = e/32 is one step; q = nibble of qs[32*(j/2) + e%32], low for
+// even j. Blocks are 16-byte aligned (144 = 9 * 16), so qs is read as uint4.
 struct DqQ4_K {
   static constexpr DType kType = DType::Q4_K;
-  static constexpr int kQK = 256, kBytes = 144;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    const int j = s >> 2;
+  static constexpr int kQK = 256, kBytes = 144, kSlices = 4, kStep = 32;
+  __device__ static void dequant(const uint8_t* b, int s0, float* w) {
+    const int j = s0 >> 2;
     const uint32_t dd = ld_u32(b);
     float sc, m;
     k_scale_min(b, j, sc, m);
     const float d1 = half_bits_to_float(dd & 0xffffu) * sc, m1 = half_bits_to_float(dd >> 16) * m;
-    const uint2 q = ld_u64(b + 16 + 32 * (j >> 1) + 8 * (s & 3));
+    const uint8_t* qp = b + 16 + 32 * (j >> 1);
+    const uint4 qa = ld_u128(qp), qb = ld_u128(qp + 16);
+    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
     const int shift = 4 * (j & 1);
-    float f[8];
-    bytes_to_floats((q.x >> shift) & 0x0f0f0f0fu, kMagic, f);
-    bytes_to_floats((q.y >> shift) & 0x0f0f0f0fu, kMagic, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = d1 * f[i] - m1;
+    for (int i = 0; i < 8; ++i) {
+      float f[4];
+      bytes_to_floats((q[i] >> shift) & 0x0f0f0f0fu, kMagic, f);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[4 * i + k] = d1 * f[k] - m1;
+    }
   }
 };
 
 // Q5_K (176 bytes): as Q4_K with qh[32] @16 and qs[128] @48; the fifth bit of
-// element e is (qh[e%32] >> (e/32)) & 1.
+// element e is (qh[e%32] >> (e/32)) & 1. 176 = 11 * 16: uint4 reads.
 struct DqQ5_K {
   static constexpr DType kType = DType::Q5_K;
-  static constexpr int kQK = 256, kBytes = 176;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    const int j = s >> 2;
+  static constexpr int kQK = 256, kBytes = 176, kSlices = 4, kStep = 32;
+  __device__ static void dequant(const uint8_t* b, int s0, float* w) {
+    const int j = s0 >> 2;
     const uint32_t dd = ld_u32(b);
     float sc, m;
     k_scale_min(b, j, sc, m);
     const float d1 = half_bits_to_float(dd & 0xffffu) * sc, m1 = half_bits_to_float(dd >> 16) * m;
-    const uint2 q = ld_u64(b + 48 + 32 * (j >> 1) + 8 * (s & 3));
-    const uint2 h = ld_u64(b + 16 + 8 * (s & 3));
+    const uint8_t* qp = b + 48 + 32 * (j >> 1);
+    const uint4 qa = ld_u128(qp), qb = ld_u128(qp + 16);
+    const uint4 ha = ld_u128(b + 16), hb = ld_u128(b + 32);
+    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    const uint32_t h[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
     const int shift = 4 * (j & 1);
-    const uint32_t lo = ((q.x >> shift) & 0x0f0f0f0fu) | (((h.x >> j) & 0x01010101u) << 4);
-    const uint32_t hi = ((q.y >> shift) & 0x0f0f0f0fu) | (((h.y >> j) & 0x01010101u) << 4);
-    float f[8];
-    bytes_to_floats(lo, kMagic, f);
-    bytes_to_floats(hi, kMagic, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = d1 * f[i] - m1;
+    for (int i = 0; i < 8; ++i) {
+      float f[4];
+      bytes_to_floats(((q[i] >> shift) & 0x0f0f0f0fu) | (((h[i] >> j) & 0x01010101u) << 4), kMagic, f);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[4 * i + k] = d1 * f[k] - m1;
+    }
   }
 };
 
 // Q6_K (210 bytes): ql[128] @0 | qh[64] @128 | int8 scales[16] @192 | f16 d @208.
 // Half h = e/128, r = e%128, l = r%32: low 4 bits in ql[64h + l + 32((r/32)&1)]
 // (low nibble for r < 64), high 2 bits (qh[32h + l] >> 2(r/32)) & 3; value
-// d*scales[e/16] * (q - 32).
+// d*scales[e/16] * (q - 32). A step is one run of 32 (fixed h and r/32).
 struct DqQ6_K {
   static constexpr DType kType = DType::Q6_K;
-  static constexpr int kQK = 256, kBytes = 210;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    const int h = s >> 4, quad = (s >> 2) & 3, l0 = 8 * (s & 3);
-    const uint8_t* ql = b + 64 * h + 32 * (quad & 1) + l0;
-    const uint8_t* qh = b + 128 + 32 * h + l0;
-    const int lshift = 4 * (quad >> 1), hshift = 2 * quad;
-    const uint32_t lo = ((ld_u32_a2(ql) >> lshift) & 0x0f0f0f0fu) | (((ld_u32_a2(qh) >> hshift) & 0x03030303u) << 4);
-    const uint32_t hi =
-        ((ld_u32_a2(ql + 4) >> lshift) & 0x0f0f0f0fu) | (((ld_u32_a2(qh + 4) >> hshift) & 0x03030303u) << 4);
+  static constexpr int kQK = 256, kBytes = 210, kSlices = 4, kStep = 32;
+  __device__ static void dequant(const uint8_t* b, int s0, float* w) {
+    const int g = s0 >> 2;  // 32-element run 0..7
+    const int h = g >> 2, quad = g & 3;
+    uint32_t ql[8], qh[8];
+    ld_words_a2<8>(b + 64 * h + 32 * (quad & 1), ql);
+    ld_words_a2<8>(b + 128 + 32 * h, qh);
     const float d = half_bits_to_float(ld_u16(b + 208));
-    const float dl = d * float(static_cast<int8_t>(ld_u8(b + 192 + (s >> 1))));
-    float f[8];
-    bytes_to_floats(lo, kMagic + 32.0f, f);
-    bytes_to_floats(hi, kMagic + 32.0f, f + 4);
+    const uint32_t sc = ld_u16(b + 192 + 2 * g);  // scales of sub-blocks 2g, 2g + 1
+    const float dl0 = d * float(static_cast<int8_t>(sc & 0xff)), dl1 = d * float(static_cast<int8_t>(sc >> 8));
+    const int lshift = 4 * (quad >> 1), hshift = 2 * quad;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = dl * f[i];
+    for (int i = 0; i < 8; ++i) {
+      float f[4];
+      bytes_to_floats(((ql[i] >> lshift) & 0x0f0f0f0fu) | (((qh[i] >> hshift) & 0x03030303u) << 4), kMagic + 32.0f,
+                      f);
+      const float dl = i < 4 ? dl0 : dl1;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[4 * i + k] = dl * f[k];
+    }
   }
 };
 
 // IQ2_XXS (66 bytes): f16 d @0, then 8 groups of 8 bytes (32 elements): four
 // grid indices, then a uint32 holding four 7-bit sign indices and the 4-bit
-// scale in bits 28-31. Slice s is grid entry s%4 of group s/4. The eighth
-// sign of a run is implied: the count of minus signs is even.
+// scale in bits 28-31. A step is one group. The eighth sign of each run of 8
+// is implied: the count of minus signs is even.
 struct DqIQ2_XXS {
   static constexpr DType kType = DType::IQ2_XXS;
-  static constexpr int kQK = 256, kBytes = 66;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    const uint8_t* grp = b + 2 + 8 * (s >> 2);
-    const int r = s & 3;
-    const uint32_t aux = ld_u32_a2(grp + 4);
+  static constexpr int kQK = 256, kBytes = 66, kSlices = 4, kStep = 32;
+  __device__ static void dequant(const uint8_t* b, int s0, float* w) {
+    uint32_t grp[2];
+    ld_words_a2<2>(b + 2 + 8 * (s0 >> 2), grp);
+    const uint32_t aux = grp[1];
     const float db = half_bits_to_float(ld_u16(b)) * (0.5f + float(aux >> 28)) * 0.25f;
-    const uint64_t g = __ldg(reinterpret_cast<const unsigned long long*>(&kIq2xxsGridDevice[ld_u8(grp + r)]));
-    const uint32_t s7 = (aux >> (7 * r)) & 127u;
-    const uint32_t signs = s7 | ((__popc(s7) & 1u) << 7);
-    float f[8];
-    bytes_to_floats(uint32_t(g), kMagic, f);
-    bytes_to_floats(uint32_t(g >> 32), kMagic, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float v = db * f[i];
-      w[i] = (signs >> i) & 1u ? -v : v;
+    for (int r = 0; r < 4; ++r) {
+      const uint64_t g = __ldg(reinterpret_cast<const unsigned long long*>(&kIq2xxsGridDevice[(grp[0] >> (8 * r)) & 0xffu]));
+      const uint32_t s7 = (aux >> (7 * r)) & 127u;
+      const uint32_t signs = s7 | ((__popc(s7) & 1u) << 7);
+      float f[8];
+      bytes_to_floats(uint32_t(g), kMagic, f);
+      bytes_to_floats(uint32_t(g >> 32), kMagic, f + 4);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float v = db * f[i];
+        w[8 * r + i] = (signs >> i) & 1u ? -v : v;
+      }
     }
   }
 };

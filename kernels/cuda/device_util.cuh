@@ -63,6 +63,27 @@ __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
 __device__ __forceinline__ uint2 ld_u64(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 __device__ __forceinline__ uint4 ld_u128(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
+// N consecutive 32-bit words starting at a 2-byte aligned address, read as N
+// aligned words (from the address rounded down) plus, when the address is
+// not 4-byte aligned, one 16-bit tail, then realigned with funnel shifts.
+// Reads stay inside [p - 2, p + 4N): never past the end of the range, and
+// when p is 2 mod 4 the two bytes before it still belong to the matrix
+// (whose start is 16-byte aligned), so an exactly sized allocation is never
+// overrun.
+template <int N>
+__device__ __forceinline__ void ld_words_a2(const uint8_t* p, uint32_t* out) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const unsigned* base = reinterpret_cast<const unsigned*>(a & ~uintptr_t(3));
+  const unsigned shift = unsigned(a & 2u) * 8u;  // 0 or 16
+  uint32_t w[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = __ldg(base + i);
+  const uint32_t tail = shift ? ld_u16(p + 4 * N - 2) : 0u;
+#pragma unroll
+  for (int i = 0; i + 1 < N; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], shift);
+  out[N - 1] = __funnelshift_r(w[N - 1], tail, shift);
+}
+
 __device__ __forceinline__ float half_bits_to_float(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
 }

@@ -1,6 +1,7 @@
 // Embedding row gather (get_rows in ops.cuh): one block per id, each thread
-// dequantizing 8-element slices of the row with the same dequantizers the
-// matvecs use, so every device dtype works for embeddings too.
+// dequantizing runs of the row with the same dequantizers the
+// matvecs use, so every device dtype works for embeddings too. Each thread
+// takes whole steps of Q::kStep elements.
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/ops.cuh"
 
@@ -16,18 +17,20 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ table, uint64_t row_
                                 const int32_t* __restrict__ ids, float* __restrict__ out, int64_t out_stride) {
   const int32_t id = ids[blockIdx.x];
   float* orow = out + int64_t(blockIdx.x) * out_stride;
-  const int64_t slices = cols / 8;
+  constexpr int E = Q::kStep;
   if (id < 0 || id >= rows) {
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) orow[i] = __int_as_float(0x7fc00000);
     return;
   }
   const uint8_t* row = table + uint64_t(id) * row_bytes;
-  for (int64_t sl = threadIdx.x; sl < slices; sl += blockDim.x) {
-    const int64_t e = sl * 8;
-    float v[8];
-    Q::dequant8(row + uint64_t(e / Q::kQK) * Q::kBytes, int(e % Q::kQK) / 8, v);
-    reinterpret_cast<float4*>(orow + e)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(orow + e)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  for (int64_t st = threadIdx.x; st < cols / E; st += blockDim.x) {
+    const int64_t e = st * E;
+    float v[E];
+    Q::dequant(row + uint64_t(e / Q::kQK) * Q::kBytes, int(e % Q::kQK) / 8, v);
+#pragma unroll
+    for (int c = 0; c < E / 4; ++c) {
+      reinterpret_cast<float4*>(orow + e)[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    }
   }
 }
 

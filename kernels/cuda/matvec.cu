@@ -1,12 +1,14 @@
-// Matvec layout: one block of 128 threads owns R consecutive rows and walks
-// them together in slices of 8 elements, thread i taking slices i, i + 128,
-// ... (a warp covers 256 consecutive elements: one K-quant super-block, or
-// eight 32-element blocks, per row). Neighbouring threads read neighbouring
-// bytes, so loads coalesce whatever the block size. Each slice of x (two
-// float4 per token) is loaded once and reused for the R rows, and each
-// dequantized weight slice for the T tokens; that reuse keeps the L1 traffic
-// for x below the weight traffic. Partial sums are reduced per warp with
-// shuffles and across the 4 warps through shared memory.
+// Matvec layout: one block owns R consecutive rows and walks them together.
+// Thread i takes steps i, i + blockDim, ... of Q::kStep consecutive elements
+// (32 for the quantized types: one sub-block or small block, 16 to 34 bytes
+// of a row; 8 for the float types: 16 or 32 bytes), so neighbouring threads
+// read neighbouring bytes and every thread has R such reads in flight.
+//
+// Reuse keeps the L1 traffic for x below the weight traffic: with one or two
+// tokens, each thread's slice of x stays in registers for all R rows; with
+// more tokens each dequantized weight slice is reused for every token.
+// Partial sums are reduced per warp with shuffles, then across warps through
+// shared memory.
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/matvec.cuh"
 
@@ -19,20 +21,22 @@ namespace {
 
 using namespace detail;
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
+constexpr int kMaxThreads = 128;
+constexpr int kMaxWarps = kMaxThreads / 32;
 
-// Rows per block: more rows reuse each x slice more, fewer keep the
-// accumulators (R * T floats per thread) and the reduction small.
+// Rows per block: more rows mean more loads in flight per thread and more
+// reuse of x; fewer keep the accumulators (R * T floats per thread) and the
+// dequantized slices in registers.
 template <int T>
 constexpr int kRowsPerBlock = T <= 2 ? 4 : 2;
 
 template <class Q, int T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kMaxThreads)
     matvec_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
                   const float* __restrict__ x, int64_t x_stride, int n_tokens, float* __restrict__ out,
                   int64_t out_stride) {
   constexpr int R = kRowsPerBlock<T>;
+  constexpr int E = Q::kStep;
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Rows past the end and tokens past n_tokens repeat the last valid one, so
   // the loop has no bounds checks; their results are simply not written.
@@ -50,36 +54,57 @@ __global__ void __launch_bounds__(kThreads)
     for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
   }
 
-  const int64_t n_slices = cols / 8;
-#pragma unroll 2
-  for (int64_t sl = threadIdx.x; sl < n_slices; sl += kThreads) {
-    const int64_t e = sl * 8;
-    const int64_t blk = e / Q::kQK;
-    const int s = int(e % Q::kQK) / 8;
-    float wv[R][8];
+  const int64_t n_steps = cols / E;
+  for (int64_t st = threadIdx.x; st < n_steps; st += blockDim.x) {
+    const int64_t e = st * E;
+    const uint64_t boff = uint64_t(e / Q::kQK) * Q::kBytes;
+    const int s0 = int(e % Q::kQK) / 8;
+    if constexpr (T <= 2) {
+      float xv[T][E];
 #pragma unroll
-    for (int r = 0; r < R; ++r) Q::dequant8(wr[r] + blk * Q::kBytes, s, wv[r]);
+      for (int t = 0; t < T; ++t) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(xt[t] + e));
-      const float4 b = __ldg(reinterpret_cast<const float4*>(xt[t] + e + 4));
+        for (int i = 0; i < E / 4; ++i) {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(xt[t] + e) + i);
+          xv[t][4 * i] = v.x, xv[t][4 * i + 1] = v.y, xv[t][4 * i + 2] = v.z, xv[t][4 * i + 3] = v.w;
+        }
+      }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        float v = acc[r][t];
-        v = fmaf(wv[r][0], a.x, v);
-        v = fmaf(wv[r][1], a.y, v);
-        v = fmaf(wv[r][2], a.z, v);
-        v = fmaf(wv[r][3], a.w, v);
-        v = fmaf(wv[r][4], b.x, v);
-        v = fmaf(wv[r][5], b.y, v);
-        v = fmaf(wv[r][6], b.z, v);
-        v = fmaf(wv[r][7], b.w, v);
-        acc[r][t] = v;
+        float wv[E];
+        Q::dequant(wr[r] + boff, s0, wv);
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          float a = acc[r][t];
+#pragma unroll
+          for (int i = 0; i < E; ++i) a = fmaf(wv[i], xv[t][i], a);
+          acc[r][t] = a;
+        }
+      }
+    } else {
+      float wv[R][E];
+#pragma unroll
+      for (int r = 0; r < R; ++r) Q::dequant(wr[r] + boff, s0, wv[r]);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float xv[E];
+#pragma unroll
+        for (int i = 0; i < E / 4; ++i) {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(xt[t] + e) + i);
+          xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float a = acc[r][t];
+#pragma unroll
+          for (int i = 0; i < E; ++i) a = fmaf(wv[r][i], xv[i], a);
+          acc[r][t] = a;
+        }
       }
     }
   }
 
-  __shared__ float partial[kWarps][R * T];
+  __shared__ float partial[kMaxWarps][R * T];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -93,8 +118,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < R * T) {
     const int r = threadIdx.x / T, t = threadIdx.x % T;
     float v = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) v += partial[k][threadIdx.x];
+    for (int k = 0; k < int(blockDim.x >> 5); ++k) v += partial[k][threadIdx.x];
     if (row0 + r < rows && t < n_tokens) out[int64_t(t) * out_stride + row0 + r] = v;
   }
 }
@@ -104,9 +128,13 @@ void launch(const MatrixView& w, const float* x, int n_tokens, int64_t x_stride,
             cudaStream_t stream) {
   constexpr int R = kRowsPerBlock<T>;
   const int64_t blocks = (w.rows + R - 1) / R;
-  matvec_kernel<Q, T><<<unsigned(blocks), kThreads, 0, stream>>>(static_cast<const uint8_t*>(w.data), w.row_bytes,
-                                                                  w.rows, w.cols, x, x_stride, n_tokens, out,
-                                                                  out_stride);
+  // Short rows get fewer threads rather than idle ones (at least a warp:
+  // the reduction is warp-wide, and R * T <= 32 threads finish it).
+  const int64_t steps = w.cols / Q::kStep;
+  const int threads = int(std::clamp<int64_t>((steps + 31) / 32 * 32, 32, kMaxThreads));
+  matvec_kernel<Q, T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const uint8_t*>(w.data), w.row_bytes,
+                                                                 w.rows, w.cols, x, x_stride, n_tokens, out,
+                                                                 out_stride);
   check_launch("matvec_kernel");
 }
 
