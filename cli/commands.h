@@ -4,5 +4,6 @@
 
 namespace baton {
 int cmd_run(int argc, char** argv);      // coordinator/cmd_run.cpp
+int cmd_serve(int argc, char** argv);    // coordinator/cmd_serve.cpp
 int cmd_inspect(int argc, char** argv);  // gguf_split/cmd_inspect.cpp
 }  // namespace baton

@@ -16,6 +16,7 @@ struct Command {
 
 const Command kCommands[] = {
     {"run", baton::cmd_run, "generate text from a prompt on this machine"},
+    {"serve", baton::cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
     {"inspect", baton::cmd_inspect, "print a GGUF file's metadata and tensor table"},
 };
 

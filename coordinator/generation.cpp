@@ -134,7 +134,7 @@ void compute_logprobs(const float* logits, int64_t n_vocab, int32_t chosen, int 
     best.insert(pos, int32_t(i));
     if (int(best.size()) > top_n) best.pop_back();
   }
-  for (int32_t id : best) out.top.push_back({id, float(double(logits[id]) - log_z)});
+  for (int32_t id : best) out.top.push_back({id, float(double(logits[id]) - log_z), {}});
 }
 
 }  // namespace baton

@@ -57,6 +57,7 @@ struct GenerationRequest {
 struct TokenLogprob {
   int32_t id = 0;
   float logprob = 0;
+  std::string piece;  // the token's bytes
 };
 
 struct GeneratedToken {
@@ -185,7 +186,7 @@ std::string sanitize_utf8(std::string_view s);
 
 // Log-probabilities of the full distribution behind `logits` (log-softmax):
 // the chosen token's and the top_n most likely (most likely first, lowest id
-// on ties).
+// on ties). Pieces are left for the caller, who has the tokenizer.
 void compute_logprobs(const float* logits, int64_t n_vocab, int32_t chosen, int top_n, GeneratedToken& out);
 
 }  // namespace baton

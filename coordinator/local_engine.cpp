@@ -246,7 +246,10 @@ void LocalEngine::sample(Sequence& s, std::span<const float> logits) {
   GeneratedToken& g = ev.tokens.emplace_back();
   g.id = id;
   g.piece = tok.token_to_piece(id);
-  if (s.req.top_logprobs >= 0) compute_logprobs(dist.data(), int64_t(dist.size()), id, s.req.top_logprobs, g);
+  if (s.req.top_logprobs >= 0) {
+    compute_logprobs(dist.data(), int64_t(dist.size()), id, s.req.top_logprobs, g);
+    for (auto& alt : g.top) alt.piece = tok.token_to_piece(alt.id);
+  }
   ev.text = s.text.push(g.piece);
   if (s.text.stopped()) {
     finish(s, FinishReason::stop, std::move(ev));

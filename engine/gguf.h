@@ -164,8 +164,13 @@ class GgufWriter {
   // Throws std::runtime_error on I/O failure; writes to path + ".tmp" and renames.
   // Alignment: general.alignment when set (a u32 power of two), else 32.
   void write(const std::string& path) const;
+  // Same header, but the data section is left a sparse hole of its full size
+  // (reads as zeros) and no fill is called: a file for tools that read only
+  // the header (planning tests), made in milliseconds whatever its size.
+  void write_sparse(const std::string& path) const;
 
  private:
+  void write_file(const std::string& path, bool sparse) const;
   struct Pending {
     std::string name;
     DType type;

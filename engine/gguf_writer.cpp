@@ -207,7 +207,11 @@ uint64_t GgufWriter::alignment() const {
   return kDefaultAlignment;
 }
 
-void GgufWriter::write(const std::string& path) const {
+void GgufWriter::write(const std::string& path) const { write_file(path, false); }
+
+void GgufWriter::write_sparse(const std::string& path) const { write_file(path, true); }
+
+void GgufWriter::write_file(const std::string& path, bool sparse) const {
   const uint64_t align = alignment();
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -236,7 +240,14 @@ void GgufWriter::write(const std::string& path) const {
     // A tensor-less file is padded too: the data section always starts aligned.
     out.pad_to(align);
     std::vector<uint8_t> staging;
+    if (sparse) {
+      out.flush();
+      if (::ftruncate(fd, off_t(out.pos() + offset)) != 0) {
+        throw std::system_error(errno, std::generic_category(), "cannot extend " + tmp);
+      }
+    }
     for (const Pending& t : tensors_) {
+      if (sparse) break;
       out.flush();
       if (t.chunk_fill) {
         staging.resize(size_t(std::min(kChunkBytes, t.nbytes)));

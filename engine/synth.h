@@ -3,10 +3,18 @@
 // <unk>, <s>, </s>, the 256 byte tokens <0xXX>, single characters and a few
 // merged pieces with scores. It lets `baton run` and the tests work with no
 // model file at hand; its text is gibberish by design.
+//
+// Also the shape catalogue behind `baton synth`: random-weight models of real
+// sizes (llama 1B/8B, DeepSeek V4 Flash) and tiny ones, written with bounded
+// memory, for tests and benchmarks.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "kernels/quant.h"
 
@@ -27,5 +35,52 @@ struct SynthConfig {
 // Writes the model as GGUF v3 to path (throws on I/O failure or a config the
 // dtype cannot hold, e.g. n_embd not a multiple of its block size).
 void write_synthetic_model(const std::string& path, const SynthConfig& config = {});
+
+// How tensor data is made.
+//   Random: every tensor its own seeded random data, valid for its type
+//           (finite scales, never all zeros).
+//   Alias:  tensors of the same name pattern (layer number left out), type
+//           and shape hold the same bytes: one random tile of about 1 MiB of
+//           whole blocks per pattern, repeated. Generating it is free, so the
+//           write runs at disk speed; the file still takes its full size,
+//           because GGUF readers (ours included) refuse tensors whose data
+//           overlap, so tensors cannot share one stored blob.
+//   Sparse: the header only; the data section is a hole of the full size
+//           (reads as zeros). For tools that never read tensor data.
+enum class SynthData { Random, Alias, Sparse };
+const char* synth_data_name(SynthData d);
+std::optional<SynthData> synth_data_from_name(std::string_view name);
+
+struct SynthShapeInfo {
+  std::string name;          // e.g. "llama-8b"; "NAME-TYPE" also selects the type
+  std::string arch;          // "llama" or "deepseek4"
+  std::string default_type;  // type when none is named
+  std::vector<std::string> types;
+  std::string summary;
+};
+const std::vector<SynthShapeInfo>& synth_shapes();
+
+struct SynthOptions {
+  std::string arch;   // must match the shape's
+  std::string shape;  // a name of synth_shapes(), optionally with a "-TYPE" suffix
+  std::string type;   // "" for the suffix or the shape's default; must agree with a suffix
+  uint64_t seed = 0x5eed;
+  SynthData data = SynthData::Random;
+  // Called after each piece of tensor data is written (bytes done, total).
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+struct SynthResult {
+  std::string shape;  // resolved, e.g. "deepseek4-flash" with type "q2"
+  std::string type;
+  uint64_t n_tensors = 0;
+  uint64_t tensor_bytes = 0;
+  int64_t n_vocab = 0;
+};
+
+// Writes the model as GGUF v3 (through path + ".tmp", renamed when complete).
+// Throws std::invalid_argument for an unknown shape, type or arch mismatch.
+// Memory stays bounded by a few MiB per thread whatever the model size.
+SynthResult write_synth_model(const std::string& path, const SynthOptions& options);
 
 }  // namespace baton

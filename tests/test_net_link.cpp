@@ -341,7 +341,7 @@ TEST(NetLink, HandshakeAuthenticatesBothSidesAndMessagesFlow) {
   EXPECT_NE(p.hello.nonce, Nonce{});
   EXPECT_EQ(p.address.rfind("127.0.0.1:", 0), 0u) << p.address;
 
-  Endpoint worker(d.conn), coord(*accepted);
+  Endpoint worker(std::move(d.conn)), coord(std::move(*accepted));
   Assign a;
   a.layer_first = 0;
   a.layer_last = 21;
@@ -386,7 +386,7 @@ TEST(NetLink, LargeActivationPayloadRoundTrips) {
   ASSERT_FALSE(d.ec) << d.reason;
   auto accepted = server.accepted.pop();
   ASSERT_TRUE(accepted.has_value());
-  Endpoint worker(d.conn), coord(*accepted);
+  Endpoint worker(std::move(d.conn)), coord(std::move(*accepted));
 
   Forward f;
   f.request_id = rng();
@@ -432,7 +432,7 @@ TEST(NetLink, SendsFromAnotherThreadArriveInOrder) {
   ASSERT_FALSE(d.ec) << d.reason;
   auto accepted = server.accepted.pop();
   ASSERT_TRUE(accepted.has_value());
-  Endpoint worker(d.conn), coord(*accepted);
+  Endpoint worker(std::move(d.conn)), coord(std::move(*accepted));
   std::thread sender([&] {
     for (uint32_t i = 0; i < 500; ++i) worker.conn->send(FreeSeq{i});
   });
@@ -549,7 +549,7 @@ TEST(NetLink, HostileBytesCloseOnlyThatConnection) {
   ASSERT_FALSE(bystander.ec) << bystander.reason;
   auto bystander_srv = server.accepted.pop();
   ASSERT_TRUE(bystander_srv.has_value());
-  Endpoint by_client(bystander.conn), by_server(*bystander_srv);
+  Endpoint by_client(std::move(bystander.conn)), by_server(std::move(*bystander_srv));
 
   const std::vector<uint8_t> hello = Codec::encode(worker_hello("w"));
   std::vector<uint8_t> random_bytes(4096);
@@ -618,7 +618,7 @@ TEST(NetLink, MalformedFrameAfterAuthenticationClosesThatLink) {
   ASSERT_GE(fd, 0);
   auto accepted = server.accepted.pop();
   ASSERT_TRUE(accepted.has_value());
-  Endpoint coord(*accepted);
+  Endpoint coord(std::move(*accepted));
   // A FORWARD whose activations do not match its chunks.
   Forward f;
   f.chunks.push_back(SeqChunk{0, 0, 1, false, {}});
@@ -717,7 +717,7 @@ TEST(NetLink, HeartbeatTimeoutDetectsAStalledPeer) {
   auto accepted = server.accepted.pop();
   ASSERT_TRUE(accepted.has_value());
   const auto t0 = Clock::now();
-  Endpoint coord(*accepted);
+  Endpoint coord(std::move(*accepted));
   auto c = coord.closed.pop(3000ms);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->ec, Errc::heartbeat_timeout) << c->reason;
@@ -736,7 +736,7 @@ TEST(NetLink, HeartbeatsKeepAnIdleLinkAliveAndMeasureRoundTrips) {
   ASSERT_FALSE(d.ec) << d.reason;
   auto accepted = server.accepted.pop();
   ASSERT_TRUE(accepted.has_value());
-  Endpoint worker(d.conn), coord(*accepted);
+  Endpoint worker(std::move(d.conn)), coord(std::move(*accepted));
   std::this_thread::sleep_for(cfg.peer_timeout * 3);  // idle, apart from heartbeats
   EXPECT_TRUE(worker.conn->is_open());
   EXPECT_TRUE(coord.conn->is_open());

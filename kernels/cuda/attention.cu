@@ -37,65 +37,58 @@ struct KernelArgs {
 template <int N>
 constexpr int kPositionsPerStep = N <= 4 ? 4 : (N == 8 ? 2 : 1);
 
-// N: dims per lane (head dims up to 32 * N).
+// The 4 query rows of one warp and their running softmax state. Row i of a
+// KV head is token i / group, head i % group of the group. Missing rows (past
+// the end) repeat the last one and are masked with lim = -1.
 template <int N>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelArgs a) {
-  constexpr int U = kPositionsPerStep<N>;
-  constexpr int J = kRowsPerWarp;
-  const int lane = threadIdx.x & 31;
-  const int64_t wg = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (wg >= int64_t(a.p.n_head_kv) * a.groups_per_kv) return;  // whole warp
-  const int kvh = int(wg / a.groups_per_kv);
-  const int64_t grp = wg % a.groups_per_kv;
-  const int g = a.group, dk = a.p.head_dim_k, dv = a.p.head_dim_v;
-  const int64_t n_rows_kv = a.p.n_tokens * g;
-  const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
-
-  // Query rows of this warp: row i of the KV head is token i / g, head i % g
-  // of the group. Missing rows (past the end) repeat the last one, masked
-  // out with lim = -1.
+struct WarpRows {
+  static constexpr int J = kRowsPerWarp;
   int64_t tok[J], lim[J];
   int head[J];
-  int64_t last = 0;
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const int64_t i = grp * J + j;
-    const bool valid = i < n_rows_kv;
-    const int64_t ic = valid ? i : n_rows_kv - 1;
-    tok[j] = ic / g;
-    head[j] = kvh * g + int(ic % g);
-    lim[j] = valid ? a.p.pos0 + tok[j] : -1;
-    last = max(last, lim[j]);
-  }
-  const int64_t p_begin = int64_t(blockIdx.y) * a.chunk;
-  const int64_t p_end = min(p_begin + a.chunk, last + 1);
-
+  int64_t last;  // last position any row of the warp sees, -1 when none
   float q[J][N], o[J][N], m[J], l[J];
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const float* qr = a.p.q + tok[j] * a.p.q_stride + int64_t(head[j]) * dk;
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const int d = lane + 32 * n;
-      q[j][n] = d < dk ? qr[d] : 0.0f;
-      o[j][n] = 0.0f;
-    }
-    m[j] = -INFINITY;
-    l[j] = 0.0f;
-  }
 
-  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
-  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
-  for (int64_t p = p_begin; p < p_end; p += U) {
-    float kr[U][N], vr[U][N];
+  __device__ void init(const KernelArgs& a, int kvh, int64_t grp, int lane) {
+    const int g = a.group, dk = a.p.head_dim_k;
+    const int64_t n_rows_kv = a.p.n_tokens * g;
+    last = -1;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t pp = min(p + u, p_end - 1);  // in bounds; masked below
+    for (int j = 0; j < J; ++j) {
+      const int64_t i = grp * J + j;
+      const bool valid = i < n_rows_kv;
+      const int64_t ic = valid ? i : n_rows_kv - 1;
+      tok[j] = ic / g;
+      head[j] = kvh * g + int(ic % g);
+      lim[j] = valid ? a.p.pos0 + tok[j] : -1;
+      last = max(last, lim[j]);
+      const float* qr = a.p.q + tok[j] * a.p.q_stride + int64_t(head[j]) * dk;
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         const int d = lane + 32 * n;
-        kr[u][n] = d < dk ? __ldg(kb + pp * k_row + d) : 0.0f;
-        vr[u][n] = d < dv ? __ldg(vb + pp * v_row + d) : 0.0f;
+        q[j][n] = d < dk ? qr[d] : 0.0f;
+        o[j][n] = 0.0f;
+      }
+      m[j] = -INFINITY;
+      l[j] = 0.0f;
+    }
+  }
+
+  // Attends to U positions p_abs + u, u < U: K row u at k + min(u, n - 1) *
+  // k_stride (likewise V); positions u >= n, or past a row's limit, are
+  // masked. Called by the whole warp (scores are butterfly-reduced).
+  template <int U>
+  __device__ void step(const KernelArgs& a, int lane, const float* k, int64_t k_stride, const float* v,
+                       int64_t v_stride, int64_t p_abs, int n) {
+    const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
+    float kr[U][N], vr[U][N];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int uu = min(u, n - 1);
+#pragma unroll
+      for (int nn = 0; nn < N; ++nn) {
+        const int d = lane + 32 * nn;
+        kr[u][nn] = d < dk ? k[uu * k_stride + d] : 0.0f;
+        vr[u][nn] = d < dv ? v[uu * v_stride + d] : 0.0f;
       }
     }
     float s[J][U];
@@ -105,9 +98,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
       for (int u = 0; u < U; ++u) {
         float dot = 0.0f;
 #pragma unroll
-        for (int n = 0; n < N; ++n) dot = fmaf(q[j][n], kr[u][n], dot);
+        for (int nn = 0; nn < N; ++nn) dot = fmaf(q[j][nn], kr[u][nn], dot);
         dot = warp_sum(dot);
-        const bool visible = p + u < p_end && p + u <= lim[j];
+        const bool visible = u < n && p_abs + u <= lim[j];
         s[j][u] = visible ? a.p.scale * dot : -INFINITY;
       }
     }
@@ -128,42 +121,120 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
       }
       l[j] = l[j] * corr + ps;
 #pragma unroll
-      for (int n = 0; n < N; ++n) {
-        float acc = o[j][n] * corr;
+      for (int nn = 0; nn < N; ++nn) {
+        float acc = o[j][nn] * corr;
 #pragma unroll
-        for (int u = 0; u < U; ++u) acc = fmaf(pk[u], vr[u][n], acc);
-        o[j][n] = acc;
+        for (int u = 0; u < U; ++u) acc = fmaf(pk[u], vr[u][nn], acc);
+        o[j][nn] = acc;
       }
       m[j] = mx;
     }
   }
 
+  // Writes the normalized output (one split) or this split's partial.
+  __device__ void finish(const KernelArgs& a, int lane, int split) const {
+    const int dv = a.p.head_dim_v;
 #pragma unroll
-  for (int j = 0; j < J; ++j) {
-    if (lim[j] < 0) continue;
-    if (a.n_splits == 1) {
-      // Position 0 is always visible, so l > 0.
-      const float inv = 1.0f / l[j];
-      float* dst = a.p.out + tok[j] * a.p.out_stride + int64_t(head[j]) * dv;
+    for (int j = 0; j < J; ++j) {
+      if (lim[j] < 0) continue;
+      if (a.n_splits == 1) {
+        // Position 0 is always visible, so l > 0.
+        const float inv = 1.0f / l[j];
+        float* dst = a.p.out + tok[j] * a.p.out_stride + int64_t(head[j]) * dv;
 #pragma unroll
-      for (int n = 0; n < N; ++n) {
-        const int d = lane + 32 * n;
-        if (d < dv) dst[d] = o[j][n] * inv;
-      }
-    } else {
-      const int64_t row = tok[j] * a.p.n_head + head[j];
-      float* dst = a.partial + (int64_t(blockIdx.y) * a.p.n_tokens * a.p.n_head + row) * (dv + 2);
+        for (int nn = 0; nn < N; ++nn) {
+          const int d = lane + 32 * nn;
+          if (d < dv) dst[d] = o[j][nn] * inv;
+        }
+      } else {
+        const int64_t row = tok[j] * a.p.n_head + head[j];
+        float* dst = a.partial + (int64_t(split) * a.p.n_tokens * a.p.n_head + row) * (dv + 2);
 #pragma unroll
-      for (int n = 0; n < N; ++n) {
-        const int d = lane + 32 * n;
-        if (d < dv) dst[d] = o[j][n];
-      }
-      if (lane == 0) {
-        dst[dv] = m[j];
-        dst[dv + 1] = l[j];
+        for (int nn = 0; nn < N; ++nn) {
+          const int d = lane + 32 * nn;
+          if (d < dv) dst[d] = o[j][nn];
+        }
+        if (lane == 0) {
+          dst[dv] = m[j];
+          dst[dv + 1] = l[j];
+        }
       }
     }
   }
+};
+
+// Decode and short queries: each warp streams K and V rows straight from
+// the cache (read-only path); blocks are independent warps.
+template <int N>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelArgs a) {
+  constexpr int U = kPositionsPerStep<N>;
+  const int lane = threadIdx.x & 31;
+  const int64_t wg = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (wg >= int64_t(a.p.n_head_kv) * a.groups_per_kv) return;  // whole warp
+  const int kvh = int(wg / a.groups_per_kv);
+  WarpRows<N> rows;
+  rows.init(a, kvh, wg % a.groups_per_kv, lane);
+  const int64_t p_begin = int64_t(blockIdx.y) * a.chunk;
+  const int64_t p_end = min(p_begin + a.chunk, rows.last + 1);
+  const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
+  const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
+  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
+  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
+  for (int64_t p = p_begin; p < p_end; p += U) {
+    rows.template step<U>(a, lane, kb + p * k_row, k_row, vb + p * v_row, v_row, p, int(min<int64_t>(U, p_end - p)));
+  }
+  rows.finish(a, lane, blockIdx.y);
+}
+
+// Prefill: the warps of a block hold consecutive row groups of one KV head
+// and share K/V tiles of kTile<N> positions staged in shared memory, so each
+// K/V row is read from L2 once per block (up to 32 query rows) instead of
+// once per warp. Head dims up to 256.
+template <int N>
+constexpr int kTile = N <= 4 ? 32 : 16;
+constexpr int kTiledMaxWarps = 8;
+
+template <int N>
+__global__ void __launch_bounds__(kTiledMaxWarps * 32) attention_tiled_kernel(KernelArgs a, int64_t blocks_per_kv) {
+  constexpr int U = kPositionsPerStep<N>;
+  constexpr int P = kTile<N>;
+  extern __shared__ float tile[];  // K rows [P][dk], then V rows [P][dv]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  const int kvh = int(blockIdx.x / blocks_per_kv);
+  const int64_t first_grp = (blockIdx.x % blocks_per_kv) * n_warps;
+  const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
+  // Warps past the last group hold only masked rows but still help load.
+  WarpRows<N> rows;
+  rows.init(a, kvh, first_grp + warp, lane);
+  const int64_t n_rows_kv = a.p.n_tokens * a.group;
+  const int64_t block_last_row = min((first_grp + n_warps) * kRowsPerWarp, n_rows_kv) - 1;
+  const int64_t block_last = a.p.pos0 + block_last_row / a.group;
+  const int64_t p_begin = int64_t(blockIdx.y) * a.chunk;
+  const int64_t p_end = min(p_begin + a.chunk, block_last + 1);
+
+  const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
+  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
+  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
+  float* ks = tile;
+  float* vs = tile + P * dk;
+  for (int64_t t0 = p_begin; t0 < p_end; t0 += P) {
+    const int np = int(min<int64_t>(P, p_end - t0));
+    __syncthreads();  // every warp is done with the previous tile
+    for (int i = threadIdx.x; i < np * dk; i += blockDim.x) {
+      const int pp = i / dk, d = i % dk;
+      ks[i] = __ldg(kb + (t0 + pp) * k_row + d);
+    }
+    for (int i = threadIdx.x; i < np * dv; i += blockDim.x) {
+      const int pp = i / dv, d = i % dv;
+      vs[i] = __ldg(vb + (t0 + pp) * v_row + d);
+    }
+    __syncthreads();
+    if (rows.last < t0) continue;  // causal: this warp sees none of the tile
+    for (int pl = 0; pl < np; pl += U) {
+      rows.template step<U>(a, lane, ks + pl * dk, dk, vs + pl * dv, dv, t0 + pl, min(U, np - pl));
+    }
+  }
+  rows.finish(a, lane, blockIdx.y);
 }
 
 // One block per (token, head) row: weight each split's partial by
@@ -198,6 +269,16 @@ void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
   attention_kernel<N><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
   check_launch("attention_kernel");
+}
+
+template <int N>
+void launch_tiled(const KernelArgs& a, cudaStream_t stream) {
+  const int warps = int(std::min<int64_t>(a.groups_per_kv, kTiledMaxWarps));
+  const int64_t blocks_per_kv = (a.groups_per_kv + warps - 1) / warps;
+  const dim3 grid(unsigned(blocks_per_kv * a.p.n_head_kv), unsigned(a.n_splits));
+  const size_t smem = size_t(kTile<N>) * size_t(a.p.head_dim_k + a.p.head_dim_v) * sizeof(float);
+  attention_tiled_kernel<N><<<grid, warps * 32, smem, stream>>>(a, blocks_per_kv);
+  check_launch("attention_tiled_kernel");
 }
 
 }  // namespace
@@ -247,12 +328,15 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
   a.partial = a.n_splits > 1 ? static_cast<float*>(workspace) : nullptr;
 
   const int per_lane = (std::max(p.head_dim_k, p.head_dim_v) + 31) / 32;
+  // Several row groups per KV head (prefill, or decode with wide GQA
+  // groups) share K/V tiles; a single group streams from the cache.
+  const bool tiled = a.groups_per_kv >= 2 && per_lane <= 8;
   if (per_lane <= 2) {
-    launch<2>(a, n_warps, stream);
+    tiled ? launch_tiled<2>(a, stream) : launch<2>(a, n_warps, stream);
   } else if (per_lane <= 4) {
-    launch<4>(a, n_warps, stream);
+    tiled ? launch_tiled<4>(a, stream) : launch<4>(a, n_warps, stream);
   } else if (per_lane <= 8) {
-    launch<8>(a, n_warps, stream);
+    tiled ? launch_tiled<8>(a, stream) : launch<8>(a, n_warps, stream);
   } else {
     launch<16>(a, n_warps, stream);
   }

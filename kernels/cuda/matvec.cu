@@ -1,8 +1,10 @@
 // Matvec layout: one block owns R consecutive rows and walks them together.
-// Thread i takes steps i, i + blockDim, ... of Q::kStep consecutive elements
-// (32 for the quantized types: one sub-block or small block, 16 to 34 bytes
-// of a row; 8 for the float types: 16 or 32 bytes), so neighbouring threads
-// read neighbouring bytes and every thread has R such reads in flight.
+// Thread i takes steps i, i + blockDim, ... of E consecutive elements, so
+// neighbouring threads read neighbouring bytes and every thread has R reads
+// in flight. E is 8 (dequant8), or for some types at one token a whole
+// 32-element run (dequant: 18 to 26 bytes of a row per read, the block header
+// decoded once per run); kWideAtOneToken below lists where that measured
+// faster on the H200 (docs/CUDA.md).
 //
 // Reuse keeps the L1 traffic for x below the weight traffic: with one or two
 // tokens, each thread's slice of x stays in registers for all R rows; with
@@ -30,13 +32,17 @@ constexpr int kMaxWarps = kMaxThreads / 32;
 template <int T>
 constexpr int kRowsPerBlock = T <= 2 ? 4 : 2;
 
-template <class Q, int T>
+template <class Q>
+constexpr bool kWideAtOneToken = Q::kType == DType::Q4_0 || Q::kType == DType::Q2_K || Q::kType == DType::Q4_K ||
+                                 Q::kType == DType::Q5_K || Q::kType == DType::Q6_K;
+
+template <class Q, int T, bool kWide>
 __global__ void __launch_bounds__(kMaxThreads)
     matvec_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
                   const float* __restrict__ x, int64_t x_stride, int n_tokens, float* __restrict__ out,
                   int64_t out_stride) {
   constexpr int R = kRowsPerBlock<T>;
-  constexpr int E = Q::kStep;
+  constexpr int E = kWide ? Q::kStep : 8;
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Rows past the end and tokens past n_tokens repeat the last valid one, so
   // the loop has no bounds checks; their results are simply not written.
@@ -72,7 +78,11 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wv[E];
-        Q::dequant(wr[r] + boff, s0, wv);
+        if constexpr (kWide) {
+          Q::dequant(wr[r] + boff, s0, wv);
+        } else {
+          Q::dequant8(wr[r] + boff, s0, wv);
+        }
 #pragma unroll
         for (int t = 0; t < T; ++t) {
           float a = acc[r][t];
@@ -82,9 +92,10 @@ __global__ void __launch_bounds__(kMaxThreads)
         }
       }
     } else {
+      static_assert(!kWide, "the wide step is for one or two tokens");
       float wv[R][E];
 #pragma unroll
-      for (int r = 0; r < R; ++r) Q::dequant(wr[r] + boff, s0, wv[r]);
+      for (int r = 0; r < R; ++r) Q::dequant8(wr[r] + boff, s0, wv[r]);
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         float xv[E];
@@ -123,16 +134,16 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-template <class Q, int T>
+template <class Q, int T, bool kWide = false>
 void launch(const MatrixView& w, const float* x, int n_tokens, int64_t x_stride, float* out, int64_t out_stride,
             cudaStream_t stream) {
   constexpr int R = kRowsPerBlock<T>;
   const int64_t blocks = (w.rows + R - 1) / R;
   // Short rows get fewer threads rather than idle ones (at least a warp:
   // the reduction is warp-wide, and R * T <= 32 threads finish it).
-  const int64_t steps = w.cols / Q::kStep;
+  const int64_t steps = w.cols / (kWide ? Q::kStep : 8);
   const int threads = int(std::clamp<int64_t>((steps + 31) / 32 * 32, 32, kMaxThreads));
-  matvec_kernel<Q, T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const uint8_t*>(w.data), w.row_bytes,
+  matvec_kernel<Q, T, kWide><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const uint8_t*>(w.data), w.row_bytes,
                                                                  w.rows, w.cols, x, x_stride, n_tokens, out,
                                                                  out_stride);
   check_launch("matvec_kernel");
@@ -158,7 +169,7 @@ void matvec(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_str
     dispatch_dtype(w.type, [&](auto q) {
       using Q = decltype(q);
       if (nt == 1) {
-        launch<Q, 1>(w, xc, nt, x_stride, oc, out_stride, stream);
+        launch<Q, 1, kWideAtOneToken<Q>>(w, xc, nt, x_stride, oc, out_stride, stream);
       } else if (nt == 2) {
         launch<Q, 2>(w, xc, nt, x_stride, oc, out_stride, stream);
       } else if (nt <= 4) {

@@ -1,0 +1,226 @@
+#include "engine/node_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <stdexcept>
+
+#include "engine/gguf.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+
+namespace baton {
+
+namespace {
+
+std::string shape_text(const int64_t* ne, size_t n) {
+  std::string s = "[";
+  for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+// "blk.N.rest" -> N; -1 for any other name.
+int layer_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  const char* begin = name.data() + 4;
+  const char* end = name.data() + name.size();
+  int layer = -1;
+  auto [p, ec] = std::from_chars(begin, end, layer);
+  if (ec != std::errc() || p == begin || p == end || *p != '.') return -1;
+  return layer;
+}
+
+bool is_head_tensor(const std::string& name) {
+  return name.rfind("output.", 0) == 0 || name.rfind("output_norm.", 0) == 0 || name.rfind("output_hc_", 0) == 0;
+}
+
+}  // namespace
+
+const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"; }
+
+uint64_t backend_overhead_bytes(Backend b) { return b == Backend::Cuda ? kCudaContextBytes : 0; }
+
+uint64_t NodeSpec::usable_bytes() const {
+  if (!unified) return memory_bytes;
+  return memory_bytes > reserve_bytes ? memory_bytes - reserve_bytes : 0;
+}
+
+double NodeSpec::effective_bandwidth() const {
+  if (bandwidth > 0) return bandwidth;
+  if (backend == Backend::Cpu) return kCpuBandwidth;
+  return unified ? kUnifiedBandwidth : kDiscreteBandwidth;
+}
+
+int64_t StageRequest::rows() const { return std::min(std::max(micro_batch, prefill_chunk), n_ctx); }
+
+// Tensor bytes of a deepseek4 file by owner, each aligned as the loader lays
+// them out; checked against the shape's tensor table once.
+struct ModelPlanner::Ds4Tensors {
+  std::vector<uint64_t> layer_bytes;
+  std::vector<uint64_t> layer_count;
+  uint64_t embedding = 0, head = 0, shared = 0;
+  uint64_t embedding_count = 0, head_count = 0, shared_count = 0;
+};
+
+ModelPlanner::ModelPlanner(const GgufFile& f) : f_(f) {
+  arch_name_ = f.get_str("general.architecture", "");
+  for (const auto& t : f.tensors()) tensor_bytes_ += t.nbytes;
+  if (arch_name_ == "deepseek4") {
+    ds4_ = std::make_unique<Deepseek4Shape>(Deepseek4Shape::from_gguf(f));
+    n_layer_ = ds4_->n_layer;
+    n_ctx_train_ = ds4_->n_ctx_train;
+    // Every tensor the shape names must be in the file with that shape; the
+    // dtype is the file's (mixed files differ per layer).
+    auto check = [&](const Ds4TensorSpec& spec) {
+      const GgufTensorInfo* t = f.find_tensor(spec.name);
+      if (!t) {
+        if (spec.optional) return;
+        throw std::runtime_error("deepseek4: missing tensor " + spec.name);
+      }
+      if (t->n_dims != spec.shape.size() || !std::equal(spec.shape.begin(), spec.shape.end(), t->ne)) {
+        throw std::runtime_error(fmt::format("deepseek4: tensor {} has shape {}, expected {}", spec.name,
+                                             shape_text(t->ne, t->n_dims),
+                                             shape_text(spec.shape.data(), spec.shape.size())));
+      }
+      if (spec.role != Ds4Role::HashTable && !dtype_info(t->type).compute) {
+        throw std::runtime_error(fmt::format("deepseek4: tensor {} has type {}, which this build cannot compute with",
+                                             spec.name, dtype_name(t->type)));
+      }
+    };
+    for (const auto& s : ds4_->embedding_tensors()) check(s);
+    for (const auto& s : ds4_->head_tensors()) check(s);
+    for (int l = 0; l < n_layer_; ++l) {
+      for (const auto& s : ds4_->layer_tensors(l)) check(s);
+    }
+    ds4_tensors_ = std::make_unique<Ds4Tensors>();
+    Ds4Tensors& d = *ds4_tensors_;
+    d.layer_bytes.assign(size_t(n_layer_), 0);
+    d.layer_count.assign(size_t(n_layer_), 0);
+    for (const auto& t : f.tensors()) {
+      const uint64_t b = align_up(t.nbytes);
+      const int l = layer_of(t.name);
+      if (l >= n_layer_) {
+        throw std::runtime_error(fmt::format("deepseek4: tensor {} is beyond the model's {} layers", t.name, n_layer_));
+      }
+      if (l >= 0) {
+        d.layer_bytes[size_t(l)] += b;
+        d.layer_count[size_t(l)]++;
+      } else if (t.name.rfind("token_embd.", 0) == 0) {
+        d.embedding += b;
+        d.embedding_count++;
+      } else if (is_head_tensor(t.name)) {
+        d.head += b;
+        d.head_count++;
+      } else {
+        d.shared += b;  // used by no single layer: every stage holds it
+        d.shared_count++;
+      }
+    }
+    return;
+  }
+  const auto llama_family = {"llama", "qwen2", "qwen3"};
+  if (std::find(llama_family.begin(), llama_family.end(), arch_name_) == llama_family.end()) {
+    std::string names;
+    for (const auto& n : known()) names += (names.empty() ? "" : ", ") + n;
+    throw std::runtime_error("cannot plan architecture '" + arch_name_ + "' (the planner knows: " + names + ")");
+  }
+  llama_ = Arch::from_gguf(f);
+  n_layer_ = llama_->dims().n_layer;
+  n_ctx_train_ = llama_->dims().n_ctx_train;
+}
+
+ModelPlanner::~ModelPlanner() = default;
+ModelPlanner::ModelPlanner(ModelPlanner&&) noexcept = default;
+
+std::vector<std::string> ModelPlanner::known() { return {"llama", "qwen2", "qwen3", "deepseek4"}; }
+
+std::string ModelPlanner::describe() const { return ds4_ ? ds4_->describe() : llama_->describe(); }
+
+uint64_t ModelPlanner::weight_bytes(LayerRange layers, bool embedding, bool head) const {
+  if (layers.first < 0 || layers.first > layers.last || layers.last >= n_layer_) {
+    throw std::invalid_argument(fmt::format("layer range [{}, {}] is not inside the model's layers [0, {}]",
+                                            layers.first, layers.last, n_layer_ - 1));
+  }
+  const auto key = std::make_tuple(layers.first, layers.last, embedding, head);
+  if (auto it = weight_cache_.find(key); it != weight_cache_.end()) return it->second;
+  uint64_t bytes = 0;
+  if (ds4_) {
+    const Ds4Tensors& d = *ds4_tensors_;
+    for (int l = layers.first; l <= layers.last; ++l) bytes += d.layer_bytes[size_t(l)];
+    bytes += d.shared + (embedding ? d.embedding : 0) + (head ? d.head : 0);
+  } else {
+    bytes = Model::plan(f_, *llama_, {layers, embedding, head}).bytes;
+  }
+  weight_cache_.emplace(key, bytes);
+  return bytes;
+}
+
+MemoryPlan ModelPlanner::plan(const StageRequest& r) const {
+  if (r.n_ctx < 1) throw std::invalid_argument(fmt::format("context must be >= 1, got {}", r.n_ctx));
+  if (r.n_seq < 1) throw std::invalid_argument(fmt::format("need at least one sequence, got {}", r.n_seq));
+  if (r.micro_batch < 1 || r.prefill_chunk < 1) {
+    throw std::invalid_argument(fmt::format("micro-batch ({}) and prefill chunk ({}) must be >= 1", r.micro_batch,
+                                            r.prefill_chunk));
+  }
+  if (r.n_threads < 1) throw std::invalid_argument(fmt::format("thread count must be >= 1, got {}", r.n_threads));
+  const LayerRange range = r.layers;
+  const uint64_t weights = weight_bytes(range, r.embedding, r.head);  // also checks the range
+  const std::string parts = fmt::format("layers {}-{}{}{}", range.first, range.last, r.embedding ? " + embedding" : "",
+                                        r.head ? " + head" : "");
+  // The same batch shape Stage gives its workspace (Stage::workspace_shape).
+  WorkspaceShape ws;
+  ws.max_batch = r.rows();
+  ws.n_ctx = r.n_ctx;
+  ws.n_threads = r.n_threads;
+  ws.embedding = r.embedding;
+  ws.head = r.head;
+  ws.max_logit_rows = 1;
+  const std::string ws_detail = fmt::format("{} rows (micro-batch {}, chunk {}), {} thread{}", ws.max_batch,
+                                            r.micro_batch, r.prefill_chunk, r.n_threads, r.n_threads > 1 ? "s" : "");
+
+  MemoryPlan plan;
+  int64_t boundary = 0;
+  if (ds4_) {
+    const Ds4Tensors& d = *ds4_tensors_;
+    uint64_t count = d.shared_count + (r.embedding ? d.embedding_count : 0) + (r.head ? d.head_count : 0);
+    for (int l = range.first; l <= range.last; ++l) count += d.layer_count[size_t(l)];
+    plan.add("weights", weights, fmt::format("{} tensors, {}", count, parts));
+    uint64_t kv = 0;
+    double per_token = 0;
+    for (int l = range.first; l <= range.last; ++l) {
+      kv += ds4_->kv_bytes(l, r.n_ctx, r.ds4_kv);
+      per_token += ds4_->kv_bytes_per_token(l, r.ds4_kv);
+    }
+    plan.add("kv cache", kv * uint64_t(r.n_seq),
+             fmt::format("{} layers x {} seq, ctx {}, {} rows: window {} + {:.0f} B/token", range.count(), r.n_seq,
+                         r.n_ctx, ds4_kv_storage_name(r.ds4_kv), std::min(ds4_->sliding_window, r.n_ctx), per_token));
+    plan.add("workspace", ds4_->workspace_bytes(ws, range), ws_detail);
+    boundary = ds4_->boundary_elems_per_token();
+  } else {
+    const uint64_t kv = KvCache::bytes_needed(range, r.n_seq, r.n_ctx, llama_->kv_stream_widths());
+    plan.add("weights", weights, parts);
+    plan.add("kv cache", kv,
+             fmt::format("{} layers x {} seq x {} ctx x {} B", range.count(), r.n_seq, r.n_ctx,
+                         llama_->kv_bytes_per_token_per_layer()));
+    plan.add("workspace", llama_->workspace_bytes(ws), ws_detail);
+    boundary = llama_->boundary_elems_per_token();
+  }
+  // Activations arrive from the previous stage (unless this one embeds) and
+  // leave for the next (unless this one has the head); two buffers each way
+  // so that one transfer overlaps the compute on the other.
+  const uint64_t one = align_up(uint64_t(r.rows()) * uint64_t(boundary) * sizeof(float));
+  const int links = (r.embedding ? 0 : 1) + (r.head ? 0 : 1);
+  plan.add("link buffers", uint64_t(links) * 2 * one,
+           links == 0 ? std::string("single stage: none")
+                      : fmt::format("{}{}{} x 2 x {} rows x {} floats", r.embedding ? "" : "in", links == 2 ? " + " : "",
+                                    r.head ? "" : "out", r.rows(), boundary));
+  plan.add("backend", backend_overhead_bytes(r.backend),
+           r.backend == Backend::Cuda ? "CUDA context + cuBLAS (measured on H200)" : "cpu: none");
+  plan.add("optional caches", r.optional_caches, r.optional_caches ? "requested" : "none requested");
+  return plan;
+}
+
+MemoryPlan plan_stage(const GgufFile& f, const StageRequest& r) { return ModelPlanner(f).plan(r); }
+
+}  // namespace baton
