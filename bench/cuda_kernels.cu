@@ -6,7 +6,12 @@
 // as CUDA graph replays so launch gaps do not count. Prints a table.
 //
 //   bench_cuda_kernels            all sections
-//   bench_cuda_kernels matvec     one section (copy, matvec, matmul, attention, sampling)
+//   bench_cuda_kernels matvec     one section (matvec, variants, matmul, attention, sampling)
+//
+// The `variants` section times the matvec kernel's other configurations
+// (step width, rows per block, load order, factored scales; see
+// matvec_impl.cuh) against the
+// one matvec.cu picks, after checking that each computes the same result.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -23,6 +28,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/matvec_impl.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/quant.h"
@@ -200,6 +206,84 @@ void bench_matvec(cudaStream_t s, const Ceilings& c) {
   }
 }
 
+// --- matvec configuration sweep ----------------------------------------------
+
+using LaunchFn = void (*)(const MatrixView&, const float*, int, int64_t, float*, int64_t, cudaStream_t);
+struct Variant {
+  const char* name;
+  LaunchFn fn;
+};
+
+template <class Q, int T>
+std::vector<Variant> variants() {
+  using namespace detail;
+  std::vector<Variant> v = {
+      {"narrow R4 rows-first", &launch_matvec<Q, T, 4, false, true, false>},
+      {"narrow R4 rows-first fact", &launch_matvec<Q, T, 4, false, true, true>},
+      {"narrow R4 x-first fact", &launch_matvec<Q, T, 4, false, false, true>},
+      {"narrow R2 rows-first fact", &launch_matvec<Q, T, 2, false, true, true>},
+      {"narrow R8 rows-first fact", &launch_matvec<Q, T, 8, false, true, true>},
+  };
+  if constexpr (Q::kStep == 32) {
+    v.push_back({"wide R4 x-first", &launch_matvec<Q, T, 4, true, false, false>});
+    v.push_back({"wide R4 rows-first", &launch_matvec<Q, T, 4, true, true, false>});
+    v.push_back({"wide R8 x-first", &launch_matvec<Q, T, 8, true, false, false>});
+  }
+  return v;
+}
+
+template <class Q, int T>
+void sweep(cudaStream_t s, const Ceilings& c, const char* shape, int64_t rows, int64_t cols, const DeviceCopies& copies,
+           const Buf& x, const Buf& out, const Buf& ref) {
+  const uint64_t row_bytes = *dtype_bytes(Q::kType, uint64_t(cols));
+  auto view = [&](int i) { return MatrixView{Q::kType, copies.ptrs[size_t(i) % copies.ptrs.size()], rows, cols, row_bytes}; };
+  // The configuration matvec() picks, as the reference result.
+  matvec(view(0), x.as<float>(), T, cols, ref.as<float>(), rows, s);
+  BATON_CUDA_CHECK(cudaStreamSynchronize(s));  // s does not sync with the legacy stream
+  std::vector<float> want(size_t(T * rows)), got(size_t(T * rows));
+  BATON_CUDA_CHECK(cudaMemcpy(want.data(), ref.p, want.size() * 4, cudaMemcpyDeviceToHost));
+  float scale = 0;
+  for (float v : want) scale = std::max(scale, std::fabs(v));
+  const double bytes = double(copies.bytes) + 4.0 * double(T) * double(cols + rows);
+  const double base_ms = time_graph(s, 64, 9, [&](int i) { matvec(view(i), x.as<float>(), T, cols, out.as<float>(), rows, s); });
+  std::printf("%-8s %-20s %d %-26s %8.2f %7.0f %5.0f%%\n", dtype_name(Q::kType), shape, T, "(matvec default)", base_ms * 1e3,
+              bytes / (base_ms * 1e6), 100.0 * bytes / (base_ms * 1e6) / c.copy_gbs);
+  for (const Variant& v : variants<Q, T>()) {
+    v.fn(view(0), x.as<float>(), T, cols, out.as<float>(), rows, s);
+    BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+    BATON_CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 4, cudaMemcpyDeviceToHost));
+    float diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, std::fabs(got[i] - want[i]));
+    const bool ok = diff <= 1e-4f * scale;
+    const double ms = time_graph(s, 64, 9, [&](int i) { v.fn(view(i), x.as<float>(), T, cols, out.as<float>(), rows, s); });
+    std::printf("%-8s %-20s %d %-26s %8.2f %7.0f %5.0f%% %s\n", dtype_name(Q::kType), shape, T, v.name, ms * 1e3,
+                bytes / (ms * 1e6), 100.0 * bytes / (ms * 1e6) / c.copy_gbs, ok ? "" : "MISMATCH");
+  }
+}
+
+void bench_matvec_variants(cudaStream_t s, const Ceilings& c) {
+  std::printf("\nmatvec configurations (us, GB/s, %% of copy; MISMATCH = differs from matvec())\n");
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{"14336x4096", 14336, 4096}, {"4096x14336", 4096, 14336}, {"4096x2048", 4096, 2048}};
+  Buf x(sizeof(float) * 14336 * 2), out(sizeof(float) * 14336 * 2), ref(sizeof(float) * 14336 * 2);
+  const std::vector<float> hx = random_floats(14336 * 2, 41);
+  BATON_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+  for (const Shape& sh : shapes) {
+    for (DType t : {DType::F16, DType::Q8_0, DType::Q6_K, DType::Q4_K, DType::Q2_K, DType::IQ2_XXS}) {
+      const std::vector<uint8_t> host = host_matrix(t, sh.rows, sh.cols, 43);
+      DeviceCopies copies(host);
+      detail::dispatch_dtype(t, [&](auto q) {
+        using Q = decltype(q);
+        sweep<Q, 1>(s, c, sh.name, sh.rows, sh.cols, copies, x, out, ref);
+        sweep<Q, 2>(s, c, sh.name, sh.rows, sh.cols, copies, x, out, ref);
+      });
+    }
+  }
+}
+
 void bench_matmul(cudaStream_t s) {
   cublasHandle_t h;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
@@ -330,6 +414,7 @@ int main(int argc, char** argv) {
     BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const Ceilings c = measure_ceilings(s);
     if (only.empty() || only == "matvec") bench_matvec(s, c);
+    if (only.empty() || only == "variants") bench_matvec_variants(s, c);
     if (only.empty() || only == "matmul") bench_matmul(s);
     if (only.empty() || only == "attention") bench_attention(s, c);
     if (only.empty() || only == "sampling") bench_sampling(s);

@@ -6,4 +6,8 @@ namespace baton {
 int cmd_run(int argc, char** argv);      // coordinator/cmd_run.cpp
 int cmd_serve(int argc, char** argv);    // coordinator/cmd_serve.cpp
 int cmd_inspect(int argc, char** argv);  // gguf_split/cmd_inspect.cpp
+int cmd_plan(int argc, char** argv);     // coordinator/cmd_plan.cpp
+int cmd_synth(int argc, char** argv);    // gguf_split/cmd_synth.cpp
+int cmd_split(int argc, char** argv);    // gguf_split/cmd_split.cpp
+int cmd_merge(int argc, char** argv);    // gguf_split/cmd_split.cpp
 }  // namespace baton

@@ -18,6 +18,10 @@ const Command kCommands[] = {
     {"run", baton::cmd_run, "generate text from a prompt on this machine"},
     {"serve", baton::cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
     {"inspect", baton::cmd_inspect, "print a GGUF file's metadata and tensor table"},
+    {"plan", baton::cmd_plan, "print each node's memory plan and whether the model fits"},
+    {"synth", baton::cmd_synth, "write a random-weight model of a named shape"},
+    {"split", baton::cmd_split, "write one GGUF per pipeline stage (layer ranges)"},
+    {"merge", baton::cmd_merge, "rebuild a GGUF from the parts split wrote"},
 };
 
 void usage(FILE* to) {

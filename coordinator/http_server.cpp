@@ -71,8 +71,6 @@ std::string response_head(int status, const std::string& content_type, const Htt
 
 }  // namespace
 
-class Session;
-
 struct HttpServer::Impl {
   // Declared before the io_context: sessions destroyed with it still use these.
   HttpServerConfig cfg;
@@ -351,10 +349,16 @@ void Session::dispatch() {
   auto msg = parser_->release();
   keep_alive_ = msg.keep_alive();
   HttpRequest req;
-  req.method = std::string(msg.method_string());
-  req.target = std::string(msg.target());
+  auto method = msg.method_string();
+  auto target = msg.target();
+  req.method.assign(method.data(), method.size());
+  req.target.assign(target.data(), target.size());
   req.path = req.target.substr(0, req.target.find('?'));
-  for (const auto& f : msg) req.headers.emplace_back(lower(f.name_string()), std::string(f.value()));
+  for (const auto& f : msg) {
+    auto name = f.name_string();
+    auto value = f.value();
+    req.headers.emplace_back(lower(std::string_view(name.data(), name.size())), std::string(value.data(), value.size()));
+  }
   req.body = std::move(msg.body());
   req.remote = remote_;
   current_ = std::make_shared<ExchangeImpl>(weak_from_this(), executor(), std::move(req));
@@ -487,6 +491,7 @@ void Session::send_error(int status, const std::string& message, const std::stri
 void Session::linger_close() {
   closing_ = true;
   beast::error_code ec;
+  if (reading_) socket_.cancel(ec);  // the request reader ends; the drain below takes over
   socket_.shutdown(tcp::socket::shutdown_send, ec);
   if (ec) {
     hard_close();

@@ -114,6 +114,9 @@ class GgufFile {
   void read_tensor(const GgufTensorInfo& t, void* dst) const;
   // Reads an arbitrary byte range of the file into dst.
   void read_bytes(uint64_t offset, uint64_t size, void* dst) const;
+  // Tells the kernel a byte range already read will not be needed again, so
+  // streaming copies do not fill the page cache (no-op for in-memory images).
+  void drop_cache(uint64_t offset, uint64_t size) const;
 
   // FNV-1a 64 hash over the tensor table: the model identity used by split
   // files and the wire protocol. For each tensor in file order it feeds, all
@@ -138,6 +141,10 @@ class GgufFile {
   friend class GgufParser;
 };
 
+// The tensor-table hash of GgufFile::tensor_table_hash() over any list of
+// tensor infos (a shard set, the parts of a split).
+uint64_t hash_tensor_table(const std::vector<const GgufTensorInfo*>& tensors);
+
 // Writes GGUF v3: header, metadata in insertion order, tensor infos, padding to
 // the alignment, then tensor data each at an aligned offset. Tensor bytes come
 // from a callback at write time so large tensors stream with bounded memory.
@@ -161,6 +168,11 @@ class GgufWriter {
   void add_tensor(std::string name, DType type, std::vector<int64_t> ne, Fill fill);
   void add_tensor(std::string name, DType type, std::vector<int64_t> ne, std::vector<uint8_t> data);
   void add_tensor_chunked(std::string name, DType type, std::vector<int64_t> ne, ChunkFill fill);
+  // A key whose value is known only after the tensor data has streamed (a
+  // checksum): `placeholder` is written first and write() patches in
+  // final_value() before the rename. Numeric scalar types only; the final value
+  // must have the placeholder's type.
+  void set_deferred(std::string key, GgufValue placeholder, std::function<GgufValue()> final_value);
   // Throws std::runtime_error on I/O failure; writes to path + ".tmp" and renames.
   // Alignment: general.alignment when set (a u32 power of two), else 32.
   void write(const std::string& path) const;
@@ -184,6 +196,7 @@ class GgufWriter {
   uint64_t alignment() const;
   std::vector<std::pair<std::string, GgufValue>> kv_;
   std::vector<Pending> tensors_;
+  std::vector<std::pair<std::string, std::function<GgufValue()>>> deferred_;
 };
 
 }  // namespace baton

@@ -578,7 +578,7 @@ void GgufFile::read_tensor(const GgufTensorInfo& t, void* dst) const {
   read_bytes(t.file_offset, t.nbytes, dst);
 }
 
-uint64_t GgufFile::tensor_table_hash() const {
+uint64_t hash_tensor_table(const std::vector<const GgufTensorInfo*>& tensors) {
   uint64_t h = 0xcbf29ce484222325ull;
   auto feed = [&h](const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
@@ -589,17 +589,28 @@ uint64_t GgufFile::tensor_table_hash() const {
   };
   // Fixed-width little-endian fields; the name is length-prefixed so that
   // adjacent names cannot run into each other.
-  for (const GgufTensorInfo& t : tensors_) {
-    uint64_t len = t.name.size();
+  for (const GgufTensorInfo* t : tensors) {
+    uint64_t len = t->name.size();
     feed(&len, 8);
-    feed(t.name.data(), t.name.size());
-    uint32_t type = uint32_t(t.type);
+    feed(t->name.data(), t->name.size());
+    uint32_t type = uint32_t(t->type);
     feed(&type, 4);
-    feed(&t.n_dims, 4);
-    for (uint32_t d = 0; d < t.n_dims; ++d) feed(&t.ne[d], 8);
-    feed(&t.nbytes, 8);
+    feed(&t->n_dims, 4);
+    for (uint32_t d = 0; d < t->n_dims; ++d) feed(&t->ne[d], 8);
+    feed(&t->nbytes, 8);
   }
   return h;
+}
+
+uint64_t GgufFile::tensor_table_hash() const {
+  std::vector<const GgufTensorInfo*> infos;
+  infos.reserve(tensors_.size());
+  for (const GgufTensorInfo& t : tensors_) infos.push_back(&t);
+  return hash_tensor_table(infos);
+}
+
+void GgufFile::drop_cache(uint64_t offset, uint64_t size) const {
+  if (fd_ >= 0) ::posix_fadvise(fd_, off_t(offset), off_t(size), POSIX_FADV_DONTNEED);
 }
 
 }  // namespace baton

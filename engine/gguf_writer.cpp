@@ -126,6 +126,41 @@ void put_value(FileOut& out, const GgufValue& v) {
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+bool is_numeric_scalar(GgufType t) {
+  return t != GgufType::STRING && t != GgufType::ARRAY;
+}
+
+// Little-endian bytes of a numeric scalar, as put_value writes it.
+std::vector<uint8_t> scalar_bytes(const GgufValue& v) {
+  std::vector<uint8_t> b(16);
+  size_t n = 0;
+  auto put = [&](auto x) {
+    std::memcpy(b.data(), &x, sizeof x);
+    n = sizeof x;
+  };
+  switch (v.type) {
+    case GgufType::UINT8: put(uint8_t(v.num.u)); break;
+    case GgufType::INT8: put(int8_t(v.num.i)); break;
+    case GgufType::UINT16: put(uint16_t(v.num.u)); break;
+    case GgufType::INT16: put(int16_t(v.num.i)); break;
+    case GgufType::UINT32: put(uint32_t(v.num.u)); break;
+    case GgufType::INT32: put(int32_t(v.num.i)); break;
+    case GgufType::UINT64: put(uint64_t(v.num.u)); break;
+    case GgufType::INT64: put(int64_t(v.num.i)); break;
+    case GgufType::FLOAT32: put(float(v.num.f)); break;
+    case GgufType::FLOAT64: put(double(v.num.f)); break;
+    case GgufType::BOOL: put(uint8_t(v.num.u != 0)); break;
+    case GgufType::STRING:
+    case GgufType::ARRAY: break;
+  }
+  b.resize(n);
+  return b;
+}
+
+// Written data is pushed to disk and dropped from the page cache every this
+// many bytes, so a multi-GiB copy does not crowd out the rest of the machine.
+constexpr uint64_t kDropWindow = 64ull << 20;
+
 }  // namespace
 
 void GgufWriter::set(std::string key, GgufValue v) {
@@ -140,7 +175,17 @@ void GgufWriter::set(std::string key, GgufValue v) {
   kv_.emplace_back(std::move(key), std::move(v));
 }
 
+void GgufWriter::set_deferred(std::string key, GgufValue placeholder, std::function<GgufValue()> final_value) {
+  if (!is_numeric_scalar(placeholder.type)) {
+    throw std::invalid_argument("deferred key '" + key + "' must have a numeric scalar type");
+  }
+  set(key, std::move(placeholder));
+  std::erase_if(deferred_, [&](const auto& d) { return d.first == key; });
+  deferred_.emplace_back(std::move(key), std::move(final_value));
+}
+
 void GgufWriter::remove(std::string_view key) {
+  std::erase_if(deferred_, [&](const auto& d) { return d.first == key; });
   std::erase_if(kv_, [&](const auto& kv) { return kv.first == key; });
 }
 
@@ -222,9 +267,19 @@ void GgufWriter::write_file(const std::string& path, bool sparse) const {
     out.scalar<uint32_t>(kVersion);
     out.scalar<uint64_t>(tensors_.size());
     out.scalar<uint64_t>(kv_.size());
+    struct Patch {
+      uint64_t pos;  // file offset of the placeholder's bytes
+      GgufType type;
+      const std::function<GgufValue()>* final_value;
+      const std::string* key;
+    };
+    std::vector<Patch> patches;
     for (const auto& [key, v] : kv_) {
       out.string(key);
       out.scalar(uint32_t(v.type));
+      for (const auto& d : deferred_) {
+        if (d.first == key) patches.push_back({out.pos(), v.type, &d.second, &d.first});
+      }
       put_value(out, v);
     }
     // Offsets are relative to the data section; each tensor starts aligned.
@@ -240,6 +295,7 @@ void GgufWriter::write_file(const std::string& path, bool sparse) const {
     // A tensor-less file is padded too: the data section always starts aligned.
     out.pad_to(align);
     std::vector<uint8_t> staging;
+    uint64_t dropped = 0;  // bytes before this offset are out of the page cache
     if (sparse) {
       out.flush();
       if (::ftruncate(fd, off_t(out.pos() + offset)) != 0) {
@@ -256,6 +312,14 @@ void GgufWriter::write_file(const std::string& path, bool sparse) const {
           t.chunk_fill(done, staging.data(), n);
           out.put(staging.data(), n);
           done += n;
+          if (out.pos() - dropped >= kDropWindow) {
+            out.flush();
+            // Wait for the window to reach the disk, then forget it.
+            ::sync_file_range(fd, off_t(dropped), off_t(out.pos() - dropped),
+                              SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+            ::posix_fadvise(fd, off_t(dropped), off_t(out.pos() - dropped), POSIX_FADV_DONTNEED);
+            dropped = out.pos();
+          }
         }
       } else {
         // A plain Fill produces the whole tensor at once: memory is one tensor.
@@ -266,6 +330,16 @@ void GgufWriter::write_file(const std::string& path, bool sparse) const {
       out.pad_to(align);
     }
     out.flush();
+    for (const Patch& p : patches) {
+      const GgufValue v = (*p.final_value)();
+      if (v.type != p.type) {
+        throw std::invalid_argument("deferred key '" + *p.key + "': final value has another type than its placeholder");
+      }
+      const std::vector<uint8_t> bytes = scalar_bytes(v);
+      if (::pwrite(fd, bytes.data(), bytes.size(), off_t(p.pos)) != ssize_t(bytes.size())) {
+        throw std::system_error(errno, std::generic_category(), "cannot patch " + *p.key + " in " + tmp);
+      }
+    }
     if (::fsync(fd) != 0) throw std::system_error(errno, std::generic_category(), "cannot sync " + tmp);
     if (::close(fd) != 0) {
       fd = -1;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/gguf.h"
@@ -37,8 +38,19 @@ class ModelFiles {
  private:
   std::vector<GgufFile> files_;
   std::vector<TensorRef> tensors_;
+  std::unordered_map<std::string_view, size_t> index_;  // name -> tensors_ slot
   uint64_t hash_ = 0;
 };
+
+// Where a tensor belongs by the GGUF naming convention: one layer ("blk.N."),
+// the embedding ("token_embd."), the output head ("output*": output,
+// output_norm, output_hc_*), or shared by every stage (anything else, e.g.
+// rope frequency tables).
+struct TensorPlace {
+  enum Kind { kLayer, kEmbedding, kOutput, kShared } kind;
+  int layer = -1;
+};
+TensorPlace tensor_place(std::string_view name);
 
 // If `path` names a shard ("...-00002-of-00005.gguf"), the path of shard
 // `index` (1-based) of the same set; otherwise "".

@@ -41,10 +41,7 @@ const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : "cpu"
 
 uint64_t backend_overhead_bytes(Backend b) { return b == Backend::Cuda ? kCudaContextBytes : 0; }
 
-uint64_t NodeSpec::usable_bytes() const {
-  if (!unified) return memory_bytes;
-  return memory_bytes > reserve_bytes ? memory_bytes - reserve_bytes : 0;
-}
+uint64_t NodeSpec::usable_bytes() const { return memory_bytes > reserve() ? memory_bytes - reserve() : 0; }
 
 double NodeSpec::effective_bandwidth() const {
   if (bandwidth > 0) return bandwidth;
@@ -156,7 +153,9 @@ uint64_t ModelPlanner::weight_bytes(LayerRange layers, bool embedding, bool head
   return bytes;
 }
 
-MemoryPlan ModelPlanner::plan(const StageRequest& r) const {
+namespace {
+
+void check_request(const StageRequest& r) {
   if (r.n_ctx < 1) throw std::invalid_argument(fmt::format("context must be >= 1, got {}", r.n_ctx));
   if (r.n_seq < 1) throw std::invalid_argument(fmt::format("need at least one sequence, got {}", r.n_seq));
   if (r.micro_batch < 1 || r.prefill_chunk < 1) {
@@ -164,11 +163,11 @@ MemoryPlan ModelPlanner::plan(const StageRequest& r) const {
                                             r.prefill_chunk));
   }
   if (r.n_threads < 1) throw std::invalid_argument(fmt::format("thread count must be >= 1, got {}", r.n_threads));
-  const LayerRange range = r.layers;
-  const uint64_t weights = weight_bytes(range, r.embedding, r.head);  // also checks the range
-  const std::string parts = fmt::format("layers {}-{}{}{}", range.first, range.last, r.embedding ? " + embedding" : "",
-                                        r.head ? " + head" : "");
-  // The same batch shape Stage gives its workspace (Stage::workspace_shape).
+}
+
+// The batch shape Stage gives its workspace (Stage::workspace_shape): logits
+// for the last token only.
+WorkspaceShape workspace_shape(const StageRequest& r) {
   WorkspaceShape ws;
   ws.max_batch = r.rows();
   ws.n_ctx = r.n_ctx;
@@ -176,48 +175,76 @@ MemoryPlan ModelPlanner::plan(const StageRequest& r) const {
   ws.embedding = r.embedding;
   ws.head = r.head;
   ws.max_logit_rows = 1;
-  const std::string ws_detail = fmt::format("{} rows (micro-batch {}, chunk {}), {} thread{}", ws.max_batch,
-                                            r.micro_batch, r.prefill_chunk, r.n_threads, r.n_threads > 1 ? "s" : "");
+  return ws;
+}
 
+int link_count(const StageRequest& r) { return (r.embedding ? 0 : 1) + (r.head ? 0 : 1); }
+
+}  // namespace
+
+ModelPlanner::StageBytes ModelPlanner::bytes(const StageRequest& r) const {
+  check_request(r);
+  const LayerRange range = r.layers;
+  StageBytes b;
+  b.weights = weight_bytes(range, r.embedding, r.head);  // also checks the range
+  const WorkspaceShape ws = workspace_shape(r);
+  int64_t boundary = 0;
+  if (ds4_) {
+    for (int l = range.first; l <= range.last; ++l) b.kv += ds4_->kv_bytes(l, r.n_ctx, r.ds4_kv);
+    b.kv *= uint64_t(r.n_seq);
+    b.workspace = ds4_->workspace_bytes(ws, range);
+    boundary = ds4_->boundary_elems_per_token();
+  } else {
+    // The same functions Stage::plan uses, so the numbers are the loader's.
+    b.kv = KvCache::bytes_needed(range, r.n_seq, r.n_ctx, llama_->kv_stream_widths());
+    b.workspace = llama_->workspace_bytes(ws);
+    boundary = llama_->boundary_elems_per_token();
+  }
+  // Activations arrive from the previous stage (unless this one embeds) and
+  // leave for the next (unless this one has the head); two buffers each way
+  // so that one transfer overlaps the compute on the other.
+  b.link = uint64_t(link_count(r)) * 2 * align_up(uint64_t(r.rows()) * uint64_t(boundary) * sizeof(float));
+  b.backend = backend_overhead_bytes(r.backend);
+  b.optional = r.optional_caches;
+  return b;
+}
+
+MemoryPlan ModelPlanner::plan(const StageRequest& r) const {
+  const StageBytes b = bytes(r);
+  const LayerRange range = r.layers;
+  const std::string parts = fmt::format("layers {}-{}{}{}", range.first, range.last, r.embedding ? " + embedding" : "",
+                                        r.head ? " + head" : "");
   MemoryPlan plan;
   int64_t boundary = 0;
   if (ds4_) {
     const Ds4Tensors& d = *ds4_tensors_;
     uint64_t count = d.shared_count + (r.embedding ? d.embedding_count : 0) + (r.head ? d.head_count : 0);
     for (int l = range.first; l <= range.last; ++l) count += d.layer_count[size_t(l)];
-    plan.add("weights", weights, fmt::format("{} tensors, {}", count, parts));
-    uint64_t kv = 0;
     double per_token = 0;
-    for (int l = range.first; l <= range.last; ++l) {
-      kv += ds4_->kv_bytes(l, r.n_ctx, r.ds4_kv);
-      per_token += ds4_->kv_bytes_per_token(l, r.ds4_kv);
-    }
-    plan.add("kv cache", kv * uint64_t(r.n_seq),
+    for (int l = range.first; l <= range.last; ++l) per_token += ds4_->kv_bytes_per_token(l, r.ds4_kv);
+    plan.add("weights", b.weights, fmt::format("{} tensors, {}", count, parts));
+    plan.add("kv cache", b.kv,
              fmt::format("{} layers x {} seq, ctx {}, {} rows: window {} + {:.0f} B/token", range.count(), r.n_seq,
                          r.n_ctx, ds4_kv_storage_name(r.ds4_kv), std::min(ds4_->sliding_window, r.n_ctx), per_token));
-    plan.add("workspace", ds4_->workspace_bytes(ws, range), ws_detail);
     boundary = ds4_->boundary_elems_per_token();
   } else {
-    const uint64_t kv = KvCache::bytes_needed(range, r.n_seq, r.n_ctx, llama_->kv_stream_widths());
-    plan.add("weights", weights, parts);
-    plan.add("kv cache", kv,
+    plan.add("weights", b.weights, parts);
+    plan.add("kv cache", b.kv,
              fmt::format("{} layers x {} seq x {} ctx x {} B", range.count(), r.n_seq, r.n_ctx,
                          llama_->kv_bytes_per_token_per_layer()));
-    plan.add("workspace", llama_->workspace_bytes(ws), ws_detail);
     boundary = llama_->boundary_elems_per_token();
   }
-  // Activations arrive from the previous stage (unless this one embeds) and
-  // leave for the next (unless this one has the head); two buffers each way
-  // so that one transfer overlaps the compute on the other.
-  const uint64_t one = align_up(uint64_t(r.rows()) * uint64_t(boundary) * sizeof(float));
-  const int links = (r.embedding ? 0 : 1) + (r.head ? 0 : 1);
-  plan.add("link buffers", uint64_t(links) * 2 * one,
+  plan.add("workspace", b.workspace,
+           fmt::format("{} rows (micro-batch {}, chunk {}), {} thread{}", r.rows(), r.micro_batch, r.prefill_chunk,
+                       r.n_threads, r.n_threads > 1 ? "s" : ""));
+  const int links = link_count(r);
+  plan.add("link buffers", b.link,
            links == 0 ? std::string("single stage: none")
                       : fmt::format("{}{}{} x 2 x {} rows x {} floats", r.embedding ? "" : "in", links == 2 ? " + " : "",
                                     r.head ? "" : "out", r.rows(), boundary));
-  plan.add("backend", backend_overhead_bytes(r.backend),
+  plan.add("backend", b.backend,
            r.backend == Backend::Cuda ? "CUDA context + cuBLAS (measured on H200)" : "cpu: none");
-  plan.add("optional caches", r.optional_caches, r.optional_caches ? "requested" : "none requested");
+  plan.add("optional caches", b.optional, b.optional ? "requested" : "none requested");
   return plan;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -59,13 +60,15 @@ struct NodeSpec {
   std::string name;
   uint64_t memory_bytes = 0;  // the node's memory (unified) or the device's (discrete)
   bool unified = false;       // GB10: the OS, page cache and process share the memory
-  uint64_t reserve_bytes = kDefaultUnifiedReserve;  // kept back on unified nodes only
+  // Kept back from the plan; unset: kDefaultUnifiedReserve on a unified node,
+  // 0 on a discrete device (the CUDA context's own use is the plan's backend
+  // line).
+  std::optional<uint64_t> reserve_bytes;
   double bandwidth = 0;       // bytes/s; 0: the default for the node's kind
   Backend backend = Backend::Cuda;
 
-  // What the plan may use: memory less the reserve on a unified node (0 when
-  // the reserve is larger). A discrete device gives all of it: the context's
-  // own use is the plan's backend line.
+  uint64_t reserve() const { return reserve_bytes.value_or(unified ? kDefaultUnifiedReserve : 0); }
+  // What the plan may use: memory less the reserve (0 when the reserve is larger).
   uint64_t usable_bytes() const;
   double effective_bandwidth() const;
   std::string kind() const { return unified ? "unified" : "discrete"; }
@@ -106,8 +109,16 @@ class ModelPlanner {
   static std::vector<std::string> known();
 
   // Throws std::invalid_argument for a layer range outside the model or a bad
-  // count, and what Stage::plan throws for a bad llama-family file.
+  // count, and what Model::plan throws for a bad llama-family file.
   MemoryPlan plan(const StageRequest& r) const;
+
+  // The plan's numbers without the descriptions (placement asks thousands of
+  // times); plan() is made from these.
+  struct StageBytes {
+    uint64_t weights = 0, kv = 0, workspace = 0, link = 0, backend = 0, optional = 0;
+    uint64_t total() const { return weights + kv + workspace + link + backend + optional; }
+  };
+  StageBytes bytes(const StageRequest& r) const;
 
   // Bytes of the weights line alone (cached per range: placement asks often).
   uint64_t weight_bytes(LayerRange layers, bool embedding, bool head) const;

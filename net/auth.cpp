@@ -43,16 +43,16 @@ Secret load_secret_file(const std::string& path) {
   if (!in) throw std::runtime_error("secret file " + path + ": cannot open for reading");
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw std::runtime_error("secret file " + path + ": read error");
-  while (!bytes.empty() && (bytes.back() == '\n' || bytes.back() == '\r' || bytes.back() == ' ' ||
-                            bytes.back() == '\t')) {
+  while (!bytes.empty() &&
+         (bytes.back() == '\n' || bytes.back() == '\r' || bytes.back() == ' ' || bytes.back() == '\t')) {
     bytes.back() = 0;
     bytes.pop_back();
   }
   Secret s(std::move(bytes));
   if (s.empty()) throw std::runtime_error("secret file " + path + " is empty");
   if (s.size() < 16) {
-    log(LogLevel::warn, "secret file " + path + " holds only " + std::to_string(s.size()) +
-                            " bytes; use at least 32 random bytes");
+    log(LogLevel::warn,
+        "secret file " + path + " holds only " + std::to_string(s.size()) + " bytes; use at least 32 random bytes");
   }
   return s;
 }

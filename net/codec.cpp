@@ -12,7 +12,6 @@
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/cereal.hpp>
 #include <cereal/types/array.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <istream>
@@ -203,8 +202,8 @@ struct Check {
     if (!cond) fail(w);
   }
   void text(const std::string& s, size_t max, const char* field) {
-    if (s.size() > max) fail(std::string(field) + " is " + std::to_string(s.size()) + " bytes, over the limit of " +
-                             std::to_string(max));
+    if (s.size() > max)
+      fail(std::string(field) + " is " + std::to_string(s.size()) + " bytes, over the limit of " + std::to_string(max));
   }
 };
 
@@ -283,7 +282,8 @@ void check(const Forward& m, Check& c) {
 
 void check(const Result& m, Check& c) {
   c.expect(!m.tokens.empty(), "RESULT has no tokens");
-  c.expect(m.logprobs.empty() || m.logprobs.size() == m.tokens.size(), "RESULT logprobs must be empty or one per token");
+  c.expect(m.logprobs.empty() || m.logprobs.size() == m.tokens.size(),
+           "RESULT logprobs must be empty or one per token");
   c.expect(m.top.empty() || m.top.size() == m.tokens.size(), "RESULT top must be empty or one list per token");
   for (float lp : m.logprobs) c.expect(!std::isnan(lp), "RESULT logprob is NaN");
   for (const auto& list : m.top) {
@@ -324,9 +324,9 @@ void set(std::string* detail, std::string s) {
 }  // namespace
 
 std::string_view msg_type_name(MsgType t) {
-  static constexpr std::string_view names[] = {"HELLO",  "CHALLENGE", "AUTH_RESPONSE", "AUTH_OK",        "ASSIGN",
-                                               "READY",  "LOAD_PROGRESS", "FORWARD",    "RESULT",         "CANCEL",
-                                               "FREE_SEQ", "HEARTBEAT", "HEARTBEAT_ECHO", "ERROR",        "SHUTDOWN"};
+  static constexpr std::string_view names[] = {"HELLO",    "CHALLENGE",     "AUTH_RESPONSE",  "AUTH_OK", "ASSIGN",
+                                               "READY",    "LOAD_PROGRESS", "FORWARD",        "RESULT",  "CANCEL",
+                                               "FREE_SEQ", "HEARTBEAT",     "HEARTBEAT_ECHO", "ERROR",   "SHUTDOWN"};
   static_assert(std::size(names) == kLastMsgType);
   const uint16_t v = uint16_t(t);
   if (v < kFirstMsgType || v > kLastMsgType) return "UNKNOWN";
@@ -347,8 +347,9 @@ std::error_code Codec::validate(const Message& m, std::string* detail) noexcept 
 
 std::vector<uint8_t> Codec::encode(const Message& m) {
   std::string why;
-  if (validate(m, &why)) throw std::invalid_argument("refusing to send an invalid " +
-                                                     std::string(msg_type_name(message_type(m))) + ": " + why);
+  if (validate(m, &why))
+    throw std::invalid_argument("refusing to send an invalid " + std::string(msg_type_name(message_type(m))) + ": " +
+                                why);
   std::vector<uint8_t> frame(kFrameHeaderBytes, 0);
   {
     VecBuf buf(frame);
@@ -357,7 +358,8 @@ std::vector<uint8_t> Codec::encode(const Message& m) {
     std::visit([&](const auto& x) { ar(x); }, m);
   }
   const size_t payload = frame.size() - kFrameHeaderBytes;
-  if (payload > UINT32_MAX) throw std::length_error("message payload of " + std::to_string(payload) + " bytes exceeds 4 GiB");
+  if (payload > UINT32_MAX)
+    throw std::length_error("message payload of " + std::to_string(payload) + " bytes exceeds 4 GiB");
   const uint32_t len = uint32_t(payload);
   const uint16_t type = uint16_t(message_type(m));
   frame[0] = uint8_t(len);

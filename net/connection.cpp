@@ -1,11 +1,14 @@
 // Connection: read loop, outbound queue, heartbeats and closing. The
 // handshake states are driven from handshake.cpp through the same read loop.
-#include "net/connection_impl.h"
 
+// First: it includes <utility> ahead of Asio (see there).
+#include "net/connection_impl.h"
+// clang-format off
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+// clang-format on
 
 #include <stdexcept>
 
@@ -56,15 +59,15 @@ std::string Connection::Impl::describe() const {
 // ---- reading ------------------------------------------------------------------
 
 void Connection::Impl::read_header() {
-  asio::async_read(socket, asio::buffer(header),
-                   asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& ec,
-                                                                           size_t n) {
-                     if (ec && n > 0) {
-                       self->io_failed(ec, true);
-                     } else {
-                       self->on_header(ec);
-                     }
-                   }));
+  asio::async_read(
+      socket, asio::buffer(header),
+      asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+        if (ec && n > 0) {
+          self->io_failed(ec, true);
+        } else {
+          self->on_header(ec);
+        }
+      }));
 }
 
 void Connection::Impl::on_header(const boost::system::error_code& ec) {
@@ -90,8 +93,9 @@ void Connection::Impl::on_header(const boost::system::error_code& ec) {
     return e ? 0 : payload.size() - n;
   };
   asio::async_read(socket, asio::buffer(payload), progress,
-                   asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& e,
-                                                                           size_t) { self->on_payload(e); }));
+                   asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& e, size_t) {
+                     self->on_payload(e);
+                   }));
 }
 
 void Connection::Impl::on_payload(const boost::system::error_code& ec) {
@@ -110,16 +114,16 @@ void Connection::Impl::on_payload(const boost::system::error_code& ec) {
   const bool versioned = (state == LinkState::server_await_hello && frame.type == MsgType::hello) ||
                          (state == LinkState::client_await_challenge && frame.type == MsgType::challenge);
   if (versioned && payload.size() >= 5 && payload[0] == 1) {
-    const uint32_t v = uint32_t(payload[1]) | uint32_t(payload[2]) << 8 | uint32_t(payload[3]) << 16 |
-                       uint32_t(payload[4]) << 24;
+    const uint32_t v =
+        uint32_t(payload[1]) | uint32_t(payload[2]) << 8 | uint32_t(payload[3]) << 16 | uint32_t(payload[4]) << 24;
     if (v != kProtocolVersion) {
-      const std::string why = "peer speaks protocol version " + std::to_string(v) + ", we speak " +
-                              std::to_string(kProtocolVersion);
+      const std::string why =
+          "peer speaks protocol version " + std::to_string(v) + ", we speak " + std::to_string(kProtocolVersion);
       if (state == LinkState::server_await_hello) {
         Error err;
         err.code = uint32_t(WireError::version_mismatch);
-        err.text = "server speaks protocol version " + std::to_string(kProtocolVersion) + ", client " +
-                   std::to_string(v);
+        err.text =
+            "server speaks protocol version " + std::to_string(kProtocolVersion) + ", client " + std::to_string(v);
         send_now(err);
         flush_then_close(Errc::version_mismatch, why);
       } else {
@@ -258,19 +262,18 @@ void Connection::Impl::arm_heartbeat() {
 
 void Connection::Impl::arm_deadline() {
   deadline_timer.expires_at(last_rx + cfg.peer_timeout);
-  deadline_timer.async_wait(
-      asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& ec) {
-        if (ec || self->state != LinkState::open) return;
-        const auto silent = std::chrono::steady_clock::now() - self->last_rx;
-        if (silent >= self->cfg.peer_timeout) {
-          const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silent).count();
-          self->close_now(Errc::heartbeat_timeout, "no frame from the peer for " + std::to_string(ms) +
-                                                       " ms (timeout " + std::to_string(self->cfg.peer_timeout.count()) +
-                                                       " ms)");
-        } else {
-          self->arm_deadline();  // something arrived: wait for the new deadline
-        }
-      }));
+  deadline_timer.async_wait(asio::bind_executor(strand, [self =
+                                                             shared_from_this()](const boost::system::error_code& ec) {
+    if (ec || self->state != LinkState::open) return;
+    const auto silent = std::chrono::steady_clock::now() - self->last_rx;
+    if (silent >= self->cfg.peer_timeout) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(silent).count();
+      self->close_now(Errc::heartbeat_timeout, "no frame from the peer for " + std::to_string(ms) + " ms (timeout " +
+                                                   std::to_string(self->cfg.peer_timeout.count()) + " ms)");
+    } else {
+      self->arm_deadline();  // something arrived: wait for the new deadline
+    }
+  }));
 }
 
 // ---- closing ------------------------------------------------------------------
@@ -310,12 +313,14 @@ void Connection::Impl::flush_then_close(std::error_code ec, const std::string& r
   pending_ec = ec;
   pending_reason = reason;
   state = LinkState::flushing;
+  open_flag.store(false);  // send() refuses from now on
   heartbeat_timer.cancel();
   deadline_timer.cancel();
   handshake_timer.expires_after(cfg.peer_timeout);
-  handshake_timer.async_wait(asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& e) {
-    if (!e && self->state == LinkState::flushing) self->close_now(self->pending_ec, self->pending_reason);
-  }));
+  handshake_timer.async_wait(
+      asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& e) {
+        if (!e && self->state == LinkState::flushing) self->close_now(self->pending_ec, self->pending_reason);
+      }));
 }
 
 void Connection::Impl::close_now(std::error_code ec, const std::string& reason) {
@@ -379,8 +384,8 @@ bool Connection::send(const Message& m) {
   std::vector<uint8_t> f = Codec::encode(m);
   if (f.size() - kFrameHeaderBytes > impl_->cfg.max_payload) {
     throw std::length_error("a " + std::string(msg_type_name(message_type(m))) + " of " +
-                            std::to_string(f.size() - kFrameHeaderBytes) + " payload bytes exceeds this link's limit of " +
-                            std::to_string(impl_->cfg.max_payload));
+                            std::to_string(f.size() - kFrameHeaderBytes) +
+                            " payload bytes exceeds this link's limit of " + std::to_string(impl_->cfg.max_payload));
   }
   if (!impl_->open_flag.load()) return false;
   asio::post(impl_->strand, [impl = impl_, f = std::move(f)]() mutable { impl->enqueue(std::move(f)); });

@@ -40,14 +40,17 @@ class io_context;
 
 namespace baton::net {
 
+// connect() and Listener throw std::invalid_argument for a config with a
+// zero interval or timeout, max_payload below handshake_max_payload (itself
+// >= 1024), or a send queue that cannot hold one full frame.
 struct LinkConfig {
-  uint32_t max_payload = kDefaultMaxPayload;               // per frame, once authenticated
-  uint32_t handshake_max_payload = kHandshakeMaxPayload;   // per frame, before
-  std::chrono::milliseconds heartbeat_interval{1000};      // a HEARTBEAT this often
-  std::chrono::milliseconds peer_timeout{2000};            // close when nothing arrives for this long
-  std::chrono::milliseconds handshake_timeout{5000};       // connect + authenticate, or close
-  uint64_t max_send_queue_bytes = uint64_t(256) << 20;     // close rather than grow past this
-  uint32_t max_pending_handshakes = 64;                    // Listener: unauthenticated sockets at once
+  uint32_t max_payload = kDefaultMaxPayload;              // per frame, once authenticated
+  uint32_t handshake_max_payload = kHandshakeMaxPayload;  // per frame, before
+  std::chrono::milliseconds heartbeat_interval{1000};     // a HEARTBEAT this often
+  std::chrono::milliseconds peer_timeout{2000};           // close when nothing arrives for this long
+  std::chrono::milliseconds handshake_timeout{5000};      // connect + authenticate, or close
+  uint64_t max_send_queue_bytes = uint64_t(256) << 20;    // close rather than grow past this
+  uint32_t max_pending_handshakes = 64;                   // Listener: unauthenticated sockets at once
 };
 
 struct LinkStats {
@@ -116,8 +119,7 @@ class Connection {
 // proof, all within config.handshake_timeout. `done` runs once on the
 // connection's strand: with a Connection (not started yet), or with an error
 // and the logged reason.
-using HandshakeHandler =
-    std::function<void(std::error_code, const std::string& reason, std::shared_ptr<Connection>)>;
+using HandshakeHandler = std::function<void(std::error_code, const std::string& reason, std::shared_ptr<Connection>)>;
 void connect(boost::asio::io_context& io, const std::string& host, uint16_t port, Hello hello, Secret secret,
              LinkConfig config, HandshakeHandler done);
 

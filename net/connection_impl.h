@@ -4,12 +4,14 @@
 // except the atomics, which other threads read.
 #pragma once
 
-#include <utility>  // Boost 1.74's Asio needs it before its headers under C++20
-
+// Boost 1.74's Asio needs <utility> before its headers under C++20.
+// clang-format off
+#include <utility>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+// clang-format on
 
 #include <array>
 #include <atomic>
@@ -61,7 +63,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   void io_failed(const boost::system::error_code& ec, bool mid_frame);
   void bad_frame(std::error_code ec, const std::string& detail);
   std::string describe() const;  // "worker-1 127.0.0.1:4000" for log lines
-  void handshake_done();  // hands the connection to `done`
+  void handshake_done();         // hands the connection to `done`
 
   // Handshake steps (handshake.cpp).
   void start_client(const std::string& host, uint16_t port);
@@ -77,7 +79,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   tcp::resolver resolver;
   asio::steady_timer handshake_timer;  // handshake, then the flush deadline
   asio::steady_timer heartbeat_timer;
-  asio::steady_timer deadline_timer;   // dead-peer detection
+  asio::steady_timer deadline_timer;  // dead-peer detection
   LinkConfig cfg;
   Secret secret;
   LinkState state;
@@ -91,7 +93,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   bool writing = false;
 
   // Handshake.
-  Hello hello;  // client: what we send
+  Hello hello;             // client: what we send
   LocalIdentity identity;  // server: what we say in CHALLENGE
   std::vector<uint8_t> hello_payload, challenge_payload;
   HandshakeHandler done;

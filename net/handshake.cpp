@@ -11,14 +11,18 @@
 // only after the client has, so an unauthenticated client learns nothing
 // derived from it. Until AUTH_OK the frame limit is handshake_max_payload and
 // the whole exchange must finish within handshake_timeout.
+
+// First: it includes <utility> ahead of Asio (see there).
+#include "net/connection_impl.h"
+// clang-format off
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
+// clang-format on
 
 #include <stdexcept>
 
-#include "net/connection_impl.h"
 #include "net/log.h"
 
 namespace baton::net {
@@ -31,6 +35,24 @@ std::string endpoint_text(const tcp::endpoint& ep) {
 
 std::vector<uint8_t> payload_of(const std::vector<uint8_t>& frame) {
   return {frame.begin() + kFrameHeaderBytes, frame.end()};
+}
+
+// Zero intervals would spin timers; a frame limit below the handshake's
+// would refuse the peer's messages after authenticating it.
+void check_config(const LinkConfig& c) {
+  using std::chrono::milliseconds;
+  if (c.heartbeat_interval <= milliseconds(0) || c.peer_timeout <= milliseconds(0) ||
+      c.handshake_timeout <= milliseconds(0)) {
+    throw std::invalid_argument("LinkConfig: heartbeat_interval, peer_timeout and handshake_timeout must be > 0");
+  }
+  if (c.handshake_max_payload < 1024 || c.max_payload < c.handshake_max_payload) {
+    throw std::invalid_argument("LinkConfig: need 1024 <= handshake_max_payload <= max_payload");
+  }
+  if (c.max_send_queue_bytes < uint64_t(c.max_payload) + kFrameHeaderBytes || c.max_pending_handshakes == 0) {
+    throw std::invalid_argument(
+        "LinkConfig: max_send_queue_bytes must hold one full frame and "
+        "max_pending_handshakes must be > 0");
+  }
 }
 
 }  // namespace
@@ -59,11 +81,12 @@ void Connection::Impl::on_handshake_message(Message&& m) {
 void Connection::Impl::start_client(const std::string& host, uint16_t port) {
   peer.address = host + ":" + std::to_string(port);
   handshake_timer.expires_after(cfg.handshake_timeout);
-  handshake_timer.async_wait(asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& ec) {
-    if (ec || self->done == nullptr || self->state == LinkState::closed) return;
-    self->close_now(Errc::handshake_timeout,
-                    "handshake not completed within " + std::to_string(self->cfg.handshake_timeout.count()) + " ms");
-  }));
+  handshake_timer.async_wait(
+      asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (ec || self->done == nullptr || self->state == LinkState::closed) return;
+        self->close_now(Errc::handshake_timeout, "handshake not completed within " +
+                                                     std::to_string(self->cfg.handshake_timeout.count()) + " ms");
+      }));
   resolver.async_resolve(
       host, std::to_string(port),
       asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& ec,
@@ -105,11 +128,12 @@ void Connection::Impl::start_server() {
   peer.address = ec ? std::string("?") : endpoint_text(ep);
   socket.set_option(tcp::no_delay(true), ec);
   handshake_timer.expires_after(cfg.handshake_timeout);
-  handshake_timer.async_wait(asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& e) {
-    if (e || self->done == nullptr || self->state == LinkState::closed) return;
-    self->close_now(Errc::handshake_timeout,
-                    "handshake not completed within " + std::to_string(self->cfg.handshake_timeout.count()) + " ms");
-  }));
+  handshake_timer.async_wait(
+      asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& e) {
+        if (e || self->done == nullptr || self->state == LinkState::closed) return;
+        self->close_now(Errc::handshake_timeout, "handshake not completed within " +
+                                                     std::to_string(self->cfg.handshake_timeout.count()) + " ms");
+      }));
   read_header();
 }
 
@@ -167,7 +191,6 @@ void Connection::Impl::handle_handshake_error(const Error& e) {
 }
 
 void Connection::Impl::handshake_done() {
-  boost::system::error_code ignore;
   handshake_timer.cancel();
   read_limit = cfg.max_payload;
   state = LinkState::authenticated;
@@ -189,6 +212,7 @@ void Connection::Impl::handshake_done() {
 void connect(asio::io_context& io, const std::string& host, uint16_t port, Hello hello, Secret secret,
              LinkConfig config, HandshakeHandler done) {
   if (secret.empty()) throw std::invalid_argument("connect: empty secret");
+  check_config(config);
   hello.protocol_version = kProtocolVersion;
   std::string why;
   if (Codec::validate(hello, &why)) throw std::invalid_argument("connect: invalid HELLO: " + why);
@@ -201,13 +225,15 @@ void connect(asio::io_context& io, const std::string& host, uint16_t port, Hello
 // ---- Listener -------------------------------------------------------------------
 
 struct Listener::Impl : std::enable_shared_from_this<Listener::Impl> {
-  Impl(asio::io_context& io_, LinkConfig c) : io(io_), strand(asio::make_strand(io_)), acceptor(strand), cfg(c) {}
+  Impl(asio::io_context& io_, LinkConfig c)
+      : io(io_), strand(asio::make_strand(io_)), acceptor(strand), retry_timer(strand), cfg(c) {}
 
   void accept_next();
 
   asio::io_context& io;
   asio::strand<asio::io_context::executor_type> strand;
   tcp::acceptor acceptor;
+  asio::steady_timer retry_timer;
   LinkConfig cfg;
   LocalIdentity identity;
   Secret secret;
@@ -229,8 +255,13 @@ void Listener::Impl::accept_next() {
       conn->socket, asio::bind_executor(strand, [self = shared_from_this(), conn](const boost::system::error_code& ec) {
         if (self->closed.load() || ec == asio::error::operation_aborted) return;
         if (ec) {
+          // Out of file descriptors and the like: retry after a pause rather
+          // than spin on an error that will not clear at once.
           log(LogLevel::warn, "listener on port " + std::to_string(self->port) + ": accept failed: " + ec.message());
-          self->accept_next();
+          self->retry_timer.expires_after(std::chrono::milliseconds(100));
+          self->retry_timer.async_wait(asio::bind_executor(self->strand, [self](const boost::system::error_code& e) {
+            if (!e) self->accept_next();
+          }));
           return;
         }
         conn->done = [self](std::error_code e, const std::string& reason, std::shared_ptr<Connection> c) {
@@ -263,6 +294,7 @@ Listener::Listener(asio::io_context& io, const std::string& bind_address, uint16
                    Secret secret, LinkConfig config, AcceptHandler on_accept, RejectHandler on_reject)
     : impl_(std::make_shared<Impl>(io, config)) {
   if (secret.empty()) throw std::invalid_argument("Listener: empty secret");
+  check_config(config);
   impl_->identity = std::move(identity);
   impl_->secret = std::move(secret);
   impl_->on_accept = std::move(on_accept);
@@ -302,6 +334,7 @@ void Listener::close() {
   asio::post(impl_->strand, [impl = impl_] {
     boost::system::error_code ignore;
     impl->acceptor.close(ignore);
+    impl->retry_timer.cancel();
   });
 }
 

@@ -60,12 +60,12 @@ enum class WireError : uint32_t {
   internal = 1,
   version_mismatch = 2,
   auth_failed = 3,
-  bad_frame = 4,          // malformed, oversized, unknown type, invalid field
-  unexpected_message = 5, // valid message at the wrong time
-  model_mismatch = 6,     // model identity differs from what was assigned
-  out_of_memory = 7,      // the plan does not fit
+  bad_frame = 4,           // malformed, oversized, unknown type, invalid field
+  unexpected_message = 5,  // valid message at the wrong time
+  model_mismatch = 6,      // model identity differs from what was assigned
+  out_of_memory = 7,       // the plan does not fit
   load_failed = 8,
-  bad_request = 9,        // FORWARD that the stage cannot run (position, seq, size)
+  bad_request = 9,  // FORWARD that the stage cannot run (position, seq, size)
   cancelled = 10,
   shutting_down = 11,
 };
@@ -73,13 +73,13 @@ enum class WireError : uint32_t {
 // What a worker brings. Sizes in bytes; 0 means "not known".
 struct Capabilities {
   Backend backend = Backend::cpu;
-  std::string device_name;       // "NVIDIA GB10", "cpu: AMD EPYC ..."
-  uint64_t memory_total = 0;     // bytes usable for the plan on this device
+  std::string device_name;    // "NVIDIA GB10", "cpu: AMD EPYC ..."
+  uint64_t memory_total = 0;  // bytes usable for the plan on this device
   uint64_t memory_free = 0;
-  bool unified_memory = false;   // host and device share one pool (GB10)
-  double bandwidth_gbps = 0;     // measured memory bandwidth, 0: not measured
-  bool nccl = false;             // can open an NCCL link (later)
-  uint32_t n_threads = 0;        // CPU threads offered
+  bool unified_memory = false;  // host and device share one pool (GB10)
+  double bandwidth_gbps = 0;    // measured memory bandwidth, 0: not measured
+  bool nccl = false;            // can open an NCCL link (later)
+  uint32_t n_threads = 0;       // CPU threads offered
 
   template <class Ar>
   void serialize(Ar& ar) {
@@ -173,22 +173,22 @@ struct AuthOk {
 struct Assign {
   uint32_t stage_index = 0;  // 0-based position in the pipeline
   uint32_t n_stages = 1;
-  int32_t layer_first = 0;   // inclusive
-  int32_t layer_last = 0;    // inclusive
+  int32_t layer_first = 0;  // inclusive
+  int32_t layer_last = 0;   // inclusive
   bool has_embedding = false;
   bool has_output = false;
-  uint32_t n_ctx = 0;              // context per sequence
-  uint32_t micro_batch = 0;        // most tokens in one FORWARD
-  uint32_t prefill_chunk = 0;      // prompt tokens per prefill step
-  uint32_t n_seq = 1;              // KV sequence slots
-  std::string next_peer;           // "host:port" of the next stage; empty: results go to the coordinator
-  std::string model_path;          // file on the worker: full GGUF or this stage's split part
-  uint64_t model_hash = 0;         // expected tensor-table hash of model_path (0: do not check)
+  uint32_t n_ctx = 0;          // context per sequence
+  uint32_t micro_batch = 0;    // most tokens in one FORWARD
+  uint32_t prefill_chunk = 0;  // prompt tokens per prefill step
+  uint32_t n_seq = 1;          // KV sequence slots
+  std::string next_peer;       // "host:port" of the next stage; empty: results go to the coordinator
+  std::string model_path;      // file on the worker: full GGUF or this stage's split part
+  uint64_t model_hash = 0;     // expected tensor-table hash of model_path (0: do not check)
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(stage_index, n_stages, layer_first, layer_last, has_embedding, has_output, n_ctx, micro_batch,
-       prefill_chunk, n_seq, next_peer, model_path, model_hash);
+    ar(stage_index, n_stages, layer_first, layer_last, has_embedding, has_output, n_ctx, micro_batch, prefill_chunk,
+       n_seq, next_peer, model_path, model_hash);
   }
   bool operator==(const Assign&) const = default;
 };
@@ -261,9 +261,9 @@ struct SeqChunk {
 struct Forward {
   uint64_t request_id = 0;
   std::vector<SeqChunk> chunks;
-  std::vector<int32_t> tokens;        // total_tokens ids (first stage)
-  uint32_t row_width = 0;             // floats per token row (activations only)
-  std::vector<uint8_t> activations;   // f32 LE, row-major
+  std::vector<int32_t> tokens;       // total_tokens ids (first stage)
+  uint32_t row_width = 0;            // floats per token row (activations only)
+  std::vector<uint8_t> activations;  // f32 LE, row-major
 
   template <class Ar>
   void serialize(Ar& ar) {
@@ -350,7 +350,7 @@ struct HeartbeatEcho {
 
 struct Error {
   uint32_t code = uint32_t(WireError::internal);  // a WireError
-  uint64_t request_id = 0;                         // 0: about the connection
+  uint64_t request_id = 0;                        // 0: about the connection
   std::string text;
 
   template <class Ar>
@@ -377,8 +377,8 @@ using Message = std::variant<Hello, Challenge, AuthResponse, AuthOk, Assign, Rea
 inline MsgType message_type(const Message& m) { return MsgType(uint16_t(m.index() + 1)); }
 
 // Limits every decoder enforces (beyond the frame size).
-inline constexpr size_t kMaxNameBytes = 4096;       // names, addresses, paths
-inline constexpr size_t kMaxTextBytes = 16384;      // ERROR text, SHUTDOWN reason
+inline constexpr size_t kMaxNameBytes = 4096;   // names, addresses, paths
+inline constexpr size_t kMaxTextBytes = 16384;  // ERROR text, SHUTDOWN reason
 inline constexpr size_t kMaxModelParts = 1024;  // HELLO must fit the 64 KiB handshake limit
 inline constexpr size_t kMaxChunksPerForward = 65536;
 

@@ -121,9 +121,12 @@ struct Gen {
         h.nonce = nonce();
         return h;
       }
-      case MsgType::challenge: return Challenge{u32(), Role(1 + below(3)), text(40), nonce()};
-      case MsgType::auth_response: return AuthResponse{nonce()};
-      case MsgType::auth_ok: return AuthOk{nonce()};
+      case MsgType::challenge:
+        return Challenge{u32(), Role(1 + below(3)), text(40), nonce()};
+      case MsgType::auth_response:
+        return AuthResponse{nonce()};
+      case MsgType::auth_ok:
+        return AuthOk{nonce()};
       case MsgType::assign: {
         Assign a;
         a.n_stages = 1 + below(16);
@@ -141,7 +144,8 @@ struct Gen {
         a.model_hash = u64();
         return a;
       }
-      case MsgType::ready: return Ready{u64(), u64(), u64(), double(real(0, 100)), u32()};
+      case MsgType::ready:
+        return Ready{u64(), u64(), u64(), double(real(0, 100)), u32()};
       case MsgType::load_progress: {
         LoadProgress p;
         p.bytes_total = u64();
@@ -188,12 +192,18 @@ struct Gen {
         }
         return r;
       }
-      case MsgType::cancel: return Cancel{u32()};
-      case MsgType::free_seq: return FreeSeq{u32()};
-      case MsgType::heartbeat: return Heartbeat{u64(), u64()};
-      case MsgType::heartbeat_echo: return HeartbeatEcho{u64(), u64()};
-      case MsgType::error: return Error{u32(), u64(), text(100)};
-      case MsgType::shutdown: return Shutdown{text(100)};
+      case MsgType::cancel:
+        return Cancel{u32()};
+      case MsgType::free_seq:
+        return FreeSeq{u32()};
+      case MsgType::heartbeat:
+        return Heartbeat{u64(), u64()};
+      case MsgType::heartbeat_echo:
+        return HeartbeatEcho{u64(), u64()};
+      case MsgType::error:
+        return Error{u32(), u64(), text(100)};
+      case MsgType::shutdown:
+        return Shutdown{text(100)};
     }
     ADD_FAILURE() << "no generator for type " << int(t);
     return Cancel{};
@@ -275,6 +285,19 @@ TEST(NetCodec, OversizedLengthIsRejectedFromTheHeaderAlone) {
   std::error_code ec;
   EXPECT_FALSE(d.next(m, ec));
   EXPECT_FALSE(ec);
+}
+
+TEST(NetCodec, AllocationTrackerSeesRealBuffers) {
+  // Control for the "no large allocation" checks: a genuine 1 MiB payload is seen.
+  Forward f;
+  f.chunks.push_back(SeqChunk{0, 0, 1, false, {}});
+  f.row_width = 1 << 18;
+  f.activations.assign(size_t(1) << 20, 0x5a);
+  const std::vector<uint8_t> p = payload_of(Codec::encode(f));
+  AllocTracker track;
+  Message m;
+  ASSERT_FALSE(Codec::decode(MsgType::forward, p, m));
+  EXPECT_GE(track.largest(), size_t(1) << 20);
 }
 
 TEST(NetCodec, UnknownMessageTypesAreRejected) {

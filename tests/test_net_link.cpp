@@ -3,6 +3,7 @@
 // bytes, silent sockets), heartbeats and the dead-peer timeout. Raw peers are
 // plain blocking POSIX sockets driven by the codec, so that they can misbehave
 // in ways a Connection never would.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,12 +11,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <utility>  // before Asio (Boost 1.74 under C++20)
-
+// Boost 1.74's Asio needs <utility> before its headers under C++20.
+// clang-format off
+#include <utility>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-
-#include <arpa/inet.h>
+// clang-format on
 
 #include <chrono>
 #include <condition_variable>
@@ -163,7 +164,9 @@ struct Server {
       : listener(
             io, "127.0.0.1", 0, LocalIdentity{Role::coordinator, "coord-0"}, std::move(secret), cfg,
             [this](std::shared_ptr<Connection> c) { accepted.push(std::move(c)); },
-            [this](std::error_code ec, const std::string& why) { rejected.push({ec, why, Clock::now()}); }) {}
+            [this](std::error_code ec, const std::string& why) {
+              rejected.push({ec, why, Clock::now()});
+            }) {}
   Inbox<std::shared_ptr<Connection>> accepted;
   Inbox<Closed> rejected;
   Listener listener;
@@ -192,7 +195,9 @@ Dialed dial(boost::asio::io_context& io, uint16_t port, Secret secret, Hello hel
 struct Endpoint {
   explicit Endpoint(std::shared_ptr<Connection> c) {
     c->start([this](Message&& m) { inbox.push(std::move(m)); },
-             [this](std::error_code ec, const std::string& why) { closed.push({ec, why, Clock::now()}); });
+             [this](std::error_code ec, const std::string& why) {
+               closed.push({ec, why, Clock::now()});
+             });
     conn = std::move(c);
   }
   Inbox<Message> inbox;
@@ -755,6 +760,32 @@ TEST(NetLink, ClientGivesUpOnAServerThatNeverAnswers) {
   Dialed d = dial(io.io, mute.port, secret_a(), worker_hello("w"), cfg);
   EXPECT_EQ(d.ec, Errc::handshake_timeout) << d.reason;
   EXPECT_LT(Clock::now() - t0, 1000ms);
+}
+
+TEST(NetLink, BadConfigsAndUnreachablePeersFailClearly) {
+  IoThread io;
+  LinkConfig spin = fast_config();
+  spin.heartbeat_interval = 0ms;
+  EXPECT_THROW(connect(io.io, "127.0.0.1", 1, worker_hello("w"), secret_a(), spin, {}), std::invalid_argument);
+  LinkConfig tiny = fast_config();
+  tiny.max_payload = tiny.handshake_max_payload - 1;
+  EXPECT_THROW(Listener(io.io, "127.0.0.1", 0, {}, secret_a(), tiny, {}), std::invalid_argument);
+  EXPECT_THROW(Listener(io.io, "127.0.0.1", 0, {}, Secret(), fast_config(), {}), std::invalid_argument);
+  EXPECT_THROW(Listener(io.io, "not-an-address", 0, {}, secret_a(), fast_config(), {}), std::runtime_error);
+  Hello bad = worker_hello("w");
+  bad.role = Role(0);
+  EXPECT_THROW(connect(io.io, "127.0.0.1", 1, bad, secret_a(), fast_config(), {}), std::invalid_argument);
+
+  // A port nobody listens on: take an ephemeral one and release it.
+  uint16_t port = 0;
+  {
+    Server s(io.io, secret_a());
+    port = s.listener.port();
+  }
+  std::this_thread::sleep_for(50ms);  // the acceptor closes on the io thread
+  Dialed d = dial(io.io, port, secret_a());
+  EXPECT_EQ(d.ec, Errc::io_error) << d.reason;
+  EXPECT_NE(d.reason.find("cannot connect to 127.0.0.1:" + std::to_string(port)), std::string::npos) << d.reason;
 }
 
 }  // namespace

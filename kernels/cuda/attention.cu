@@ -32,6 +32,36 @@ struct KernelArgs {
   float* partial;  // n_splits x (n_tokens * n_head) x (head_dim_v + 2), when n_splits > 1
 };
 
+// Sums each of the K values (K = 4, 8 or 16) over the 32 lanes and leaves
+// all K sums in every lane, with 2K shuffles instead of the 5K of K separate
+// butterflies: log2(K) halving steps in which each lane keeps half of its
+// values and receives its partner's copy of that half (after them lane l
+// holds the partial sum of value (l / (32/K)) over its half-warp groups), the
+// remaining xor steps, then one broadcast per value.
+template <int K>
+__device__ __forceinline__ void warp_sum_all(float (&v)[K], int lane) {
+  static_assert(K >= 2 && K <= 32 && (K & (K - 1)) == 0, "K must be a power of two <= 32");
+  constexpr int kSteps = K == 2 ? 1 : K == 4 ? 2 : K == 8 ? 3 : K == 16 ? 4 : 5;
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
+    const int half = (K / 2) >> st, o = 16 >> st;
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int i = 0; i < K / 2; ++i) {
+      if (i < half) {
+        const float send = upper ? v[i] : v[i + half];
+        const float keep = upper ? v[i + half] : v[i];
+        v[i] = keep + __shfl_xor_sync(kFullMask, send, o);
+      }
+    }
+  }
+  float mine = v[0];
+#pragma unroll
+  for (int o = 16 >> kSteps; o >= 1; o /= 2) mine += __shfl_xor_sync(kFullMask, mine, o);
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = __shfl_sync(kFullMask, mine, k * (32 / K));
+}
+
 // Positions per step: loading U K rows before the reductions keeps U loads in
 // flight; fewer for wide heads, whose registers are spent on q and o.
 template <int N>
@@ -91,7 +121,8 @@ struct WarpRows {
         vr[u][nn] = d < dv ? v[uu * v_stride + d] : 0.0f;
       }
     }
-    float s[J][U];
+    // J * U partial dots, summed across the warp in one butterfly.
+    float dots[J * U];
 #pragma unroll
     for (int j = 0; j < J; ++j) {
 #pragma unroll
@@ -99,9 +130,17 @@ struct WarpRows {
         float dot = 0.0f;
 #pragma unroll
         for (int nn = 0; nn < N; ++nn) dot = fmaf(q[j][nn], kr[u][nn], dot);
-        dot = warp_sum(dot);
+        dots[j * U + u] = dot;
+      }
+    }
+    warp_sum_all<J * U>(dots, lane);
+    float s[J][U];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
         const bool visible = u < n && p_abs + u <= lim[j];
-        s[j][u] = visible ? a.p.scale * dot : -INFINITY;
+        s[j][u] = visible ? a.p.scale * dots[j * U + u] : -INFINITY;
       }
     }
     // Online softmax, U positions at a time: rescale the running sum and
@@ -181,58 +220,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   const float* kb = a.p.k_cache + int64_t(kvh) * dk;
   const float* vb = a.p.v_cache + int64_t(kvh) * dv;
   for (int64_t p = p_begin; p < p_end; p += U) {
-    rows.template step<U>(a, lane, kb + p * k_row, k_row, vb + p * v_row, v_row, p, int(min<int64_t>(U, p_end - p)));
-  }
-  rows.finish(a, lane, blockIdx.y);
-}
-
-// Prefill: the warps of a block hold consecutive row groups of one KV head
-// and share K/V tiles of kTile<N> positions staged in shared memory, so each
-// K/V row is read from L2 once per block (up to 32 query rows) instead of
-// once per warp. Head dims up to 256.
-template <int N>
-constexpr int kTile = N <= 4 ? 32 : 16;
-constexpr int kTiledMaxWarps = 8;
-
-template <int N>
-__global__ void __launch_bounds__(kTiledMaxWarps * 32) attention_tiled_kernel(KernelArgs a, int64_t blocks_per_kv) {
-  constexpr int U = kPositionsPerStep<N>;
-  constexpr int P = kTile<N>;
-  extern __shared__ float tile[];  // K rows [P][dk], then V rows [P][dv]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-  const int kvh = int(blockIdx.x / blocks_per_kv);
-  const int64_t first_grp = (blockIdx.x % blocks_per_kv) * n_warps;
-  const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
-  // Warps past the last group hold only masked rows but still help load.
-  WarpRows<N> rows;
-  rows.init(a, kvh, first_grp + warp, lane);
-  const int64_t n_rows_kv = a.p.n_tokens * a.group;
-  const int64_t block_last_row = min((first_grp + n_warps) * kRowsPerWarp, n_rows_kv) - 1;
-  const int64_t block_last = a.p.pos0 + block_last_row / a.group;
-  const int64_t p_begin = int64_t(blockIdx.y) * a.chunk;
-  const int64_t p_end = min(p_begin + a.chunk, block_last + 1);
-
-  const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
-  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
-  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
-  float* ks = tile;
-  float* vs = tile + P * dk;
-  for (int64_t t0 = p_begin; t0 < p_end; t0 += P) {
-    const int np = int(min<int64_t>(P, p_end - t0));
-    __syncthreads();  // every warp is done with the previous tile
-    for (int i = threadIdx.x; i < np * dk; i += blockDim.x) {
-      const int pp = i / dk, d = i % dk;
-      ks[i] = __ldg(kb + (t0 + pp) * k_row + d);
-    }
-    for (int i = threadIdx.x; i < np * dv; i += blockDim.x) {
-      const int pp = i / dv, d = i % dv;
-      vs[i] = __ldg(vb + (t0 + pp) * v_row + d);
-    }
-    __syncthreads();
-    if (rows.last < t0) continue;  // causal: this warp sees none of the tile
-    for (int pl = 0; pl < np; pl += U) {
-      rows.template step<U>(a, lane, ks + pl * dk, dk, vs + pl * dv, dv, t0 + pl, min(U, np - pl));
-    }
+    rows.template step<U>(a, lane, kb + p * k_row, k_row, vb + p * v_row, v_row, p, int(min(int64_t(U), p_end - p)));
   }
   rows.finish(a, lane, blockIdx.y);
 }
@@ -269,16 +257,6 @@ void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
   attention_kernel<N><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
   check_launch("attention_kernel");
-}
-
-template <int N>
-void launch_tiled(const KernelArgs& a, cudaStream_t stream) {
-  const int warps = int(std::min<int64_t>(a.groups_per_kv, kTiledMaxWarps));
-  const int64_t blocks_per_kv = (a.groups_per_kv + warps - 1) / warps;
-  const dim3 grid(unsigned(blocks_per_kv * a.p.n_head_kv), unsigned(a.n_splits));
-  const size_t smem = size_t(kTile<N>) * size_t(a.p.head_dim_k + a.p.head_dim_v) * sizeof(float);
-  attention_tiled_kernel<N><<<grid, warps * 32, smem, stream>>>(a, blocks_per_kv);
-  check_launch("attention_tiled_kernel");
 }
 
 }  // namespace
@@ -328,15 +306,12 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
   a.partial = a.n_splits > 1 ? static_cast<float*>(workspace) : nullptr;
 
   const int per_lane = (std::max(p.head_dim_k, p.head_dim_v) + 31) / 32;
-  // Several row groups per KV head (prefill, or decode with wide GQA
-  // groups) share K/V tiles; a single group streams from the cache.
-  const bool tiled = a.groups_per_kv >= 2 && per_lane <= 8;
   if (per_lane <= 2) {
-    tiled ? launch_tiled<2>(a, stream) : launch<2>(a, n_warps, stream);
+    launch<2>(a, n_warps, stream);
   } else if (per_lane <= 4) {
-    tiled ? launch_tiled<4>(a, stream) : launch<4>(a, n_warps, stream);
+    launch<4>(a, n_warps, stream);
   } else if (per_lane <= 8) {
-    tiled ? launch_tiled<8>(a, stream) : launch<8>(a, n_warps, stream);
+    launch<8>(a, n_warps, stream);
   } else {
     launch<16>(a, n_warps, stream);
   }

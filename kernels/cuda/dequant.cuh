@@ -2,7 +2,12 @@
 // kernel that reads weights (matvec, dequantize-to-f16 for matmul, get_rows).
 // Each type decodes a row at two granularities:
 //
-//   dequant8(block, s, out)  elements [8s, 8s + 8) of the block;
+//   raw8(block, s, f, scale, min)
+//                            elements [8s, 8s + 8) of the block as f with
+//                            value = scale * f - min (kScaled / kHasMin say
+//                            whether scale and min apply), so that a dot
+//                            product can apply them once per 8 elements;
+//   dequant8(block, s, out)  the same 8 values;
 //   dequant(block, s0, out)  elements [8*s0, 8*s0 + kStep), s0 a multiple of
 //                            kSlices: one 32-element run (a sub-block or a
 //                            whole small block) for the quantized types, so
@@ -40,8 +45,10 @@ struct DqF32 {
     const float4 c = __ldg(reinterpret_cast<const float4*>(b + 16));
     w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
     w[4] = c.x, w[5] = c.y, w[6] = c.z, w[7] = c.w;
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
-
+  }
+  static constexpr bool kScaled = false, kHasMin = false;
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float&, float&) { dequant(b, s, f); }
 };
 
 struct DqF16 {
@@ -55,8 +62,10 @@ struct DqF16 {
       w[2 * i] = half_bits_to_float(u[i] & 0xffffu);
       w[2 * i + 1] = half_bits_to_float(u[i] >> 16);
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
-
+  }
+  static constexpr bool kScaled = false, kHasMin = false;
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float&, float&) { dequant(b, s, f); }
 };
 
 struct DqBF16 {
@@ -70,8 +79,10 @@ struct DqBF16 {
       w[2 * i] = __uint_as_float(u[i] << 16);
       w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
-
+  }
+  static constexpr bool kScaled = false, kHasMin = false;
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float&, float&) { dequant(b, s, f); }
 };
 
 // Q8_0 (34 bytes): f16 d @0 | int8 q[32] @2. One step is the whole block.
@@ -91,17 +102,21 @@ struct DqQ8_0 {
 #pragma unroll
       for (int k = 0; k < 4; ++k) w[4 * i + k] = d * f[k];
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    const float d = half_bits_to_float(ld_u16(b));
+  }
+  static constexpr bool kScaled = true, kHasMin = false;
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float& scale, float&) {
+    scale = half_bits_to_float(ld_u16(b));
     uint32_t q[2];
     ld_words_a2<2>(b + 2 + 8 * s, q);
-    float f[8];
     bytes_to_floats(q[0] ^ 0x80808080u, kMagic + 128.0f, f);
     bytes_to_floats(q[1] ^ 0x80808080u, kMagic + 128.0f, f + 4);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = d * f[i];
   }
-
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+    float f[8], scale, mn = 0.0f;
+    raw8(b, s, f, scale, mn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = scale * f[i];
+  }
 };
 
 // Q4_0 (18 bytes): f16 d @0 | qs[16] @2; elements 0-15 in the low nibbles,
@@ -124,18 +139,22 @@ struct DqQ4_0 {
         w[16 + 4 * i + k] = d * hi[k];
       }
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    const float d = half_bits_to_float(ld_u16(b));
+  }
+  static constexpr bool kScaled = true, kHasMin = false;
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float& scale, float&) {
+    scale = half_bits_to_float(ld_u16(b));
     uint32_t q[2];
     ld_words_a2<2>(b + 2 + 8 * (s & 1), q);
     const int shift = 4 * (s >> 1);
-    float f[8];
     bytes_to_floats((q[0] >> shift) & 0x0f0f0f0fu, kMagic + 8.0f, f);
     bytes_to_floats((q[1] >> shift) & 0x0f0f0f0fu, kMagic + 8.0f, f + 4);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = d * f[i];
   }
-
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+    float f[8], scale, mn = 0.0f;
+    raw8(b, s, f, scale, mn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = scale * f[i];
+  }
 };
 
 // Q2_K (84 bytes): scales[16] @0 | qs[64] @16 | f16 d @80 | f16 dmin @82.
@@ -162,20 +181,25 @@ struct DqQ2_K {
 #pragma unroll
       for (int k = 0; k < 4; ++k) w[4 * i + k] = dl * f[k] - ml;
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+  }
+  static constexpr bool kScaled = true, kHasMin = true;
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float& scale, float& mn) {
     const uint32_t dd = ld_u32(b + 80);
     const float d = half_bits_to_float(dd & 0xffffu), dmin = half_bits_to_float(dd >> 16);
     const uint32_t sc = ld_u8(b + (s >> 1));
-    const float dl = d * float(sc & 0x0f), ml = dmin * float(sc >> 4);
+    scale = d * float(sc & 0x0f);
+    mn = dmin * float(sc >> 4);
     const uint8_t* q = b + 16 + 32 * (s >> 4) + 8 * (s & 3);
     const int shift = 2 * ((s >> 2) & 3);
-    float f[8];
     bytes_to_floats((ld_u32(q) >> shift) & 0x03030303u, kMagic, f);
     bytes_to_floats((ld_u32(q + 4) >> shift) & 0x03030303u, kMagic, f + 4);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = dl * f[i] - ml;
   }
-
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+    float f[8], scale, mn = 0.0f;
+    raw8(b, s, f, scale, mn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = scale * f[i] - mn;
+  }
 };
 
 // The 6-bit (scale, min) of sub-block j of Q4_K/Q5_K from the 12 packed
@@ -215,21 +239,26 @@ struct DqQ4_K {
 #pragma unroll
       for (int k = 0; k < 4; ++k) w[4 * i + k] = d1 * f[k] - m1;
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+  }
+  static constexpr bool kScaled = true, kHasMin = true;
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float& scale, float& mn) {
     const int j = s >> 2;
     const uint32_t dd = ld_u32(b);
     float sc, m;
     k_scale_min(b, j, sc, m);
-    const float d1 = half_bits_to_float(dd & 0xffffu) * sc, m1 = half_bits_to_float(dd >> 16) * m;
+    scale = half_bits_to_float(dd & 0xffffu) * sc;
+    mn = half_bits_to_float(dd >> 16) * m;
     const uint2 q = ld_u64(b + 16 + 32 * (j >> 1) + 8 * (s & 3));
     const int shift = 4 * (j & 1);
-    float f[8];
     bytes_to_floats((q.x >> shift) & 0x0f0f0f0fu, kMagic, f);
     bytes_to_floats((q.y >> shift) & 0x0f0f0f0fu, kMagic, f + 4);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = d1 * f[i] - m1;
   }
-
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+    float f[8], scale, mn = 0.0f;
+    raw8(b, s, f, scale, mn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = scale * f[i] - mn;
+  }
 };
 
 // Q5_K (176 bytes): as Q4_K with qh[32] @16 and qs[128] @48; the fifth bit of
@@ -256,24 +285,27 @@ struct DqQ5_K {
 #pragma unroll
       for (int k = 0; k < 4; ++k) w[4 * i + k] = d1 * f[k] - m1;
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+  }
+  static constexpr bool kScaled = true, kHasMin = true;
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float& scale, float& mn) {
     const int j = s >> 2;
     const uint32_t dd = ld_u32(b);
     float sc, m;
     k_scale_min(b, j, sc, m);
-    const float d1 = half_bits_to_float(dd & 0xffffu) * sc, m1 = half_bits_to_float(dd >> 16) * m;
+    scale = half_bits_to_float(dd & 0xffffu) * sc;
+    mn = half_bits_to_float(dd >> 16) * m;
     const uint2 q = ld_u64(b + 48 + 32 * (j >> 1) + 8 * (s & 3));
     const uint2 h = ld_u64(b + 16 + 8 * (s & 3));
     const int shift = 4 * (j & 1);
-    const uint32_t lo = ((q.x >> shift) & 0x0f0f0f0fu) | (((h.x >> j) & 0x01010101u) << 4);
-    const uint32_t hi = ((q.y >> shift) & 0x0f0f0f0fu) | (((h.y >> j) & 0x01010101u) << 4);
-    float f[8];
-    bytes_to_floats(lo, kMagic, f);
-    bytes_to_floats(hi, kMagic, f + 4);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = d1 * f[i] - m1;
+    bytes_to_floats(((q.x >> shift) & 0x0f0f0f0fu) | (((h.x >> j) & 0x01010101u) << 4), kMagic, f);
+    bytes_to_floats(((q.y >> shift) & 0x0f0f0f0fu) | (((h.y >> j) & 0x01010101u) << 4), kMagic, f + 4);
   }
-
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+    float f[8], scale, mn = 0.0f;
+    raw8(b, s, f, scale, mn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = scale * f[i] - mn;
+  }
 };
 
 // Q6_K (210 bytes): ql[128] @0 | qh[64] @128 | int8 scales[16] @192 | f16 d @208.
@@ -302,24 +334,27 @@ struct DqQ6_K {
 #pragma unroll
       for (int k = 0; k < 4; ++k) w[4 * i + k] = dl * f[k];
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+  }
+  static constexpr bool kScaled = true, kHasMin = false;
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float& scale, float&) {
     const int h = s >> 4, quad = (s >> 2) & 3, l0 = 8 * (s & 3);
     uint32_t ql[2], qh[2];
     ld_words_a2<2>(b + 64 * h + 32 * (quad & 1) + l0, ql);
     ld_words_a2<2>(b + 128 + 32 * h + l0, qh);
     const int lshift = 4 * (quad >> 1), hshift = 2 * quad;
-    const float d = half_bits_to_float(ld_u16(b + 208));
-    const float dl = d * float(static_cast<int8_t>(ld_u8(b + 192 + (s >> 1))));
-    float f[8];
+    scale = half_bits_to_float(ld_u16(b + 208)) * float(static_cast<int8_t>(ld_u8(b + 192 + (s >> 1))));
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
       bytes_to_floats(((ql[k] >> lshift) & 0x0f0f0f0fu) | (((qh[k] >> hshift) & 0x03030303u) << 4), kMagic + 32.0f,
                       f + 4 * k);
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = dl * f[i];
   }
-
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+    float f[8], scale, mn = 0.0f;
+    raw8(b, s, f, scale, mn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = scale * f[i];
+  }
 };
 
 // IQ2_XXS (66 bytes): f16 d @0, then 8 groups of 8 bytes (32 elements): four
@@ -348,24 +383,29 @@ struct DqIQ2_XXS {
         w[8 * r + i] = (signs >> i) & 1u ? -v : v;
       }
     }
-  }  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+  }
+  static constexpr bool kScaled = true, kHasMin = false;
+  // f holds the signed grid magnitudes; the value is scale * f exactly as
+  // the CPU's db * magnitude * sign (a sign flip commutes with rounding).
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float& scale, float&) {
     const uint8_t* grp = b + 2 + 8 * (s >> 2);
     const int r = s & 3;
     const uint32_t aux = ld_u32_a2(grp + 4);
-    const float db = half_bits_to_float(ld_u16(b)) * (0.5f + float(aux >> 28)) * 0.25f;
+    scale = half_bits_to_float(ld_u16(b)) * (0.5f + float(aux >> 28)) * 0.25f;
     const uint64_t g = __ldg(reinterpret_cast<const unsigned long long*>(&kIq2xxsGridDevice[ld_u8(grp + r)]));
     const uint32_t s7 = (aux >> (7 * r)) & 127u;
     const uint32_t signs = s7 | ((__popc(s7) & 1u) << 7);
-    float f[8];
     bytes_to_floats(uint32_t(g), kMagic, f);
     bytes_to_floats(uint32_t(g >> 32), kMagic, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float v = db * f[i];
-      w[i] = (signs >> i) & 1u ? -v : v;
-    }
+    for (int i = 0; i < 8; ++i) f[i] = (signs >> i) & 1u ? -f[i] : f[i];
   }
-
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+    float f[8], scale, mn = 0.0f;
+    raw8(b, s, f, scale, mn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = scale * f[i];
+  }
 };
 
 // Calls fn(Traits{}) for the traits of t; returns false for a type without

@@ -14,7 +14,7 @@ namespace baton::cuda {
 
 // Small-batch limit of one launch: up to this many tokens share each weight
 // read. More tokens are handled in chunks of this size (each chunk reads the
-// weights again); past a few chunks matmul() (cuBLAS) is faster.
+// weights again); beyond one chunk matmul() (cuBLAS) is faster (docs/CUDA.md).
 constexpr int kMatvecMaxTokens = 8;
 
 // out[t * out_stride + r] = sum_c W[r][c] * x[t * x_stride + c]

@@ -1,0 +1,149 @@
+// `baton split` and `baton merge`: per-node GGUF files by layer range.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include <boost/program_options.hpp>
+
+#include "cli/commands.h"
+#include "gguf_split/split.h"
+
+namespace po = boost::program_options;
+
+namespace baton {
+namespace {
+
+std::string human_bytes(uint64_t b) {
+  char buf[32];
+  const double g = double(b) / (1ull << 30), m = double(b) / (1ull << 20);
+  if (g >= 1) std::snprintf(buf, sizeof buf, "%.2f GiB", g);
+  else std::snprintf(buf, sizeof buf, "%.2f MiB", m);
+  return buf;
+}
+
+// Prints "copied X of Y (Z GB/s, ETA s)" to stderr at most twice a second.
+Progress progress_printer(const char* verb) {
+  auto start = std::chrono::steady_clock::now();
+  auto last = start - std::chrono::seconds(1);
+  return [=](uint64_t done, uint64_t total) mutable {
+    auto now = std::chrono::steady_clock::now();
+    if (done != total && now - last < std::chrono::milliseconds(500)) return;
+    last = now;
+    const double secs = std::chrono::duration<double>(now - start).count();
+    const double rate = secs > 0 ? double(done) / secs : 0;
+    const double eta = rate > 0 ? double(total - done) / rate : 0;
+    std::fprintf(stderr, "\r%s %s of %s (%.2f GB/s, ETA %.0f s)   ", verb, human_bytes(done).c_str(),
+                 human_bytes(total).c_str(), rate / 1e9, eta);
+    if (done == total) std::fputc('\n', stderr);
+  };
+}
+
+}  // namespace
+
+int cmd_split(int argc, char** argv) {
+  po::options_description opts(
+      "usage: baton split MODEL --layers RANGES -o DIR [--dry-run]\n\n"
+      "Writes one GGUF v3 per pipeline stage holding all of MODEL's metadata, only\n"
+      "that stage's tensors, and baton.split.* keys (layer range, part index and\n"
+      "count, source tensor-table hash, tensor-data checksum). MODEL may be a\n"
+      "llama.cpp shard set (give any shard). Tensors are copied in 4 MiB pieces, so\n"
+      "memory stays bounded whatever the model size; each part is written under a\n"
+      "temporary name and renamed only when complete.\n\noptions");
+  std::string model, layers, out_dir;
+  opts.add_options()("help,h", "show this help")
+      ("layers", po::value(&layers), "ranges FIRST:LAST,... covering every layer in order; LAST may be "
+                                     "'output' (the last layer). The first part also holds the embedding, "
+                                     "the last the output head; tensors outside any layer go to every part")
+      ("output,o", po::value(&out_dir), "folder for the parts (created if missing)")
+      ("dry-run", "print the plan and write nothing");
+  po::options_description hidden;
+  hidden.add_options()("model", po::value(&model));
+  po::positional_options_description pos;
+  pos.add("model", 1);
+  po::variables_map vm;
+  try {
+    po::options_description all;
+    all.add(opts).add(hidden);
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton split: %s (see baton split --help)\n", e.what());
+    return 1;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    return 0;
+  }
+  const bool dry = vm.count("dry-run") > 0;
+  if (model.empty() || layers.empty() || (out_dir.empty() && !dry)) {
+    std::fprintf(stderr, "baton split: MODEL, --layers and -o are required (see baton split --help)\n");
+    return 1;
+  }
+  try {
+    ModelFiles files = ModelFiles::open(model);
+    const int n_layer = model_layer_count(files.meta());
+    std::string stem = std::filesystem::path(model).stem().string();
+    SplitPlan plan = plan_split(files, parse_layer_ranges(layers, n_layer), out_dir.empty() ? "." : out_dir, stem);
+    std::printf("source %s: %d layers, %zu tensors, %s, tensor-table hash %016llx\n", model.c_str(), n_layer,
+                files.tensors().size(), human_bytes(files.tensor_bytes()).c_str(),
+                (unsigned long long)plan.source_hash);
+    for (const SplitPart& p : plan.parts) {
+      std::printf("part %d/%zu  layers %d..%d%s%s  %zu tensors  %s  -> %s\n", p.index + 1, plan.parts.size(),
+                  p.range.first, p.range.last, p.has_embedding ? " +embedding" : "", p.has_output ? " +output" : "",
+                  p.tensors.size(), human_bytes(p.tensor_bytes).c_str(), p.path.c_str());
+    }
+    if (dry) {
+      std::printf("dry run: nothing written\n");
+      return 0;
+    }
+    std::filesystem::create_directories(out_dir);
+    write_split(files, plan, progress_printer("copied"));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton split: %s\n", e.what());
+    return 1;
+  }
+}
+
+int cmd_merge(int argc, char** argv) {
+  po::options_description opts(
+      "usage: baton merge PART... -o FILE\n\n"
+      "Rebuilds the source GGUF from the parts `baton split` wrote: metadata without\n"
+      "the baton.split.* keys and every tensor in the source's order, byte for byte.\n"
+      "Refuses parts that are missing, repeated or from another source.\n\noptions");
+  std::vector<std::string> parts;
+  std::string out;
+  opts.add_options()("help,h", "show this help")("output,o", po::value(&out), "the merged file to write");
+  po::options_description hidden;
+  hidden.add_options()("parts", po::value(&parts));
+  po::positional_options_description pos;
+  pos.add("parts", -1);
+  po::variables_map vm;
+  try {
+    po::options_description all;
+    all.add(opts).add(hidden);
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton merge: %s (see baton merge --help)\n", e.what());
+    return 1;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    return 0;
+  }
+  if (parts.empty() || out.empty()) {
+    std::fprintf(stderr, "baton merge: PART... and -o are required (see baton merge --help)\n");
+    return 1;
+  }
+  try {
+    merge_parts(parts, out, progress_printer("merged"));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton merge: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,125 @@
+// `baton synth --arch A --shape NAME -o FILE [--type T] [--seed S] [--data random|alias|sparse]`:
+// writes a random-weight model of a named shape, with a real tokenizer
+// section, for tests and benchmarks. Progress goes to stderr.
+#include <boost/program_options.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "cli/commands.h"
+#include "engine/synth.h"
+
+namespace baton {
+namespace {
+
+namespace po = boost::program_options;
+using Clock = std::chrono::steady_clock;
+
+double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
+
+// Prints "written X of Y GiB (P%), R GB/s, ETA T s" at most twice a second.
+class Progress {
+ public:
+  explicit Progress(bool quiet) : quiet_(quiet), start_(Clock::now()), last_(start_) {}
+  void operator()(uint64_t done, uint64_t total) {
+    const auto now = Clock::now();
+    if (quiet_ || (done < total && now - last_ < std::chrono::milliseconds(500))) return;
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    const double rate = s > 0 ? double(done) / s : 0;
+    const double eta = rate > 0 ? double(total - done) / rate : 0;
+    std::fprintf(stderr, "\rwritten %.2f of %.2f GiB (%3.0f%%), %.2f GB/s, ETA %.0f s   ", gib(done), gib(total),
+                 total ? 100.0 * double(done) / double(total) : 100.0, rate / 1e9, eta);
+    if (done == total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  bool quiet_;
+  Clock::time_point start_, last_;
+};
+
+std::string shapes_help() {
+  std::string out = "shapes (NAME, or NAME-TYPE to pick the type):\n";
+  for (const auto& s : synth_shapes()) {
+    std::string types;
+    for (const auto& t : s.types) types += (types.empty() ? "" : "|") + t;
+    out += "  " + s.name + " (" + s.arch + "; types " + types + ", default " + s.default_type + ")\n      " +
+           s.summary + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_synth(int argc, char** argv) {
+  std::string arch, shape, type, out, data = "random";
+  uint64_t seed = 0x5eed;
+  po::options_description opts(
+      "usage: baton synth --shape NAME -o FILE [options]\n\n"
+      "Writes a random-weight GGUF model of a named shape with a real tokenizer\n"
+      "section (llama: byte-fallback SentencePiece; deepseek4: byte-level BPE with\n"
+      "DeepSeek's special tokens, pre-tokenizer deepseek-v3), padded with unused or\n"
+      "placeholder tokens to the shape's vocabulary size. The same seed gives the\n"
+      "same file.\n\noptions");
+  opts.add_options()
+      ("help,h", "show this help")
+      ("arch", po::value(&arch), "llama or deepseek4 (optional; checked against the shape)")
+      ("shape", po::value(&shape), "shape name, see below")
+      ("type", po::value(&type), "llama: f32|f16|q8_0|q4_k (matrices; norms stay f32); deepseek4: q2 (IQ2_XXS "
+                                 "gate/up, Q2_K down experts) | q4 (Q4_K experts); other tensors as published: "
+                                 "Q8_0 attention/shared/output, F16 embedding/HC/compressor/indexer")
+      ("output,o", po::value(&out), "file to write (through FILE.tmp, renamed when complete)")
+      ("seed", po::value(&seed), "random seed (default 0x5eed = 24301)")
+      ("data", po::value(&data), "random: every tensor its own random data; alias: tensors of one name "
+                                 "pattern, type and shape share one repeated random tile (written at disk "
+                                 "speed, full size on disk); sparse: header only, the data a sparse hole "
+                                 "(reads as zeros; for planning)")
+      ("quiet,q", "no progress on stderr");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "baton synth: %s (see baton synth --help)\n", e.what());
+    return 1;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n" << shapes_help();
+    return 0;
+  }
+  if (shape.empty() || out.empty()) {
+    std::fprintf(stderr, "baton synth: --shape and -o are required (see baton synth --help)\n");
+    return 1;
+  }
+  const auto mode = synth_data_from_name(data);
+  if (!mode) {
+    std::fprintf(stderr, "baton synth: --data must be random, alias or sparse, not '%s'\n", data.c_str());
+    return 1;
+  }
+  try {
+    SynthOptions o;
+    o.arch = arch;
+    o.shape = shape;
+    o.type = type;
+    o.seed = seed;
+    o.data = *mode;
+    Progress progress(vm.count("quiet") > 0);
+    o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
+    const auto t0 = Clock::now();
+    SynthResult r = write_synth_model(out, o);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("wrote %s: %s-%s, %llu tensors, %.2f GiB of tensor data (%s), vocab %lld, seed %llu, %.1f s\n",
+                out.c_str(), r.shape.c_str(), r.type.c_str(), static_cast<unsigned long long>(r.n_tensors),
+                gib(r.tensor_bytes), synth_data_name(*mode), static_cast<long long>(r.n_vocab),
+                static_cast<unsigned long long>(seed), s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton synth: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace baton

@@ -1,0 +1,200 @@
+// `baton split` and `baton merge`: parts hold only their slice, carry the
+// baton.split.* keys and a valid checksum, and merging gives back the source
+// byte for byte (also from a llama.cpp shard set).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "engine/gguf.h"
+#include "engine/model_files.h"
+#include "gguf_split/split.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+namespace fs = std::filesystem;
+using test::CommandResult;
+using test::model_path;
+
+CommandResult baton(std::vector<std::string> args) {
+  args.insert(args.begin(), test::baton_binary());
+  return test::run_command(args);
+}
+
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<uint8_t> tensor_bytes(const GgufFile& f, const GgufTensorInfo& t) {
+  std::vector<uint8_t> b(t.nbytes);
+  f.read_tensor(t, b.data());
+  return b;
+}
+
+TEST(Split, PartsHoldOnlyTheirSliceAndMergeBackByteIdentical) {
+  test::TempDir tmp;
+  const std::string src = model_path("stories260K.gguf");
+  CommandResult r = baton({"split", src, "--layers", "0:2,3:output", "-o", tmp.file("parts")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> parts = files_in(tmp.path() / "parts");
+  ASSERT_EQ(parts.size(), 2u);
+
+  GgufFile source = GgufFile::open(src);
+  GgufFile p0 = GgufFile::open(parts[0]);
+  GgufFile p1 = GgufFile::open(parts[1]);
+  EXPECT_EQ(p0.get_int(split_keys::kLayerFirst), 0);
+  EXPECT_EQ(p0.get_int(split_keys::kLayerLast), 2);
+  EXPECT_TRUE(p0.get_bool(split_keys::kHasEmbedding, false));
+  EXPECT_FALSE(p0.get_bool(split_keys::kHasOutput, true));
+  EXPECT_EQ(p1.get_int(split_keys::kLayerFirst), 3);
+  EXPECT_EQ(p1.get_int(split_keys::kLayerLast), 4);
+  EXPECT_TRUE(p1.get_bool(split_keys::kHasOutput, false));
+  EXPECT_EQ(p1.get_int(split_keys::kIndex), 1);
+  EXPECT_EQ(p1.get_int(split_keys::kCount), 2);
+  for (const GgufFile* p : {&p0, &p1}) {
+    EXPECT_EQ(uint64_t(p->get_int(split_keys::kSourceHash)), source.tensor_table_hash());
+    EXPECT_EQ(verify_part(*p), "");
+    // All source metadata is there, unchanged.
+    for (const auto& [key, value] : source.metadata()) {
+      const GgufValue* v = p->find(key);
+      ASSERT_NE(v, nullptr) << key;
+      EXPECT_EQ(v->type, value.type) << key;
+    }
+  }
+  // Each part holds exactly its layers, embedding or head, with the source's bytes.
+  size_t total = 0;
+  for (const GgufFile* p : {&p0, &p1}) {
+    const int first = int(p->get_int(split_keys::kLayerFirst)), last = int(p->get_int(split_keys::kLayerLast));
+    for (const GgufTensorInfo& t : p->tensors()) {
+      TensorPlace place = tensor_place(t.name);
+      if (place.kind == TensorPlace::kLayer) {
+        EXPECT_TRUE(place.layer >= first && place.layer <= last) << t.name << " in part " << first << ":" << last;
+      } else if (place.kind == TensorPlace::kEmbedding) {
+        EXPECT_EQ(p, &p0) << t.name;
+      } else if (place.kind == TensorPlace::kOutput) {
+        EXPECT_EQ(p, &p1) << t.name;
+      }
+      const GgufTensorInfo* s = source.find_tensor(t.name);
+      ASSERT_NE(s, nullptr) << t.name;
+      EXPECT_EQ(tensor_bytes(*p, t), tensor_bytes(source, *s)) << t.name;
+      ++total;
+    }
+  }
+  EXPECT_EQ(total, source.tensors().size());
+
+  // Merging (parts given in any order) rebuilds the source file exactly.
+  const std::string merged = tmp.file("merged.gguf");
+  r = baton({"merge", parts[1], parts[0], "-o", merged});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::read_file(merged), test::read_file(src));
+}
+
+TEST(Split, DryRunWritesNothing) {
+  test::TempDir tmp;
+  CommandResult r = baton({"split", model_path("stories260K.gguf"), "--layers", "0:1,2:3,4:output", "-o",
+                           tmp.file("out"), "--dry-run"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("part 3/3  layers 4..4 +output"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dry run: nothing written"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(tmp.path() / "out"));
+  EXPECT_TRUE(files_in(tmp.path()).empty());
+}
+
+TEST(Split, BadRangesAndBadPartsAreRefused) {
+  test::TempDir tmp;
+  const std::string src = model_path("stories260K.gguf");
+  struct Case {
+    std::string layers, expect;
+  } cases[] = {
+      {"0:2,4:output", "contiguously"},  // gap
+      {"0:2", "end at layer 2"},         // short
+      {"0:9", "contiguously"},           // past the end
+      {"0-4", "expected FIRST:LAST"},
+      {"0:x", "not a layer number"},
+  };
+  for (const Case& c : cases) {
+    CommandResult r = baton({"split", src, "--layers", c.layers, "-o", tmp.file("p")});
+    EXPECT_EQ(r.exit_code, 1) << c.layers;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.layers << ": " << r.err;
+    EXPECT_FALSE(fs::exists(tmp.path() / "p")) << c.layers;
+  }
+  CommandResult r = baton({"split", src, "--layers", "0:2,3:4", "-o", tmp.file("p")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> parts = files_in(tmp.path() / "p");
+  ASSERT_EQ(parts.size(), 2u);
+  // A missing part is named.
+  r = baton({"merge", parts[0], "-o", tmp.file("m.gguf")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("part 2 of 2 is missing"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp.file("m.gguf")));
+  // A damaged part fails its checksum, and merge refuses it.
+  std::vector<uint8_t> bytes = test::read_file(parts[1]);
+  bytes[bytes.size() - 5] ^= 0x5a;
+  test::write_file(parts[1], bytes);
+  EXPECT_NE(verify_part(GgufFile::open(parts[1])).find("checksum mismatch"), std::string::npos);
+  r = baton({"merge", parts[0], parts[1], "-o", tmp.file("m.gguf")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp.file("m.gguf")));
+  EXPECT_FALSE(fs::exists(tmp.file("m.gguf.tmp")));
+}
+
+// A llama.cpp shard set as input: shard 1 carries the metadata and split.*
+// keys, the tensors are spread over both shards.
+TEST(Split, ShardSetInputIsReadAsOneModel) {
+  test::TempDir tmp;
+  const std::string src = model_path("stories260K.gguf");
+  GgufFile source = GgufFile::open(src);
+  const auto& ts = source.tensors();
+  const size_t half = ts.size() / 2;
+  for (int shard = 0; shard < 2; ++shard) {
+    GgufWriter w;
+    if (shard == 0) {
+      for (const auto& [k, v] : source.metadata()) w.set(k, v);
+    }
+    w.set("split.no", GgufValue::of_u32(uint32_t(shard)));  // u16 in llama.cpp; any integer reads
+    w.set("split.count", GgufValue::of_u32(2));
+    w.set("split.tensors.count", GgufValue::of_i32(int32_t(ts.size())));
+    for (size_t i = shard == 0 ? 0 : half; i < (shard == 0 ? half : ts.size()); ++i) {
+      w.add_tensor(ts[i].name, ts[i].type, std::vector<int64_t>(ts[i].ne, ts[i].ne + ts[i].n_dims),
+                   tensor_bytes(source, ts[i]));
+    }
+    w.write(tmp.file("model-0000" + std::to_string(shard + 1) + "-of-00002.gguf"));
+  }
+  ModelFiles m = ModelFiles::open(tmp.file("model-00002-of-00002.gguf"));
+  EXPECT_EQ(m.files().size(), 2u);
+  EXPECT_EQ(m.tensors().size(), ts.size());
+  EXPECT_EQ(m.tensor_table_hash(), source.tensor_table_hash());
+
+  CommandResult r = baton({"split", tmp.file("model-00001-of-00002.gguf"), "--layers", "0:1,2:output", "-o",
+                           tmp.file("parts")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> parts = files_in(tmp.path() / "parts");
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_FALSE(GgufFile::open(parts[0]).has("split.count"));  // a part is a whole file, not a shard
+  r = baton({"merge", parts[0], parts[1], "-o", tmp.file("merged.gguf")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::read_file(tmp.file("merged.gguf")), test::read_file(src));
+
+  // A shard set with a shard missing is refused by name.
+  fs::remove(tmp.file("model-00002-of-00002.gguf"));
+  r = baton({"inspect", tmp.file("model-00002-of-00002.gguf")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THROW(ModelFiles::open(tmp.file("model-00001-of-00002.gguf")), std::exception);
+}
+
+TEST(Split, ShardPathNaming) {
+  int n = 0;
+  EXPECT_EQ(shard_path("/a/m-00002-of-00005.gguf", 4, &n), "/a/m-00004-of-00005.gguf");
+  EXPECT_EQ(n, 5);
+  EXPECT_EQ(shard_path("/a/m.gguf", 1), "");
+  EXPECT_EQ(shard_path("/a/m-00006-of-00005.gguf", 1), "");
+  EXPECT_EQ(shard_path("/a/m-0000x-of-00005.gguf", 1), "");
+}
+
+}  // namespace
+}  // namespace baton
