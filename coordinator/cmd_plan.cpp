@@ -12,7 +12,7 @@
 
 #include "cli/commands.h"
 #include "coordinator/placement.h"
-#include "engine/gguf.h"
+#include "engine/model_files.h"
 #include "engine/node_plan.h"
 
 namespace baton {
@@ -152,8 +152,8 @@ int cmd_plan(int argc, char** argv) {
       }
     }
     req.optional_caches = parse_size(caches_text);
-    GgufFile file = GgufFile::open(model);
-    ModelPlanner planner(file);
+    const ModelFiles files = ModelFiles::open(model);  // one file or a llama.cpp shard set
+    ModelPlanner planner(files);
     p = place_layers(planner, nodes, req);
 
     if (json) {

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "coordinator/load_report.h"
+#include "engine/backend.h"
 #include "engine/gguf.h"
 #include "engine/sampler.h"
 #include "engine/stage.h"
@@ -47,6 +49,17 @@ struct RunOptions {
   int n_threads = 1;
   int64_t batch = 64;
   bool json = false;
+  Backend backend = Backend::Cpu;
+  uint64_t staging_mb = 64;
+  bool progress = false;
+};
+
+// Loading progress is worth a line on stderr for real models, or when asked.
+constexpr uint64_t kProgressMinBytes = uint64_t(256) << 20;
+
+// The backend asked for is not there: exit status 2, as for other refusals.
+struct BackendRefused : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 fs::path executable_path() {
@@ -107,6 +120,7 @@ std::string usage_text(const po::options_description& desc) {
 // Parses argv; returns nullopt when --help was printed.
 std::optional<RunOptions> parse(int argc, char** argv) {
   RunOptions r;
+  std::string backend = "cpu";
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description desc("options");
   // clang-format off
@@ -133,6 +147,12 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "CPU threads for the forward pass (default: all cores)")
       ("batch,b", po::value<int64_t>(&r.batch)->default_value(64),
        "prompt tokens per forward pass during prefill")
+      ("backend", po::value<std::string>(&backend)->default_value("cpu"),
+       "cpu, or cuda (the first GPU; refused when the build has no CUDA or no GPU is present)")
+      ("staging-mb", po::value<uint64_t>(&r.staging_mb)->default_value(64),
+       "MiB of each of the loader's 4 staging buffers (pinned host memory with --backend cuda)")
+      ("progress", po::bool_switch(&r.progress),
+       "show loading progress on stderr (always shown for models of 256 MiB or more)")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -150,6 +170,10 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (r.batch < 1) throw std::invalid_argument("--batch must be >= 1");
   if (r.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
   if (r.sampling.temperature < 0) throw std::invalid_argument("--temp must be >= 0");
+  if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  auto b = backend_from_name(backend);
+  if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");
+  r.backend = *b;
   return r;
 }
 
@@ -165,11 +189,18 @@ int run(const RunOptions& opt) {
   sc.n_ctx = opt.n_ctx;
   sc.n_threads = opt.n_threads;
   sc.max_batch = opt.batch;
+  if (std::string why = backend_unavailable(opt.backend); !why.empty()) throw BackendRefused(why);
+  LoadOptions load;
+  load.slot_bytes = opt.staging_mb << 20;
   // The dry-run plan checks the architecture and every tensor before the
   // tokenizer is built or anything is allocated, so those errors come first.
-  Stage::plan(file, sc);
+  const MemoryPlan dry = plan_stage_runner(opt.backend, file, sc, load);
   auto tokenizer = Tokenizer::from_gguf(file);
-  Stage stage(file, sc);
+  const bool show_load = opt.progress || dry.bytes("weights") >= kProgressMinBytes;
+  if (show_load) load.progress = stderr_load_progress(model_path);
+  std::unique_ptr<StageRunner> runner = make_stage_runner(opt.backend, file, sc, load);
+  StageRunner& stage = *runner;
+  if (show_load) std::fprintf(stderr, "%s\n", load_summary(stage).c_str());
 
   std::vector<int32_t> prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
   if (prompt.empty()) throw std::runtime_error("the prompt gives no tokens");
@@ -186,7 +217,7 @@ int run(const RunOptions& opt) {
   // logits are the next-token distribution.
   auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits;
-  const int64_t batch = stage.config().max_batch;
+  const int64_t batch = stage.max_batch();
   for (size_t at = 0; at < prompt.size(); at += size_t(batch)) {
     size_t n = std::min(prompt.size() - at, size_t(batch));
     logits = stage.forward(0, std::span<const int32_t>(prompt.data() + at, n));
@@ -239,6 +270,7 @@ int run(const RunOptions& opt) {
     nlohmann::json j = {
         {"model", model_path},
         {"arch", stage.arch().name()},
+        {"backend", backend_name(opt.backend)},
         {"prompt", opt.prompt},
         {"prompt_tokens", prompt},
         {"tokens", generated},
@@ -271,6 +303,10 @@ int cmd_run(int argc, char** argv) {
     auto opt = parse(argc, argv);
     if (!opt) return 0;
     return run(*opt);
+  } catch (const BackendRefused& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "baton run: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::string msg = e.what();

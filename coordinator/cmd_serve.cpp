@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -203,7 +204,18 @@ int serve(const ServeOptions& opt) {
   signal(SIGPIPE, SIG_IGN);
 
   Metrics metrics;
-  LocalEngine engine(opt.engine, &metrics);
+  LocalEngineConfig engine_config = opt.engine;
+  // One progress line a second while loading, and one at the end.
+  auto last_line = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  engine_config.on_load_progress = [last_line](const LoadProgress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    if (p.done < p.total && now - *last_line < std::chrono::seconds(1)) return;
+    *last_line = now;
+    std::fprintf(stderr, "baton serve: loading weights: %.1f / %.1f MiB (%.0f%%), %.2f GB/s, ETA %.1f s\n",
+                 double(p.done) / (1 << 20), double(p.total) / (1 << 20),
+                 p.total ? 100.0 * double(p.done) / double(p.total) : 100.0, p.rate() / 1e9, p.eta());
+  };
+  LocalEngine engine(engine_config, &metrics);
   const ModelInfo& model = engine.model();
   std::fprintf(stderr, "baton serve: loading %s (%s, %.1f MiB planned: %s)\n", model.path.c_str(), model.arch.c_str(),
                double(engine.memory_plan().total()) / (1 << 20), chat_family_name(model.chat_family));

@@ -3,9 +3,14 @@
 // Boost 1.74's Asio needs <utility> before it under C++20.
 #include <utility>
 
+// Beast's parser trips GCC's -Wmaybe-uninitialized on a boost::optional
+// (a false positive inside Boost); keep our own code's warnings on.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#pragma GCC diagnostic pop
 
 #include <array>
 #include <cctype>

@@ -80,6 +80,7 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
     int64_t n_ctx = config_.stage.n_ctx;
     if (n_ctx <= 0) n_ctx = std::min<int64_t>(arch->dims().n_ctx_train, StageConfig::kDefaultMaxCtx);
     info_.n_ctx = n_ctx;
+    n_layer_ = arch->dims().n_layer;
     if (arch->dims().n_vocab != info_.n_vocab) {
       throw std::runtime_error(fmt::format("the vocabulary has {} tokens but the model's output has {}",
                                            info_.n_vocab, arch->dims().n_vocab));
@@ -172,11 +173,13 @@ ServiceHealth LocalEngine::health() const {
   s.bytes_total = plan_.bytes("weights");
   s.rss_bytes = resident_bytes();
   std::lock_guard lock(mu_);
-  s.last_layer = int(file_.get_int(info_.arch + ".block_count", 1)) - 1;
+  s.last_layer = n_layer_ - 1;
   switch (state_) {
     case State::loading:
       h.status = "loading";
       s.state = "loading";
+      s.bytes_loaded = std::min(load_done_.load(), s.bytes_total);
+      s.progress = s.bytes_total > 0 ? double(s.bytes_loaded) / double(s.bytes_total) : 0.0;
       break;
     case State::loaded:
     case State::stopped:
@@ -288,7 +291,12 @@ void LocalEngine::step(Sequence& s) {
 void LocalEngine::scheduler() {
   try {
     auto t0 = Clock::now();
-    auto stage = std::make_unique<Stage>(file_, config_.stage);
+    LoadOptions load;
+    load.progress = [this](const LoadProgress& p) {
+      load_done_.store(p.done);
+      if (config_.on_load_progress) config_.on_load_progress(p);
+    };
+    auto stage = std::make_unique<Stage>(file_, config_.stage, load);
     std::lock_guard lock(mu_);
     stage_ = std::move(stage);
     load_seconds_ = seconds_between(t0, Clock::now());

@@ -15,9 +15,11 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,6 +30,7 @@
 
 #include "coordinator/generation.h"
 #include "engine/gguf.h"
+#include "engine/loader.h"
 #include "engine/memory_plan.h"
 #include "engine/stage.h"
 
@@ -41,6 +44,8 @@ struct LocalEngineConfig {
   StageConfig stage;     // n_ctx, n_seq (parallel slots), n_threads, max_batch; whole model
   int queue_capacity = 64;     // requests waiting beyond the busy slots
   int64_t prefill_chunk = 0;   // prompt tokens per step; 0 = the stage's max_batch
+  // Called on the loading thread as the weights arrive (engine/loader.h).
+  std::function<void(const LoadProgress&)> on_load_progress;
 };
 
 class LocalEngine final : public GenerationService {
@@ -80,6 +85,7 @@ class LocalEngine final : public GenerationService {
   GgufFile file_;
   ModelInfo info_;
   MemoryPlan plan_;
+  int n_layer_ = 0;
   std::unique_ptr<Stage> stage_;  // created and used only on the scheduler thread
 
   mutable std::mutex mu_;
@@ -87,6 +93,7 @@ class LocalEngine final : public GenerationService {
   State state_ = State::loading;
   std::string load_error_;
   double load_seconds_ = 0;
+  std::atomic<uint64_t> load_done_{0};  // weight bytes in place so far
   uint64_t next_id_ = 1;
   std::deque<std::unique_ptr<Sequence>> queue_;
   std::unordered_set<uint64_t> cancel_requests_;

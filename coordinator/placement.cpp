@@ -45,8 +45,10 @@ class Placer {
     return it->second;
   }
   bool fits(int i, int a, int b) { return total(i, a, b) <= nodes_[size_t(i)].usable_bytes(); }
+  // A decode step reads every weight of the stage once, except the embedding
+  // table, of which it reads one row per token.
   double seconds(int i, int a, int b) {
-    return double(m_.weight_bytes({a, b - 1}, a == 0, b == L_)) / nodes_[size_t(i)].effective_bandwidth();
+    return double(m_.weight_bytes({a, b - 1}, false, b == L_)) / nodes_[size_t(i)].effective_bandwidth();
   }
   // Spare bytes over the bytes one more token costs: how many more tokens of
   // context this stage could take.
@@ -220,7 +222,8 @@ Placement place_layers(const ModelPlanner& m, const std::vector<NodeSpec>& nodes
   std::optional<std::vector<int>> cuts = placer.fastest(&slowest);
   out.fits = cuts.has_value();
   if (out.fits) {
-    cuts = placer.balanced(slowest * (1 + kTimeSlack) * (1 + 1e-12));
+    // The fastest placement is within the limit, so this finds one.
+    if (auto balanced = placer.balanced(slowest * (1 + kTimeSlack) * (1 + 1e-12))) cuts = std::move(balanced);
   } else {
     cuts = placer.closest();
   }

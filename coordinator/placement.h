@@ -3,8 +3,9 @@
 // Nodes keep the order they are given (the first holds the embedding, the
 // last used one the head); a node may be left empty. Among placements where
 // every stage's plan fits its node, placement
-//   1. minimises the slowest stage, estimated as its weight bytes over the
-//      node's memory bandwidth (a decode step reads every weight once), then
+//   1. minimises the slowest stage, estimated as its weight bytes (less the
+//      embedding table, of which a token reads one row) over the node's
+//      memory bandwidth: a decode step reads every weight once; then
 //   2. within kTimeSlack of that optimum, maximises the smallest context
 //      headroom: a stage's spare bytes over the bytes one more token of
 //      context costs it, since the stage that runs out first sets the
@@ -50,7 +51,7 @@ struct StagePlacement {
   MemoryPlan plan;       // empty when the node holds nothing
   uint64_t usable = 0;   // NodeSpec::usable_bytes()
   int64_t margin = 0;    // usable - plan total; negative: short by that much
-  double seconds = 0;    // weights / bandwidth: the stage-time proxy
+  double seconds = 0;    // weights (less embedding) / bandwidth: the stage-time proxy
   int64_t ctx_capacity = 0;  // the largest context this stage fits (0: none)
   bool used() const { return layers.count() > 0; }
 };

@@ -107,12 +107,11 @@ WeightLayout Model::plan(const GgufFile& f, const Arch& arch, const StageParts& 
 
 namespace {
 
-std::vector<Tensor> materialize(const GgufFile& f, const std::vector<WeightLayout::Entry>& entries, uint8_t* base) {
+std::vector<Tensor> materialize(const std::vector<WeightLayout::Entry>& entries, const uint8_t* base) {
   std::vector<Tensor> out(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     if (!e.info) continue;
-    if (!e.alias) f.read_tensor(*e.info, base + e.offset);
     Tensor& t = out[i];
     t.name = e.info->name;
     t.type = e.info->type;
@@ -126,10 +125,21 @@ std::vector<Tensor> materialize(const GgufFile& f, const std::vector<WeightLayou
 
 }  // namespace
 
-Model::Model(const GgufFile& f, const WeightLayout& layout) : parts_(layout.parts), buf_(layout.bytes) {
-  embedding_ = materialize(f, layout.embedding, buf_.data());
-  for (const auto& l : layout.layers) layers_.push_back(materialize(f, l, buf_.data()));
-  head_ = materialize(f, layout.head, buf_.data());
+Model::Model(const GgufFile& f, const WeightLayout& layout) : Model(f, layout, LoadOptions{}, nullptr) {}
+
+Model::Model(const GgufFile& f, const WeightLayout& layout, const LoadOptions& load, LoadStats* stats)
+    : parts_(layout.parts), buf_(layout.bytes) {
+  LoadStats st = load_direct(f, load_items(layout), buf_.data(), buf_.size(), load);
+  if (stats) *stats = st;
+  embedding_ = materialize(layout.embedding, buf_.data());
+  for (const auto& l : layout.layers) layers_.push_back(materialize(l, buf_.data()));
+  head_ = materialize(layout.head, buf_.data());
+}
+
+Model::Model(const WeightLayout& layout, const uint8_t* base) : parts_(layout.parts) {
+  embedding_ = materialize(layout.embedding, base);
+  for (const auto& l : layout.layers) layers_.push_back(materialize(l, base));
+  head_ = materialize(layout.head, base);
 }
 
 const Tensor* Model::pick(const std::vector<Tensor>& v, int slot) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/arch.h"
+#include "engine/loader.h"
 #include "engine/memory_plan.h"
 #include "kernels/cpu_ops.h"
 
@@ -66,8 +67,15 @@ class Model {
   // layer range outside the model.
   static WeightLayout plan(const GgufFile& f, const Arch& arch, const StageParts& parts);
 
-  // One allocation of layout.bytes, filled with GgufFile::read_tensor.
+  // One allocation of layout.bytes, filled by the streaming loader
+  // (load_direct: pread straight into place, dropping the page cache behind).
   Model(const GgufFile& f, const WeightLayout& layout);
+  Model(const GgufFile& f, const WeightLayout& layout, const LoadOptions& load, LoadStats* stats);
+
+  // Views only, over weights another backend placed at `base` (device memory
+  // laid out by the same layout); the Model owns nothing then. No tensor data
+  // is read through these pointers on the host.
+  Model(const WeightLayout& layout, const uint8_t* base);
 
   const StageParts& parts() const { return parts_; }
   // nullptr for an optional tensor the file does not have (or an unused slot).

@@ -3,12 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <stdexcept>
 
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/model_files.h"
 
 namespace baton {
 
@@ -18,21 +18,6 @@ std::string shape_text(const int64_t* ne, size_t n) {
   std::string s = "[";
   for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
   return s + "]";
-}
-
-// "blk.N.rest" -> N; -1 for any other name.
-int layer_of(const std::string& name) {
-  if (name.rfind("blk.", 0) != 0) return -1;
-  const char* begin = name.data() + 4;
-  const char* end = name.data() + name.size();
-  int layer = -1;
-  auto [p, ec] = std::from_chars(begin, end, layer);
-  if (ec != std::errc() || p == begin || p == end || *p != '.') return -1;
-  return layer;
-}
-
-bool is_head_tensor(const std::string& name) {
-  return name.rfind("output.", 0) == 0 || name.rfind("output_norm.", 0) == 0 || name.rfind("output_hc_", 0) == 0;
 }
 
 }  // namespace
@@ -60,17 +45,34 @@ struct ModelPlanner::Ds4Tensors {
   uint64_t embedding_count = 0, head_count = 0, shared_count = 0;
 };
 
-ModelPlanner::ModelPlanner(const GgufFile& f) : f_(f) {
+ModelPlanner::ModelPlanner(const GgufFile& f) : meta_(f), single_(&f) {
+  std::vector<const GgufTensorInfo*> tensors;
+  for (const auto& t : f.tensors()) tensors.push_back(&t);
+  init(tensors);
+}
+
+ModelPlanner::ModelPlanner(const ModelFiles& files)
+    : meta_(files.meta()), single_(files.files().size() == 1 ? &files.meta() : nullptr) {
+  std::vector<const GgufTensorInfo*> tensors;
+  for (const TensorRef& t : files.tensors()) tensors.push_back(t.info);
+  init(tensors);
+}
+
+void ModelPlanner::init(const std::vector<const GgufTensorInfo*>& tensors) {
+  const GgufFile& f = meta_;
   arch_name_ = f.get_str("general.architecture", "");
-  for (const auto& t : f.tensors()) tensor_bytes_ += t.nbytes;
+  for (const GgufTensorInfo* t : tensors) tensor_bytes_ += t->nbytes;
   if (arch_name_ == "deepseek4") {
+    std::map<std::string_view, const GgufTensorInfo*> by_name;
+    for (const GgufTensorInfo* t : tensors) by_name.emplace(t->name, t);
     ds4_ = std::make_unique<Deepseek4Shape>(Deepseek4Shape::from_gguf(f));
     n_layer_ = ds4_->n_layer;
     n_ctx_train_ = ds4_->n_ctx_train;
     // Every tensor the shape names must be in the file with that shape; the
     // dtype is the file's (mixed files differ per layer).
     auto check = [&](const Ds4TensorSpec& spec) {
-      const GgufTensorInfo* t = f.find_tensor(spec.name);
+      auto it = by_name.find(spec.name);
+      const GgufTensorInfo* t = it == by_name.end() ? nullptr : it->second;
       if (!t) {
         if (spec.optional) return;
         throw std::runtime_error("deepseek4: missing tensor " + spec.name);
@@ -94,24 +96,30 @@ ModelPlanner::ModelPlanner(const GgufFile& f) : f_(f) {
     Ds4Tensors& d = *ds4_tensors_;
     d.layer_bytes.assign(size_t(n_layer_), 0);
     d.layer_count.assign(size_t(n_layer_), 0);
-    for (const auto& t : f.tensors()) {
-      const uint64_t b = align_up(t.nbytes);
-      const int l = layer_of(t.name);
-      if (l >= n_layer_) {
-        throw std::runtime_error(fmt::format("deepseek4: tensor {} is beyond the model's {} layers", t.name, n_layer_));
-      }
-      if (l >= 0) {
-        d.layer_bytes[size_t(l)] += b;
-        d.layer_count[size_t(l)]++;
-      } else if (t.name.rfind("token_embd.", 0) == 0) {
-        d.embedding += b;
-        d.embedding_count++;
-      } else if (is_head_tensor(t.name)) {
-        d.head += b;
-        d.head_count++;
-      } else {
-        d.shared += b;  // used by no single layer: every stage holds it
-        d.shared_count++;
+    for (const GgufTensorInfo* t : tensors) {
+      const uint64_t b = align_up(t->nbytes);
+      const TensorPlace place = tensor_place(t->name);
+      switch (place.kind) {
+        case TensorPlace::kLayer:
+          if (place.layer >= n_layer_) {
+            throw std::runtime_error(
+                fmt::format("deepseek4: tensor {} is beyond the model's {} layers", t->name, n_layer_));
+          }
+          d.layer_bytes[size_t(place.layer)] += b;
+          d.layer_count[size_t(place.layer)]++;
+          break;
+        case TensorPlace::kEmbedding:
+          d.embedding += b;
+          d.embedding_count++;
+          break;
+        case TensorPlace::kOutput:
+          d.head += b;
+          d.head_count++;
+          break;
+        case TensorPlace::kShared:  // used by no single layer: every stage holds it
+          d.shared += b;
+          d.shared_count++;
+          break;
       }
     }
     return;
@@ -121,6 +129,10 @@ ModelPlanner::ModelPlanner(const GgufFile& f) : f_(f) {
     std::string names;
     for (const auto& n : known()) names += (names.empty() ? "" : ", ") + n;
     throw std::runtime_error("cannot plan architecture '" + arch_name_ + "' (the planner knows: " + names + ")");
+  }
+  if (!single_) {
+    throw std::runtime_error("cannot plan a " + arch_name_ +
+                             " shard set: the llama-family planner reads one file (merge the shards first)");
   }
   llama_ = Arch::from_gguf(f);
   n_layer_ = llama_->dims().n_layer;
@@ -147,7 +159,7 @@ uint64_t ModelPlanner::weight_bytes(LayerRange layers, bool embedding, bool head
     for (int l = layers.first; l <= layers.last; ++l) bytes += d.layer_bytes[size_t(l)];
     bytes += d.shared + (embedding ? d.embedding : 0) + (head ? d.head : 0);
   } else {
-    bytes = Model::plan(f_, *llama_, {layers, embedding, head}).bytes;
+    bytes = Model::plan(*single_, *llama_, {layers, embedding, head}).bytes;
   }
   weight_cache_.emplace(key, bytes);
   return bytes;

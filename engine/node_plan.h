@@ -29,6 +29,8 @@
 namespace baton {
 
 class GgufFile;
+class ModelFiles;
+struct GgufTensorInfo;
 
 enum class Backend { Cpu, Cuda };
 const char* backend_name(Backend b);
@@ -93,11 +95,14 @@ struct StageRequest {
 };
 
 // The model as the planner sees it: opened once from the header, then asked
-// for any number of stage plans. Keeps a reference to the file, which must
-// outlive it. Refuses (std::runtime_error) an architecture it cannot plan.
+// for any number of stage plans. Keeps a reference to the file(s), which
+// must outlive it. Refuses (std::runtime_error) an architecture it cannot
+// plan. A llama.cpp shard set is planned for deepseek4; the llama family
+// takes one file (its weights line is Model::plan's, which reads one file).
 class ModelPlanner {
  public:
   explicit ModelPlanner(const GgufFile& f);
+  explicit ModelPlanner(const ModelFiles& files);
   ~ModelPlanner();
   ModelPlanner(ModelPlanner&&) noexcept;
 
@@ -125,7 +130,9 @@ class ModelPlanner {
 
  private:
   struct Ds4Tensors;
-  const GgufFile& f_;
+  void init(const std::vector<const GgufTensorInfo*>& tensors);
+  const GgufFile& meta_;        // metadata (the first shard of a set)
+  const GgufFile* single_;      // the one file, or nullptr for a shard set
   std::string arch_name_;
   int n_layer_ = 0;
   int64_t n_ctx_train_ = 0;

@@ -62,7 +62,9 @@ MemoryPlan Stage::plan(const GgufFile& f, const StageConfig& config) {
   return make_plan(*arch, c, layout, workspace_shape(c));
 }
 
-Stage::Stage(const GgufFile& f, const StageConfig& config)
+Stage::Stage(const GgufFile& f, const StageConfig& config) : Stage(f, config, LoadOptions{}) {}
+
+Stage::Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& load)
     : arch_(Arch::from_gguf(f)),
       config_(resolve(*arch_, config)),
       plan_(),
@@ -72,7 +74,7 @@ Stage::Stage(const GgufFile& f, const StageConfig& config)
                                                       config_.head});
         plan_ = make_plan(*arch_, config_, layout, workspace_shape(config_));
         return layout;
-      }()),
+      }(), load, &load_stats_),
       kv_({config_.first_layer, config_.last_layer}, config_.n_seq, config_.n_ctx, arch_->kv_stream_widths()),
       workspace_(arch_->workspace_bytes(workspace_shape(config_))),
       pool_(config_.n_threads) {}

@@ -13,6 +13,7 @@
 
 #include "engine/arch.h"
 #include "engine/kv_cache.h"
+#include "engine/loader.h"
 #include "engine/memory_plan.h"
 #include "engine/model.h"
 #include "kernels/cpu_ops.h"
@@ -42,8 +43,10 @@ class Stage {
   // for a bad file or config (missing tensor, unknown arch...).
   static MemoryPlan plan(const GgufFile& f, const StageConfig& config);
 
-  // Plans, then allocates and reads the weights.
+  // Plans, then allocates and reads the weights (engine/loader.h: load_direct,
+  // with `load`'s piece size and progress callback).
   Stage(const GgufFile& f, const StageConfig& config);
+  Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& load);
 
   // Runs the tokens (first stage) or boundary activations (n_tokens rows of
   // boundary_width() floats, other stages) of sequence seq at its next
@@ -65,17 +68,21 @@ class Stage {
   int64_t boundary_width() const { return arch_->boundary_elems_per_token(); }
   int64_t output_width() const { return config_.head ? n_vocab() : boundary_width(); }
   const MemoryPlan& memory_plan() const { return plan_; }
+  const LoadStats& load_stats() const { return load_stats_; }
   ThreadPool& pool() { return pool_; }
 
- private:
-  // Fills the defaults (last layer, context) and checks the config.
+  // Fills the defaults (last layer, context) and checks the config; every
+  // backend's stage resolves its config the same way.
   static StageConfig resolve(const Arch& arch, StageConfig c);
+
+ private:
   static WorkspaceShape workspace_shape(const StageConfig& c);
   std::span<const float> run(int seq, const int32_t* tokens, const float* input, int64_t n_tokens);
 
   std::unique_ptr<Arch> arch_;
   StageConfig config_;
   MemoryPlan plan_;
+  LoadStats load_stats_;  // before model_: the Model constructor fills it
   Model model_;
   KvCache kv_;
   AlignedBuffer workspace_;

@@ -36,6 +36,7 @@ void add_copied_tensor(GgufWriter& w, const TensorRef& src, XXH3_state_t* hash,
   const uint64_t base = t.file_offset;
   w.add_tensor_chunked(t.name, t.type, ne, [file, base, hash, advance](uint64_t off, uint8_t* dst, uint64_t n) {
     file->read_bytes(base + off, n, dst);
+    file->drop_cache(base + off, n);
     if (hash) XXH3_64bits_update(hash, dst, n);
     advance(n);
   });

@@ -9,6 +9,11 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the serving tests' official openai client (tests/serve/).
+# A machine may have Node from elsewhere (bundling npm): install only when absent.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   sudo=""

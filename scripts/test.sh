@@ -9,6 +9,10 @@ build=build-test
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DBATON_SANITIZE=address,undefined -DBATON_TESTS=ON >/dev/null
 cmake --build "$build" -j "$jobs"
+# The serving tests drive the server with the official openai npm package.
+if command -v npm >/dev/null 2>&1; then
+  (cd tests/serve && npm ci --no-audit --no-fund --loglevel=error)
+fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 failed=()

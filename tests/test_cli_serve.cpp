@@ -413,7 +413,7 @@ void expect_error(const Response& r, int status, const std::string& code, const 
   json j;
   try {
     j = r.j();
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     ADD_FAILURE() << "not JSON: " << r.body;
     return;
   }
@@ -422,8 +422,12 @@ void expect_error(const Response& r, int status, const std::string& code, const 
   EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << r.body;
   EXPECT_TRUE(e["type"].is_string()) << r.body;
   EXPECT_TRUE(e.contains("param") && e.contains("code")) << r.body;
-  if (!code.empty()) EXPECT_EQ(e["code"], code) << r.body;
-  if (!param.empty()) EXPECT_EQ(e["param"], param) << r.body;
+  if (!code.empty()) {
+    EXPECT_EQ(e["code"], code) << r.body;
+  }
+  if (!param.empty()) {
+    EXPECT_EQ(e["param"], param) << r.body;
+  }
 }
 
 // A metric's value from /metrics text ("name{labels}" exactly as printed).
@@ -619,18 +623,22 @@ TEST(Serve, HealthAndMetricsDescribeTheRoute) {
   EXPECT_EQ(st["memory"]["used"], st["memory"]["planned_total"]);
   EXPECT_GT(st["memory"]["rss"].get<uint64_t>(), 0u);
 
-  ASSERT_EQ(post(port, "/v1/completions", {{"model", kModel}, {"prompt", "Hi"}, {"max_tokens", 5}}).status, 200);
+  Response done = post(port, "/v1/completions", {{"model", kModel}, {"prompt", "Hi"}, {"max_tokens", 5}});
+  ASSERT_EQ(done.status, 200);
+  const json usage = done.j()["usage"];
   Response m = http(port, "GET", "/metrics");
   ASSERT_EQ(m.status, 200);
   EXPECT_EQ(m.headers["content-type"].rfind("text/plain", 0), 0u);
   for (const char* series : {"baton_http_responses_total{endpoint=\"completions\",code=\"200\"} 1",
-                             "baton_prompt_tokens_total 2", "baton_slots_total 3", "baton_queue_capacity 5",
+                             "baton_slots_total 3", "baton_queue_capacity 5",
                              "baton_time_to_first_token_seconds_count 1", "baton_up 1",
                              "baton_stage_forward_seconds_count{stage=\"0\",phase=\"prefill\"} 1",
                              "baton_memory_bytes{node=\"local\",layers=\"0-4\",kind=\"planned\"}"}) {
     EXPECT_NE(m.body.find(series), std::string::npos) << series << "\n" << m.body;
   }
-  EXPECT_GT(metric(port, "baton_completion_tokens_total"), 0);
+  EXPECT_EQ(metric(port, "baton_prompt_tokens_total"), usage["prompt_tokens"].get<double>());
+  EXPECT_EQ(metric(port, "baton_completion_tokens_total"), usage["completion_tokens"].get<double>());
+  EXPECT_GT(usage["completion_tokens"].get<int>(), 0);
   EXPECT_GT(metric(port, "baton_decode_tokens_per_second"), 0);
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }

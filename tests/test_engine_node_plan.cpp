@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 
 #include "engine/deepseek4_shape.h"
@@ -72,11 +73,12 @@ TEST(Deepseek4Shape, FlashTensorTableMatchesThePublishedFiles) {
   EXPECT_TRUE(has(3, "attn_compressor_kv.weight"));
   EXPECT_FALSE(has(3, "ffn_gate_tid2eid.weight"));
   EXPECT_TRUE(has(42, "indexer_compressor_norm.weight"));
-  for (const auto& s : flash.layer_tensors(4)) {
-    if (s.name == "blk.4.attn_compressor_ape.weight") EXPECT_EQ(s.shape, (std::vector<int64_t>{1024, 4}));
-    if (s.name == "blk.4.attn_output_a.weight") EXPECT_EQ(s.shape, (std::vector<int64_t>{4096, 8192}));
-    if (s.name == "blk.4.hc_attn_fn.weight") EXPECT_EQ(s.shape, (std::vector<int64_t>{16384, 24}));
-  }
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& s : flash.layer_tensors(4)) shapes[s.name] = s.shape;
+  EXPECT_EQ(shapes["blk.4.attn_compressor_ape.weight"], (std::vector<int64_t>{1024, 4}));
+  EXPECT_EQ(shapes["blk.4.attn_output_a.weight"], (std::vector<int64_t>{4096, 8192}));
+  EXPECT_EQ(shapes["blk.4.hc_attn_fn.weight"], (std::vector<int64_t>{16384, 24}));
+  EXPECT_EQ(shapes["blk.4.ffn_down_exps.weight"], (std::vector<int64_t>{2048, 4096, 256}));
 }
 
 TEST(Deepseek4Shape, KvPerTokenMatchesThePublishedFigure) {
@@ -287,12 +289,12 @@ TEST(NodePlan, Refusals) {
 }
 
 TEST(NodePlan, NodeUsableMemory) {
-  NodeSpec spark{"spark", 128000000000ull, true};
+  NodeSpec spark{"spark", 128000000000ull, true, std::nullopt, 0, Backend::Cuda};
   EXPECT_EQ(spark.usable_bytes(), 128000000000ull - kDefaultUnifiedReserve);
   EXPECT_DOUBLE_EQ(spark.effective_bandwidth(), kUnifiedBandwidth);
   spark.reserve_bytes = 1ull << 30;
   EXPECT_EQ(spark.usable_bytes(), 128000000000ull - (1ull << 30));
-  NodeSpec rtx{"rtx", 97887ull << 20, false};
+  NodeSpec rtx{"rtx", 97887ull << 20, false, std::nullopt, 0, Backend::Cuda};
   EXPECT_EQ(rtx.usable_bytes(), 97887ull << 20);
   EXPECT_DOUBLE_EQ(rtx.effective_bandwidth(), kDiscreteBandwidth);
   rtx.reserve_bytes = 100ull << 30;  // more than it has

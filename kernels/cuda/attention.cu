@@ -78,7 +78,7 @@ struct WarpRows {
   int64_t last;  // last position any row of the warp sees, -1 when none
   float q[J][N], o[J][N], m[J], l[J];
 
-  __device__ void init(const KernelArgs& a, int kvh, int64_t grp, int lane) {
+  __device__ void init(const KernelArgs& a, int kvh, int64_t grp, int lane, int64_t pos0) {
     const int g = a.group, dk = a.p.head_dim_k;
     const int64_t n_rows_kv = a.p.n_tokens * g;
     last = -1;
@@ -89,7 +89,7 @@ struct WarpRows {
       const int64_t ic = valid ? i : n_rows_kv - 1;
       tok[j] = ic / g;
       head[j] = kvh * g + int(ic % g);
-      lim[j] = valid ? a.p.pos0 + tok[j] : -1;
+      lim[j] = valid ? pos0 + tok[j] : -1;
       last = max(last, lim[j]);
       const float* qr = a.p.q + tok[j] * a.p.q_stride + int64_t(head[j]) * dk;
 #pragma unroll
@@ -212,9 +212,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   if (wg >= int64_t(a.p.n_head_kv) * a.groups_per_kv) return;  // whole warp
   const int kvh = int(wg / a.groups_per_kv);
   WarpRows<N> rows;
-  rows.init(a, kvh, wg % a.groups_per_kv, lane);
-  const int64_t p_begin = int64_t(blockIdx.y) * a.chunk;
-  const int64_t p_end = min(p_begin + a.chunk, rows.last + 1);
+  const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
+  rows.init(a, kvh, wg % a.groups_per_kv, lane, pos0);
+  // A run-time position shares the positions seen now among the splits.
+  const int64_t chunk = a.p.pos0_device ? (pos0 + a.p.n_tokens + a.n_splits - 1) / a.n_splits : a.chunk;
+  const int64_t p_begin = int64_t(blockIdx.y) * chunk;
+  const int64_t p_end = min(p_begin + chunk, rows.last + 1);
   const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
   const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
   const float* kb = a.p.k_cache + int64_t(kvh) * dk;

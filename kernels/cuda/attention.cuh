@@ -32,6 +32,11 @@ struct AttentionParams {
   int64_t n_tokens = 0;
   // Token t is at position pos0 + t and sees cache positions [0, pos0 + t].
   int64_t pos0 = 0;
+  // When set, the kernels read token 0's position from this device int32 at
+  // run time instead of pos0, so that one captured CUDA graph serves every
+  // decode step; pos0 must then be an upper bound of that value (the split
+  // count is sized for pos0 + n_tokens positions).
+  const int32_t* pos0_device = nullptr;
   // Row p of the cache: k_cache[p * n_head_kv*head_dim_k ...], v_cache likewise;
   // rows [0, pos0 + n_tokens) must be filled.
   const float* k_cache = nullptr;

@@ -113,7 +113,11 @@ void matmul(cublasHandle_t handle, const MatrixView& w, const float* x, int64_t 
       out_stride > INT32_MAX) {
     throw std::invalid_argument("matmul: dimensions beyond cuBLAS's int range");
   }
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  // cublasSetStream drops a workspace given with cublasSetWorkspace (back to
+  // cuBLAS's own pool, outside any plan), so only switch when needed.
+  cudaStream_t current = nullptr;
+  check_cublas(cublasGetStream(handle, &current), "cublasGetStream");
+  if (current != stream) check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, beta = 0.0f;
   const int k = int(w.cols), n = int(n_tokens);
 

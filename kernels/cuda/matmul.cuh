@@ -35,7 +35,9 @@ size_t matmul_workspace_bytes(DType t, int64_t cols, int64_t n_tokens, int64_t c
 // that fits, or all rows). Preconditions (std::invalid_argument):
 // validate_matrix(w); x_stride >= cols; out_stride >= rows; workspace
 // 256-byte aligned and at least matmul_workspace_bytes(w.type, w.cols,
-// n_tokens, 1). Sets the handle's stream to `stream`.
+// n_tokens, 1). Sets the handle's stream to `stream` when it is another one
+// (which makes cuBLAS forget a workspace set with cublasSetWorkspace: callers
+// that plan it set the stream first, then the workspace).
 void matmul(cublasHandle_t handle, const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride,
             float* out, int64_t out_stride, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One pass over everything that needs the GPU, for a machine that has one:
+#
+#   bench/gpu_check.sh BIN_DIR OUT_DIR [WORK_DIR]
+#
+# BIN_DIR holds the binaries of a Release CUDA build (baton, tests/test_cuda_*),
+# libs/ (shared libraries the machine may lack, used only for those it lacks)
+# and shared/models/stories260K.gguf. bench/pack_gpu.sh BUILD BIN_DIR makes it.
+# WORK_DIR (default /tmp/baton-gpu-check) receives the synthetic 8B models
+# (5-9 GB each): keep it on a local disk, never under OUT_DIR.
+#
+# Steps, each bounded by a timeout, all run even when one fails:
+#   1. the CUDA test suites (kernels and the CUDA stage)
+#   2. the oracle: stories260K, 100 greedy tokens, --backend cuda == cpu
+#   3. baton synth llama-8b in Q4_K and Q8_0 (alias data: written at disk speed)
+#   4. baton bench on each: ceilings, load (progress, RSS, device memory), sweep
+# OUT_DIR gets run.log (everything printed), bench_<model>.csv and load.csv.
+# Exits non-zero when a step failed.
+set -u -o pipefail
+bin=${1:?binary folder}
+out=${2:?output folder}
+work=${3:-/tmp/baton-gpu-check}
+mkdir -p "$out" "$work"
+log="$out/run.log"
+: > "$log"
+say() { echo "== $*" | tee -a "$log"; }
+status=0
+
+# Shared libraries: the machine's own first; ours only for names it lacks.
+mkdir -p "$work/libs"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do
+  if [ -e "$d/libcublas.so.13" ]; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
+done
+for lib in $(ldd "$bin/baton" "$bin"/tests/test_cuda_* 2>/dev/null | awk '/not found/ {print $1}' | sort -u); do
+  [ -e "$bin/libs/$lib" ] && ln -sf "$(cd "$bin/libs" && pwd)/$lib" "$work/libs/$lib"
+done
+export LD_LIBRARY_PATH="$work/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ldd "$bin/baton" | grep "not found" | tee -a "$log" && status=1
+
+say "machine"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+  nproc; free -g | head -2; df -h "$work" | tail -1; uname -r; } 2>&1 | tee -a "$log"
+
+say "1. CUDA test suites"
+export BATON_SHARED="$(cd "$bin/shared" && pwd)"
+for t in "$bin"/tests/test_cuda_*; do
+  [ -x "$t" ] || continue
+  echo "-- $(basename "$t")" | tee -a "$log"
+  timeout 200 "$t" --gtest_brief=1 >> "$log" 2>&1 || { status=1; echo "FAILED: $(basename "$t")" | tee -a "$log"; }
+  tail -n 2 "$log"
+done
+
+say "2. oracle: stories260K, 100 greedy tokens, cuda vs cpu"
+stories="$BATON_SHARED/models/stories260K.gguf"
+for b in cpu cuda; do
+  timeout 60 "$bin/baton" run -m "$stories" -p "Once upon a time" -n 100 --temp 0 --json --backend "$b" \
+    > "$work/oracle_$b.json" 2>> "$log" || status=1
+done
+python3 - "$work/oracle_cpu.json" "$work/oracle_cuda.json" <<'EOF' 2>&1 | tee -a "$log" || status=1
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+same = a["tokens"] == b["tokens"]
+print("cpu  %d tokens, decode %.0f tok/s: %r" % (len(a["tokens"]), a["decode_tokens_per_s"], a["text"][:80]))
+print("cuda %d tokens, decode %.0f tok/s: %r" % (len(b["tokens"]), b["decode_tokens_per_s"], b["text"][:80]))
+print("top logits cpu ", a["top_logits"]); print("top logits cuda", b["top_logits"])
+print("ORACLE", "PASS: the 100 greedy tokens are equal" if same and len(a["tokens"]) == 100 else "FAIL")
+sys.exit(0 if same and len(a["tokens"]) == 100 else 1)
+EOF
+
+first=1
+for type in q4_k q8_0; do
+  model="$work/llama-8b-$type.gguf"
+  say "3. synth llama-8b $type"
+  t0=$SECONDS
+  timeout 240 "$bin/baton" synth --shape llama-8b --type "$type" --data alias -q -o "$model" \
+    2> "$work/synth.err" || { status=1; cat "$work/synth.err" >> "$log"; continue; }
+  echo "written in $((SECONDS - t0)) s: $(ls -l "$model")" | tee -a "$log"
+  say "4. bench llama-8b $type"
+  timeout 240 "$bin/baton" bench -m "$model" --backend cuda --csv --ctx-start 512 --ctx-max 4096 --step-mul 2 \
+    --gen-tokens 128 --batch 512 --load-csv "$work/load_$type.csv" > "$out/bench_llama-8b-$type.csv" 2> "$work/bench.err" \
+    || status=1
+  tr '\r' '\n' < "$work/bench.err" | grep -v "^loading .*ETA" | tee -a "$log"
+  grep "^loading" <(tr '\r' '\n' < "$work/bench.err") | head -3 | tee -a "$log"
+  cat "$out/bench_llama-8b-$type.csv" | tee -a "$log"
+  if [ -f "$work/load_$type.csv" ]; then
+    if [ $first = 1 ]; then cat "$work/load_$type.csv" > "$out/load.csv"; first=0; else tail -n 1 "$work/load_$type.csv" >> "$out/load.csv"; fi
+  fi
+  rm -f "$model"
+done
+[ -f "$out/load.csv" ] && cat "$out/load.csv" | tee -a "$log"
+say "done, status $status"
+exit $status

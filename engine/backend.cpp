@@ -1,0 +1,124 @@
+#include "engine/backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "engine/arch.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+
+#ifdef BATON_HAVE_CUDA
+#include "engine/cuda/cuda_stage.h"
+#endif
+
+namespace baton {
+
+uint64_t decode_weight_bytes(const WeightLayout& layout) {
+  uint64_t total = 0;
+  for (const auto* group : {&layout.embedding, &layout.head}) {
+    for (const auto& e : *group) {
+      if (e.info && !e.alias) total += e.info->nbytes;
+    }
+  }
+  for (const auto& l : layout.layers) {
+    for (const auto& e : l) {
+      if (e.info && !e.alias) total += e.info->nbytes;
+    }
+  }
+  for (const auto& e : layout.embedding) {
+    if (!e.info) continue;
+    bool shared = false;
+    for (const auto& h : layout.head) shared = shared || (h.info == e.info);
+    if (!shared) total -= e.info->nbytes - e.info->row_bytes();
+  }
+  return total;
+}
+
+namespace {
+
+class CpuStageRunner final : public StageRunner {
+ public:
+  CpuStageRunner(const GgufFile& f, const StageConfig& config, const LoadOptions& load) : stage_(f, config, load) {
+    const StageConfig& c = stage_.config();
+    per_token_ = decode_weight_bytes(Model::plan(f, stage_.arch(), {{c.first_layer, c.last_layer}, c.embedding, c.head}));
+  }
+  Backend backend() const override { return Backend::Cpu; }
+  std::span<const float> forward(int seq, std::span<const int32_t> tokens) override {
+    return stage_.forward(seq, tokens);
+  }
+  int64_t position(int seq) const override { return stage_.position(seq); }
+  void reset(int seq) override { stage_.reset(seq); }
+  const Arch& arch() const override { return stage_.arch(); }
+  const StageConfig& config() const override { return stage_.config(); }
+  const MemoryPlan& memory_plan() const override { return stage_.memory_plan(); }
+  const LoadStats& load_stats() const override { return stage_.load_stats(); }
+  uint64_t weight_bytes_per_token() const override { return per_token_; }
+
+ private:
+  Stage stage_;
+  uint64_t per_token_ = 0;
+};
+
+}  // namespace
+
+std::optional<Backend> backend_from_name(std::string_view name) {
+  if (name == "cpu") return Backend::Cpu;
+  if (name == "cuda") return Backend::Cuda;
+  return std::nullopt;
+}
+
+std::string backend_unavailable(Backend b) {
+  if (b == Backend::Cpu) return "";
+#ifdef BATON_HAVE_CUDA
+  return cuda_unavailable_reason();
+#else
+  return "cuda: this build has no CUDA backend (configure with -DBATON_CUDA=ON where nvcc is installed)";
+#endif
+}
+
+int64_t StageRunner::n_vocab() const { return arch().dims().n_vocab; }
+
+int32_t StageRunner::forward_greedy(int seq, std::span<const int32_t> tokens) {
+  if (!config().head) throw std::logic_error("forward_greedy: this stage has no output head");
+  std::span<const float> logits = forward(seq, tokens);
+  const int64_t v = n_vocab();
+  const float* row = logits.data() + (int64_t(logits.size()) - v);
+  // First maximum: the lowest id wins a tie, as in Sampler.
+  return int32_t(std::max_element(row, row + v) - row);
+}
+
+MemoryPlan plan_stage_runner(Backend b, const GgufFile& f, const StageConfig& config, const LoadOptions& load) {
+  if (std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
+  if (b == Backend::Cpu) return Stage::plan(f, config);
+#ifdef BATON_HAVE_CUDA
+  return CudaStage::plan(f, config, load);
+#else
+  (void)load;
+  throw std::logic_error("unreachable: cuda without CUDA");
+#endif
+}
+
+std::unique_ptr<StageRunner> make_stage_runner(Backend b, const GgufFile& f, const StageConfig& config,
+                                               const LoadOptions& load) {
+  if (std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
+  if (b == Backend::Cpu) return std::make_unique<CpuStageRunner>(f, config, load);
+#ifdef BATON_HAVE_CUDA
+  return std::make_unique<CudaStage>(f, config, load);
+#else
+  throw std::logic_error("unreachable: cuda without CUDA");
+#endif
+}
+
+DeviceCeilings measure_device_ceilings(uint64_t copy_bytes) {
+  if (std::string why = backend_unavailable(Backend::Cuda); !why.empty()) throw std::runtime_error(why);
+#ifdef BATON_HAVE_CUDA
+  return measure_cuda_ceilings(copy_bytes);
+#else
+  (void)copy_bytes;
+  throw std::logic_error("unreachable: cuda without CUDA");
+#endif
+}
+
+}  // namespace baton

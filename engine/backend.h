@@ -1,0 +1,103 @@
+// The backend seam: one stage (a layer range with its weights, KV cache and
+// workspace) on the CPU or on a CUDA device, as generation loops and
+// benchmarks drive it. The CPU runner wraps Stage (engine/stage.h); the CUDA
+// runner is engine/cuda/cuda_stage.h, compiled only when the build has CUDA
+// (BATON_HAVE_CUDA). Code that picks a backend includes only this header, so
+// it compiles the same with and without CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "engine/loader.h"
+#include "engine/memory_plan.h"
+#include "engine/node_plan.h"  // enum class Backend, backend_name()
+#include "engine/stage.h"      // StageConfig
+
+namespace baton {
+
+class Arch;
+class GgufFile;
+struct WeightLayout;
+
+std::optional<Backend> backend_from_name(std::string_view name);
+
+// Empty when backend b can run on this machine; otherwise why not, naming
+// the backend ("cuda: this build has no CUDA backend ..." or "cuda: no CUDA
+// device ..."). The CPU backend is always available.
+std::string backend_unavailable(Backend b);
+
+// Device memory of a stage, measured around its allocations.
+struct DeviceMemoryReport {
+  std::string device;     // e.g. "NVIDIA H200"
+  uint64_t planned = 0;   // the plan's device lines (weights + kv cache + workspace)
+  uint64_t allocated = 0; // bytes asked of the allocator (one allocation per line)
+  uint64_t measured = 0;  // drop of the device's free memory (cudaMemGetInfo) across those allocations
+  uint64_t free_after = 0;
+  uint64_t total = 0;
+};
+
+class StageRunner {
+ public:
+  virtual ~StageRunner() = default;
+  virtual Backend backend() const = 0;
+
+  // As Stage::forward: token ids of sequence seq at its next positions;
+  // returns the last token's logits (every token's with all_logits) or the
+  // boundary activations. The span stays valid until the next call.
+  virtual std::span<const float> forward(int seq, std::span<const int32_t> tokens) = 0;
+  // The greedy next token after `tokens` (argmax of the last token's logits,
+  // lowest id on ties, as Sampler does at temperature 0). A backend may do
+  // this without bringing the logits back to the host. Needs the head.
+  virtual int32_t forward_greedy(int seq, std::span<const int32_t> tokens);
+
+  virtual int64_t position(int seq) const = 0;
+  virtual void reset(int seq) = 0;
+
+  virtual const Arch& arch() const = 0;
+  virtual const StageConfig& config() const = 0;  // resolved (Stage::resolve)
+  int64_t n_ctx() const { return config().n_ctx; }
+  int64_t max_batch() const { return config().max_batch; }
+  int64_t n_vocab() const;
+
+  virtual const MemoryPlan& memory_plan() const = 0;
+  virtual const LoadStats& load_stats() const = 0;
+  // Zeros for a backend without device memory.
+  virtual DeviceMemoryReport device_memory() const { return {}; }
+  // Bytes of weights one decode step reads: every tensor of the stage except
+  // the embedding table, of which one row is read.
+  virtual uint64_t weight_bytes_per_token() const = 0;
+};
+
+// Bytes of weights one decode step reads from a layout: every distinct
+// tensor, except that an embedding table not shared with the head is read
+// one row per token.
+uint64_t decode_weight_bytes(const WeightLayout& layout);
+
+// The dry run: what make_stage_runner would allocate, without allocating.
+// Throws what loading would (bad file, a dtype the backend cannot run, an
+// unavailable backend).
+MemoryPlan plan_stage_runner(Backend b, const GgufFile& f, const StageConfig& config, const LoadOptions& load = {});
+
+// Plans, allocates and loads. Throws std::runtime_error naming the backend
+// when it is unavailable (see backend_unavailable).
+std::unique_ptr<StageRunner> make_stage_runner(Backend b, const GgufFile& f, const StageConfig& config,
+                                               const LoadOptions& load = {});
+
+// Ceilings of the device, measured now, for benchmarks (docs/PERFORMANCE.md).
+struct DeviceCeilings {
+  std::string device;
+  double copy_bytes_per_s = 0;   // device-to-device copy, bytes read + written
+  double h2d_bytes_per_s = 0;    // pinned host to device
+  double bf16_flops_per_s = 0;   // dense bf16 GEMM through cuBLAS (fp32 accumulation)
+};
+// copy_bytes: size of the copied buffer (1-2 GiB keeps the L2 out of it).
+// Allocates its buffers for the measurement and frees them. Throws for the
+// CPU backend or without a device.
+DeviceCeilings measure_device_ceilings(uint64_t copy_bytes);
+
+}  // namespace baton

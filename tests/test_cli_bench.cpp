@@ -1,0 +1,99 @@
+// `baton bench` and `baton run --backend`: the CSV of a small CPU sweep, and
+// the CUDA backend refused by name where it cannot run (this build has no
+// CUDA, or the machine no GPU) or, on a GPU machine, giving the CPU's greedy
+// tokens.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/synth.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, sep)) out.push_back(item);
+  return out;
+}
+
+TEST(CliBench, CpuSweepWritesTheCsv) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  SynthConfig sc;
+  sc.seed = seed;
+  write_synthetic_model(dir.file("m.gguf"), sc);
+  auto r = test::run_command({test::baton_binary(), "bench", "-m", dir.file("m.gguf"), "--backend", "cpu", "--csv",
+                              "--ctx-start", "16", "--ctx-max", "64", "--step-mul", "2", "--gen-tokens", "4",
+                              "--batch", "16", "--threads", "2", "--copy-mb", "16", "--read-mb", "1", "--load-csv",
+                              dir.file("load.csv")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = split(r.out, '\n');
+  ASSERT_EQ(lines.size(), 4u) << r.out;  // header + ctx 16, 32, 64
+  const auto header = split(lines[0], ',');
+  const std::vector<std::string> want = {"ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens",
+                                         "gen_tps", "kv_bytes", "weights_bytes_per_token", "gen_gbps",
+                                         "roofline_pct"};
+  ASSERT_GE(header.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(header[i], want[i]);
+  int64_t ctx = 16;
+  for (size_t i = 1; i < lines.size(); ++i, ctx *= 2) {
+    const auto v = split(lines[i], ',');
+    ASSERT_EQ(v.size(), header.size()) << lines[i];
+    EXPECT_EQ(std::stoll(v[0]), ctx);
+    EXPECT_EQ(std::stoll(v[1]), ctx);
+    EXPECT_GT(std::stod(v[2]), 0.0);
+    EXPECT_EQ(std::stoll(v[3]), 4);
+    EXPECT_GT(std::stod(v[4]), 0.0);
+    // 2 layers, K and V rows of 2 heads x 16 floats each.
+    EXPECT_EQ(std::stoull(v[5]), uint64_t(ctx + 4) * 2u * 2u * 32u * 4u);
+    EXPECT_GT(std::stoull(v[6]), 0u);
+    EXPECT_GT(std::stod(v[7]), 0.0);
+    EXPECT_GT(std::stod(v[8]), 0.0);
+  }
+  EXPECT_NE(r.err.find("loaded"), std::string::npos) << r.err;
+  const auto bytes = test::read_file(dir.file("load.csv"));
+  const auto load = split(std::string(bytes.begin(), bytes.end()), '\n');
+  ASSERT_EQ(load.size(), 2u);
+  EXPECT_EQ(split(load[0], ',').size(), split(load[1], ',').size());
+}
+
+TEST(CliBench, CudaIsRefusedByNameOrMatchesCpu) {
+  const std::string stories = test::model_path("stories260K.gguf");
+  auto run = [&](const char* backend) {
+    return test::run_command({test::baton_binary(), "run", "-m", stories, "-n", "20", "--temp", "0", "--json",
+                              "--backend", backend});
+  };
+  auto cpu = run("cpu");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  auto gpu = run("cuda");
+  if (gpu.exit_code == 2) {
+    EXPECT_EQ(gpu.err.rfind("baton run: cuda: ", 0), 0u) << gpu.err;
+    EXPECT_EQ(gpu.err.find('\n'), gpu.err.size() - 1) << gpu.err;
+    auto bench = test::run_command({test::baton_binary(), "bench", "-m", stories, "--backend", "cuda"});
+    EXPECT_EQ(bench.exit_code, 2) << bench.err;
+    EXPECT_EQ(bench.err.rfind("baton bench: cuda: ", 0), 0u) << bench.err;
+    return;
+  }
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  const auto a = nlohmann::json::parse(cpu.out), b = nlohmann::json::parse(gpu.out);
+  EXPECT_EQ(b["backend"], "cuda");
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+}
+
+TEST(CliBench, BadBackendIsAnError) {
+  auto r = test::run_command({test::baton_binary(), "run", "--backend", "tpu", "-n", "1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--backend must be cpu or cuda"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,295 @@
+// The CUDA stage against the CPU stage: logits after a prompt, greedy
+// generation through the captured decode graph, prefill through cuBLAS, the
+// pinned staging ring, and device memory against the plan. Plan-only tests
+// run everywhere; the rest skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/arch.h"
+#include "engine/cuda/cuda_stage.h"
+#include "engine/gguf.h"
+#include "engine/loader.h"
+#include "engine/model.h"
+#include "engine/stage.h"
+#include "engine/synth.h"
+#include "tests/test_cuda_util.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+std::vector<int32_t> random_tokens(uint64_t seed, size_t n, int32_t vocab) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = int32_t(rng() % uint64_t(vocab));
+  return t;
+}
+
+int32_t argmax(std::span<const float> row) {
+  return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// max |a - b| over max |b|: the logits' error relative to their scale.
+double rel_err(std::span<const float> a, std::span<const float> b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+std::string write_synth(const test::TempDir& dir, DType type, uint64_t seed) {
+  SynthConfig sc;
+  sc.n_layer = 2;
+  sc.n_embd = 256;  // a whole K-quant block per row
+  sc.n_head = 4;
+  sc.n_head_kv = 2;
+  sc.n_ff = 512;
+  sc.n_ctx = 512;
+  sc.weight_type = type;
+  sc.seed = seed;
+  const std::string path = dir.file(std::string("synth-") + dtype_name(type) + ".gguf");
+  write_synthetic_model(path, sc);
+  return path;
+}
+
+// Prompt logits and 100 greedy tokens on both backends; the prompt is short
+// enough (<= 8 tokens) that every CUDA projection is the float32 matvec.
+void expect_same_generation(const std::string& path, const std::vector<int32_t>& prompt, double logit_tol) {
+  GgufFile f = GgufFile::open(path);
+  StageConfig sc;
+  sc.n_ctx = 160;
+  sc.max_batch = 8;
+  sc.n_threads = 2;
+  Stage cpu(f, sc);
+  CudaStage gpu(f, sc);
+
+  auto lc = cpu.forward(0, prompt);
+  std::vector<float> cpu_logits(lc.begin(), lc.end());
+  auto lg = gpu.forward(0, prompt);
+  ASSERT_EQ(lg.size(), cpu_logits.size());
+  EXPECT_LE(rel_err(lg, cpu_logits), logit_tol);
+
+  std::vector<int32_t> want, got;
+  int32_t next = argmax(cpu_logits);
+  for (int i = 0; i < 100; ++i) {
+    want.push_back(next);
+    next = argmax(cpu.forward(0, std::span<const int32_t>(&next, 1)));
+  }
+  // Same start, then the device's own greedy ids (graph replay, argmax on the device).
+  next = argmax(lg);
+  for (int i = 0; i < 100; ++i) {
+    got.push_back(next);
+    next = gpu.forward_greedy(0, std::span<const int32_t>(&next, 1));
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(gpu.position(0), cpu.position(0));
+}
+
+TEST(CudaStage, PlanHasExactDeviceLines) {
+  const std::string path = test::model_path("stories260K.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no fixture " << path;
+  GgufFile f = GgufFile::open(path);
+  StageConfig sc;
+  sc.n_ctx = 100;
+  const MemoryPlan cpu = Stage::plan(f, sc);
+  const MemoryPlan gpu = CudaStage::plan(f, sc);
+  // The same weights and cache as the CPU; its own workspace and host lines.
+  EXPECT_EQ(gpu.bytes("weights"), cpu.bytes("weights"));
+  EXPECT_EQ(gpu.bytes("kv cache"), cpu.bytes("kv cache"));
+  EXPECT_GT(gpu.bytes("workspace"), 0u);
+  EXPECT_GT(gpu.bytes("pinned io (host)"), 0u);
+  LoadOptions lo;
+  lo.slots = 3;
+  lo.slot_bytes = 1 << 20;
+  EXPECT_EQ(CudaStage::plan(f, sc, lo).bytes("staging (host, load)"), 3u << 20);
+}
+
+TEST(CudaStage, Stories260KMatchesCpu) {
+  BATON_REQUIRE_CUDA();
+  const std::string path = test::model_path("stories260K.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no fixture " << path;
+  // BOS + "Once upon a time" (shared/models/README.md).
+  expect_same_generation(path, {1, 403, 407, 261, 378}, 1e-4);
+}
+
+class CudaStageTypes : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaStageTypes, SyntheticMatchesCpu) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", " + dtype_name(GetParam()));
+  test::TempDir dir;
+  const std::string path = write_synth(dir, GetParam(), seed);
+  GgufFile f = GgufFile::open(path);
+  const auto vocab = int32_t(f.find_tensor("token_embd.weight")->ne[1]);
+  expect_same_generation(path, random_tokens(seed, 6, vocab), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaStageTypes, ::testing::Values(DType::F16, DType::Q8_0, DType::Q4_K),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// More than 8 tokens per forward go through cuBLAS (F32: a float32 GEMM;
+// quantized: F16 tiles, x rounded to F16), with logits for every token.
+TEST(CudaStage, PrefillGemmMatchesCpu) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  for (DType type : {DType::F32, DType::Q8_0}) {
+    SCOPED_TRACE(dtype_name(type));
+    GgufFile f = GgufFile::open(write_synth(dir, type, seed + 1));
+    const auto vocab = int32_t(f.find_tensor("token_embd.weight")->ne[1]);
+    StageConfig sc;
+    sc.n_ctx = 128;
+    sc.max_batch = 32;
+    sc.all_logits = true;
+    sc.n_threads = 2;
+    Stage cpu(f, sc);
+    CudaStage gpu(f, sc);
+    const auto prompt = random_tokens(seed + 2, 70, vocab);
+    for (size_t at = 0; at < prompt.size(); at += 32) {
+      const size_t n = std::min<size_t>(32, prompt.size() - at);
+      std::span<const int32_t> chunk(prompt.data() + at, n);
+      auto lc = cpu.forward(0, chunk);
+      std::vector<float> want(lc.begin(), lc.end());
+      auto lg = gpu.forward(0, chunk);
+      ASSERT_EQ(lg.size(), want.size());
+      for (size_t r = 0; r < n; ++r) {
+        const size_t V = size_t(vocab);
+        EXPECT_LE(rel_err(lg.subspan(r * V, V), std::span<const float>(want).subspan(r * V, V)),
+                  type == DType::F32 ? 1e-4 : 2e-2)
+            << "chunk at " << at << ", row " << r;
+      }
+    }
+  }
+}
+
+// Whole-prompt prefill, one token at a time through the graph, and chunks of
+// 3 give the same logits: the cache, positions and graph parameters line up.
+TEST(CudaStage, GraphDecodeEqualsPrefill) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  GgufFile f = GgufFile::open(write_synth(dir, DType::Q4_K, seed + 3));
+  const auto vocab = int32_t(f.find_tensor("token_embd.weight")->ne[1]);
+  const auto tokens = random_tokens(seed + 4, 8, vocab);
+  StageConfig sc;
+  sc.n_ctx = 64;
+  sc.max_batch = 8;
+  sc.n_seq = 2;
+  CudaStage gpu(f, sc);
+  auto whole = gpu.forward(0, tokens);
+  const std::vector<float> want(whole.begin(), whole.end());
+
+  std::vector<float> step;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto l = gpu.forward(1, std::span<const int32_t>(&tokens[i], 1));
+    step.assign(l.begin(), l.end());
+  }
+  EXPECT_LE(rel_err(step, want), 1e-5);
+
+  gpu.reset(0);
+  std::vector<float> chunked;
+  for (size_t at = 0; at < tokens.size(); at += 3) {
+    const size_t n = std::min<size_t>(3, tokens.size() - at);
+    auto l = gpu.forward(0, std::span<const int32_t>(tokens.data() + at, n));
+    chunked.assign(l.begin(), l.end());
+  }
+  EXPECT_LE(rel_err(chunked, want), 1e-5);
+  EXPECT_EQ(gpu.position(0), 8);
+  EXPECT_EQ(gpu.position(1), 8);
+
+  // The device's greedy id is the argmax of the logits it returns.
+  const int32_t next = argmax(want);
+  gpu.reset(0);
+  gpu.forward(0, tokens);
+  const int32_t id = gpu.forward_greedy(0, std::span<const int32_t>(&next, 1));
+  gpu.reset(1);
+  gpu.forward(1, tokens);
+  EXPECT_EQ(id, argmax(gpu.forward(1, std::span<const int32_t>(&next, 1))));
+
+  // Refused before anything runs: a bad id, a sequence slot, the context.
+  const int32_t bad = vocab;
+  EXPECT_THROW(gpu.forward(0, std::span<const int32_t>(&bad, 1)), std::out_of_range);
+  EXPECT_THROW(gpu.forward(2, std::span<const int32_t>(&next, 1)), std::out_of_range);
+  EXPECT_EQ(gpu.position(0), 9);
+  for (int i = 9; i < 64; ++i) gpu.forward_greedy(0, std::span<const int32_t>(&next, 1));
+  EXPECT_THROW(gpu.forward(0, std::span<const int32_t>(&next, 1)), std::out_of_range);
+}
+
+TEST(CudaStage, DeviceMemoryIsThePlan) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  GgufFile f = GgufFile::open(write_synth(dir, DType::Q8_0, seed + 5));
+  StageConfig sc;
+  sc.n_ctx = 256;
+  sc.max_batch = 64;
+  CudaStage gpu(f, sc);
+  const MemoryPlan& plan = gpu.memory_plan();
+  const DeviceMemoryReport m = gpu.device_memory();
+  EXPECT_EQ(m.planned, plan.bytes("weights") + plan.bytes("kv cache") + plan.bytes("workspace"));
+  EXPECT_EQ(m.allocated, m.planned);
+  // The allocator hands out whole 2 MiB pages: three allocations may round.
+  const double slack = 3.0 * double(2 << 20) + 0.02 * double(m.planned);
+  EXPECT_LE(std::fabs(double(m.measured) - double(m.planned)), slack) << m.measured << " vs " << m.planned;
+  uint64_t tensor_bytes = 0;
+  for (const auto& t : f.tensors()) tensor_bytes += t.nbytes;
+  EXPECT_EQ(gpu.load_stats().bytes, tensor_bytes);
+}
+
+// The pinned ring with a tiny slot size: every tensor lands byte for byte
+// where the layout puts it, and progress only grows.
+TEST(CudaStage, PinnedRingLoadsEveryByte) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  GgufFile f = GgufFile::open(write_synth(dir, DType::Q4_K, seed + 6));
+  auto arch = Arch::from_gguf(f);
+  const WeightLayout wl = Model::plan(f, *arch, {{0, arch->dims().n_layer - 1}, true, true});
+  DeviceBuffer dev(wl.bytes, "weights");
+  BATON_CUDA_CHECK(cudaMemset(dev.data(), 0xff, dev.size()));
+  LoadOptions lo;
+  lo.slots = 2;
+  lo.slot_bytes = 64 << 10;
+  uint64_t last = 0, calls = 0;
+  bool monotonic = true;
+  lo.progress = [&](const LoadProgress& p) {
+    monotonic = monotonic && p.done >= last && p.done <= p.total;
+    last = p.done;
+    ++calls;
+  };
+  const auto items = load_items(wl);
+  PinnedStagingSink sink(dev.data(), dev.size(), lo.slots, lo.slot_bytes);
+  const LoadStats st = load_staged(f, items, sink, lo);
+  EXPECT_TRUE(monotonic);
+  EXPECT_EQ(last, st.bytes);
+  EXPECT_GT(calls, 2u);
+  EXPECT_EQ(st.staging_bytes, 2u * (64u << 10));
+  std::vector<uint8_t> host(dev.size());
+  BATON_CUDA_CHECK(cudaMemcpy(host.data(), dev.data(), host.size(), cudaMemcpyDeviceToHost));
+  for (const auto& it : items) {
+    const GgufTensorInfo* t = f.find_tensor(it.name);
+    ASSERT_NE(t, nullptr);
+    std::vector<uint8_t> want(t->nbytes);
+    f.read_tensor(*t, want.data());
+    EXPECT_EQ(std::memcmp(host.data() + it.dst_offset, want.data(), want.size()), 0) << it.name;
+  }
+}
+
+}  // namespace
+}  // namespace baton
