@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # One pass over everything that needs the GPU, for a machine that has one:
 #
-#   bench/gpu_check.sh BIN_DIR OUT_DIR [WORK_DIR]
+#   bench/gpu_check.sh BIN_DIR OUT_DIR [WORK_DIR [SHAPE]]
 #
 # BIN_DIR holds the binaries of a Release CUDA build (baton, tests/test_cuda_*),
 # libs/ (shared libraries the machine may lack, used only for those it lacks)
 # and shared/models/stories260K.gguf. bench/pack_gpu.sh BUILD BIN_DIR makes it.
 # WORK_DIR (default /tmp/baton-gpu-check) receives the synthetic 8B models
-# (5-9 GB each): keep it on a local disk, never under OUT_DIR.
+# (5-9 GB each): keep it on a local disk, never under OUT_DIR. SHAPE (default
+# llama-8b) is the `baton synth` shape benchmarked; llama-tiny checks the
+# script itself in seconds.
 #
 # Steps, each bounded by a timeout, all run even when one fails:
 #   1. the CUDA test suites (kernels and the CUDA stage)
 #   2. the oracle: stories260K, 100 greedy tokens, --backend cuda == cpu
 #   3. baton synth llama-8b in Q4_K and Q8_0 (alias data: written at disk speed)
 #   4. baton bench on each: ceilings, load (progress, RSS, device memory), sweep
+#   5. compute-sanitizer memcheck over the short cases of the CUDA stage suite
 # OUT_DIR gets run.log (everything printed), bench_<model>.csv and load.csv.
 # Exits non-zero when a step failed.
 set -u -o pipefail
 bin=${1:?binary folder}
 out=${2:?output folder}
 work=${3:-/tmp/baton-gpu-check}
+shape=${4:-llama-8b}
 mkdir -p "$out" "$work"
 log="$out/run.log"
 : > "$log"
@@ -47,7 +51,7 @@ export BATON_SHARED="$(cd "$bin/shared" && pwd)"
 for t in "$bin"/tests/test_cuda_*; do
   [ -x "$t" ] || continue
   echo "-- $(basename "$t")" | tee -a "$log"
-  timeout 200 "$t" --gtest_brief=1 >> "$log" 2>&1 || { status=1; echo "FAILED: $(basename "$t")" | tee -a "$log"; }
+  timeout 150 "$t" --gtest_brief=1 >> "$log" 2>&1 || { status=1; echo "FAILED: $(basename "$t")" | tee -a "$log"; }
   tail -n 2 "$log"
 done
 
@@ -70,24 +74,32 @@ EOF
 
 first=1
 for type in q4_k q8_0; do
-  model="$work/llama-8b-$type.gguf"
-  say "3. synth llama-8b $type"
+  model="$work/$shape-$type.gguf"
+  say "3. synth $shape $type"
   t0=$SECONDS
-  timeout 240 "$bin/baton" synth --shape llama-8b --type "$type" --data alias -q -o "$model" \
+  timeout 180 "$bin/baton" synth --shape "$shape" --type "$type" --data alias -q -o "$model" \
     2> "$work/synth.err" || { status=1; cat "$work/synth.err" >> "$log"; continue; }
   echo "written in $((SECONDS - t0)) s: $(ls -l "$model")" | tee -a "$log"
-  say "4. bench llama-8b $type"
-  timeout 240 "$bin/baton" bench -m "$model" --backend cuda --csv --ctx-start 512 --ctx-max 4096 --step-mul 2 \
-    --gen-tokens 128 --batch 512 --load-csv "$work/load_$type.csv" > "$out/bench_llama-8b-$type.csv" 2> "$work/bench.err" \
+  say "4. bench $shape $type"
+  timeout 180 "$bin/baton" bench -m "$model" --backend cuda --csv --ctx-start 512 --ctx-max 4096 --step-mul 2 \
+    --gen-tokens 128 --batch 512 --load-csv "$work/load_$type.csv" > "$out/bench_$shape-$type.csv" 2> "$work/bench.err" \
     || status=1
   tr '\r' '\n' < "$work/bench.err" | grep -v "^loading .*ETA" | tee -a "$log"
   grep "^loading" <(tr '\r' '\n' < "$work/bench.err") | head -3 | tee -a "$log"
-  cat "$out/bench_llama-8b-$type.csv" | tee -a "$log"
+  cat "$out/bench_$shape-$type.csv" | tee -a "$log"
   if [ -f "$work/load_$type.csv" ]; then
     if [ $first = 1 ]; then cat "$work/load_$type.csv" > "$out/load.csv"; first=0; else tail -n 1 "$work/load_$type.csv" >> "$out/load.csv"; fi
   fi
   rm -f "$model"
 done
 [ -f "$out/load.csv" ] && cat "$out/load.csv" | tee -a "$log"
+
+say "5. compute-sanitizer memcheck over the CUDA stage suite (short cases)"
+if command -v compute-sanitizer > /dev/null; then
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/tests/test_cuda_stage" --gtest_brief=1 \
+    --gtest_filter='CudaStage.GraphDecodeEqualsPrefill:CudaStage.PrefillGemmMatchesCpu:CudaStage.PinnedRingLoadsEveryByte:CudaStage.DeviceMemoryIsThePlan' \
+    > "$work/memcheck.log" 2>&1; echo "memcheck exit $?" >> "$work/memcheck.log"
+  grep -E "ERROR SUMMARY|PASSED|FAILED|exit|Invalid" "$work/memcheck.log" | head -20 | tee -a "$log"
+fi
 say "done, status $status"
 exit $status

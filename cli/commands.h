@@ -11,4 +11,5 @@ int cmd_synth(int argc, char** argv);    // gguf_split/cmd_synth.cpp
 int cmd_split(int argc, char** argv);    // gguf_split/cmd_split.cpp
 int cmd_merge(int argc, char** argv);    // gguf_split/cmd_split.cpp
 int cmd_bench(int argc, char** argv);    // coordinator/cmd_bench.cpp
+int cmd_worker(int argc, char** argv);   // worker/cmd_worker.cpp
 }  // namespace baton

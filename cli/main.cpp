@@ -22,6 +22,7 @@ const Command kCommands[] = {
     {"synth", baton::cmd_synth, "write a random-weight model of a named shape"},
     {"split", baton::cmd_split, "write one GGUF per pipeline stage (layer ranges)"},
     {"merge", baton::cmd_merge, "rebuild a GGUF from the parts split wrote"},
+    {"worker", baton::cmd_worker, "run one pipeline stage for a coordinator"},
     {"bench", baton::cmd_bench, "prefill and decode speed against the device's measured ceilings"},
 };
 

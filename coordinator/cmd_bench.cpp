@@ -231,7 +231,7 @@ int bench(const BenchOptions& o) {
   const int64_t V = r.n_vocab();
   std::mt19937_64 rng(o.seed);
   auto random_prompt = [&](int64_t n) {
-    std::vector<int32_t> t(size_t(n));
+    std::vector<int32_t> t(static_cast<size_t>(n));
     for (auto& x : t) x = int32_t(rng() % uint64_t(V));
     return t;
   };

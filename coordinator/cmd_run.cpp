@@ -1,5 +1,7 @@
 // `baton run`: generate text from a prompt with the whole model on this
-// machine (one Stage over every layer, with the embedding and the head).
+// machine (one Stage over every layer, with the embedding and the head), or
+// with --workers K through a local cluster of K worker processes, one
+// pipeline stage each (coordinator/local_cluster.h).
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -22,6 +24,8 @@
 
 #include "cli/commands.h"
 #include "coordinator/load_report.h"
+#include "coordinator/local_cluster.h"
+#include "engine/node_plan.h"
 #include "engine/backend.h"
 #include "engine/gguf.h"
 #include "engine/sampler.h"
@@ -52,6 +56,8 @@ struct RunOptions {
   Backend backend = Backend::Cpu;
   uint64_t staging_mb = 64;
   bool progress = false;
+  int workers = 0;  // > 0: run through a local cluster of this many worker processes
+  int worker_delay_ms = 0;
 };
 
 // Loading progress is worth a line on stderr for real models, or when asked.
@@ -153,6 +159,11 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "MiB of each of the loader's 4 staging buffers (pinned host memory with --backend cuda)")
       ("progress", po::bool_switch(&r.progress),
        "show loading progress on stderr (always shown for models of 256 MiB or more)")
+      ("workers", po::value<int>(&r.workers)->default_value(0),
+       "run as a local cluster: K worker processes on loopback, one pipeline stage each "
+       "(layers split by weight bytes); 0 = in this process")
+      ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
+       "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -170,6 +181,8 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (r.batch < 1) throw std::invalid_argument("--batch must be >= 1");
   if (r.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
   if (r.sampling.temperature < 0) throw std::invalid_argument("--temp must be >= 0");
+  if (r.workers < 0) throw std::invalid_argument("--workers must be >= 0");
+  if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   auto b = backend_from_name(backend);
   if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");
@@ -181,7 +194,154 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The generation loop of run() with the stages on worker processes: the
+// prompt goes to the first stage in chunks of --batch, sent back to back so
+// that the chunks pipeline across stages; only the last samples. Then one
+// token per step. The last stage samples with the same seeded sampler a
+// single-process run uses, so the tokens are the same.
+int run_distributed(const RunOptions& opt) {
+  if (opt.backend != Backend::Cpu) throw BackendRefused("--workers runs cpu workers only so far");
+  std::string model_path = opt.model.empty() ? default_model() : opt.model;
+  if (model_path.empty()) throw std::invalid_argument("--workers needs a model file (-m or $BATON_MODEL)");
+  model_path = fs::absolute(model_path).string();
+  GgufFile file = GgufFile::open(model_path);
+  auto arch = Arch::from_gguf(file);
+  StageConfig sc;
+  sc.n_ctx = opt.n_ctx;
+  sc.max_batch = opt.batch;
+  sc = Stage::resolve(*arch, sc);
+  ModelPlanner planner(file);
+  const std::vector<StageSlice> slices = split_layers(planner, opt.workers);
+  auto tokenizer = Tokenizer::from_gguf(file);
+  std::vector<int32_t> prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
+  if (prompt.empty()) throw std::runtime_error("the prompt gives no tokens");
+  if (int64_t(prompt.size()) > sc.n_ctx) {
+    throw std::runtime_error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                             std::to_string(sc.n_ctx) + " (see --ctx)");
+  }
+
+  LocalClusterOptions lo;
+  lo.n_workers = opt.workers;
+  lo.model = model_path;
+  lo.threads_per_worker = std::max(1, opt.n_threads / opt.workers);
+  lo.step_delay_ms = opt.worker_delay_ms;
+  LocalCluster local(lo);
+  Cluster& cluster = local.cluster();
+  StageSettings settings;
+  settings.n_ctx = uint32_t(sc.n_ctx);
+  settings.micro_batch = 1;
+  settings.prefill_chunk = uint32_t(sc.max_batch);
+  settings.n_seq = 1;
+  settings.model_path = model_path;
+  settings.model_hash = file.tensor_table_hash();
+  cluster.assign(slices, settings);
+
+  if (!opt.json) {
+    std::fputs(opt.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  net::SamplingParams sp;
+  sp.temperature = opt.sampling.temperature;
+  sp.top_k = opt.sampling.top_k;
+  sp.top_p = opt.sampling.top_p;
+  sp.min_p = opt.sampling.min_p;
+  sp.seed = opt.sampling.seed;
+  auto chunk = [&](uint32_t pos, uint32_t n, bool sample) {
+    net::SeqChunk c;
+    c.seq = 0;
+    c.start_pos = pos;
+    c.n_tokens = n;
+    c.sample = sample;
+    c.sampling = sp;
+    return c;
+  };
+
+  auto t0 = std::chrono::steady_clock::now();
+  uint64_t last = 0;
+  for (size_t at = 0; at < prompt.size(); at += size_t(sc.max_batch)) {
+    const size_t n = std::min(prompt.size() - at, size_t(sc.max_batch));
+    const bool final_chunk = at + n == prompt.size();
+    last = cluster.forward({chunk(uint32_t(at), uint32_t(n), final_chunk)},
+                           std::vector<int32_t>(prompt.begin() + std::ptrdiff_t(at), prompt.begin() + std::ptrdiff_t(at + n)));
+  }
+  int32_t id = cluster.wait_result(last).tokens.at(0);
+  const double prefill_s = seconds_since(t0);
+
+  std::vector<int32_t> generated;
+  std::string text;
+  std::string stop = "length";
+  int decode_steps = 0;
+  int64_t pos = int64_t(prompt.size());
+  auto t1 = std::chrono::steady_clock::now();
+  while (int(generated.size()) < opt.n_predict) {
+    if (tokenizer->is_eog(id)) {
+      stop = "end of generation";
+      break;
+    }
+    generated.push_back(id);
+    std::string piece = tokenizer->token_to_piece(id);
+    text += piece;
+    if (!opt.json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (int(generated.size()) == opt.n_predict) break;
+    if (pos >= sc.n_ctx) {
+      stop = "context full";
+      break;
+    }
+    const uint64_t rid = cluster.forward({chunk(uint32_t(pos), 1, true)}, {id});
+    id = cluster.wait_result(rid).tokens.at(0);
+    ++pos;
+    ++decode_steps;
+  }
+  const double decode_s = seconds_since(t1);
+  const double prefill_tps = prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0;
+  const double decode_tps = decode_s > 0 && decode_steps > 0 ? decode_steps / decode_s : 0.0;
+  cluster.free_seq(0);
+
+  if (opt.json) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const WorkerStatus& w : cluster.workers()) {
+      stages.push_back({{"worker", w.name},
+                        {"address", w.address},
+                        {"first_layer", w.slice.layers.first},
+                        {"last_layer", w.slice.layers.last},
+                        {"embedding", w.slice.embedding},
+                        {"head", w.slice.head},
+                        {"weights_bytes", w.ready.weights_bytes},
+                        {"kv_bytes", w.ready.kv_bytes},
+                        {"workspace_bytes", w.ready.workspace_bytes},
+                        {"load_seconds", w.ready.load_seconds}});
+    }
+    nlohmann::json j = {
+        {"model", model_path},
+        {"arch", arch->name()},
+        {"backend", backend_name(opt.backend)},
+        {"prompt", opt.prompt},
+        {"prompt_tokens", prompt},
+        {"tokens", generated},
+        {"text", text},
+        {"n_prompt", prompt.size()},
+        {"n_gen", generated.size()},
+        {"stop", stop},
+        {"n_ctx", sc.n_ctx},
+        {"workers", opt.workers},
+        {"stages", stages},
+        {"prefill_tokens_per_s", prefill_tps},
+        {"decode_tokens_per_s", decode_tps},
+    };
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fputs("\n", stdout);
+    std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s; %d workers]\n",
+                 prompt.size(), prefill_tps, generated.size(), decode_tps, stop.c_str(), opt.workers);
+  }
+  return 0;
+}
+
 int run(const RunOptions& opt) {
+  if (opt.workers > 0) return run_distributed(opt);
   std::string model_path = opt.model.empty() ? default_model() : opt.model;
   GgufFile file = model_path.empty() ? open_synthetic() : GgufFile::open(model_path);
   if (model_path.empty()) model_path = "(built-in synthetic model)";

@@ -247,12 +247,7 @@ int serve(const ServeOptions& opt) {
   std::string load_error;
   std::thread waiter([&] {
     try {
-      auto t0 = std::chrono::steady_clock::now();
       engine.wait_loaded();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double gb = double(engine.memory_plan().bytes("weights")) / 1e9;
-      std::fprintf(stderr, "baton serve: loaded %.3f GB of weights in %.2f s (%.2f GB/s)\n", gb, s,
-                   s > 0 ? gb / s : 0.0);
       std::printf("baton serve: ready (model %s, context %lld, %d slots)\n", model.id.c_str(),
                   (long long)model.n_ctx, opt.engine.stage.n_seq);
       std::fflush(stdout);

@@ -25,7 +25,7 @@ constexpr int64_t kSlopeStep = 1 << 17;
 constexpr int64_t kMaxCtx = int64_t(1) << 30;
 
 // Evaluates stages "node i holds layers [a, b)" at one context, with memos
-// per backend (the plan does not depend on anything else of the node).
+// per node kind (backend, unified).
 class Placer {
  public:
   Placer(const ModelPlanner& m, const std::vector<NodeSpec>& nodes, const PlacementRequest& r, int64_t n_ctx)
@@ -35,11 +35,16 @@ class Placer {
   int nodes() const { return N_; }
 
   StageRequest request(int i, int a, int b, int64_t ctx) const {
-    return r_.stage({a, b - 1}, a == 0, b == L_, nodes_[size_t(i)].backend, ctx);
+    StageRequest s = r_.stage({a, b - 1}, a == 0, b == L_, nodes_[size_t(i)].backend, ctx);
+    s.unified = nodes_[size_t(i)].unified;
+    return s;
   }
 
+  // The plan depends on the node only through its backend and kind.
+  static int kind(const NodeSpec& n) { return int(n.backend) * 2 + (n.unified ? 1 : 0); }
+
   uint64_t total(int i, int a, int b) {
-    const auto key = std::make_tuple(int(nodes_[size_t(i)].backend), a, b);
+    const auto key = std::make_tuple(kind(nodes_[size_t(i)]), a, b);
     auto it = total_.find(key);
     if (it == total_.end()) it = total_.emplace(key, m_.bytes(request(i, a, b, ctx_)).total()).first;
     return it->second;
@@ -53,7 +58,7 @@ class Placer {
   // Spare bytes over the bytes one more token costs: how many more tokens of
   // context this stage could take.
   double spare_tokens(int i, int a, int b) {
-    const auto key = std::make_tuple(int(nodes_[size_t(i)].backend), a, b);
+    const auto key = std::make_tuple(kind(nodes_[size_t(i)]), a, b);
     auto it = slope_.find(key);
     if (it == slope_.end()) {
       const uint64_t more = m_.bytes(request(i, a, b, ctx_ + kSlopeStep)).total();

@@ -67,6 +67,8 @@ struct LoadStats {
   // Host memory (VmRSS, VmHWM of /proc/self/status): before the load, and the
   // peak during it. The peak is reset just before the load where the kernel
   // allows it (/proc/self/clear_refs), so peak - before is the load's own cost.
+  // A caller that allocates the ring itself (the CUDA stage's pinned ring)
+  // replaces rss_before with its reading from before the ring.
   uint64_t rss_before = 0;
   uint64_t rss_peak = 0;
   bool rss_peak_reset = false;  // false: rss_peak is the process's peak since start

@@ -9,6 +9,12 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/model_files.h"
+#include "engine/loader.h"
+#include "engine/stage.h"
+
+#ifdef BATON_HAVE_CUDA
+#include "engine/cuda/cuda_stage.h"
+#endif
 
 namespace baton {
 
@@ -211,12 +217,36 @@ ModelPlanner::StageBytes ModelPlanner::bytes(const StageRequest& r) const {
     b.kv = KvCache::bytes_needed(range, r.n_seq, r.n_ctx, llama_->kv_stream_widths());
     b.workspace = llama_->workspace_bytes(ws);
     boundary = llama_->boundary_elems_per_token();
+#ifdef BATON_HAVE_CUDA
+    // The CUDA stage has its own workspace (F16 tiles, cuBLAS scratch...);
+    // this build can ask it. A CPU-only build keeps the CPU formula.
+    if (r.backend == Backend::Cuda) {
+      const auto key = std::make_tuple(range.first, range.last, r.embedding, r.head, r.rows(), r.n_ctx, r.n_seq);
+      auto it = cuda_workspace_cache_.find(key);
+      if (it == cuda_workspace_cache_.end()) {
+        StageConfig c;
+        c.first_layer = range.first;
+        c.last_layer = range.last;
+        c.embedding = r.embedding;
+        c.head = r.head;
+        c.n_ctx = r.n_ctx;
+        c.n_seq = r.n_seq;
+        c.max_batch = r.rows();
+        it = cuda_workspace_cache_.emplace(key, CudaStage::plan(*single_, c).bytes("workspace")).first;
+      }
+      b.workspace = it->second;
+    }
+#endif
   }
   // Activations arrive from the previous stage (unless this one embeds) and
   // leave for the next (unless this one has the head); two buffers each way
   // so that one transfer overlaps the compute on the other.
   b.link = uint64_t(link_count(r)) * 2 * align_up(uint64_t(r.rows()) * uint64_t(boundary) * sizeof(float));
   b.backend = backend_overhead_bytes(r.backend);
+  if (r.backend == Backend::Cuda && r.unified) {
+    const LoadOptions load;
+    b.staging = load.slot_bytes * uint64_t(load.slots);
+  }
   b.optional = r.optional_caches;
   return b;
 }
@@ -256,6 +286,9 @@ MemoryPlan ModelPlanner::plan(const StageRequest& r) const {
                                     r.head ? "" : "out", r.rows(), boundary));
   plan.add("backend", b.backend,
            r.backend == Backend::Cuda ? "CUDA context + cuBLAS (measured on H200)" : "cpu: none");
+  plan.add("load staging", b.staging,
+           b.staging ? "pinned ring while loading, in the node's shared memory"
+                     : (r.backend == Backend::Cuda ? "host memory beside the device" : "cpu: reads in place"));
   plan.add("optional caches", b.optional, b.optional ? "requested" : "none requested");
   return plan;
 }

@@ -11,6 +11,9 @@
 //   workspace        the forward's scratch for max(micro_batch, chunk) rows
 //   link buffers     boundary activations in and out, double-buffered
 //   backend          the backend's fixed overhead (CUDA context)
+//   load staging     the loader's pinned ring, on unified CUDA nodes, where
+//                    it shares the memory with the rest (0 elsewhere: it is
+//                    host memory beside a discrete device, or absent on CPU)
 //   optional caches  what was asked for, sized from what is left (0 unless asked)
 #pragma once
 
@@ -86,6 +89,7 @@ struct StageRequest {
   int64_t prefill_chunk = 2048;  // tokens per prefill forward
   int n_seq = 1;
   Backend backend = Backend::Cpu;
+  bool unified = false;          // the node's memory is shared with the host (GB10)
   int n_threads = 1;             // CPU scratch is per thread
   uint64_t optional_caches = 0;  // bytes asked for (repacked or dequantized weights...)
   Ds4KvStorage ds4_kv = Ds4KvStorage::F32;
@@ -120,8 +124,8 @@ class ModelPlanner {
   // The plan's numbers without the descriptions (placement asks thousands of
   // times); plan() is made from these.
   struct StageBytes {
-    uint64_t weights = 0, kv = 0, workspace = 0, link = 0, backend = 0, optional = 0;
-    uint64_t total() const { return weights + kv + workspace + link + backend + optional; }
+    uint64_t weights = 0, kv = 0, workspace = 0, link = 0, backend = 0, staging = 0, optional = 0;
+    uint64_t total() const { return weights + kv + workspace + link + backend + staging + optional; }
   };
   StageBytes bytes(const StageRequest& r) const;
 
@@ -141,6 +145,9 @@ class ModelPlanner {
   std::unique_ptr<Deepseek4Shape> ds4_;    // deepseek4
   std::unique_ptr<Ds4Tensors> ds4_tensors_;
   mutable std::map<std::tuple<int, int, bool, bool>, uint64_t> weight_cache_;
+  // CUDA builds: CudaStage::plan's workspace for llama-family CUDA stages,
+  // by (first, last, embedding, head, rows, ctx, seqs).
+  mutable std::map<std::tuple<int, int, bool, bool, int64_t, int64_t, int>, uint64_t> cuda_workspace_cache_;
 };
 
 // One-shot convenience: ModelPlanner(f).plan(r).

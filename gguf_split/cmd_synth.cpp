@@ -19,12 +19,18 @@ using Clock = std::chrono::steady_clock;
 
 double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
 
-// Prints "written X of Y GiB (P%), R GB/s, ETA T s" at most twice a second.
+// Prints "written X of Y GiB (P%), R GB/s, ETA T s" at most twice a second;
+// the rate counts from the first tensor byte (the header of a big vocabulary
+// takes a while before it).
 class Progress {
  public:
-  explicit Progress(bool quiet) : quiet_(quiet), start_(Clock::now()), last_(start_) {}
+  explicit Progress(bool quiet) : quiet_(quiet) {}
   void operator()(uint64_t done, uint64_t total) {
     const auto now = Clock::now();
+    if (!started_) {
+      started_ = true;
+      start_ = last_ = now;
+    }
     if (quiet_ || (done < total && now - last_ < std::chrono::milliseconds(500))) return;
     last_ = now;
     const double s = std::chrono::duration<double>(now - start_).count();
@@ -38,6 +44,7 @@ class Progress {
 
  private:
   bool quiet_;
+  bool started_ = false;
   Clock::time_point start_, last_;
 };
 

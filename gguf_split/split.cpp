@@ -42,6 +42,14 @@ void add_copied_tensor(GgufWriter& w, const TensorRef& src, XXH3_state_t* hash,
   });
 }
 
+// Hashes are stored as u64 and may not fit the signed view of as_int().
+uint64_t get_u64(const GgufFile& f, const char* key) {
+  const GgufValue* v = f.find(key);
+  if (!v) throw std::runtime_error(f.path() + ": missing key " + key + " (not a baton split part)");
+  if (v->type != GgufType::UINT64) throw std::runtime_error(f.path() + ": key " + key + " is not a u64");
+  return v->num.u;
+}
+
 }  // namespace
 
 std::vector<LayerRange> parse_layer_ranges(const std::string& spec, int n_layer) {
@@ -186,7 +194,7 @@ std::string verify_part(const GgufFile& part) {
   }
   const uint64_t got = XXH3_64bits_digest(hash);
   XXH3_freeState(hash);
-  if (uint64_t(want->as_int()) != got) return "tensor data checksum mismatch (file damaged or modified)";
+  if (want->type != GgufType::UINT64 || want->num.u != got) return "tensor data checksum mismatch (file damaged or modified)";
   return "";
 }
 
@@ -200,12 +208,12 @@ void merge_parts(const std::vector<std::string>& part_paths, const std::string& 
   }
   // Order by index and check that the parts are one complete set of one source.
   const uint64_t count = uint64_t(parts[0].get_int(split_keys::kCount));
-  const uint64_t source = uint64_t(parts[0].get_int(split_keys::kSourceHash));
+  const uint64_t source = get_u64(parts[0], split_keys::kSourceHash);
   std::vector<const GgufFile*> by_index(count, nullptr);
   for (const GgufFile& f : parts) {
     if (!f.has(split_keys::kIndex)) throw std::runtime_error(f.path() + ": not a baton split part");
     const uint64_t idx = uint64_t(f.get_int(split_keys::kIndex));
-    if (uint64_t(f.get_int(split_keys::kCount)) != count || uint64_t(f.get_int(split_keys::kSourceHash)) != source) {
+    if (uint64_t(f.get_int(split_keys::kCount)) != count || get_u64(f, split_keys::kSourceHash) != source) {
       throw std::runtime_error(f.path() + ": belongs to a different split (count or source hash differs)");
     }
     if (idx >= count || by_index[idx]) {

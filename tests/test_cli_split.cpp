@@ -56,7 +56,10 @@ TEST(Split, PartsHoldOnlyTheirSliceAndMergeBackByteIdentical) {
   EXPECT_EQ(p1.get_int(split_keys::kIndex), 1);
   EXPECT_EQ(p1.get_int(split_keys::kCount), 2);
   for (const GgufFile* p : {&p0, &p1}) {
-    EXPECT_EQ(uint64_t(p->get_int(split_keys::kSourceHash)), source.tensor_table_hash());
+    const GgufValue* hash = p->find(split_keys::kSourceHash);
+    ASSERT_NE(hash, nullptr);
+    EXPECT_EQ(hash->type, GgufType::UINT64);
+    EXPECT_EQ(hash->num.u, source.tensor_table_hash());
     EXPECT_EQ(verify_part(*p), "");
     // All source metadata is there, unchanged.
     for (const auto& [key, value] : source.metadata()) {

@@ -159,7 +159,9 @@ TEST(CliSynth, LlamaTinyRunsAndTokenizes) {
     const GgufFile f = GgufFile::open(path);
     auto tok = Tokenizer::from_gguf(f);
     EXPECT_EQ(tok->n_vocab(), f.find_tensor("token_embd.weight")->ne[1]);
-    EXPECT_EQ(tok->decode(tok->encode("Once upon a time", false, false)), "Once upon a time");
+    std::string text = tok->decode(tok->encode("Once upon a time", false, false));
+    if (text.starts_with(' ')) text.erase(0, 1);  // SentencePiece's space prefix
+    EXPECT_EQ(text, "Once upon a time");
     auto r = test::run_command({test::baton_binary(), "run", "-m", path, "-n", "4", "--temp", "0", "-t", "1"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
   }

@@ -193,8 +193,12 @@ TEST(NodePlan, LlamaNumbersEqualStagePlan) {
   std::vector<std::string> names;
   for (const auto& l : p.lines()) names.push_back(l.name);
   EXPECT_EQ(names, (std::vector<std::string>{"weights", "kv cache", "workspace", "link buffers", "backend",
-                                             "optional caches"}));
+                                             "load staging", "optional caches"}));
   EXPECT_EQ(p.bytes("backend"), kCudaContextBytes);
+  EXPECT_EQ(p.bytes("load staging"), 0u);  // host memory beside a discrete device
+  StageRequest unified = whole;
+  unified.unified = true;
+  EXPECT_EQ(planner.plan(unified).bytes("load staging"), uint64_t(4 * 64) << 20);
   EXPECT_EQ(p.bytes("optional caches"), 12345u);
   EXPECT_EQ(plan_stage(f, whole).total(), p.total());
 }

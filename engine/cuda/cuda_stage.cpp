@@ -489,10 +489,14 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
   memory_.total = total;
   io_ = PinnedBuffer(layout_->io_bytes, "the step parameters");
 
-  // The weights, through the pinned ring, into their planned places.
+  // The weights, through the pinned ring, into their planned places. The
+  // host RSS baseline is taken before the ring exists, so that the load's
+  // peak over it is the ring plus whatever else the load costs.
   {
+    const uint64_t rss_before_ring = current_rss_bytes();
     PinnedStagingSink sink(weights_.data(), weights_.size(), load.slots, load.slot_bytes);
     load_stats_ = load_staged(f, load_items(wl), sink, load);
+    load_stats_.rss_before = rss_before_ring;
   }
   model_ = std::make_unique<Model>(wl, weights_.data());
   w_ = std::make_unique<Weights>(Weights::collect(*model_, hp, config_));

@@ -1,0 +1,91 @@
+// `baton worker`: the command line of the worker daemon (worker/worker.h).
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"
+#include "worker/worker.h"
+
+namespace baton {
+
+namespace {
+
+namespace po = boost::program_options;
+
+// "96GB", "512MiB", "4096": decimal (KB MB GB TB) and binary (KiB MiB GiB TiB) suffixes.
+uint64_t parse_mem_size(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("--mem-limit: bad size '" + text + "'");
+  }
+  std::string unit = text.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return char(std::toupper(c)); });
+  double mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else if (unit == "TB") mult = 1e12;
+  else if (unit == "KIB") mult = 1024.0;
+  else if (unit == "MIB") mult = 1024.0 * 1024;
+  else if (unit == "GIB") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TIB") mult = 1024.0 * 1024 * 1024 * 1024;
+  if (mult == 0 || v < 0) throw std::invalid_argument("--mem-limit: bad size '" + text + "'");
+  return uint64_t(v * mult);
+}
+
+}  // namespace
+
+int cmd_worker(int argc, char** argv) {
+  try {
+    WorkerOptions opt;
+    std::string backend = "cpu", mem_limit;
+    po::options_description desc("options");
+    // clang-format off
+    desc.add_options()
+        ("help,h", "print this help and exit")
+        ("coordinator", po::value<std::string>(&opt.coordinator)->required(), "HOST:PORT of the coordinator")
+        ("listen", po::value<std::string>(&opt.listen)->default_value(opt.listen),
+         "HOST:PORT where the previous stage connects (port 0: any free port); HOST must be reachable by it")
+        ("secret-file", po::value<std::string>(&opt.secret_file)->required(),
+         "file with the cluster's shared secret (chmod 600)")
+        ("model,m", po::value<std::string>(&opt.model), "the full GGUF (default: the path the coordinator assigns)")
+        ("backend", po::value<std::string>(&backend)->default_value("cpu"), "cpu (cuda: later)")
+        ("mem-limit", po::value<std::string>(&mem_limit), "most memory the stage's plan may use, e.g. 16GiB")
+        ("name", po::value<std::string>(&opt.name), "this worker's name in logs and errors (default: worker-PID)")
+        ("threads,t", po::value<int>(&opt.n_threads)->default_value(1), "CPU threads for the forward pass")
+        ("step-delay-ms", po::value<int>(&opt.step_delay_ms)->default_value(0),
+         "sleep this long before each forward step (models a slow node; for tests)");
+    // clang-format on
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::ostringstream o;
+      o << desc;
+      std::cout << "usage: baton worker --coordinator HOST:PORT --secret-file FILE [options]\n\n"
+                   "Registers with the coordinator, loads the layer range it assigns and runs that\n"
+                   "pipeline stage until the coordinator shuts it down or goes away.\n\n"
+                << o.str() << "\n";
+      return 0;
+    }
+    po::notify(vm);
+    if (backend != "cpu") throw std::invalid_argument("--backend: only cpu is supported by the worker so far");
+    if (!mem_limit.empty()) opt.mem_limit = parse_mem_size(mem_limit);
+    if (opt.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
+    if (opt.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");
+    return run_worker(opt);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton worker: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,406 @@
+// The worker: one io thread runs the links (coordinator, next stage, upstream
+// stages) and answers heartbeats; the calling thread loads the stage and runs
+// every FORWARD in arrival order, so a long forward never starves the links.
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+// Boost 1.74's Asio needs <utility> before its headers under C++20.
+// clang-format off
+#include <utility>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+// clang-format on
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/gguf.h"
+#include "engine/sampler.h"
+#include "engine/stage.h"
+#include "net/auth.h"
+#include "net/connection.h"
+#include "net/log.h"
+#include "net/protocol.h"
+
+namespace baton {
+
+std::pair<std::string, uint16_t> split_host_port(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    throw std::invalid_argument("expected HOST:PORT, got '" + text + "'");
+  }
+  const std::string port_text = text.substr(colon + 1);
+  size_t used = 0;
+  unsigned long port = 0;
+  try {
+    port = std::stoul(port_text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != port_text.size() || port > 65535) throw std::invalid_argument("bad port in '" + text + "'");
+  return {text.substr(0, colon), uint16_t(port)};
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// Liveness on every link: a dead or stalled peer is noticed within
+// peer_timeout, which keeps "a request fails within 2 s" true.
+net::LinkConfig link_config() {
+  net::LinkConfig c;
+  c.heartbeat_interval = 500ms;
+  c.peer_timeout = 1500ms;
+  return c;
+}
+
+uint64_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
+}
+
+// Blocks until the handshake finishes (connect() bounds it by the handshake
+// timeout); throws with the logged reason.
+std::shared_ptr<net::Connection> connect_blocking(boost::asio::io_context& io, const std::string& address,
+                                                  net::Hello hello, const net::Secret& secret,
+                                                  const std::string& what) {
+  auto [host, port] = split_host_port(address);
+  auto done = std::make_shared<std::promise<std::shared_ptr<net::Connection>>>();
+  auto fut = done->get_future();
+  net::connect(io, host, port, std::move(hello), secret, link_config(),
+               [done, what, address](std::error_code ec, const std::string& reason,
+                                     std::shared_ptr<net::Connection> c) {
+                 if (ec || !c) {
+                   done->set_exception(std::make_exception_ptr(
+                       std::runtime_error("cannot connect to " + what + " at " + address + ": " + reason)));
+                 } else {
+                   done->set_value(std::move(c));
+                 }
+               });
+  if (fut.wait_for(link_config().handshake_timeout + 2s) != std::future_status::ready) {
+    throw std::runtime_error("no answer from " + what + " at " + address);
+  }
+  return fut.get();
+}
+
+class Worker {
+ public:
+  explicit Worker(WorkerOptions opt) : opt_(std::move(opt)) {
+    if (opt_.name.empty()) opt_.name = "worker-" + std::to_string(getpid());
+  }
+
+  ~Worker() {
+    // Connections first (their destructors detach the handlers that capture
+    // this), then the io loop.
+    {
+      std::lock_guard lock(mu_);
+      upstream_.clear();
+    }
+    next_.reset();
+    coord_.reset();
+    if (listener_) listener_->close();
+    listener_.reset();
+    guard_.reset();
+    io_.stop();
+    if (io_thread_.joinable()) io_thread_.join();
+  }
+
+  int run() {
+    secret_ = net::load_secret_file(opt_.secret_file);
+    if (!opt_.model.empty()) file_.emplace(GgufFile::open(opt_.model));
+    io_thread_ = std::thread([this] { io_.run(); });
+
+    auto [lhost, lport] = split_host_port(opt_.listen);
+    listener_ = std::make_unique<net::Listener>(
+        io_, lhost, lport, net::LocalIdentity{net::Role::worker, opt_.name}, secret_, link_config(),
+        [this](std::shared_ptr<net::Connection> c) { accept_upstream(std::move(c)); });
+    const std::string listen_address = lhost + ":" + std::to_string(listener_->port());
+
+    net::Hello hello;
+    hello.role = net::Role::worker;
+    hello.node_name = opt_.name;
+    hello.caps.backend = net::Backend::cpu;
+    hello.caps.device_name = "cpu";
+    hello.caps.memory_total = opt_.mem_limit ? opt_.mem_limit : physical_memory();
+    hello.caps.n_threads = uint32_t(opt_.n_threads);
+    if (file_) hello.model.tensor_table_hash = file_->tensor_table_hash();
+    hello.listen_address = listen_address;
+    coord_ = connect_blocking(io_, opt_.coordinator, hello, secret_, "the coordinator");
+    coord_->start([this](net::Message&& m) { enqueue(std::move(m)); },
+                  [this](std::error_code, const std::string& reason) {
+                    stop(1, "the link to the coordinator closed: " + reason);
+                  });
+    net::log(net::LogLevel::info, opt_.name + ": registered with the coordinator at " + opt_.coordinator +
+                                      ", listening on " + listen_address);
+    loop();
+    return exit_code_;
+  }
+
+ private:
+  void enqueue(net::Message&& m) {
+    {
+      std::lock_guard lock(mu_);
+      inbox_.push_back(std::move(m));
+    }
+    cv_.notify_all();
+  }
+
+  void stop(int code, const std::string& reason) {
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      exit_code_ = code;
+      stop_reason_ = reason;
+    }
+    cv_.notify_all();
+  }
+
+  void accept_upstream(std::shared_ptr<net::Connection> c) {
+    // Only FORWARD travels on a stage-to-stage link; the upstream worker's
+    // death is the coordinator's to notice (its own link to it closes).
+    c->start(
+        [this](net::Message&& m) {
+          if (std::holds_alternative<net::Forward>(m)) enqueue(std::move(m));
+        },
+        [name = opt_.name](std::error_code, const std::string& reason) {
+          net::log(net::LogLevel::info, name + ": upstream link closed: " + reason);
+        });
+    std::lock_guard lock(mu_);
+    upstream_.push_back(std::move(c));
+  }
+
+  void loop() {
+    for (;;) {
+      net::Message m;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopped_ || !inbox_.empty(); });
+        if (stopped_) break;
+        m = std::move(inbox_.front());
+        inbox_.pop_front();
+      }
+      try {
+        handle(m);
+      } catch (const std::exception& e) {
+        uint64_t rid = 0;
+        if (auto* f = std::get_if<net::Forward>(&m)) rid = f->request_id;
+        send_error(net::WireError::internal, rid, e.what());
+      }
+    }
+    if (exit_code_ != 0) net::log(net::LogLevel::warn, opt_.name + ": stopping: " + stop_reason_);
+    if (coord_) coord_->close_after_flush("worker stopping");
+    if (next_) next_->close_after_flush("worker stopping");
+  }
+
+  void send_error(net::WireError code, uint64_t request_id, const std::string& text) {
+    net::Error e;
+    e.code = uint32_t(code);
+    e.request_id = request_id;
+    e.text = (opt_.name + ": " + text).substr(0, net::kMaxTextBytes);
+    net::log(net::LogLevel::error, e.text);
+    if (coord_) coord_->send(e);
+  }
+
+  void handle(net::Message& m) {
+    if (auto* a = std::get_if<net::Assign>(&m)) return on_assign(*a);
+    if (auto* f = std::get_if<net::Forward>(&m)) return on_forward(*f);
+    if (auto* fs = std::get_if<net::FreeSeq>(&m)) {
+      if (stage_ && int(fs->seq) < stage_->config().n_seq) stage_->reset(int(fs->seq));
+      samplers_.erase(fs->seq);
+      return;
+    }
+    if (std::holds_alternative<net::Cancel>(m)) return;  // forwards are run in order; nothing is queued long
+    if (auto* s = std::get_if<net::Shutdown>(&m)) return stop(0, "shutdown: " + net::printable(s->reason));
+    if (auto* e = std::get_if<net::Error>(&m)) {
+      return stop(1, "the coordinator sent an error: " + net::printable(e->text));
+    }
+  }
+
+  void on_assign(const net::Assign& a) {
+    if (stage_) return send_error(net::WireError::unexpected_message, 0, "already assigned a stage");
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!file_) {
+      if (a.model_path.empty()) return fail(net::WireError::load_failed, "no model: pass --model or a model_path");
+      file_.emplace(GgufFile::open(a.model_path));
+    }
+    if (a.model_hash != 0 && file_->tensor_table_hash() != a.model_hash) {
+      return fail(net::WireError::model_mismatch, "the model file's tensor table does not match the assignment");
+    }
+    StageConfig sc;
+    sc.first_layer = a.layer_first;
+    sc.last_layer = a.layer_last;
+    sc.embedding = a.has_embedding;
+    sc.head = a.has_output;
+    sc.n_ctx = a.n_ctx;
+    sc.n_seq = int(a.n_seq);
+    sc.max_batch = std::max<int64_t>({1, a.micro_batch, a.prefill_chunk});
+    sc.n_threads = opt_.n_threads;
+    const MemoryPlan plan = Stage::plan(*file_, sc);
+    if (opt_.mem_limit != 0 && plan.total() > opt_.mem_limit) {
+      return fail(net::WireError::out_of_memory, "stage needs " + std::to_string(plan.total()) +
+                                                     " bytes; --mem-limit allows " + std::to_string(opt_.mem_limit));
+    }
+    stage_ = std::make_unique<Stage>(*file_, sc);
+    assign_ = a;
+    if (!a.next_peer.empty()) {
+      net::Hello hello;
+      hello.role = net::Role::peer;
+      hello.node_name = opt_.name;
+      hello.model.tensor_table_hash = file_->tensor_table_hash();
+      next_ = connect_blocking(io_, a.next_peer, hello, secret_, "the next stage");
+      // A closed next link is not this worker's failure to report: the
+      // coordinator watches the next worker itself and names it. A FORWARD
+      // that finds the link closed is answered with ERROR.
+      next_->start([](net::Message&&) {},
+                   [name = opt_.name](std::error_code, const std::string& reason) {
+                     net::log(net::LogLevel::warn, name + ": the link to the next stage closed: " + reason);
+                   });
+    }
+    net::Ready r;
+    const MemoryPlan& p = stage_->memory_plan();
+    r.weights_bytes = p.bytes("weights");
+    r.kv_bytes = p.bytes("kv cache");
+    r.workspace_bytes = p.bytes("workspace");
+    r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.boundary_width = a.has_output ? 0 : uint32_t(stage_->boundary_width());
+    coord_->send(r);
+    net::log(net::LogLevel::info, opt_.name + ": stage " + std::to_string(a.stage_index) + " layers " +
+                                      std::to_string(a.layer_first) + ".." + std::to_string(a.layer_last) +
+                                      " loaded");
+  }
+
+  void fail(net::WireError code, const std::string& text) {
+    send_error(code, 0, text);
+    stop(2, text);
+  }
+
+  void on_forward(const net::Forward& f) {
+    if (!stage_) return send_error(net::WireError::unexpected_message, f.request_id, "FORWARD before ASSIGN");
+    if (opt_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt_.step_delay_ms));
+    const int64_t in_width = stage_->boundary_width();
+    if (assign_.has_embedding != !f.tokens.empty() ||
+        (!assign_.has_embedding && int64_t(f.row_width) != in_width)) {
+      return send_error(net::WireError::bad_request, f.request_id,
+                        "FORWARD carries the wrong input for this stage (token ids vs activations, or row width)");
+    }
+    std::vector<float> rows;  // activations, copied out of the byte buffer for alignment
+    if (!assign_.has_embedding) {
+      rows.resize(f.activations.size() / sizeof(float));
+      std::memcpy(rows.data(), f.activations.data(), rows.size() * sizeof(float));
+    }
+    net::Forward out;
+    out.request_id = f.request_id;
+    out.chunks = f.chunks;
+    out.row_width = uint32_t(in_width);
+    size_t row = 0;
+    for (const net::SeqChunk& c : f.chunks) {
+      const int seq = int(c.seq);
+      if (seq >= stage_->config().n_seq) {
+        return send_error(net::WireError::bad_request, f.request_id, "sequence " + std::to_string(seq) + " out of range");
+      }
+      // A chunk at position 0 starts a new sequence in that slot.
+      if (c.start_pos == 0 && stage_->position(seq) != 0) {
+        stage_->reset(seq);
+        samplers_.erase(c.seq);
+      }
+      if (stage_->position(seq) != int64_t(c.start_pos) || int64_t(c.start_pos) + c.n_tokens > stage_->n_ctx()) {
+        return send_error(net::WireError::bad_request, f.request_id,
+                          "sequence " + std::to_string(seq) + " is at position " +
+                              std::to_string(stage_->position(seq)) + ", the chunk starts at " +
+                              std::to_string(c.start_pos) + " with " + std::to_string(c.n_tokens) +
+                              " tokens (context " + std::to_string(stage_->n_ctx()) + ")");
+      }
+      std::span<const float> y;
+      if (assign_.has_embedding) {
+        y = stage_->forward(seq, std::span<const int32_t>(f.tokens.data() + row, c.n_tokens));
+      } else {
+        y = stage_->forward(seq, std::span<const float>(rows.data() + row * size_t(in_width), c.n_tokens * size_t(in_width)),
+                            c.n_tokens);
+      }
+      row += c.n_tokens;
+      if (!assign_.has_output) {
+        const auto* b = reinterpret_cast<const uint8_t*>(y.data());
+        out.activations.insert(out.activations.end(), b, b + y.size_bytes());
+      } else if (c.sample) {
+        coord_->send(sample(c, y, f.request_id));
+      }
+    }
+    if (!assign_.has_output && !next_->send(out)) {
+      send_error(net::WireError::internal, f.request_id, "the link to the next stage (" + assign_.next_peer + ") is closed");
+    }
+  }
+
+  // One sampler per sequence, seeded when the sequence starts, so a sequence
+  // draws exactly the numbers a single-process run would.
+  net::Result sample(const net::SeqChunk& c, std::span<const float> logits, uint64_t request_id) {
+    auto it = samplers_.find(c.seq);
+    if (it == samplers_.end()) {
+      SamplerParams p;
+      p.temperature = c.sampling.temperature;
+      p.top_k = c.sampling.top_k;
+      p.top_p = c.sampling.top_p;
+      p.min_p = c.sampling.min_p;
+      p.seed = c.sampling.seed;
+      it = samplers_.emplace(c.seq, Sampler(p, int32_t(logits.size()))).first;
+    }
+    net::Result r;
+    r.request_id = request_id;
+    r.seq = c.seq;
+    const int32_t id = it->second.sample(logits);
+    r.tokens.push_back(id);
+    if (c.sampling.want_logprobs) {
+      double mx = -INFINITY;
+      for (float v : logits) mx = std::max(mx, double(v));
+      double sum = 0;
+      for (float v : logits) sum += std::exp(double(v) - mx);
+      r.logprobs.push_back(float(double(logits[size_t(id)]) - mx - std::log(sum)));
+    }
+    return r;
+  }
+
+  WorkerOptions opt_;
+  net::Secret secret_;
+  std::optional<GgufFile> file_;
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard_{
+      boost::asio::make_work_guard(io_)};
+  std::thread io_thread_;
+  std::unique_ptr<net::Listener> listener_;
+  std::shared_ptr<net::Connection> coord_;
+  std::shared_ptr<net::Connection> next_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<net::Message> inbox_;
+  std::vector<std::shared_ptr<net::Connection>> upstream_;
+  bool stopped_ = false;
+  int exit_code_ = 0;
+  std::string stop_reason_;
+
+  std::unique_ptr<Stage> stage_;
+  net::Assign assign_;
+  std::map<uint32_t, Sampler> samplers_;
+};
+
+}  // namespace
+
+int run_worker(const WorkerOptions& opt) {
+  Worker w(opt);
+  return w.run();
+}
+
+}  // namespace baton

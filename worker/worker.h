@@ -1,0 +1,33 @@
+// The worker daemon (`baton worker`): registers with the coordinator over an
+// authenticated link, receives ASSIGN, loads exactly its layer range from the
+// full GGUF (the loader reads only the stage's tensors), then runs its stage
+// for every FORWARD and passes the boundary activations straight to the next
+// stage's worker. The last stage samples and sends RESULT to the coordinator.
+// The runtime flow is described in docs/PROTOCOL.md ("Runtime flow").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace baton {
+
+struct WorkerOptions {
+  std::string coordinator;  // "host:port"
+  std::string listen = "127.0.0.1:0";  // "host:port" for the upstream stage's link; port 0: any free port
+  std::string secret_file;
+  std::string model;        // full GGUF; empty: the path in ASSIGN
+  uint64_t mem_limit = 0;   // bytes the stage's plan may use; 0: no limit
+  std::string name;         // for logs and the coordinator's messages
+  int n_threads = 1;
+  int step_delay_ms = 0;    // sleep before each FORWARD: models a slow node (tests)
+};
+
+// Runs until the coordinator sends SHUTDOWN (0) or the link to it closes (1).
+// Throws std::runtime_error for setup failures (secret, model, registration).
+int run_worker(const WorkerOptions& opt);
+
+// "host:port" -> {host, port}; throws std::invalid_argument naming the text.
+std::pair<std::string, uint16_t> split_host_port(const std::string& text);
+
+}  // namespace baton
