@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <boost/program_options.hpp>
 
@@ -24,13 +25,19 @@ std::string human_bytes(uint64_t b) {
 
 // Prints "copied X of Y (Z GB/s, ETA s)" to stderr at most twice a second.
 Progress progress_printer(const char* verb) {
-  auto start = std::chrono::steady_clock::now();
-  auto last = start - std::chrono::seconds(1);
+  // The clock starts at the first report, so checks done before the copy
+  // (merge verifies every part first) do not skew the rate.
+  std::optional<std::chrono::steady_clock::time_point> start;
+  std::chrono::steady_clock::time_point last;
   return [=](uint64_t done, uint64_t total) mutable {
     auto now = std::chrono::steady_clock::now();
+    if (!start) {
+      start = now;
+      last = now - std::chrono::seconds(1);
+    }
     if (done != total && now - last < std::chrono::milliseconds(500)) return;
     last = now;
-    const double secs = std::chrono::duration<double>(now - start).count();
+    const double secs = std::chrono::duration<double>(now - *start).count();
     const double rate = secs > 0 ? double(done) / secs : 0;
     const double eta = rate > 0 ? double(total - done) / rate : 0;
     std::fprintf(stderr, "\r%s %s of %s (%.2f GB/s, ETA %.0f s)   ", verb, human_bytes(done).c_str(),
