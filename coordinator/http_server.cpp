@@ -207,6 +207,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool request_started_ = false;  // the current parser got its first byte
   bool continue_sent_ = false;
   bool request_waiting_ = false;  // parser_ holds a complete request behind the current one
+  bool idle_wait_ = false;        // the read deadline is the keep-alive idle one
   bool keep_alive_ = true;
   bool closing_ = false;            // closed, or lingering before the close: no more reads or writes
   bool close_after_write_ = false;  // no more requests: send what is queued, then close
@@ -312,8 +313,12 @@ void Session::on_read(beast::error_code ec) {
     return;
   }
   if (!request_started_ && parser_->got_some()) {
+    // Reached only when a whole header (or more) arrived in one read.
     request_started_ = true;
-    if (!current_) arm_read_timer(srv_.cfg.request_timeout);
+    if (!current_ && idle_wait_) {
+      idle_wait_ = false;
+      arm_read_timer(srv_.cfg.request_timeout);
+    }
   }
   if (parser_->is_header_done() && !parser_->is_done() && !continue_sent_ && !current_) {
     auto expect = parser_->get()[http::field::expect];
@@ -339,7 +344,18 @@ void Session::on_read_deadline() {
     return;
   }
   if (current_ || close_after_write_) return;  // re-armed when the response is done
-  if (request_started_) {
+  // Beast completes a read only once the header is whole, so a client that
+  // drips a header never reaches on_read: look at the parser and buffer here.
+  const bool started = request_started_ || parser_->got_some() || buffer_.size() > 0;
+  if (started && !request_started_ && idle_wait_) {
+    // The idle wait between keep-alive requests ran out while a request was
+    // arriving: it gets one request deadline more, then 408.
+    request_started_ = true;
+    idle_wait_ = false;
+    arm_read_timer(srv_.cfg.request_timeout);
+    return;
+  }
+  if (started) {
     beast::error_code ec;
     socket_.cancel(ec);  // the pending read ends with operation_aborted
     send_error(408, fmt::format("the request did not arrive within {} ms", srv_.cfg.request_timeout.count()),
@@ -465,6 +481,7 @@ void Session::on_exchange_done() {
     dispatch();
     return;
   }
+  idle_wait_ = !request_started_;
   arm_read_timer(request_started_ ? srv_.cfg.request_timeout : srv_.cfg.idle_timeout);
   do_read();
 }

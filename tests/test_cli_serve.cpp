@@ -24,7 +24,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -201,12 +200,11 @@ class ServeProcess {
     }
     close(out[1]);
     out_fd_ = out[0];
-    const std::regex listening("baton serve: listening on http://127\\.0\\.0\\.1:([0-9]+)");
+    const std::string listening = "baton serve: listening on http://127.0.0.1:";
     std::string line;
     while (read_line(line, 60s)) {
-      std::smatch m;
-      if (std::regex_search(line, m, listening)) {
-        port_ = std::stoi(m[1]);
+      if (line.rfind(listening, 0) == 0) {
+        port_ = std::stoi(line.substr(listening.size()));
         if (!wait_ready) return;
       } else if (line.find("baton serve: ready") != std::string::npos) {
         return;
