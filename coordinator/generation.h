@@ -108,6 +108,9 @@ struct ModelInfo {
   int64_t n_vocab = 0;
   int64_t created = 0;   // unix time the service started
   std::shared_ptr<const Tokenizer> tokenizer;
+  // Bytes of the longest token piece: a text longer than n_ctx times this
+  // cannot fit, and is refused before it is tokenized (0: unknown).
+  int64_t max_token_bytes = 0;
   ChatFamily chat_family = ChatFamily::Plain;
   std::vector<int32_t> chat_stop_tokens;  // the family's end-of-turn ids (EOS included)
   std::vector<std::string> chat_stop_strings;  // Plain family: text that ends a turn

@@ -73,6 +73,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   info_.chat_stop_tokens = chat_stop_tokens(info_.chat_family, *tok);
   if (info_.chat_family == ChatFamily::Plain) info_.chat_stop_strings = chat_stop_strings(info_.chat_family);
   info_.tokenizer = tok;
+  for (int32_t id = 0; id < tok->n_vocab(); ++id) {
+    info_.max_token_bytes = std::max<int64_t>(info_.max_token_bytes, int64_t(tok->token_to_piece(id).size()));
+  }
   // The context the Stage will have: resolve() takes the model's trained
   // context, at most kDefaultMaxCtx, when none is given.
   {

@@ -246,6 +246,20 @@ void fit_context(ApiRequest& r, const ModelInfo& model, std::optional<int64_t> m
   }
 }
 
+// Tokenizing costs time that grows with the text; a text that cannot fit in
+// the context whatever its tokens is refused without tokenizing it.
+void check_text_fits(size_t bytes, const ModelInfo& model, const char* param) {
+  if (model.max_token_bytes <= 0) return;
+  const uint64_t limit = uint64_t(model.n_ctx) * uint64_t(model.max_token_bytes);
+  if (bytes > limit) {
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens; a prompt of {} bytes cannot fit "
+                               "(at most {} bytes per token).",
+                               model.n_ctx, bytes, model.max_token_bytes),
+                   "invalid_request_error", param, "context_length_exceeded", "context_length");
+  }
+}
+
 std::optional<int64_t> max_tokens_param(const json& body, const char* key) {
   if (!field(body, key)) return std::nullopt;
   return int_param(body, key, 0, 1, std::numeric_limits<int32_t>::max());
@@ -324,6 +338,7 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   } catch (const std::invalid_argument& e) {
     throw invalid(e.what(), "messages", "invalid_value");
   }
+  check_text_fits(prompt.size(), model, "messages");
   r.gen.prompt = model.tokenizer->encode(prompt, /*add_special=*/false, /*parse_special=*/true);
   if (r.gen.prompt.empty()) throw invalid("The conversation gives no tokens.", "messages");
 
@@ -355,7 +370,10 @@ ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo&
   const json* p = field(body, "prompt");
   if (!p) throw invalid("You must provide a prompt parameter.", "prompt", "missing_required_parameter");
   const Tokenizer& tok = *model.tokenizer;
-  auto encode = [&](const std::string& text) { return tok.encode(text, /*add_special=*/true, /*parse_special=*/false); };
+  auto encode = [&](const std::string& text) {
+    check_text_fits(text.size(), model, "prompt");
+    return tok.encode(text, /*add_special=*/true, /*parse_special=*/false);
+  };
   if (p->is_string()) {
     r.gen.prompt = encode(p->get<std::string>());
   } else if (p->is_array()) {

@@ -707,6 +707,14 @@ TEST(Serve, BadInputGetsOpenAiErrorsAndNeverCrashes) {
   expect_error(post(port, chat, with(good_chat, "messages", json::array({{{"role", "user"}, {"content", long_prompt}}}))),
                400, "context_length_exceeded");
   expect_error(post(port, comp, with(good_comp, "max_tokens", 64)), 400, "context_length_exceeded", "max_tokens");
+  // A text that cannot fit whatever its tokens is refused without tokenizing
+  // it (tokenizing costs time that grows faster than the text).
+  {
+    auto t0 = std::chrono::steady_clock::now();
+    expect_error(post(port, comp, with(good_comp, "prompt", std::string(60000, 'x'))), 400, "context_length_exceeded",
+                 "prompt");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  }
   expect_error(post(port, chat, with(good_chat, "max_completion_tokens", 1000)), 400, "context_length_exceeded",
                "max_completion_tokens");
   // Routes and methods.
@@ -760,7 +768,7 @@ TEST(Serve, BadInputGetsOpenAiErrorsAndNeverCrashes) {
   ASSERT_EQ(post(port, comp, good_comp).status, 200);
   EXPECT_GE(metric(port, "baton_errors_total{kind=\"bad_request\"}"), 25);
   EXPECT_EQ(metric(port, "baton_errors_total{kind=\"model_not_found\"}"), 1);
-  EXPECT_EQ(metric(port, "baton_errors_total{kind=\"context_length\"}"), 4);
+  EXPECT_EQ(metric(port, "baton_errors_total{kind=\"context_length\"}"), 5);
   EXPECT_EQ(metric(port, "baton_errors_total{kind=\"too_large\"}"), 2);
   EXPECT_EQ(metric(port, "baton_errors_total{kind=\"timeout\"}"), 1);
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
