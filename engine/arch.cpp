@@ -11,6 +11,7 @@ namespace baton {
 std::unique_ptr<Arch> make_llama_arch(const GgufFile& f);
 std::unique_ptr<Arch> make_qwen2_arch(const GgufFile& f);
 std::unique_ptr<Arch> make_qwen3_arch(const GgufFile& f);
+std::unique_ptr<Arch> make_deepseek4_arch(const GgufFile& f);
 
 namespace {
 struct Entry {
@@ -21,6 +22,7 @@ const Entry kArchs[] = {
     {"llama", make_llama_arch},
     {"qwen2", make_qwen2_arch},
     {"qwen3", make_qwen3_arch},
+    {"deepseek4", make_deepseek4_arch},
 };
 }  // namespace
 
@@ -45,6 +47,12 @@ uint64_t Arch::kv_bytes_per_token_per_layer() const {
   uint64_t n = 0;
   for (int64_t w : kv_stream_widths()) n += uint64_t(w);
   return n * sizeof(float);
+}
+
+std::vector<KvStreamShape> Arch::kv_layer_streams(int /*layer*/, int64_t n_ctx) const {
+  std::vector<KvStreamShape> out;
+  for (int64_t w : kv_stream_widths()) out.push_back({n_ctx, w, false});
+  return out;
 }
 
 }  // namespace baton

@@ -60,6 +60,16 @@ struct WorkspaceShape {
   bool embedding = false;
   bool head = false;
   int64_t max_logit_rows = 1;  // head: logits rows per forward (1, or max_batch for all tokens)
+  LayerRange layers;           // the stage's layers; empty (the default): size for any range
+};
+
+// One KV stream of a layer: `rows` rows of `width` floats for each sequence.
+// An aligned stream starts on a kPlanAlignment boundary (its bytes are
+// rounded up), so an architecture can match a plan that aligns each part.
+struct KvStreamShape {
+  int64_t rows = 0;
+  int64_t width = 0;
+  bool aligned = false;
 };
 
 // One forward over a stage's layer range for n_tokens consecutive tokens of
@@ -100,8 +110,13 @@ class Arch {
   virtual std::vector<TensorSpec> layer_tensors(int layer) const = 0;
 
   // Floats per token of each KV stream a layer keeps (llama: K and V rows).
+  // Empty for an architecture whose layers keep different streams (deepseek4).
   virtual std::vector<int64_t> kv_stream_widths() const = 0;
   uint64_t kv_bytes_per_token_per_layer() const;
+  // The streams `layer` keeps for one sequence at context n_ctx. The default
+  // is one stream of n_ctx rows per kv_stream_widths() entry; an architecture
+  // with per-layer streams (sliding windows, compressed rows) overrides it.
+  virtual std::vector<KvStreamShape> kv_layer_streams(int layer, int64_t n_ctx) const;
   // Floats per token that cross a stage boundary (llama: one hidden vector).
   virtual int64_t boundary_elems_per_token() const = 0;
 

@@ -32,6 +32,7 @@ WorkspaceShape Stage::workspace_shape(const StageConfig& c) {
   s.embedding = c.embedding;
   s.head = c.head;
   s.max_logit_rows = c.all_logits ? c.max_batch : 1;
+  s.layers = {c.first_layer, c.last_layer};
   return s;
 }
 
@@ -44,9 +45,12 @@ MemoryPlan make_plan(const Arch& arch, const StageConfig& c, const WeightLayout&
   plan.add("weights", layout.bytes,
            fmt::format("{} tensors, layers {}-{}{}{}", layout.n_tensors, c.first_layer, c.last_layer,
                        c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
-  plan.add("kv cache", KvCache::bytes_needed(range, c.n_seq, c.n_ctx, arch.kv_stream_widths()),
-           fmt::format("{} layers x {} seq x {} ctx x {} B", range.count(), c.n_seq, c.n_ctx,
-                       arch.kv_bytes_per_token_per_layer()));
+  // Per-layer streams (deepseek4) have no single bytes-per-token figure.
+  const std::string per_token = arch.kv_stream_widths().empty()
+                                    ? std::string(" (per-layer streams)")
+                                    : fmt::format(" x {} B", arch.kv_bytes_per_token_per_layer());
+  plan.add("kv cache", KvCache::bytes_needed(arch, range, c.n_seq, c.n_ctx),
+           fmt::format("{} layers x {} seq x {} ctx{}", range.count(), c.n_seq, c.n_ctx, per_token));
   plan.add("workspace", arch.workspace_bytes(ws),
            fmt::format("batch {}, {} threads{}", ws.max_batch, ws.n_threads,
                        c.head ? fmt::format(", {} logit rows", ws.max_logit_rows) : ""));
@@ -75,7 +79,7 @@ Stage::Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& lo
         plan_ = make_plan(*arch_, config_, layout, workspace_shape(config_));
         return layout;
       }(), load, &load_stats_),
-      kv_({config_.first_layer, config_.last_layer}, config_.n_seq, config_.n_ctx, arch_->kv_stream_widths()),
+      kv_(*arch_, {config_.first_layer, config_.last_layer}, config_.n_seq, config_.n_ctx),
       workspace_(arch_->workspace_bytes(workspace_shape(config_))),
       pool_(config_.n_threads) {}
 
