@@ -6,7 +6,7 @@
 // as CUDA graph replays so launch gaps do not count. Prints a table.
 //
 //   bench_cuda_kernels            all sections
-//   bench_cuda_kernels matvec     one section (matvec, variants, matmul, attention, sampling)
+//   bench_cuda_kernels matvec     one section (matvec, xq, variants, matmul, attention, sampling)
 //
 // The `variants` section times the matvec kernel's other configurations
 // (step width, rows per block, load order, factored scales; see
@@ -25,10 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/cuda/stage_ops.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/matvec_impl.cuh"
+#include "kernels/cuda/matvec_xq_impl.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/quant.h"
@@ -204,6 +206,154 @@ void bench_matvec(cudaStream_t s, const Ceilings& c) {
   for (DType t : {DType::F16, DType::Q8_0, DType::Q4_K, DType::IQ2_XXS}) {
     run(t, "ffn up 14336x4096", 14336, 4096, {2, 4, 8});
   }
+}
+
+// --- integer-dot matvec (quantized activations) ------------------------------
+
+using XqLaunchFn = void (*)(const MatrixView&, const void*, uint64_t, int, float*, int64_t, cudaStream_t);
+
+template <class K>
+std::vector<std::pair<const char*, XqLaunchFn>> xq_variants() {
+  using namespace detail;
+  return {{"xq R1", &launch_matvec_xq<K, 1, 1>},
+          {"xq R2", &launch_matvec_xq<K, 2, 1>},
+          {"xq R4", &launch_matvec_xq<K, 4, 1>},
+          {"xq R8", &launch_matvec_xq<K, 8, 1>}};
+}
+
+// One token: the float matvec, quantize_xq alone, matvec_xq (the default)
+// and its rows-per-block variants, each checked against the float result.
+void bench_xq(cudaStream_t s, const Ceilings& c) {
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{"attn 4096x4096", 4096, 4096},
+                          {"qkv 6144x4096", 6144, 4096},
+                          {"ffn gate|up 28672x4096", 28672, 4096},
+                          {"ffn down 4096x14336", 4096, 14336},
+                          {"head 128256x4096", 128256, 4096}};
+  std::printf("\ninteger-dot matvec, one token (us, GB/s of weights + x + out, %% of copy; diff vs float matvec)\n");
+  std::printf("%-6s %-24s %-16s %9s %8s %6s %9s\n", "type", "shape", "kernel", "us", "GB/s", "%copy", "rel diff");
+  Buf x(sizeof(float) * 14336), out(sizeof(float) * 128256), ref(sizeof(float) * 128256), xq(xq_row_bytes(14336));
+  const std::vector<float> hx = random_floats(14336, 53);
+  BATON_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+  for (const Shape& sh : shapes) {
+    for (DType t : {DType::Q8_0, DType::Q4_K}) {
+      const std::vector<uint8_t> host = host_matrix(t, sh.rows, sh.cols, 59);
+      DeviceCopies copies(host);
+      const uint64_t row_bytes = *dtype_bytes(t, uint64_t(sh.cols));
+      auto view = [&](int i) { return MatrixView{t, copies.ptrs[size_t(i) % copies.ptrs.size()], sh.rows, sh.cols, row_bytes}; };
+      const double bytes = double(copies.bytes) + 4.0 * double(sh.cols + sh.rows);
+      auto line = [&](const char* kernel, double ms, const char* diff) {
+        std::printf("%-6s %-24s %-16s %9.2f %8.0f %5.0f%% %9s\n", dtype_name(t), sh.name, kernel, ms * 1e3,
+                    bytes / (ms * 1e6), 100.0 * bytes / (ms * 1e6) / c.copy_gbs, diff);
+      };
+      matvec(view(0), x.as<float>(), 1, sh.cols, ref.as<float>(), sh.rows, s);
+      std::vector<float> want(size_t(sh.rows)), got(size_t(sh.rows));
+      BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+      BATON_CUDA_CHECK(cudaMemcpy(want.data(), ref.p, want.size() * 4, cudaMemcpyDeviceToHost));
+      float scale = 0;
+      for (float v : want) scale = std::max(scale, std::fabs(v));
+      auto diff_of = [&](char* buf) {
+        BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+        BATON_CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 4, cudaMemcpyDeviceToHost));
+        float d = 0;
+        for (size_t i = 0; i < got.size(); ++i) d = std::max(d, std::fabs(got[i] - want[i]));
+        std::snprintf(buf, 32, "%.1e%s", double(d / scale), d <= 1e-3f * scale ? "" : " BAD");
+      };
+      line("float matvec", time_graph(s, 64, 9, [&](int i) { matvec(view(i), x.as<float>(), 1, sh.cols, out.as<float>(), sh.rows, s); }), "");
+      const double q_ms = time_graph(s, 64, 9, [&](int) { quantize_xq(x.as<float>(), sh.cols, 1, sh.cols, xq.p, s); });
+      std::printf("%-6s %-24s %-16s %9.2f\n", dtype_name(t), sh.name, "quantize_xq", q_ms * 1e3);
+      char diff[32];
+      matvec_xq(view(0), xq.p, 1, out.as<float>(), sh.rows, s);
+      diff_of(diff);
+      line("matvec_xq", time_graph(s, 64, 9, [&](int i) { matvec_xq(view(i), xq.p, 1, out.as<float>(), sh.rows, s); }), diff);
+      auto variants = t == DType::Q8_0 ? xq_variants<detail::XqQ8_0>() : xq_variants<detail::XqQ4_K>();
+      for (const auto& [name, fn] : variants) {
+        fn(view(0), xq.p, xq_row_bytes(sh.cols), 1, out.as<float>(), sh.rows, s);
+        diff_of(diff);
+        line(name, time_graph(s, 64, 9, [&](int i) { fn(view(i), xq.p, xq_row_bytes(sh.cols), 1, out.as<float>(), sh.rows, s); }), diff);
+      }
+    }
+  }
+}
+
+// --- the small kernels of one llama-8b decode layer ---------------------------
+
+// Each of the non-matvec kernels a decode step runs per layer, at the llama 3
+// 8B sizes, timed as graph replays on L2-resident buffers (as in the decode
+// graph, where they follow each other on data just written). Attention reads
+// its position from device memory with the split count of a 4224-position
+// cache, as the bench's decode graph does.
+void bench_decode_ops(cudaStream_t s) {
+  const int64_t E = 4096, F = 14336, V = 128256, kw = 1024, qkvw = 4096 + 2 * kw;
+  const int n_head = 32, n_head_kv = 8, d = 128, n_ctx = 4224;
+  std::printf("\ndecode-step kernels of one llama-8b layer (us per launch, graph replays of 64)\n");
+  Buf x(E * 4), y(E * 4), xn(E * 4), w(E * 4), qkv(qkvw * 4), gu(2 * F * 4), ffh(F * 4), xq(xq_row_bytes(F)),
+      freqs(64 * 4), pos(16), kc(size_t(n_ctx) * kw * 4), vc(size_t(n_ctx) * kw * 4), att(E * 4),
+      aws(attention_workspace_bytes(1, n_head, d)), logits(V * 4), ids(16);
+  const std::vector<float> hx = random_floats(size_t(2 * F), 61);
+  for (const Buf* b : {&x, &y, &w, &qkv, &att}) BATON_CUDA_CHECK(cudaMemcpy(b->p, hx.data(), E * 4, cudaMemcpyHostToDevice));
+  BATON_CUDA_CHECK(cudaMemcpy(gu.p, hx.data(), 2 * F * 4, cudaMemcpyHostToDevice));
+  BATON_CUDA_CHECK(cudaMemcpy(logits.p, hx.data(), 2 * F * 4, cudaMemcpyHostToDevice));
+  BATON_CUDA_CHECK(cudaMemcpy(freqs.p, hx.data(), 64 * 4, cudaMemcpyHostToDevice));
+  BATON_CUDA_CHECK(cudaMemset(pos.p, 0, 16));  // position 0 until the attention cases set theirs
+  BATON_CUDA_CHECK(cudaMemset(kc.p, 0, size_t(n_ctx) * kw * 4));
+  BATON_CUDA_CHECK(cudaMemset(vc.p, 0, size_t(n_ctx) * kw * 4));
+  auto line = [&](const char* name, const std::function<void(int)>& fn) {
+    std::printf("%-40s %8.2f\n", name, time_graph(s, 64, 9, fn) * 1e3);
+  };
+  line("add_rmsnorm 4096", [&](int) { add_rmsnorm(x.as<float>(), E, y.as<float>(), E, w.as<float>(), xn.as<float>(), E, 1, E, 1e-5f, s); });
+  line("add_rmsnorm 4096 + quantize", [&](int) {
+    add_rmsnorm(x.as<float>(), E, y.as<float>(), E, w.as<float>(), xn.as<float>(), E, 1, E, 1e-5f, s, xq.p);
+  });
+  line("add_rmsnorm 4095 (scalar kernel)", [&](int) {
+    add_rmsnorm(x.as<float>(), E, y.as<float>(), E, w.as<float>(), xn.as<float>(), E, 1, E - 1, 1e-5f, s);
+  });
+  line("rope q+k (40 heads x 128)", [&](int) {
+    rope(qkv.as<float>(), 1, qkvw, n_head + n_head_kv, d, d, pos.as<int32_t>(), freqs.as<float>(), RopeMode::Normal, s);
+  });
+  line("rope q+k + kv append (fused)", [&](int) {
+    RopeAppend app;
+    app.first_k_head = n_head;
+    app.v = qkv.as<float>() + 4096 + kw;
+    app.vw = kw;
+    app.k_cache = kc.as<float>();
+    app.v_cache = vc.as<float>();
+    app.pos0 = pos.as<int32_t>();
+    rope(qkv.as<float>(), 1, qkvw, n_head + n_head_kv, d, d, pos.as<int32_t>(), freqs.as<float>(), RopeMode::Normal, app, s);
+  });
+  line("kv_append 1024 + 1024", [&](int) {
+    kv_append(qkv.as<float>() + 4096, qkv.as<float>() + 4096 + kw, qkvw, 1, kw, kw, kc.as<float>(), vc.as<float>(),
+              pos.as<int32_t>(), s);
+  });
+  for (int32_t p : {511, 4095}) {
+    BATON_CUDA_CHECK(cudaMemcpy(pos.p, &p, 4, cudaMemcpyHostToDevice));
+    AttentionParams ap;
+    ap.n_head = n_head;
+    ap.n_head_kv = n_head_kv;
+    ap.head_dim_k = ap.head_dim_v = d;
+    ap.scale = 0.088f;
+    ap.q = qkv.as<float>();
+    ap.q_stride = qkvw;
+    ap.n_tokens = 1;
+    ap.pos0 = n_ctx - 1;
+    ap.pos0_device = pos.as<int32_t>();
+    ap.k_cache = kc.as<float>();
+    ap.v_cache = vc.as<float>();
+    ap.out = att.as<float>();
+    ap.out_stride = E;
+    const std::string name = "attention + merge, position " + std::to_string(p);
+    line(name.c_str(), [&](int) { attention(ap, aws.p, attention_workspace_bytes(1, n_head, d), s); });
+  }
+  BATON_CUDA_CHECK(cudaMemset(pos.p, 0, 16));
+  line("quantize_xq 4096", [&](int) { quantize_xq(att.as<float>(), E, 1, E, xq.p, s); });
+  line("swiglu 14336", [&](int) { swiglu_rows(gu.as<float>(), gu.as<float>() + F, 2 * F, ffh.as<float>(), 1, F, s); });
+  line("swiglu 14336 + quantize", [&](int) {
+    swiglu_rows(gu.as<float>(), gu.as<float>() + F, 2 * F, ffh.as<float>(), 1, F, s, xq.p);
+  });
+  line("argmax 128256", [&](int) { argmax(logits.as<float>(), 1, V, V, ids.as<int32_t>(), s); });
 }
 
 // --- matvec configuration sweep ----------------------------------------------
@@ -414,6 +564,8 @@ int main(int argc, char** argv) {
     BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const Ceilings c = measure_ceilings(s);
     if (only.empty() || only == "matvec") bench_matvec(s, c);
+    if (only.empty() || only == "xq") bench_xq(s, c);
+    if (only.empty() || only == "decode") bench_decode_ops(s);
     if (only.empty() || only == "variants") bench_matvec_variants(s, c);
     if (only.empty() || only == "matmul") bench_matmul(s);
     if (only.empty() || only == "attention") bench_attention(s, c);

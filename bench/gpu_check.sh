@@ -3,7 +3,8 @@
 #
 #   bench/gpu_check.sh BIN_DIR OUT_DIR [WORK_DIR [SHAPE]]
 #
-# BIN_DIR holds the binaries of a Release CUDA build (baton, tests/test_cuda_*),
+# BIN_DIR holds the binaries of a Release CUDA build (baton, tests/test_cuda_*,
+# optionally bench/bench_cuda_kernels),
 # libs/ (shared libraries the machine may lack, used only for those it lacks)
 # and shared/models/stories260K.gguf. bench/pack_gpu.sh BUILD BIN_DIR makes it.
 # WORK_DIR (default /tmp/baton-gpu-check) receives the synthetic 8B models
@@ -17,6 +18,8 @@
 #   3. baton synth llama-8b in Q4_K and Q8_0 (alias data: written at disk speed)
 #   4. baton bench on each: ceilings, load (progress, RSS, device memory), sweep
 #   5. compute-sanitizer memcheck over the short cases of the CUDA stage suite
+#   6. when BIN_DIR/bench/bench_cuda_kernels exists, its sections named in
+#      BENCH_SECTIONS (default "xq decode"; "" skips it), into kernels.log
 # OUT_DIR gets run.log (everything printed), bench_<model>.csv and load.csv.
 # Exits non-zero when a step failed.
 set -u -o pipefail
@@ -36,7 +39,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do
   if [ -e "$d/libcublas.so.13" ]; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
 done
-for lib in $(ldd "$bin/baton" "$bin"/tests/test_cuda_* 2>/dev/null | awk '/not found/ {print $1}' | sort -u); do
+for lib in $(ldd "$bin/baton" "$bin"/tests/test_cuda_* $(ls "$bin"/bench/* 2>/dev/null) 2>/dev/null | awk '/not found/ {print $1}' | sort -u); do
   [ -e "$bin/libs/$lib" ] && ln -sf "$(cd "$bin/libs" && pwd)/$lib" "$work/libs/$lib"
 done
 export LD_LIBRARY_PATH="$work/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -100,6 +103,13 @@ if command -v compute-sanitizer > /dev/null; then
     --gtest_filter='CudaStage.GraphDecodeEqualsPrefill:CudaStage.PrefillGemmMatchesCpu:CudaStage.PinnedRingLoadsEveryByte:CudaStage.DeviceMemoryIsThePlan' \
     > "$work/memcheck.log" 2>&1; echo "memcheck exit $?" >> "$work/memcheck.log"
   grep -E "ERROR SUMMARY|PASSED|FAILED|exit|Invalid" "$work/memcheck.log" | head -20 | tee -a "$log"
+fi
+if [ -x "$bin/bench/bench_cuda_kernels" ] && [ -n "${BENCH_SECTIONS-xq decode}" ]; then
+  say "6. kernel micro-benchmark: ${BENCH_SECTIONS-xq decode}"
+  for section in ${BENCH_SECTIONS-xq decode}; do
+    timeout 240 "$bin/bench/bench_cuda_kernels" "$section" >> "$out/kernels.log" 2>&1 || status=1
+  done
+  cat "$out/kernels.log" | tee -a "$log"
 fi
 say "done, status $status"
 exit $status

@@ -4,7 +4,8 @@
 #
 #   bench/pack_gpu.sh BUILD_DIR BIN_DIR
 #
-# BIN_DIR/baton, BIN_DIR/tests/test_cuda_*, BIN_DIR/libs/ (the non-system
+# BIN_DIR/baton, BIN_DIR/tests/test_cuda_*, BIN_DIR/bench/bench_cuda_kernels
+# (when built), BIN_DIR/libs/ (the non-system
 # shared libraries the binaries link, used there only where missing) and
 # BIN_DIR/shared/models/stories260K.gguf. Configure the build with
 # -DBoost_USE_STATIC_LIBS=ON so that Boost is linked in.
@@ -16,9 +17,13 @@ rm -rf "$dest"
 mkdir -p "$dest/tests" "$dest/libs" "$dest/shared/models"
 cp "$build/baton" "$dest/"
 cp "$build"/tests/test_cuda_* "$dest/tests/" 2>/dev/null || true
+if [ -x "$build/bench/bench_cuda_kernels" ]; then
+  mkdir -p "$dest/bench"
+  cp "$build/bench/bench_cuda_kernels" "$dest/bench/"
+fi
 rm -f "$dest"/tests/*.cmake
-strip --strip-debug "$dest/baton" "$dest"/tests/test_cuda_*
-for lib in $(ldd "$dest/baton" "$dest"/tests/test_cuda_* | awk '/=>/ {print $3}' | sort -u); do
+strip --strip-debug "$dest/baton" "$dest"/tests/test_cuda_* "$dest"/bench/* 2>/dev/null || true
+for lib in $(ldd "$dest/baton" "$dest"/tests/test_cuda_* $(ls "$dest"/bench/* 2>/dev/null) | awk '/=>/ {print $3}' | sort -u); do
   case "$(basename "$lib")" in
     libfmt.so.*|libcrypto.so.*|libssl.so.*|libboost_*) cp -L "$lib" "$dest/libs/" ;;
   esac

@@ -138,6 +138,112 @@ TEST(CudaMatvec, AllTypesTokenCountsAndStrides) {
   }
 }
 
+// The integer-dot path: x quantized to 16 bits per run of 32 (quantize_xq),
+// then matvec_xq. Its error bound is exact: each activation moves by at
+// most max|run| / 65024 (half a step of the 16-bit grid, 0.51 with the
+// rounding of the scale), so |out - ref| <= sum_c |w_rc| * 0.51 step_c plus
+// float rounding of the sums.
+TEST(CudaMatvec, IntegerDotPathMatchesReference) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 7);
+  struct Shape {
+    int64_t rows, cols;
+    uint64_t pad;
+  };
+  // 16500 rows: Q4_K's tall-matrix configuration (8 rows per block).
+  const Shape shapes[] = {{37, 512, 0}, {37, 2304, 32}, {1000, 4096, 0}, {16500, 256, 0}};
+  for (DType t : {DType::Q8_0, DType::Q4_K}) {
+    ASSERT_TRUE(cuda::matvec_xq_supported(t));
+    for (const Shape& s : shapes) {
+      const HostMatrix m = random_matrix(t, s.rows, s.cols, s.pad, rng());
+      DeviceArray<uint8_t> dw(m.bytes);
+      for (int64_t n_tokens : {1, 2, 3, 5, 8, 13}) {
+        if (s.rows >= 1000 && n_tokens > 2) continue;
+        const std::string what = std::string(dtype_name(t)) + " xq " + std::to_string(s.rows) + "x" +
+                                 std::to_string(s.cols) + " tokens " + std::to_string(n_tokens);
+        SCOPED_TRACE(what);
+        const int64_t x_stride = s.cols + 4, out_stride = s.rows + 3;
+        std::vector<float> x = test::random_floats(rng, size_t(n_tokens * x_stride));
+        // One run of small values and one of zeros: the scale adapts per run.
+        for (int64_t c = 0; c < 32; ++c) x[size_t(32 + c)] *= 1e-3f, x[size_t(64 + c)] = 0.0f;
+        DeviceArray<float> dx(x);
+        const uint64_t xq_row = cuda::xq_row_bytes(s.cols);
+        DeviceArray<uint8_t> dxq(size_t(xq_row * uint64_t(n_tokens)));
+        dxq.poison();
+        cuda::quantize_xq(dx.get(), s.cols, n_tokens, x_stride, dxq.get(), nullptr);
+        DeviceArray<float> dout(static_cast<size_t>(n_tokens * out_stride));
+        dout.poison();
+        cuda::matvec_xq(view(m, dw), dxq.get(), n_tokens, dout.get(), out_stride, nullptr);
+
+        // The quantized rows themselves: q = 256 hi + lo within half a step of x / d.
+        const std::vector<uint8_t> xq = dxq.download();
+        std::vector<double> step(size_t(n_tokens * s.cols));
+        for (int64_t tk = 0; tk < n_tokens; ++tk) {
+          const uint8_t* row = xq.data() + uint64_t(tk) * xq_row;
+          for (int64_t run = 0; run < s.cols / 32; ++run) {
+            float ds[2];
+            std::memcpy(ds, row + 2 * s.cols + 8 * run, 8);
+            double amax = 0, sum = 0;
+            for (int64_t c = 0; c < 32; ++c) {
+              const float v = x[size_t(tk * x_stride + run * 32 + c)];
+              amax = std::max(amax, std::fabs(double(v)));
+              sum += v;
+            }
+            ASSERT_NEAR(ds[0], amax / 32512.0, 1e-6 * amax + 1e-30);
+            ASSERT_NEAR(ds[1], sum, 1e-5 * 32 * amax + 1e-30);
+            for (int64_t c = 0; c < 32; ++c) {
+              const int64_t e = run * 32 + c;
+              const int q = int(int8_t(row[e])) * 256 + int(int8_t(row[s.cols + e]));
+              ASSERT_LE(std::abs(q), 32512);
+              const double v = x[size_t(tk * x_stride + e)];
+              ASSERT_LE(std::fabs(double(ds[0]) * q - v), 0.51 * double(ds[0]) + 1e-30) << "element " << e;
+              step[size_t(tk * s.cols + e)] = double(ds[0]);
+            }
+          }
+        }
+        std::vector<double> ref, mag;
+        reference(m, x, n_tokens, x_stride, ref, mag);
+        const std::vector<float> out = dout.download();
+        int failures = 0;
+        for (int64_t tk = 0; tk < n_tokens; ++tk) {
+          for (int64_t r = 0; r < out_stride && failures < 5; ++r) {
+            const float v = out[size_t(tk * out_stride + r)];
+            if (r >= s.rows) {
+              if (!is_poison(v)) {
+                ADD_FAILURE() << what << ": wrote outside the output, col " << r;
+                ++failures;
+              }
+              continue;
+            }
+            double bound = 0;
+            for (int64_t c = 0; c < s.cols; ++c) {
+              bound += std::fabs(double(m.values[size_t(r * s.cols + c)])) * 0.51 * step[size_t(tk * s.cols + c)];
+            }
+            const double tol = bound + 1e-5 * mag[size_t(tk * s.rows + r)] + 1e-30;
+            if (!(std::fabs(double(v) - ref[size_t(tk * s.rows + r)]) <= tol)) {
+              ADD_FAILURE() << what << ": token " << tk << " row " << r << " got " << v << " want "
+                            << ref[size_t(tk * s.rows + r)] << " tol " << tol;
+              ++failures;
+            }
+          }
+        }
+      }
+    }
+  }
+  // Refused up front: a dtype without the kernel, a row length off the grid.
+  DeviceArray<uint8_t> w(1 << 16), xq(1 << 16);
+  DeviceArray<float> x(4096), out(4096);
+  EXPECT_FALSE(cuda::matvec_xq_supported(DType::F16));
+  EXPECT_THROW(cuda::matvec_xq({DType::F16, w.get(), 4, 256, 512}, xq.get(), 1, out.get(), 4, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::quantize_xq(x.get(), 48, 1, 48, xq.get(), nullptr), std::invalid_argument);
+  EXPECT_THROW(cuda::matvec_xq({DType::Q8_0, w.get(), 4, 256, 272}, xq.get() + 8, 1, out.get(), 4, nullptr),
+               std::invalid_argument);
+  test::sync_device();
+}
+
 TEST(CudaMatvec, RejectsBadArguments) {
   BATON_REQUIRE_CUDA();
   DeviceArray<uint8_t> w(1 << 16);

@@ -80,6 +80,59 @@ TEST(CudaOps, RopeNormalAndNeoxPartial) {
                std::invalid_argument);
 }
 
+// The KV append fused into rope: heads 3 and 4 are K; the 16 padding floats
+// of each row play V. The caches get the rotated K and the V row at *pos0 + t,
+// and nothing else of them changes.
+TEST(CudaOps, RopeAppendsToTheCache) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 9);
+  const int n_tokens = 3, n_heads = 5, head_dim = 64, first_k = 3, rot_dim = 64;
+  const int64_t stride = n_heads * head_dim + 16, kw = (n_heads - first_k) * head_dim, vw = 16, n_pos = 12;
+  const int32_t pos0 = 7;
+  std::vector<int32_t> pos = {pos0, pos0 + 1, pos0 + 2};
+  DeviceArray<int32_t> dpos(pos), dpos0(std::vector<int32_t>{pos0});
+  std::vector<float> inv_freq(size_t(rot_dim / 2));
+  rope_inv_freq(inv_freq.data(), rot_dim, 10000.0);
+  DeviceArray<float> dfreq(inv_freq);
+  std::vector<float> x = test::random_floats(rng, size_t(n_tokens * stride));
+  DeviceArray<float> dx(x), kc(size_t(n_pos * kw)), vc(size_t(n_pos * vw));
+  kc.poison();
+  vc.poison();
+  cuda::RopeAppend app;
+  app.first_k_head = first_k;
+  app.v = dx.get() + n_heads * head_dim;
+  app.vw = vw;
+  app.k_cache = kc.get();
+  app.v_cache = vc.get();
+  app.pos0 = dpos0.get();
+  cuda::rope(dx.get(), n_tokens, stride, n_heads, head_dim, rot_dim, dpos.get(), dfreq.get(), RopeMode::Normal, app,
+             nullptr);
+  const std::vector<float> got = dx.download(), k = kc.download(), v = vc.download();
+  for (int t = 0; t < n_tokens; ++t) {
+    rope(x.data() + t * stride, n_heads, head_dim, rot_dim, pos[size_t(t)], inv_freq.data(), RopeMode::Normal);
+  }
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], x[i], 4e-6) << "element " << i;
+  for (int64_t p = 0; p < n_pos; ++p) {
+    const int64_t t = p - pos0;
+    const bool written = t >= 0 && t < n_tokens;
+    for (int64_t i = 0; i < kw; ++i) {
+      const float want = written ? got[size_t(t * stride + first_k * head_dim + i)] : 0.0f;
+      uint32_t bits;
+      std::memcpy(&bits, &k[size_t(p * kw + i)], 4);
+      if (written) ASSERT_EQ(k[size_t(p * kw + i)], want) << "k position " << p;
+      else ASSERT_EQ(bits, 0xffffffffu) << "k position " << p;
+    }
+    for (int64_t i = 0; i < vw; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &v[size_t(p * vw + i)], 4);
+      if (written) ASSERT_EQ(v[size_t(p * vw + i)], x[size_t(t * stride + n_heads * head_dim + i)]) << "v position " << p;
+      else ASSERT_EQ(bits, 0xffffffffu) << "v position " << p;
+    }
+  }
+}
+
 TEST(CudaOps, SwiGlu) {
   BATON_REQUIRE_CUDA();
   const uint64_t seed = test::test_seed();

@@ -63,9 +63,16 @@ std::string write_synth(const test::TempDir& dir, DType type, uint64_t seed) {
   return path;
 }
 
-// Prompt logits and 100 greedy tokens on both backends; the prompt is short
-// enough (<= 8 tokens) that every CUDA projection is the float32 matvec.
-void expect_same_generation(const std::string& path, const std::vector<int32_t>& prompt, double logit_tol) {
+// Prompt logits and 100 greedy steps on both backends; the prompt is short
+// enough (<= 8 tokens) that every CUDA projection is a matvec. Each step feeds
+// the CPU's greedy id to both (teacher forcing) and compares the device's own
+// greedy id (graph replay, argmax on the device) with the CPU's. With
+// tie_tol = 0 they must be equal; Q8_0 and Q4_K decode through the
+// integer-dot matvec, whose 16-bit activations move the logits by about 1e-4
+// of their scale (docs/CUDA.md), so there the device may pick another id only
+// where the CPU's own logits of the two ids are within tie_tol of each other.
+void expect_same_generation(const std::string& path, const std::vector<int32_t>& prompt, double logit_tol,
+                            double tie_tol = 0.0) {
   GgufFile f = GgufFile::open(path);
   StageConfig sc;
   sc.n_ctx = 160;
@@ -80,19 +87,27 @@ void expect_same_generation(const std::string& path, const std::vector<int32_t>&
   ASSERT_EQ(lg.size(), cpu_logits.size());
   EXPECT_LE(rel_err(lg, cpu_logits), logit_tol);
 
-  std::vector<int32_t> want, got;
+  // A differing pick is acceptable only as a near-tie on the CPU's logits.
+  int flips = 0;
+  auto check_pick = [&](std::span<const float> cpu_row, int32_t got, int step) {
+    const int32_t want = argmax(cpu_row);
+    if (got == want) return;
+    ++flips;
+    double scale = 0;
+    for (float v : cpu_row) scale = std::max(scale, std::fabs(double(v)));
+    EXPECT_LE(double(cpu_row[size_t(want)]) - double(cpu_row[size_t(got)]), tie_tol * scale)
+        << "step " << step << ": device picked " << got << ", the CPU " << want;
+  };
+  check_pick(cpu_logits, argmax(lg), -1);
   int32_t next = argmax(cpu_logits);
   for (int i = 0; i < 100; ++i) {
-    want.push_back(next);
-    next = argmax(cpu.forward(0, std::span<const int32_t>(&next, 1)));
+    auto lc = cpu.forward(0, std::span<const int32_t>(&next, 1));
+    const std::vector<float> row(lc.begin(), lc.end());
+    const int32_t got = gpu.forward_greedy(0, std::span<const int32_t>(&next, 1));
+    check_pick(row, got, i);
+    next = argmax(row);
   }
-  // Same start, then the device's own greedy ids (graph replay, argmax on the device).
-  next = argmax(lg);
-  for (int i = 0; i < 100; ++i) {
-    got.push_back(next);
-    next = gpu.forward_greedy(0, std::span<const int32_t>(&next, 1));
-  }
-  EXPECT_EQ(got, want);
+  if (tie_tol == 0.0) EXPECT_EQ(flips, 0);
   EXPECT_EQ(gpu.position(0), cpu.position(0));
 }
 
@@ -133,7 +148,9 @@ TEST_P(CudaStageTypes, SyntheticMatchesCpu) {
   const std::string path = write_synth(dir, GetParam(), seed);
   GgufFile f = GgufFile::open(path);
   const auto vocab = int32_t(f.find_tensor("token_embd.weight")->ne[1]);
-  expect_same_generation(path, random_tokens(seed, 6, vocab), 1e-4);
+  // F16 runs the float matvec; Q8_0 and Q4_K the integer-dot one.
+  const bool xq = GetParam() == DType::Q8_0 || GetParam() == DType::Q4_K;
+  expect_same_generation(path, random_tokens(seed, 6, vocab), xq ? 5e-4 : 1e-4, xq ? 5e-4 : 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaStageTypes, ::testing::Values(DType::F16, DType::Q8_0, DType::Q4_K),
@@ -198,7 +215,12 @@ TEST(CudaStage, GraphDecodeEqualsPrefill) {
     auto l = gpu.forward(1, std::span<const int32_t>(&tokens[i], 1));
     step.assign(l.begin(), l.end());
   }
-  EXPECT_LE(rel_err(step, want), 1e-5);
+  // The graph's attention splits the positions (sized for the whole
+  // context) where the 8-token forward does not: outputs differ in the last
+  // bits, which moves some 16-bit activation roundings of the Q4_K
+  // integer-dot matvec by one step, and from the second layer on most of
+  // them; so the agreement is that of the quantization (about 1e-4).
+  EXPECT_LE(rel_err(step, want), 5e-4);
 
   gpu.reset(0);
   std::vector<float> chunked;

@@ -175,6 +175,7 @@ std::string cuda_unavailable_reason() {
 struct CudaStage::Proj {
   MatrixView w;
   bool cublas_f32 = false;  // F32 rows the matvec cannot take: a float32 cuBLAS GEMM
+  bool xq = false;          // decode through the integer-dot matvec (quantized activations)
   int64_t out_col = 0;      // first column of the output row it writes
 };
 
@@ -218,6 +219,7 @@ CudaStage::Proj make_proj(const Tensor& t, int64_t x_stride, int64_t out_col, bo
   } else if (!why.empty()) {
     throw std::runtime_error(fmt::format("tensor {} cannot run on the CUDA backend: {}", t.name, why));
   }
+  p.xq = cuda::matvec_xq_supported(t.type);
   return p;
 }
 
@@ -300,6 +302,7 @@ struct CudaStage::Layout {
   // Device workspace sections (byte offsets) and sizes.
   uint64_t x = 0, y = 0, xn = 0, qkv = 0, att = 0, gu = 0, ffh = 0, logits = 0, freqs = 0, params = 0, ids = 0;
   uint64_t attn = 0, attn_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
+  uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kMatvecMaxTokens rows (matvec_xq)
   uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0
   // Pinned host io sections.
   uint64_t h_params = 0, h_ids = 0, h_out = 0, h_in = 0, io_bytes = 0;
@@ -365,6 +368,20 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
     if (L.L > cuda::kMatvecMaxTokens) need(w.output);
   }
   L.mm = take(L.mm_bytes);
+  // One buffer serves every projection input in turn (norm output, attention
+  // output, SwiGLU output): each is consumed before the next is written.
+  bool any_xq = false;
+  for (const auto& l : w.layers) {
+    for (const auto& p : l.qkv) any_xq = any_xq || p.xq;
+    for (const auto& p : l.gate_up) any_xq = any_xq || p.xq;
+    any_xq = any_xq || l.wo.xq || l.down.xq;
+  }
+  any_xq = any_xq || (c.head && w.output.xq);
+  if (any_xq && L.E % 32 == 0 && L.ow % 32 == 0 && L.F % 32 == 0) {
+    const int64_t rows = std::min<int64_t>(L.B, cuda::kMatvecMaxTokens);
+    L.xq_bytes = uint64_t(rows) * cuda::xq_row_bytes(std::max({L.E, L.ow, L.F}));
+  }
+  L.xq = take(L.xq_bytes);
   L.cublas_bytes = L.B > cuda::kMatvecMaxTokens || w.any_cublas_f32 ? kCublasWorkspace : 0;
   L.cublas = take(L.cublas_bytes);
   L.bytes = at;
@@ -558,10 +575,13 @@ float* CudaStage::kv_stream(int layer, int seq, int s) const {
   return s == 0 ? base : base + config_.n_ctx * L.kw;
 }
 
-void CudaStage::project(const Proj& p, const float* x, int64_t n, int64_t x_stride, float* out, int64_t out_stride) {
+void CudaStage::project(const Proj& p, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
+                        int64_t out_stride) {
   const Layout& L = *layout_;
   float* o = out + p.out_col;
-  if (p.cublas_f32) {
+  if (xq && p.xq && n <= cuda::kMatvecMaxTokens) {
+    cuda::matvec_xq(p.w, xq, n, o, out_stride, stream_.get());
+  } else if (p.cublas_f32) {
     const float one = 1.0f, zero = 0.0f;
     check_cublas(cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, int(p.w.rows), int(n), int(p.w.cols), &one,
                              static_cast<const float*>(p.w.data), int(p.w.row_bytes / sizeof(float)), x, int(x_stride),
@@ -590,6 +610,12 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
   int32_t* d_pos0 = d_tokens + 2 * L.B;
   const int64_t E = L.E, F = L.F;
   const float eps = hp.rms_eps;
+  // Quantized activations for the integer-dot matvec (decode and short
+  // prompts), written by the kernel that produces each projection input.
+  uint8_t* xq_buf = L.xq_bytes > 0 && n <= cuda::kMatvecMaxTokens ? ws + L.xq : nullptr;
+  auto xq_for = [&](const Proj* ps, size_t count) -> uint8_t* {
+    return std::any_of(ps, ps + count, [](const Proj& p) { return p.xq; }) ? xq_buf : nullptr;
+  };
 
   BATON_CUDA_CHECK(cudaMemcpyAsync(d_tokens, io + L.h_params, L.params_bytes, cudaMemcpyHostToDevice, s));
   if (config_.embedding) {
@@ -601,19 +627,27 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
   for (size_t i = 0; i < W.layers.size(); ++i) {
     const Weights::Layer& w = W.layers[i];
     const int layer = config_.first_layer + int(i);
-    cuda::add_rmsnorm(x, E, pending, E, w.attn_norm, xn, E, n, E, eps, s);
-    for (const Proj& p : w.qkv) project(p, xn, n, E, qkv, L.qkvw);
+    uint8_t* xq = xq_for(w.qkv.data(), w.qkv.size());
+    cuda::add_rmsnorm(x, E, pending, E, w.attn_norm, xn, E, n, E, eps, s, xq);
+    for (const Proj& p : w.qkv) project(p, xn, xq, n, E, qkv, L.qkvw);
     if (w.bq) cuda::add_bias_rows(qkv, n, L.qkvw, w.bq, L.qw, s);
     if (w.bk) cuda::add_bias_rows(qkv + L.qw, n, L.qkvw, w.bk, L.kw, s);
     if (w.bv) cuda::add_bias_rows(qkv + L.qw + L.kw, n, L.qkvw, w.bv, L.vw, s);
     if (w.q_norm) cuda::head_rmsnorm(qkv, n, L.qkvw, hp.n_head, hp.head_dim_k, w.q_norm, eps, s);
     if (w.k_norm) cuda::head_rmsnorm(qkv + L.qw, n, L.qkvw, hp.n_head_kv, hp.head_dim_k, w.k_norm, eps, s);
-    // Q and K heads are adjacent in the row: one rope over n_head + n_head_kv heads.
-    cuda::rope(qkv, n, L.qkvw, hp.n_head + hp.n_head_kv, hp.head_dim_k, hp.rope_dim, d_positions, freqs,
-               llama_->variant().rope, s);
+    // Q and K heads are adjacent in the row: one rope over n_head + n_head_kv
+    // heads, which also appends the rotated K and the V row to the cache.
     float* kc = kv_stream(layer, seq, 0);
     float* vc = kv_stream(layer, seq, 1);
-    cuda::kv_append(qkv + L.qw, qkv + L.qw + L.kw, L.qkvw, n, L.kw, L.vw, kc, vc, d_pos0, s);
+    cuda::RopeAppend app;
+    app.first_k_head = hp.n_head;
+    app.v = qkv + L.qw + L.kw;
+    app.vw = L.vw;
+    app.k_cache = kc;
+    app.v_cache = vc;
+    app.pos0 = d_pos0;
+    cuda::rope(qkv, n, L.qkvw, hp.n_head + hp.n_head_kv, hp.head_dim_k, hp.rope_dim, d_positions, freqs,
+               llama_->variant().rope, app, s);
     cuda::AttentionParams ap;
     ap.n_head = hp.n_head;
     ap.n_head_kv = hp.n_head_kv;
@@ -629,20 +663,27 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
     ap.v_cache = vc;
     ap.out = att;
     ap.out_stride = L.ow;
+    // The attention kernels quantize their output for the output projection.
+    xq = hp.head_dim_v % 32 == 0 ? xq_for(&w.wo, 1) : nullptr;
+    ap.xq = xq;
     cuda::attention(ap, ws + L.attn, L.attn_bytes, s);
-    project(w.wo, att, n, L.ow, y, E);
-    cuda::add_rmsnorm(x, E, y, E, w.ffn_norm, xn, E, n, E, eps, s);
-    for (const Proj& p : w.gate_up) project(p, xn, n, E, gu, 2 * F);
-    cuda::swiglu_rows(gu, gu + F, 2 * F, ffh, n, F, s);
-    project(w.down, ffh, n, F, y, E);
+    project(w.wo, att, xq, n, L.ow, y, E);
+    xq = xq_for(w.gate_up.data(), w.gate_up.size());
+    cuda::add_rmsnorm(x, E, y, E, w.ffn_norm, xn, E, n, E, eps, s, xq);
+    for (const Proj& p : w.gate_up) project(p, xn, xq, n, E, gu, 2 * F);
+    xq = xq_for(&w.down, 1);
+    cuda::swiglu_rows(gu, gu + F, 2 * F, ffh, n, F, s, xq);
+    project(w.down, ffh, xq, n, F, y, E);
     pending = y;
   }
   if (config_.head) {
     const int64_t rows = config_.all_logits ? n : 1;
     float* logits = f(L.logits);
     int32_t* ids = reinterpret_cast<int32_t*>(ws + L.ids);
-    cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s);
-    project(W.output, xn + (n - rows) * E, rows, E, logits, L.V);
+    uint8_t* xq = xq_for(&W.output, 1);
+    cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, xq);
+    project(W.output, xn + (n - rows) * E, xq ? xq + uint64_t(n - rows) * cuda::xq_row_bytes(E) : nullptr, rows, E,
+            logits, L.V);
     cuda::argmax(logits, rows, L.V, L.V, ids, s);
     BATON_CUDA_CHECK(cudaMemcpyAsync(io + L.h_ids, ids, uint64_t(rows) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
   } else {

@@ -150,7 +150,9 @@ class CudaStage final : public StageRunner {
   // Checks, fills the pinned parameters and queues the forward (a graph
   // replay for one token). The caller queues its copies and synchronizes.
   void run(int seq, const int32_t* tokens, const float* activations, int64_t n);
-  void project(const Proj& p, const float* x, int64_t n, int64_t x_stride, float* out, int64_t out_stride);
+  // x: n rows of floats; xq: the same rows quantized for matvec_xq, or null.
+  void project(const Proj& p, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
+               int64_t out_stride);
   void capture_decode_graphs();
   void sync();
   float* kv_stream(int layer, int seq, int s) const;

@@ -6,6 +6,8 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/xq.cuh"
 
 namespace baton::cuda {
 namespace {
@@ -23,7 +25,7 @@ unsigned grid_for(int64_t work) {
 // out may alias x.
 __global__ void add_rmsnorm_kernel(float* x, int64_t x_stride, const float* add, int64_t add_stride,
                                    const float* __restrict__ w, float* out, int64_t out_stride, int64_t n,
-                                   float eps) {
+                                   float eps, uint8_t* xq, uint64_t xq_stride) {
   __shared__ float red[32];
   float* xr = x + int64_t(blockIdx.x) * x_stride;
   float* orow = out + int64_t(blockIdx.x) * out_stride;
@@ -40,7 +42,88 @@ __global__ void add_rmsnorm_kernel(float* x, int64_t x_stride, const float* add,
   }
   ss = block_sum(ss, red);
   const float scale = float(1.0 / sqrt(double(ss) / double(n) + double(eps)));
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+  if (xq == nullptr) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+    return;
+  }
+  // One warp per run of 32: the barrier in block_sum ordered the writes of
+  // x above before these reads by other threads.
+  uint8_t* q = xq + uint64_t(blockIdx.x) * xq_stride;
+  const int lane = threadIdx.x & 31;
+  for (int64_t run = threadIdx.x >> 5; run < n / 32; run += blockDim.x >> 5) {
+    const int64_t i = run * 32 + lane;
+    const float v = xr[i] * scale * w[i];
+    orow[i] = v;
+    detail::xq_store_run(v, lane, q, n, run);
+  }
+}
+
+// The same with float4 accesses and the row held in registers (V float4 per
+// thread, blockDim * V * 4 >= n): one read of x and add, one write of x and
+// out, and no loop-carried load latency; a decode row of 4096 floats is one
+// float4 per thread of 1024. Needs n, the strides and the pointers in
+// multiples of 4 floats. With xq, each group of 8 lanes holds one run of 32
+// and quantizes it (n a multiple of 32).
+template <int V>
+__global__ void __launch_bounds__(1024)
+    add_rmsnorm_vec_kernel(float* x, int64_t x_stride, const float* add, int64_t add_stride,
+                           const float* __restrict__ w, float* out, int64_t out_stride, int64_t n, float eps,
+                           uint8_t* xq, uint64_t xq_stride) {
+  __shared__ float red[32];
+  const int64_t n4 = n / 4;
+  float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * x_stride);
+  const float4* ar = add ? reinterpret_cast<const float4*>(add + int64_t(blockIdx.x) * add_stride) : nullptr;
+  float4 v[V];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < n4) {
+      v[k] = xr[i];
+      if (ar) {
+        const float4 a = ar[i];
+        v[k].x += a.x, v[k].y += a.y, v[k].z += a.z, v[k].w += a.w;
+        xr[i] = v[k];
+      }
+      ss = fmaf(v[k].x, v[k].x, ss);
+      ss = fmaf(v[k].y, v[k].y, ss);
+      ss = fmaf(v[k].z, v[k].z, ss);
+      ss = fmaf(v[k].w, v[k].w, ss);
+    }
+  }
+  ss = block_sum(ss, red);
+  const float scale = float(1.0 / sqrt(double(ss) / double(n) + double(eps)));
+  float4* orow = reinterpret_cast<float4*>(out + int64_t(blockIdx.x) * out_stride);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  uint8_t* q = xq ? xq + uint64_t(blockIdx.x) * xq_stride : nullptr;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    const bool valid = i < n4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (valid) {
+      const float4 g = w4[i];
+      o = make_float4(v[k].x * scale * g.x, v[k].y * scale * g.y, v[k].z * scale * g.z, v[k].w * scale * g.w);
+      orow[i] = o;
+    }
+    if (q) {  // uniform: the 8 lanes of a run are all valid or all past n
+      float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+      float sum = (o.x + o.y) + (o.z + o.w);
+#pragma unroll
+      for (int off = 4; off >= 1; off >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(detail::kFullMask, amax, off));
+        sum += __shfl_xor_sync(detail::kFullMask, sum, off);
+      }
+      if (valid) {
+        uint32_t hi4, lo4;
+        detail::xq_pack4(o, amax, hi4, lo4);
+        reinterpret_cast<uint32_t*>(q)[i] = hi4;
+        reinterpret_cast<uint32_t*>(q + n)[i] = lo4;
+        if ((threadIdx.x & 7) == 0) reinterpret_cast<float2*>(q + 2 * n)[i / 8] = make_float2(amax / detail::kXqMax, sum);
+      }
+    }
+  }
 }
 
 // One block per (token, head).
@@ -79,6 +162,21 @@ __global__ void swiglu_rows_kernel(const float* gate, const float* up, int64_t i
   }
 }
 
+// One warp per run of 32 outputs, which it also quantizes.
+__global__ void swiglu_xq_kernel(const float* gate, const float* up, int64_t in_stride, float* out, int64_t n_rows,
+                                 int64_t n, uint8_t* xq, uint64_t xq_stride) {
+  const int lane = threadIdx.x & 31;
+  const int64_t runs = n / 32, total = n_rows * runs;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t i = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); i < total; i += warps) {
+    const int64_t r = i / runs, run = i % runs, c = run * 32 + lane;
+    const float g = gate[r * in_stride + c];
+    const float v = g / (1.0f + expf(-g)) * up[r * in_stride + c];
+    out[r * n + c] = v;
+    detail::xq_store_run(v, lane, xq + uint64_t(r) * xq_stride, n, run);
+  }
+}
+
 __global__ void kv_append_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t src_stride,
                                  int64_t n_rows, int64_t kw, int64_t vw, float* k_cache, float* v_cache,
                                  const int32_t* __restrict__ pos0) {
@@ -108,13 +206,35 @@ void require(bool ok, const char* what) {
 }  // namespace
 
 void add_rmsnorm(float* x, int64_t x_stride, const float* add, int64_t add_stride, const float* w, float* out,
-                 int64_t out_stride, int64_t n_rows, int64_t n, float eps, cudaStream_t stream) {
+                 int64_t out_stride, int64_t n_rows, int64_t n, float eps, cudaStream_t stream, void* xq) {
   require(x && w && out && n > 0 && n_rows >= 0, "add_rmsnorm: null pointer or empty row");
+  require(!xq || n % 32 == 0, "add_rmsnorm: quantized output needs a row length that is a multiple of 32");
   require(x_stride >= n && out_stride >= n && (!add || add_stride >= n), "add_rmsnorm: stride below the row");
   if (n_rows == 0) return;
   require(n_rows <= INT32_MAX, "add_rmsnorm: too many rows");
+  uint8_t* q = static_cast<uint8_t*>(xq);
+  const uint64_t q_stride = xq ? xq_row_bytes(n) : 0;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int64_t n4 = n / 4;
+  if (n % 4 == 0 && x_stride % 4 == 0 && out_stride % 4 == 0 && (!add || add_stride % 4 == 0) && aligned(x) &&
+      aligned(out) && aligned(w) && (!add || aligned(add)) && n4 <= 4 * 1024) {
+    const int threads = int(std::min<int64_t>(1024, (n4 + 31) / 32 * 32));
+    const int64_t v = (n4 + threads - 1) / threads;
+    if (v == 1) {
+      add_rmsnorm_vec_kernel<1><<<unsigned(n_rows), threads, 0, stream>>>(x, x_stride, add, add_stride, w, out,
+                                                                          out_stride, n, eps, q, q_stride);
+    } else if (v == 2) {
+      add_rmsnorm_vec_kernel<2><<<unsigned(n_rows), threads, 0, stream>>>(x, x_stride, add, add_stride, w, out,
+                                                                          out_stride, n, eps, q, q_stride);
+    } else {
+      add_rmsnorm_vec_kernel<4><<<unsigned(n_rows), threads, 0, stream>>>(x, x_stride, add, add_stride, w, out,
+                                                                          out_stride, n, eps, q, q_stride);
+    }
+    check_launch("add_rmsnorm_vec_kernel");
+    return;
+  }
   add_rmsnorm_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(x, x_stride, add, add_stride, w, out, out_stride, n,
-                                                                eps);
+                                                                eps, q, q_stride);
   check_launch("add_rmsnorm_kernel");
 }
 
@@ -143,9 +263,16 @@ void add_bias_rows(float* rows, int64_t n_rows, int64_t stride, const float* bia
 }
 
 void swiglu_rows(const float* gate, const float* up, int64_t in_stride, float* out, int64_t n_rows, int64_t n,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, void* xq) {
   require(gate && up && out && n > 0 && in_stride >= n && n_rows >= 0, "swiglu_rows: bad arguments");
+  require(!xq || n % 32 == 0, "swiglu_rows: quantized output needs a row length that is a multiple of 32");
   if (n_rows == 0) return;
+  if (xq) {
+    swiglu_xq_kernel<<<grid_for(n_rows * n), kThreads, 0, stream>>>(gate, up, in_stride, out, n_rows, n,
+                                                                     static_cast<uint8_t*>(xq), xq_row_bytes(n));
+    check_launch("swiglu_xq_kernel");
+    return;
+  }
   swiglu_rows_kernel<<<grid_for(n_rows * n), kThreads, 0, stream>>>(gate, up, in_stride, out, n_rows, n);
   check_launch("swiglu_rows_kernel");
 }

@@ -19,9 +19,13 @@ namespace baton::cuda {
 // floats apart): when add is not null, x[r] += add[r] first (the residual
 // add); then out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w. The scale is
 // formed in double from a float sum of squares, like kernels/cuda/ops.cu's
-// rmsnorm. out may alias x.
+// rmsnorm. out may alias x. When xq is not null, each output row is also
+// quantized for matvec_xq (kernels/cuda/matvec.cuh) into xq, rows
+// xq_row_bytes(n) apart (n a multiple of 32): the decode step's norm and
+// activation quantization in one launch.
 void add_rmsnorm(float* x, int64_t x_stride, const float* add, int64_t add_stride, const float* w, float* out,
-                 int64_t out_stride, int64_t n_rows, int64_t n, float eps, cudaStream_t stream);
+                 int64_t out_stride, int64_t n_rows, int64_t n, float eps, cudaStream_t stream,
+                 void* xq = nullptr);
 
 // RMS norm of each head (head_dim floats, heads contiguous in a token row,
 // rows token_stride floats apart) with weight w of head_dim, in place: the
@@ -35,9 +39,11 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream);
 // rows[r * stride + i] += bias[i] for r < n_rows, i < n.
 void add_bias_rows(float* rows, int64_t n_rows, int64_t stride, const float* bias, int64_t n, cudaStream_t stream);
 
-// out[r * n + i] = silu(gate[r * in_stride + i]) * up[r * in_stride + i].
+// out[r * n + i] = silu(gate[r * in_stride + i]) * up[r * in_stride + i];
+// with xq (n a multiple of 32), each out row is also quantized for
+// matvec_xq, rows xq_row_bytes(n) apart.
 void swiglu_rows(const float* gate, const float* up, int64_t in_stride, float* out, int64_t n_rows, int64_t n,
-                 cudaStream_t stream);
+                 cudaStream_t stream, void* xq = nullptr);
 
 // Appends n_rows K and V rows at cache positions [*pos0, *pos0 + n_rows):
 // k_cache[(*pos0 + t) * kw + c] = k[t * src_stride + c] (likewise v with vw).

@@ -6,6 +6,8 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/xq.cuh"
 
 #include <algorithm>
 #include <stdexcept>
@@ -19,9 +21,14 @@ using namespace detail;
 constexpr int kRowsPerWarp = 4;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxHeadDim = 512;
-constexpr int kMaxSplits = 64;
+// Decode has few warps (one per KV head and 4 query rows): splitting the
+// positions finely is what fills the card. 256 splits of at least 16
+// positions: a 4096-position llama-8b decode runs 8 x 132 warps of 32
+// positions (latency of 8 dependent steps) instead of 8 x 64 of 64.
+constexpr int kMaxSplits = 256;
 constexpr int64_t kMaxSplitRows = 256;   // n_tokens * n_head up to this may split
-constexpr int64_t kMinSplitPositions = 64;
+constexpr int64_t kMinSplitPositions = 16;
+constexpr int kMergeWarps = 4;
 
 struct KernelArgs {
   AttentionParams p;
@@ -30,6 +37,7 @@ struct KernelArgs {
   int64_t chunk;          // positions per split
   int n_splits;
   float* partial;  // n_splits x (n_tokens * n_head) x (head_dim_v + 2), when n_splits > 1
+  uint64_t xq_stride;  // bytes between quantized output rows (p.xq)
 };
 
 // Sums each of the K values (K = 4, 8 or 16) over the 32 lanes and leaves
@@ -184,6 +192,12 @@ struct WarpRows {
         for (int nn = 0; nn < N; ++nn) {
           const int d = lane + 32 * nn;
           if (d < dv) dst[d] = o[j][nn] * inv;
+          // Lanes hold dims d = lane + 32 nn: one run of 32 per nn.
+          if (a.p.xq && 32 * nn < dv) {
+            const int64_t width = int64_t(a.p.n_head) * dv;
+            xq_store_run(o[j][nn] * inv, lane, static_cast<uint8_t*>(a.p.xq) + uint64_t(tok[j]) * a.xq_stride, width,
+                         (int64_t(head[j]) * dv + 32 * nn) / 32);
+          }
         }
       } else {
         const int64_t row = tok[j] * a.p.n_head + head[j];
@@ -208,8 +222,13 @@ template <int N>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelArgs a) {
   constexpr int U = kPositionsPerStep<N>;
   const int lane = threadIdx.x & 31;
-  const int64_t wg = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (wg >= int64_t(a.p.n_head_kv) * a.groups_per_kv) return;  // whole warp
+  const int64_t n_groups = int64_t(a.p.n_head_kv) * a.groups_per_kv;
+  const int64_t w_in = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (w_in >= n_groups) return;  // whole warp
+  // Causal prefill: later tokens see more positions. Blocks start in index
+  // order, so the heaviest row groups take the first blocks and the light
+  // ones fill the tail (neighbouring warps still share a KV head).
+  const int64_t wg = n_groups - 1 - w_in;
   const int kvh = int(wg / a.groups_per_kv);
   WarpRows<N> rows;
   const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
@@ -228,30 +247,50 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   rows.finish(a, lane, blockIdx.y);
 }
 
-// One block per (token, head) row: weight each split's partial by
-// exp(m_s - M) and normalize by the weighted sum of the l_s. A split that saw
-// no visible position has l = 0 and m = -inf and drops out.
-__global__ void attention_merge_kernel(const float* __restrict__ partial, int n_splits, int64_t n_rows, int n_head,
-                                       int dv, float* out, int64_t out_stride) {
+// One block per (token, head) row and 32 output dims: weight each split's
+// partial by w_s = exp(m_s - M) and normalize by sum_s w_s l_s. A split that
+// saw no visible position has l = 0 and m = -inf and drops out. The weights
+// are formed once per block in shared memory; the warps then share the
+// splits of their 32 dims and meet in shared memory.
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    attention_merge_kernel(const float* __restrict__ partial, int n_splits, int64_t n_rows, int n_head, int dv,
+                           float* out, int64_t out_stride, uint8_t* xq, uint64_t xq_stride) {
+  __shared__ float wts[kMaxSplits];
+  __shared__ float red[32];
+  __shared__ float part[kMergeWarps][32];
   const int64_t row = blockIdx.x;
   const int64_t split_stride = n_rows * (dv + 2);
   const float* base = partial + row * (dv + 2);
   float mx = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, base[s * split_stride + dv]);
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) mx = fmaxf(mx, base[s * split_stride + dv]);
+  mx = block_max(mx, red);
   float sum = 0.0f;
-  for (int s = 0; s < n_splits; ++s) {
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
     const float ls = base[s * split_stride + dv + 1];
-    if (ls > 0.0f) sum += ls * expf(base[s * split_stride + dv] - mx);
+    const float w = ls > 0.0f ? expf(base[s * split_stride + dv] - mx) : 0.0f;
+    wts[s] = w;
+    sum += w * ls;
   }
-  const float inv = 1.0f / sum;
-  float* dst = out + (row / n_head) * out_stride + (row % n_head) * dv;
-  for (int d = threadIdx.x; d < dv; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float* ps = base + s * split_stride;
-      if (ps[dv + 1] > 0.0f) acc = fmaf(ps[d], expf(ps[dv] - mx), acc);
+  sum = block_sum(sum, red);  // its barriers also publish wts
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int d = int(blockIdx.y) * 32 + lane;
+  float acc = 0.0f;
+  if (d < dv) {
+    for (int s = warp; s < n_splits; s += kMergeWarps) acc = fmaf(wts[s], base[s * split_stride + d], acc);
+  }
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    float total = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMergeWarps; ++k) total += part[k][lane];
+    total /= sum;
+    if (d < dv) out[(row / n_head) * out_stride + (row % n_head) * dv + d] = total;
+    // The block's 32 dims are one run of the token's quantized row (dv % 32 == 0).
+    if (xq) {
+      xq_store_run(total, lane, xq + uint64_t(row / n_head) * xq_stride, int64_t(n_head) * dv,
+                   ((row % n_head) * dv + int64_t(blockIdx.y) * 32) / 32);
     }
-    dst[d] = acc * inv;
   }
 }
 
@@ -285,8 +324,12 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
     throw std::invalid_argument("attention: q_stride or out_stride below one token's row");
   }
 
+  if (p.xq && (p.head_dim_v % 32 != 0 || reinterpret_cast<uintptr_t>(p.xq) % 16 != 0)) {
+    throw std::invalid_argument("attention: a quantized output needs head_dim_v a multiple of 32 and 16-byte alignment");
+  }
   KernelArgs a{};
   a.p = p;
+  a.xq_stride = p.xq ? xq_row_bytes(int64_t(p.n_head) * p.head_dim_v) : 0;
   a.group = p.n_head / p.n_head_kv;
   a.groups_per_kv = (p.n_tokens * a.group + kRowsPerWarp - 1) / kRowsPerWarp;
   const int64_t n_warps = int64_t(p.n_head_kv) * a.groups_per_kv;
@@ -319,8 +362,10 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
     launch<16>(a, n_warps, stream);
   }
   if (a.n_splits > 1) {
-    attention_merge_kernel<<<unsigned(rows), 128, 0, stream>>>(a.partial, a.n_splits, rows, p.n_head, p.head_dim_v,
-                                                               p.out, p.out_stride);
+    const dim3 grid(unsigned(rows), unsigned((p.head_dim_v + 31) / 32));
+    attention_merge_kernel<<<grid, kMergeWarps * 32, 0, stream>>>(a.partial, a.n_splits, rows, p.n_head,
+                                                                  p.head_dim_v, p.out, p.out_stride,
+                                                                  static_cast<uint8_t*>(p.xq), a.xq_stride);
     check_launch("attention_merge_kernel");
   }
 }

@@ -44,6 +44,11 @@ struct AttentionParams {
   // out: n_tokens rows of n_head*head_dim_v floats, out_stride apart.
   float* out = nullptr;
   int64_t out_stride = 0;
+  // When set (head_dim_v a multiple of 32), each output row is also written
+  // quantized for matvec_xq (matvec.cuh) into xq, rows
+  // xq_row_bytes(n_head * head_dim_v) apart: the input of the output
+  // projection without a separate quantize_xq launch.
+  void* xq = nullptr;
 };
 
 // Workspace that lets attention() split positions across blocks: nonzero only

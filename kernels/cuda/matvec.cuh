@@ -25,4 +25,31 @@ constexpr int kMatvecMaxTokens = 8;
 void matvec(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* out,
             int64_t out_stride, cudaStream_t stream);
 
+// --- integer-dot decode path (matvec_xq.cu) ----------------------------------
+// The float kernels above spend 4-5 instructions per weight turning bytes
+// into floats and are issue-bound on a fast card. The xq path quantizes each
+// activation row once to 16-bit integers per run of 32 (two int8 planes, a
+// scale and the float sum; layout in xq.cuh) and takes dot products with
+// dp4a on the packed weights: 16-byte coalesced weight loads, about one
+// instruction per weight, and an error of at most max|x| / 65024 per
+// activation (docs/CUDA.md has the tolerances and the measurements).
+
+// Bytes of one quantized activation row of n values (n a multiple of 32),
+// a multiple of 16 so that rows can follow each other.
+uint64_t xq_row_bytes(int64_t n);
+
+// Quantizes n_tokens rows of n floats (x_stride floats apart) into xq,
+// rows xq_row_bytes(n) apart. n must be a multiple of 32; xq 16-byte aligned.
+void quantize_xq(const float* x, int64_t n, int64_t n_tokens, int64_t x_stride, void* xq, cudaStream_t stream);
+
+// Whether matvec_xq takes weights of this dtype (Q8_0 and Q4_K for now).
+bool matvec_xq_supported(DType t);
+
+// out[t * out_stride + r] = sum_c W[r][c] * x_t[c] for t < n_tokens, from
+// the quantized rows of quantize_xq (w.cols values each). Same checks on W
+// as matvec plus a supported dtype; n_tokens <= kMatvecMaxTokens per launch
+// (more in chunks).
+void matvec_xq(const MatrixView& w, const void* xq, int64_t n_tokens, float* out, int64_t out_stride,
+               cudaStream_t stream);
+
 }  // namespace baton::cuda

@@ -41,7 +41,8 @@ __global__ void rmsnorm_kernel(const float* x, int64_t x_stride, const float* __
 // One block per token: cos/sin of the rot_dim/2 angles once into shared
 // memory, then every (head, pair) rotation of the token.
 __global__ void rope_kernel(float* x, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
-                            const int32_t* __restrict__ positions, const float* __restrict__ inv_freq, bool neox) {
+                            const int32_t* __restrict__ positions, const float* __restrict__ inv_freq, bool neox,
+                            RopeAppend app) {
   __shared__ float cs[kMaxRotDim / 2], sn[kMaxRotDim / 2];
   const int half = rot_dim / 2;
   const double pos = double(positions[blockIdx.x]);
@@ -62,6 +63,14 @@ __global__ void rope_kernel(float* x, int64_t token_stride, int n_heads, int hea
     v[a] = x0 * cs[i] - x1 * sn[i];
     v[b] = x0 * sn[i] + x1 * cs[i];
   }
+  if (app.k_cache == nullptr) return;
+  __syncthreads();  // the rotated K heads, written by other threads of the block
+  const int64_t p = int64_t(*app.pos0) + blockIdx.x;
+  const int64_t kw = int64_t(n_heads - app.first_k_head) * head_dim;
+  const float* k = xt + int64_t(app.first_k_head) * head_dim;
+  for (int64_t i = threadIdx.x; i < kw; i += blockDim.x) app.k_cache[p * kw + i] = k[i];
+  const float* vt = app.v + int64_t(blockIdx.x) * token_stride;
+  for (int64_t i = threadIdx.x; i < app.vw; i += blockDim.x) app.v_cache[p * app.vw + i] = vt[i];
 }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n) {
@@ -102,6 +111,16 @@ void rmsnorm(const float* x, int64_t x_stride, const float* w, float* out, int64
 
 void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
           const int32_t* positions, const float* inv_freq, RopeMode mode, cudaStream_t stream) {
+  rope(x, n_tokens, token_stride, n_heads, head_dim, rot_dim, positions, inv_freq, mode, RopeAppend{}, stream);
+}
+
+void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
+          const int32_t* positions, const float* inv_freq, RopeMode mode, const RopeAppend& append,
+          cudaStream_t stream) {
+  if (append.k_cache && (!append.v || !append.v_cache || !append.pos0 || append.vw < 1 ||
+                         append.first_k_head < 0 || append.first_k_head >= n_heads)) {
+    throw std::invalid_argument("rope: the KV append needs v, both caches, pos0, vw >= 1 and a K head range");
+  }
   if (rot_dim < 2 || rot_dim % 2 != 0 || rot_dim > head_dim || rot_dim > kMaxRotDim || n_heads < 1) {
     throw std::invalid_argument("rope: rot_dim " + std::to_string(rot_dim) + " must be even, at least 2 and at most head_dim " +
                                 std::to_string(head_dim) + " and " + std::to_string(kMaxRotDim));
@@ -111,7 +130,7 @@ void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int hea
   }
   if (n_tokens <= 0) return;
   rope_kernel<<<unsigned(n_tokens), kRowThreads, 0, stream>>>(x, token_stride, n_heads, head_dim, rot_dim, positions,
-                                                               inv_freq, mode == RopeMode::Neox);
+                                                               inv_freq, mode == RopeMode::Neox, append);
   check_launch("rope_kernel");
 }
 

@@ -27,6 +27,23 @@ void rmsnorm(const float* x, int64_t x_stride, const float* w, float* out, int64
 void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
           const int32_t* positions, const float* inv_freq, RopeMode mode, cudaStream_t stream);
 
+// The KV-cache append that can follow a rope over Q and K heads in the same
+// launch (decode: one launch less per layer). Heads [first_k_head, n_heads)
+// of each token row are K; after rotation they are copied to
+// k_cache[(*pos0 + t) * kw ...] (kw = (n_heads - first_k_head) * head_dim),
+// and v[t * token_stride + i], i < vw, to v_cache[(*pos0 + t) * vw + i].
+struct RopeAppend {
+  int first_k_head = 0;
+  const float* v = nullptr;
+  int64_t vw = 0;
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  const int32_t* pos0 = nullptr;  // device memory, read at run time
+};
+void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
+          const int32_t* positions, const float* inv_freq, RopeMode mode, const RopeAppend& append,
+          cudaStream_t stream);
+
 // out[i] = silu(gate[i]) * up[i] for i < n; out may alias gate or up.
 void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 

@@ -1,0 +1,612 @@
+// DeepSeek V4 ops (ds4_ops.cuh). Each kernel follows the CPU code of
+// engine/arch_deepseek4*.cpp step by step (same reduction orders where the
+// work is per thread), so the tests can hold tight tolerances.
+#include "kernels/cuda/ds4_ops.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/ops.cuh"
+
+namespace baton::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kMaxHc = 8;
+constexpr int kMaxHeadDim = 512;  // attention and indexer rows: 16 floats per lane
+constexpr int kPerLane = kMaxHeadDim / 32;
+constexpr int kAttnWarps = 8;
+constexpr int kTopkThreads = 1024;
+
+unsigned grid_for(int64_t work, int threads) {
+  return unsigned(std::clamp<int64_t>((work + threads - 1) / threads, 1, int64_t(sm_count()) * 32));
+}
+
+__device__ __forceinline__ float sigmoid_f(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// --- hyper-connections ----------------------------------------------------------
+
+// ds4_hc_weights (engine/arch_deepseek4.cpp), one thread.
+__device__ void hc_weights(float* mix, int n, const float* scale, const float* base, int iters, float eps) {
+  float* pre = mix;
+  float* post = mix + n;
+  float* comb = mix + 2 * n;
+  for (int i = 0; i < n; ++i) {
+    pre[i] = sigmoid_f(pre[i] * scale[0] + base[i]) + eps;
+    post[i] = 2.0f * sigmoid_f(post[i] * scale[1] + base[n + i]);
+  }
+  for (int j = 0; j < n; ++j) {
+    float* row = comb + j * n;
+    float mx = -INFINITY;
+    for (int k = 0; k < n; ++k) {
+      row[k] = row[k] * scale[2] + base[2 * n + j * n + k];
+      mx = fmaxf(mx, row[k]);
+    }
+    double sum = 0;  // softmax of kernels/cpu_ops.cpp
+    for (int k = 0; k < n; ++k) {
+      row[k] = expf(row[k] - mx);
+      sum += row[k];
+    }
+    const float inv = float(1.0 / sum);
+    for (int k = 0; k < n; ++k) row[k] = row[k] * inv + eps;
+  }
+  for (int it = 0; it < max(iters, 1); ++it) {  // the CPU normalises the columns even for 0 iterations
+    if (it > 0) {  // rows, then columns; the first round is columns only
+      for (int j = 0; j < n; ++j) {
+        float s = 0;
+        for (int k = 0; k < n; ++k) s += comb[j * n + k];
+        for (int k = 0; k < n; ++k) comb[j * n + k] /= s + eps;
+      }
+    }
+    for (int k = 0; k < n; ++k) {
+      float s = 0;
+      for (int j = 0; j < n; ++j) s += comb[j * n + k];
+      for (int j = 0; j < n; ++j) comb[j * n + k] /= s + eps;
+    }
+  }
+}
+
+// Block t: HC weights of token t over its mix row, then h[t] =
+// RMSNorm(sum_s pre[s] x[t][s]) * norm.
+__global__ void hc_weights_input_kernel(float* mix, const float* __restrict__ x, int n, int64_t E, int iters,
+                                        float hc_eps, float rms_eps, const float* __restrict__ scale,
+                                        const float* __restrict__ base, const float* __restrict__ norm,
+                                        float* __restrict__ h) {
+  __shared__ float red[32];
+  __shared__ float pre[kMaxHc];
+  const int64_t t = blockIdx.x;
+  const int mixw = n * (n + 2);
+  if (threadIdx.x == 0) {
+    float w[kMaxHc * (kMaxHc + 2)];
+    float* mt = mix + t * mixw;
+    for (int i = 0; i < mixw; ++i) w[i] = mt[i];
+    hc_weights(w, n, scale, base, iters, hc_eps);
+    for (int i = 0; i < mixw; ++i) mt[i] = w[i];
+    for (int s = 0; s < n; ++s) pre[s] = w[s];
+  }
+  __syncthreads();
+  const float* xt = x + t * int64_t(n) * E;
+  float* ht = h + t * E;
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < E; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < n; ++s) acc += pre[s] * xt[int64_t(s) * E + d];
+    ht[d] = acc;
+    ss = fmaf(acc, acc, ss);
+  }
+  ss = block_sum(ss, red);
+  const float sc = float(1.0 / sqrt(double(ss) / double(E) + double(rms_eps)));
+  // Each thread rescales only the elements it wrote.
+  for (int64_t d = threadIdx.x; d < E; d += blockDim.x) ht[d] = ht[d] * sc * norm[d];
+}
+
+// Element (t, d): new[t][k][d] = post[k] y[t][d] + sum_j comb[j][k] x[t][j][d].
+__global__ void hc_post_kernel(const float* x, const float* __restrict__ y, const float* __restrict__ mix, int n,
+                               int64_t E, int64_t n_tokens, float* out) {
+  const int mixw = n * (n + 2);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_tokens * E;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / E, d = i % E;
+    const float* post = mix + t * mixw + n;
+    const float* comb = post + n;
+    float xj[kMaxHc];
+    for (int j = 0; j < n; ++j) xj[j] = x[(t * n + j) * E + d];  // all reads before any write: out may be x
+    const float yd = y[t * E + d];
+    for (int k = 0; k < n; ++k) {
+      float acc = post[k] * yd;
+      for (int j = 0; j < n; ++j) acc += comb[j * n + k] * xj[j];
+      out[(t * n + k) * E + d] = acc;
+    }
+  }
+}
+
+// --- router -----------------------------------------------------------------------
+
+// (v, i) beats (bv, bi): higher value, ties to the lower id; id -1 is none.
+__device__ __forceinline__ void keep_better(float& bv, int& bi, float v, int i) {
+  if (i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi))) bv = v, bi = i;
+}
+
+__global__ void router_kernel(Ds4RouterParams p, float* logits, int32_t* ids, float* weights) {
+  extern __shared__ float sc[];  // n_expert scores, then n_expert taken flags
+  int* taken = reinterpret_cast<int*>(sc + p.n_expert);
+  __shared__ float red_v[32];
+  __shared__ int red_i[32];
+  __shared__ int picked[32];
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = int(blockDim.x >> 5);
+  float* lt = logits + t * p.n_expert;
+  for (int e = threadIdx.x; e < p.n_expert; e += blockDim.x) {
+    const float x = lt[e];
+    const float s = sqrtf(x > 20.0f ? x : log1pf(expf(x)));  // softplus as torch: linear above 20
+    lt[e] = s;
+    sc[e] = s;
+    taken[e] = 0;
+  }
+  __syncthreads();
+  if (p.tid2eid != nullptr) {
+    if (threadIdx.x == 0) {
+      const int32_t tok = p.tokens[t];
+      const bool ok = tok >= 0 && int64_t(tok) < p.n_vocab;
+      for (int k = 0; k < p.n_used; ++k) {
+        const int32_t id = ok ? p.tid2eid[int64_t(tok) * p.n_used + k] : -1;
+        picked[k] = id >= 0 && id < p.n_expert ? id : -1;
+      }
+    }
+  } else {
+    // n_used passes of arg-max over the unpicked biased scores.
+    for (int k = 0; k < p.n_used; ++k) {
+      float bv = 0.0f;
+      int bi = -1;
+      for (int e = threadIdx.x; e < p.n_expert; e += blockDim.x) {
+        if (!taken[e]) keep_better(bv, bi, sc[e] + (p.bias ? p.bias[e] : 0.0f), e);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(kFullMask, bv, o);
+        const int i = __shfl_xor_sync(kFullMask, bi, o);
+        keep_better(bv, bi, v, i);
+      }
+      if (lane == 0) red_v[warp] = bv, red_i[warp] = bi;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        for (int w = 1; w < n_warps; ++w) keep_better(bv, bi, red_v[w], red_i[w]);
+        picked[k] = bi;
+        if (bi >= 0) taken[bi] = 1;
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float w[32], sum = 0.0f;
+    for (int k = 0; k < p.n_used; ++k) sum += w[k] = picked[k] >= 0 ? sc[picked[k]] : NAN;
+    for (int k = 0; k < p.n_used; ++k) {
+      weights[t * p.n_used + k] = (p.norm ? w[k] / (sum + 1e-20f) : w[k]) * p.scale;
+      ids[t * p.n_used + k] = picked[k];
+    }
+  }
+}
+
+// --- compressor -------------------------------------------------------------------
+
+__device__ __forceinline__ float ape_at(const MatrixView& a, int64_t r, int64_t f) {
+  const uint8_t* row = static_cast<const uint8_t*>(a.data) + uint64_t(r) * a.row_bytes;
+  if (a.type == DType::F16) return __half2float(reinterpret_cast<const __half*>(row)[f]);
+  return reinterpret_cast<const float*>(row)[f];
+}
+
+// Block: window w = w_lo + blockIdx.x, complete within this batch.
+__global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo) {
+  extern __shared__ float row[];  // dim floats
+  __shared__ float red[32];
+  const int64_t w = w_lo + blockIdx.x;
+  const int64_t W = int64_t(p.lanes) * p.dim, R = int64_t(p.lanes) * p.ratio;
+  const float* kv_ring = p.state;
+  const float* gate_ring = p.state + R * W;
+  // (gate + ape, kv) of position pos, feature f: from the batch or the ring.
+  auto slot = [&](int64_t pos, int64_t f, float& g, float& k) {
+    if (pos >= p.pos0) {
+      const int64_t t = pos - p.pos0;
+      k = p.kv[t * p.stride + f];
+      g = ape_at(p.ape, pos % p.ratio, f) + p.gate[t * p.stride + f];
+    } else {
+      const int64_t sl = pos % R;
+      k = kv_ring[sl * W + f];
+      g = gate_ring[sl * W + f];
+    }
+  };
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
+    // The slots feeding feature d, in the CPU's order.
+    auto slots = [&](auto&& fn) {
+      float g, k;
+      if (p.lanes == 2) {
+        if (w > 0) {
+          for (int64_t i = 0; i < p.ratio; ++i) slot((w - 1) * p.ratio + i, d, g, k), fn(g, k);
+        }
+        for (int64_t i = 0; i < p.ratio; ++i) slot(w * p.ratio + i, p.dim + d, g, k), fn(g, k);
+      } else {
+        for (int64_t i = 0; i < p.ratio; ++i) slot(w * p.ratio + i, d, g, k), fn(g, k);
+      }
+    };
+    float mx = -INFINITY;
+    slots([&](float g, float) { mx = fmaxf(mx, g); });
+    float sum = 0.0f, acc = 0.0f;
+    slots([&](float g, float k) {
+      const float e = expf(g - mx);
+      sum += e;
+      acc += e * k;
+    });
+    row[d] = acc / sum;
+  }
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) ss = fmaf(row[d], row[d], ss);
+  ss = block_sum(ss, red);  // its barriers also publish row[]
+  const float sc = float(1.0 / sqrt(double(ss) / double(p.dim) + double(p.eps)));
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) row[d] = row[d] * sc * p.norm[d];
+  __syncthreads();
+  // RoPE (adjacent pairs) of the last rope_dim dims at the window's first position.
+  const double pos = double(w * p.ratio);
+  float* tail = row + p.dim - p.rope_dim;
+  for (int i = threadIdx.x; i < p.rope_dim / 2; i += blockDim.x) {
+    double s, c;
+    sincos(pos * double(p.inv_freq[i]), &s, &c);
+    const float cf = float(c), sf = float(s);
+    const float x0 = tail[2 * i], x1 = tail[2 * i + 1];
+    tail[2 * i] = x0 * cf - x1 * sf;
+    tail[2 * i + 1] = x0 * sf + x1 * cf;
+  }
+  __syncthreads();
+  float* out = p.rows + w * p.dim;
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) out[d] = row[d];
+}
+
+// Block b: token n_tokens - n_store + b into its state rows.
+__global__ void compress_store_kernel(Ds4CompressParams p, int64_t n_store) {
+  const int64_t t = p.n_tokens - n_store + blockIdx.x;
+  const int64_t pos = p.pos0 + t;
+  const int64_t W = int64_t(p.lanes) * p.dim, R = int64_t(p.lanes) * p.ratio;
+  const int64_t sl = pos % R;
+  float* kv_ring = p.state + sl * W;
+  float* gate_ring = p.state + (R + sl) * W;
+  for (int64_t f = threadIdx.x; f < W; f += blockDim.x) {
+    kv_ring[f] = p.kv[t * p.stride + f];
+    gate_ring[f] = ape_at(p.ape, pos % p.ratio, f) + p.gate[t * p.stride + f];
+  }
+}
+
+// --- indexer ------------------------------------------------------------------------
+
+// Block (x: a slice of rows, y: token): scores of the token's complete rows
+// (only for tokens with more than top_k of them), one row per warp at a time.
+__global__ void indexer_score_kernel(Ds4IndexerParams p) {
+  extern __shared__ float qs[];  // n_head * head_dim query values, then n_head weights
+  const int64_t t = blockIdx.y;
+  const int64_t nv = (p.pos0 + t + 1) / p.ratio;
+  if (nv <= p.top_k) return;
+  const int hd = p.head_dim, per = hd / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = int(blockDim.x >> 5);
+  float* ws = qs + p.n_head * hd;
+  for (int i = threadIdx.x; i < p.n_head * hd; i += blockDim.x) qs[i] = p.q[t * p.n_head * hd + i];
+  for (int i = threadIdx.x; i < p.n_head; i += blockDim.x) ws[i] = p.w[t * p.n_head + i];
+  __syncthreads();
+  float* out = p.scores + t * p.score_stride;
+  for (int64_t w = int64_t(blockIdx.x) * n_warps + warp; w < nv; w += int64_t(gridDim.x) * n_warps) {
+    const float* kr = p.rows + w * hd;
+    float k[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) k[i] = i < per ? kr[lane + 32 * i] : 0.0f;
+    float s = 0.0f;
+    for (int h = 0; h < p.n_head; ++h) {
+      const float* qh = qs + h * hd;
+      float part = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        if (i < per) part = fmaf(qh[lane + 32 * i], k[i], part);
+      }
+      s += fmaxf(0.0f, warp_sum(part)) * ws[h];
+    }
+    if (lane == 0) out[w] = s;
+  }
+}
+
+// Order-preserving key of a float score (-0 counts as +0, as == does).
+__device__ __forceinline__ uint32_t score_key(float v) {
+  uint32_t u = __float_as_uint(v);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// How many threads before this one (in thread order) and in the whole block
+// have `flag` set. Every thread must call it.
+__device__ __forceinline__ void block_count(bool flag, int* warp_cnt, int& before, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = int(blockDim.x >> 5);
+  const unsigned ballot = __ballot_sync(kFullMask, flag);
+  if (lane == 0) warp_cnt[warp] = __popc(ballot);
+  __syncthreads();
+  before = __popc(ballot & ((1u << lane) - 1u));
+  total = 0;
+  for (int w = 0; w < n_warps; ++w) {
+    before += w < warp ? warp_cnt[w] : 0;
+    total += warp_cnt[w];
+  }
+  __syncthreads();
+}
+
+// Block t: the token's top_k rows by radix selection of the top_k-th largest
+// key (8 bits per pass), then an ordered compaction: every key above it and
+// the first (lowest-index) ones equal to it. Output ascending by row.
+__global__ void __launch_bounds__(kTopkThreads)
+    indexer_topk_kernel(const float* __restrict__ scores, int64_t stride, int64_t pos0, int ratio, int top_k,
+                        int32_t* __restrict__ itop) {
+  __shared__ int hist[256];
+  __shared__ uint32_t sh_prefix;
+  __shared__ int sh_remaining;
+  __shared__ int warp_cnt[32];
+  const int64_t t = blockIdx.x;
+  const int64_t nv = (pos0 + t + 1) / ratio;
+  int32_t* out = itop + t * top_k;
+  if (nv <= top_k) {
+    for (int64_t w = threadIdx.x; w < nv; w += blockDim.x) out[w] = int32_t(w);
+    return;
+  }
+  const float* sc = scores + t * stride;
+  uint32_t prefix = 0, mask = 0;
+  int remaining = top_k;  // rank wanted among the keys that match prefix under mask
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int64_t w = threadIdx.x; w < nv; w += blockDim.x) {
+      const uint32_t key = score_key(sc[w]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int above = 0;
+      for (int dg = 255; dg >= 0; --dg) {
+        if (above + hist[dg] >= remaining) {
+          sh_prefix = prefix | (uint32_t(dg) << shift);
+          sh_remaining = remaining - above;
+          break;
+        }
+        above += hist[dg];
+      }
+    }
+    __syncthreads();
+    prefix = sh_prefix;
+    remaining = sh_remaining;
+    mask |= 0xffu << shift;
+    __syncthreads();
+  }
+  const uint32_t key_t = prefix;  // the top_k-th largest key; take `remaining` of its ties
+  int base = 0, eq_base = 0;
+  for (int64_t w0 = 0; w0 < nv; w0 += blockDim.x) {
+    const int64_t w = w0 + threadIdx.x;
+    const uint32_t key = w < nv ? score_key(sc[w]) : 0u;
+    const bool eq = w < nv && key == key_t, gt = w < nv && key > key_t;
+    int eq_before, eq_total, before, total;
+    block_count(eq, warp_cnt, eq_before, eq_total);
+    const bool take = gt || (eq && eq_base + eq_before < remaining);
+    block_count(take, warp_cnt, before, total);
+    if (take) out[base + before] = int32_t(w);
+    base += total;
+    eq_base += eq_total;
+  }
+}
+
+// --- attention ------------------------------------------------------------------
+
+// Warp: head blockIdx.x * kAttnWarps + warp of token blockIdx.y; lane l holds
+// dims l, l + 32, ... Online softmax that starts from the sink (m = sink,
+// sum = 1, no value), so the sink sits in the denominator only.
+__global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4AttentionParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h = int(blockIdx.x) * kAttnWarps + warp;
+  if (h >= p.n_head) return;  // whole warps only: no block barrier below
+  const int64_t t = blockIdx.y, pos = p.pos0 + t;
+  const int hd = p.head_dim, per = hd / 32;
+  float qv[kPerLane], acc[kPerLane];
+  const float* qh = p.q + t * p.q_stride + int64_t(h) * hd;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    qv[i] = i < per ? qh[lane + 32 * i] : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = p.sinks[h], s = 1.0f;
+  auto visit = [&](const float* row) {
+    float v[kPerLane], part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      v[i] = i < per ? row[lane + 32 * i] : 0.0f;
+      part = fmaf(qv[i], v[i], part);
+    }
+    const float sc = p.scale * warp_sum(part);
+    if (sc > m) {
+      const float corr = expf(m - sc);
+      s *= corr;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) acc[i] *= corr;
+      m = sc;
+    }
+    const float e = expf(sc - m);
+    s += e;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) acc[i] = fmaf(e, v[i], acc[i]);
+  };
+  const int64_t lo = max(int64_t(0), pos - p.window + 1);
+  for (int64_t j = lo; j <= pos; ++j) {
+    visit(j >= p.pos0 ? p.kv_new + (j - p.pos0) * hd : p.ring + (j % p.window) * hd);
+  }
+  const int64_t nv = p.ratio > 0 ? (pos + 1) / p.ratio : 0;
+  const int64_t n_comp = p.itop ? min(nv, int64_t(p.top_k)) : nv;
+  bool bad = false;
+  for (int64_t c = 0; c < n_comp; ++c) {
+    const int64_t idx = p.itop ? int64_t(p.itop[t * p.top_k + c]) : c;
+    if (idx < 0 || idx >= nv) {  // not a complete row: refuse rather than read it
+      bad = true;
+      continue;
+    }
+    visit(p.comp_rows + idx * hd);
+  }
+  const float inv = bad ? NAN : 1.0f / s;
+  float* o = p.out + t * p.out_stride + int64_t(h) * hd;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (i < per) o[lane + 32 * i] = acc[i] * inv;
+  }
+}
+
+__global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_tokens, int64_t n_store, int64_t hd,
+                                    int64_t pos0, float* __restrict__ ring, int64_t window) {
+  const int64_t t = n_tokens - n_store + blockIdx.x;
+  float* dst = ring + ((pos0 + t) % window) * hd;
+  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kv_new[t * hd + i];
+}
+
+void require(bool ok, const char* who, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string(who) + ": " + what);
+}
+
+void validate_hc(const Ds4HcShape& s, int64_t n_tokens, const char* who) {
+  require(s.n_hc >= 1 && s.n_hc <= kMaxHc, who, "n_hc must be 1..8");
+  require(s.n_embd >= 1 && s.sinkhorn_iters >= 0, who, "bad shape");
+  require(n_tokens >= 1 && n_tokens <= INT_MAX, who, "n_tokens must be at least 1");
+}
+
+}  // namespace
+
+// --- host launchers ----------------------------------------------------------------
+
+void ds4_hc_weights_input(const Ds4HcShape& s, float* mix, const float* x, int64_t n_tokens, const float* scale,
+                          const float* base, const float* norm, float* h, cudaStream_t stream) {
+  validate_hc(s, n_tokens, "ds4_hc_weights_input");
+  require(mix && x && scale && base && norm && h, "ds4_hc_weights_input", "null buffer");
+  hc_weights_input_kernel<<<unsigned(n_tokens), 256, 0, stream>>>(mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters,
+                                                                   s.hc_eps, s.rms_eps, scale, base, norm, h);
+  check_launch("hc_weights_input_kernel");
+}
+
+size_t ds4_hc_pre_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens) {
+  return size_t((uint64_t(std::max<int64_t>(n_tokens, 0)) * uint64_t(s.width()) * sizeof(float) + 255) / 256 * 256);
+}
+
+void ds4_hc_pre(const Ds4HcShape& s, const MatrixView& hc_fn, const float* x, int64_t n_tokens, const float* scale,
+                const float* base, const float* norm, float* mix, float* h, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream) {
+  validate_hc(s, n_tokens, "ds4_hc_pre");
+  validate_matrix(hc_fn, "ds4_hc_pre");
+  require(hc_fn.rows == s.mix() && hc_fn.cols == s.width(), "ds4_hc_pre", "hc_fn must be [n_hc * n_embd, mix]");
+  require(s.width() % 4 == 0, "ds4_hc_pre", "n_hc * n_embd must be a multiple of 4");
+  require(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 == 0 &&
+              workspace_bytes >= ds4_hc_pre_workspace_bytes(s, n_tokens),
+          "ds4_hc_pre", "workspace must be 16-byte aligned and at least ds4_hc_pre_workspace_bytes");
+  float* flat = static_cast<float*>(workspace);
+  rmsnorm(x, s.width(), nullptr, flat, s.width(), n_tokens, s.width(), s.rms_eps, stream);
+  matvec(hc_fn, flat, n_tokens, s.width(), mix, s.mix(), stream);
+  ds4_hc_weights_input(s, mix, x, n_tokens, scale, base, norm, h, stream);
+}
+
+void ds4_hc_post(const Ds4HcShape& s, const float* x, const float* y, const float* mix, int64_t n_tokens, float* out,
+                 cudaStream_t stream) {
+  validate_hc(s, n_tokens, "ds4_hc_post");
+  require(x && y && mix && out, "ds4_hc_post", "null buffer");
+  hc_post_kernel<<<grid_for(n_tokens * s.n_embd, 256), 256, 0, stream>>>(x, y, mix, s.n_hc, s.n_embd, n_tokens, out);
+  check_launch("hc_post_kernel");
+}
+
+void ds4_router(const Ds4RouterParams& p, float* logits, int64_t n_tokens, int32_t* ids, float* weights,
+                cudaStream_t stream) {
+  const char* who = "ds4_router";
+  require(p.n_expert >= 1 && p.n_expert <= 8192, who, "n_expert must be 1..8192");
+  require(p.n_used >= 1 && p.n_used <= 32 && p.n_used <= p.n_expert, who, "n_used must be 1..min(32, n_expert)");
+  require(n_tokens >= 1 && n_tokens <= INT_MAX, who, "n_tokens must be at least 1");
+  require(logits && ids && weights, who, "null buffer");
+  require((p.tid2eid == nullptr) == (p.tokens == nullptr), who, "hash routing needs both tokens and tid2eid");
+  require(p.tid2eid == nullptr || p.n_vocab >= 1, who, "hash routing needs n_vocab");
+  const size_t shared = size_t(p.n_expert) * (sizeof(float) + sizeof(int));
+  router_kernel<<<unsigned(n_tokens), 256, shared, stream>>>(p, logits, ids, weights);
+  check_launch("router_kernel");
+}
+
+void ds4_compress(const Ds4CompressParams& p, cudaStream_t stream) {
+  const char* who = "ds4_compress";
+  require(p.ratio >= 1 && (p.lanes == 1 || p.lanes == 2), who, "ratio >= 1 and 1 or 2 lanes");
+  require(p.dim >= 2 && p.dim <= 1024, who, "dim must be 2..1024");
+  require(p.rope_dim >= 0 && p.rope_dim % 2 == 0 && p.rope_dim <= p.dim, who, "rope_dim must be even and <= dim");
+  require(p.kv && p.gate && p.norm && p.state && p.rows && (p.rope_dim == 0 || p.inv_freq), who, "null buffer");
+  require(p.n_tokens >= 1 && p.pos0 >= 0 && (p.n_tokens == 1 || p.stride >= p.lanes * p.dim), who,
+          "bad batch or stride");
+  require((p.ape.type == DType::F32 || p.ape.type == DType::F16) && p.ape.data && p.ape.rows == p.ratio &&
+              p.ape.cols == p.lanes * p.dim && p.ape.row_bytes >= uint64_t(p.ape.cols) * dtype_info(p.ape.type).block_bytes,
+          who, "ape must be F32 or F16 with ratio rows of lanes * dim");
+  const int64_t w_lo = p.pos0 / p.ratio, w_hi = (p.pos0 + p.n_tokens) / p.ratio;
+  if (w_hi > w_lo) {
+    compress_pool_kernel<<<unsigned(w_hi - w_lo), 256, size_t(p.dim) * sizeof(float), stream>>>(p, w_lo);
+    check_launch("compress_pool_kernel");
+  }
+  // After the pooling, which still reads the state rows of earlier positions.
+  const int64_t n_store = std::min<int64_t>(p.n_tokens, int64_t(p.lanes) * p.ratio);
+  compress_store_kernel<<<unsigned(n_store), 256, 0, stream>>>(p, n_store);
+  check_launch("compress_store_kernel");
+}
+
+void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream) {
+  const char* who = "ds4_indexer_select";
+  require(p.n_head >= 1 && p.head_dim >= 32 && p.head_dim <= kMaxHeadDim && p.head_dim % 32 == 0, who,
+          "head_dim must be a multiple of 32 up to 512");
+  require(p.ratio >= 1 && p.top_k >= 1, who, "ratio and top_k must be positive");
+  require(p.n_tokens >= 1 && p.n_tokens <= 65535 && p.pos0 >= 0, who, "1..65535 tokens");
+  require(p.q && p.w && p.rows && p.scores && p.itop, who, "null buffer");
+  const int64_t max_nv = (p.pos0 + p.n_tokens) / p.ratio;
+  require(p.score_stride >= max_nv, who, "score_stride below the number of rows");
+  if (max_nv > p.top_k) {
+    const size_t shared = size_t(p.n_head) * size_t(p.head_dim + 1) * sizeof(float);
+    require(shared <= 200 * 1024, who, "indexer queries too large for shared memory");
+    if (shared > 48 * 1024) {
+      BATON_CUDA_CHECK(
+          cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+    }
+    const int warps = 8;
+    const int64_t blocks = std::clamp<int64_t>((max_nv + warps - 1) / warps, 1, int64_t(sm_count()) * 2);
+    indexer_score_kernel<<<dim3(unsigned(blocks), unsigned(p.n_tokens)), warps * 32, shared, stream>>>(p);
+    check_launch("indexer_score_kernel");
+  }
+  indexer_topk_kernel<<<unsigned(p.n_tokens), kTopkThreads, 0, stream>>>(p.scores, p.score_stride, p.pos0, p.ratio,
+                                                                        p.top_k, p.itop);
+  check_launch("indexer_topk_kernel");
+}
+
+void ds4_attention(const Ds4AttentionParams& p, cudaStream_t stream) {
+  const char* who = "ds4_attention";
+  require(p.n_head >= 1 && p.head_dim >= 32 && p.head_dim <= kMaxHeadDim && p.head_dim % 32 == 0, who,
+          "head_dim must be a multiple of 32 up to 512");
+  require(p.n_tokens >= 1 && p.n_tokens <= 65535 && p.pos0 >= 0, who, "1..65535 tokens");
+  require(p.q && p.kv_new && p.sinks && p.out && p.window >= 1, who, "null buffer or empty window");
+  require(p.ring != nullptr || p.pos0 == 0, who, "a ring is needed after position 0");
+  require(p.q_stride >= int64_t(p.n_head) * p.head_dim && p.out_stride >= int64_t(p.n_head) * p.head_dim, who,
+          "strides below n_head * head_dim");
+  require(p.ratio == 0 || (p.ratio > 0 && p.comp_rows != nullptr), who, "compressed rows need comp_rows");
+  require(p.itop == nullptr || (p.ratio > 0 && p.top_k >= 1), who, "itop needs a ratio and top_k");
+  const dim3 grid(unsigned((p.n_head + kAttnWarps - 1) / kAttnWarps), unsigned(p.n_tokens));
+  ds4_attention_kernel<<<grid, kAttnWarps * 32, 0, stream>>>(p);
+  check_launch("ds4_attention_kernel");
+}
+
+void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, int64_t pos0, float* ring,
+                      int64_t window, cudaStream_t stream) {
+  require(kv_new && ring && n_tokens >= 1 && head_dim >= 1 && window >= 1 && pos0 >= 0, "ds4_window_store",
+          "bad arguments");
+  const int64_t n_store = std::min(n_tokens, window);
+  window_store_kernel<<<unsigned(n_store), 256, 0, stream>>>(kv_new, n_tokens, n_store, head_dim, pos0, ring, window);
+  check_launch("window_store_kernel");
+}
+
+}  // namespace baton::cuda

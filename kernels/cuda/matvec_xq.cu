@@ -1,0 +1,100 @@
+// Integer-dot decode matvec (matvec.cuh: quantize_xq, matvec_xq). The kernel
+// is in matvec_xq_impl.cuh; rows per block per dtype from the sweep of
+// bench/cuda_kernels.cu on the H200 (docs/CUDA.md).
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/matvec_xq_impl.cuh"
+#include "kernels/cuda/xq.cuh"
+
+namespace baton::cuda {
+namespace {
+
+using namespace detail;
+
+// One warp per run of 32 values, grid-stride over all runs of all tokens.
+__global__ void quantize_xq_kernel(const float* __restrict__ x, int64_t n, int64_t n_tokens, int64_t x_stride,
+                                   uint8_t* __restrict__ xq, uint64_t xq_stride) {
+  const int lane = threadIdx.x & 31;
+  const int64_t runs = n / 32, total = runs * n_tokens;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t i = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); i < total; i += warps) {
+    const int64_t t = i / runs, run = i % runs;
+    xq_store_run(x[t * x_stride + run * 32 + lane], lane, xq + uint64_t(t) * xq_stride, n, run);
+  }
+}
+
+// Rows per block, from the sweep on the H200 (docs/CUDA.md): 2 rows keep
+// enough blocks in flight for the 4096- and 6144-row matrices of an 8B
+// model; Q4_K's tall matrices (gate|up, the head) prefer 8, whose x loads
+// are shared by more rows. More tokens: 2 rows, to bound registers.
+template <class K, int T>
+void launch(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out, int64_t out_stride,
+            cudaStream_t stream) {
+  if constexpr (T == 1 && K::kType == DType::Q4_K) {
+    if (w.rows >= 16384) {
+      launch_matvec_xq<K, 8, 1>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
+      return;
+    }
+  }
+  launch_matvec_xq<K, 2, T>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
+}
+
+}  // namespace
+
+uint64_t xq_row_bytes(int64_t n) { return (uint64_t(n) * 2 + uint64_t(n / 32) * 8 + 15) / 16 * 16; }
+
+void quantize_xq(const float* x, int64_t n, int64_t n_tokens, int64_t x_stride, void* xq, cudaStream_t stream) {
+  if (x == nullptr || xq == nullptr || n <= 0 || n % 32 != 0 || n_tokens < 1 || x_stride < n) {
+    throw std::invalid_argument("quantize_xq: need n a positive multiple of 32, a stride of at least n, 1+ tokens");
+  }
+  if (reinterpret_cast<uintptr_t>(xq) % 16 != 0) throw std::invalid_argument("quantize_xq: xq must be 16-byte aligned");
+  const int64_t warps = n / 32 * n_tokens;
+  const int threads = 256;
+  const int64_t blocks = std::clamp<int64_t>((warps * 32 + threads - 1) / threads, 1, int64_t(sm_count()) * 8);
+  quantize_xq_kernel<<<unsigned(blocks), threads, 0, stream>>>(x, n, n_tokens, x_stride, static_cast<uint8_t*>(xq),
+                                                               xq_row_bytes(n));
+  check_launch("quantize_xq_kernel");
+}
+
+bool matvec_xq_supported(DType t) { return t == DType::Q8_0 || t == DType::Q4_K; }
+
+void matvec_xq(const MatrixView& w, const void* xq, int64_t n_tokens, float* out, int64_t out_stride,
+               cudaStream_t stream) {
+  validate_matrix(w, "matvec_xq");
+  if (!matvec_xq_supported(w.type)) {
+    throw std::invalid_argument(std::string("matvec_xq: dtype ") + dtype_name(w.type) + " has no integer-dot kernel");
+  }
+  if (n_tokens < 1) throw std::invalid_argument("matvec_xq: n_tokens must be at least 1");
+  if (xq == nullptr || reinterpret_cast<uintptr_t>(xq) % 16 != 0) {
+    throw std::invalid_argument("matvec_xq: xq must be 16-byte aligned");
+  }
+  if (out == nullptr || (n_tokens > 1 && out_stride < w.rows)) {
+    throw std::invalid_argument("matvec_xq: out needs a stride of at least rows");
+  }
+  if (w.rows > int64_t(0x7fffffff)) throw std::invalid_argument("matvec_xq: too many rows for one launch");
+  const uint64_t stride = xq_row_bytes(w.cols);
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMatvecMaxTokens) {
+    const int nt = int(std::min<int64_t>(kMatvecMaxTokens, n_tokens - t0));
+    const uint8_t* xc = static_cast<const uint8_t*>(xq) + uint64_t(t0) * stride;
+    float* oc = out + t0 * out_stride;
+    auto go = [&](auto k) {
+      using K = decltype(k);
+      if (nt == 1) {
+        launch<K, 1>(w, xc, stride, nt, oc, out_stride, stream);
+      } else if (nt == 2) {
+        launch<K, 2>(w, xc, stride, nt, oc, out_stride, stream);
+      } else if (nt <= 4) {
+        launch<K, 4>(w, xc, stride, nt, oc, out_stride, stream);
+      } else {
+        launch<K, 8>(w, xc, stride, nt, oc, out_stride, stream);
+      }
+    };
+    if (w.type == DType::Q8_0) go(XqQ8_0{});
+    else go(XqQ4_K{});
+  }
+}
+
+}  // namespace baton::cuda

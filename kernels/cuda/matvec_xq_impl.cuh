@@ -1,0 +1,187 @@
+// The integer-dot matvec kernel and its launcher (device-only; include from
+// .cu files). matvec_xq.cu picks the configuration per dtype; the
+// micro-benchmark instantiates others to compare them.
+//
+// Activations come quantized (xq.cuh): per run of 32, int8 planes hi and lo
+// with q = 256 hi + lo, a scale d and the float sum. A weight block is
+// split between kLanes neighbouring threads that each own 16 bytes of its
+// quants, so a warp reads whole blocks with 16-byte loads, neighbouring
+// threads neighbouring bytes. Each thread loads its piece of R rows first
+// (all loads in flight together), then the matching x piece once per token,
+// and takes two dp4a per 4 weights (one with hi, one with lo), exact in
+// int32; the block scales turn the integer sums into float per 16 or 32
+// weights. Partial sums are reduced per warp with shuffles, then across
+// warps through shared memory.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/xq.cuh"
+
+namespace baton::cuda::detail {
+
+constexpr int kXqThreads = 128;
+
+__device__ __forceinline__ uint4 ld_x128(const int8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+// sum_k w[k] . x[k] over 4 words of 4 signed bytes.
+__device__ __forceinline__ int dot16(const uint32_t* w, uint4 x) {
+  int s = __dp4a(int(w[0]), int(x.x), 0);
+  s = __dp4a(int(w[1]), int(x.y), s);
+  s = __dp4a(int(w[2]), int(x.z), s);
+  return __dp4a(int(w[3]), int(x.w), s);
+}
+
+// Q8_0 (34 bytes: f16 d, int8 q[32]): two threads per block, 16 quants
+// each. Blocks are 2-byte aligned, so the quants are read as aligned words
+// realigned with funnel shifts (ld_words_a2).
+struct XqQ8_0 {
+  static constexpr DType kType = DType::Q8_0;
+  static constexpr int kQK = 32, kBytes = 34, kLanes = 2;
+  struct W {
+    uint32_t q[4];
+    uint32_t d;
+  };
+  struct X {
+    uint4 h, l;
+    float d;
+  };
+  __device__ static W load_w(const uint8_t* b, int c) {
+    W w;
+    ld_words_a2<4>(b + 2 + 16 * c, w.q);
+    w.d = ld_u16(b);
+    return w;
+  }
+  __device__ static X load_x(const XqRow& x, int64_t blk, int c) {
+    const int64_t e = blk * 32 + 16 * c;
+    return {ld_x128(x.hi + e), ld_x128(x.lo + e), x.ds[blk].x};
+  }
+  __device__ static float dot(const W& w, const X& x, int) {
+    const int t = dot16(w.q, x.h) * 256 + dot16(w.q, x.l);
+    return half_bits_to_float(w.d) * x.d * float(t);
+  }
+};
+
+// Q4_K (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins,
+// qs[128]): eight threads per block. Thread c owns qs[16c, 16c + 16): the
+// low nibbles are elements 16h..16h+15 of sub-block 2p, the high nibbles the
+// same elements of sub-block 2p + 1 (p = c / 2, h = c % 2). Each thread also
+// reads the 16-byte header (the eight threads of a block read the same
+// address: one transaction). The minimum term dmin * m * sum x needs the sum
+// of a whole sub-block: thread h = 0 adds it for sub-block 2p, h = 1 for 2p + 1.
+struct XqQ4_K {
+  static constexpr DType kType = DType::Q4_K;
+  static constexpr int kQK = 256, kBytes = 144, kLanes = 8;
+  struct W {
+    uint4 hdr, q;
+  };
+  struct X {
+    uint4 ha, la, hb, lb;
+    float2 da, db;
+  };
+  __device__ static W load_w(const uint8_t* b, int c) { return {ld_u128(b), ld_u128(b + 16 + 16 * c)}; }
+  __device__ static X load_x(const XqRow& x, int64_t blk, int c) {
+    const int64_t sa = blk * 8 + 2 * (c >> 1);
+    const int64_t e = sa * 32 + 16 * (c & 1);
+    return {ld_x128(x.hi + e), ld_x128(x.lo + e), ld_x128(x.hi + e + 32), ld_x128(x.lo + e + 32),
+            __ldg(x.ds + sa), __ldg(x.ds + sa + 1)};
+  }
+  // 6-bit scale and min of sub-block j from the packed words at bytes 4-15.
+  __device__ static void scale_min(const uint4& hdr, int j, int& sc, int& m) {
+    const int k = 8 * (j & 3);
+    const uint32_t a = hdr.y >> k, b = hdr.z >> k, c = hdr.w >> k;
+    if (j < 4) {
+      sc = int(a & 63), m = int(b & 63);
+    } else {
+      sc = int((c & 15) | ((a >> 2) & 0x30)), m = int(((c >> 4) & 15) | ((b >> 2) & 0x30));
+    }
+  }
+  __device__ static float dot(const W& w, const X& x, int c) {
+    const uint32_t lo[4] = {w.q.x & 0x0f0f0f0fu, w.q.y & 0x0f0f0f0fu, w.q.z & 0x0f0f0f0fu, w.q.w & 0x0f0f0f0fu};
+    const uint32_t hi[4] = {(w.q.x >> 4) & 0x0f0f0f0fu, (w.q.y >> 4) & 0x0f0f0f0fu, (w.q.z >> 4) & 0x0f0f0f0fu,
+                            (w.q.w >> 4) & 0x0f0f0f0fu};
+    const int ta = dot16(lo, x.ha) * 256 + dot16(lo, x.la);
+    const int tb = dot16(hi, x.hb) * 256 + dot16(hi, x.lb);
+    const int j = 2 * (c >> 1);
+    int sca, ma, scb, mb;
+    scale_min(w.hdr, j, sca, ma);
+    scale_min(w.hdr, j + 1, scb, mb);
+    const float d = half_bits_to_float(w.hdr.x & 0xffffu), dmin = half_bits_to_float(w.hdr.x >> 16);
+    const float mins = (c & 1) ? float(mb) * x.db.y : float(ma) * x.da.y;
+    return fmaf(d, fmaf(float(sca * ta), x.da.x, float(scb * tb) * x.db.x), -dmin * mins);
+  }
+};
+
+template <class K, int R, int T>
+__global__ void __launch_bounds__(kXqThreads)
+    matvec_xq_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
+                     const uint8_t* __restrict__ xq, uint64_t xq_stride, int n_tokens, float* __restrict__ out,
+                     int64_t out_stride) {
+  const int64_t row0 = int64_t(blockIdx.x) * R;
+  // Rows past the end and tokens past n_tokens repeat the last valid one;
+  // their results are not written.
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = w + uint64_t(min(row0 + r, rows - 1)) * row_bytes;
+  XqRow xr[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) xr[t] = xq_row(xq + uint64_t(min(t, n_tokens - 1)) * xq_stride, cols);
+
+  float acc[R][T];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+  }
+  const int c = int(threadIdx.x) % K::kLanes;
+  const int64_t n_blocks = cols / K::kQK;
+  for (int64_t b = threadIdx.x / K::kLanes; b < n_blocks; b += blockDim.x / K::kLanes) {
+    typename K::W wv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wv[r] = K::load_w(wr[r] + uint64_t(b) * K::kBytes, c);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const typename K::X xv = K::load_x(xr[t], b, c);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][t] += K::dot(wv[r], xv, c);
+    }
+  }
+
+  __shared__ float partial[kXqThreads / 32][R * T];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float v = warp_sum(acc[r][t]);
+      if (lane == 0) partial[warp][r * T + t] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < R * T) {
+    const int r = threadIdx.x / T, t = threadIdx.x % T;
+    float v = 0.0f;
+    for (int k = 0; k < int(blockDim.x >> 5); ++k) v += partial[k][threadIdx.x];
+    if (row0 + r < rows && t < n_tokens) out[int64_t(t) * out_stride + row0 + r] = v;
+  }
+}
+
+// One chunk of n_tokens <= T tokens. Short rows get fewer threads (at least
+// one warp; always a multiple of kLanes).
+template <class K, int R, int T>
+void launch_matvec_xq(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
+                      int64_t out_stride, cudaStream_t stream) {
+  static_assert(R * T <= 32, "the reduction's last step runs on one warp");
+  const int64_t blocks = (w.rows + R - 1) / R;
+  const int64_t units = w.cols / K::kQK * K::kLanes;
+  const int threads = int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, kXqThreads));
+  matvec_xq_kernel<K, R, T><<<unsigned(blocks), threads, 0, stream>>>(
+      static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, static_cast<const uint8_t*>(xq), xq_stride,
+      n_tokens, out, out_stride);
+  check_launch("matvec_xq_kernel");
+}
+
+}  // namespace baton::cuda::detail
