@@ -64,7 +64,7 @@ Expected reference(const HostExperts& gate, const HostExperts& up, const HostExp
   Expected r{std::vector<double>(size_t(E), 0.0), std::vector<double>(size_t(E), 1e-30)};
   for (int j = 0; j < k; ++j) {
     const int64_t e = ids[j];
-    std::vector<double> act(size_t(FF)), act_err(size_t(FF));
+    std::vector<double> act(static_cast<size_t>(FF)), act_err(static_cast<size_t>(FF));
     for (int64_t f = 0; f < FF; ++f) {
       double g = 0, u = 0, ga = 0, ua = 0;
       const float* gr = gate.values.data() + (e * FF + f) * E;
@@ -98,7 +98,7 @@ void random_routing(std::mt19937_64& rng, int64_t n_tokens, int k, int n_used_ex
   ids.resize(size_t(n_tokens * k));
   w.resize(size_t(n_tokens * k));
   for (int64_t t = 0; t < n_tokens; ++t) {
-    std::vector<int32_t> all(size_t(n_used_experts));
+    std::vector<int32_t> all(static_cast<size_t>(n_used_experts));
     for (int e = 0; e < n_used_experts; ++e) all[size_t(e)] = e;
     for (int j = 0; j < k; ++j) {
       const size_t pick = size_t(j) + size_t(rng() % uint64_t(n_used_experts - j));

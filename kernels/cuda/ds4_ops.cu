@@ -34,32 +34,67 @@ __device__ __forceinline__ float sigmoid_f(float v) { return 1.0f / (1.0f + expf
 
 // --- hyper-connections ----------------------------------------------------------
 
-// ds4_hc_weights (engine/arch_deepseek4.cpp), one thread.
-__device__ void hc_weights(float* mix, int n, const float* scale, const float* base, int iters, float eps) {
+// ds4_hc_weights (engine/arch_deepseek4.cpp) on mix[] in shared memory, by
+// warp 0: lane j * n + k owns comb[j][k] and forms each row or column sum
+// itself from shuffles in the CPU's order, so the Sinkhorn rounds cost a few
+// shuffles and one division per round instead of n * n serial divisions.
+// Needs n * n <= 32. The products are rounded before the additions
+// (__fmul_rn) as on the CPU, rather than fused.
+__device__ void hc_weights_warp(float* mix, int n, const float* scale, const float* base, int iters, float eps) {
+  const int lane = threadIdx.x & 31;
+  if (lane < n) {
+    mix[lane] = sigmoid_f(__fmul_rn(mix[lane], scale[0]) + base[lane]) + eps;
+    mix[n + lane] = 2.0f * sigmoid_f(__fmul_rn(mix[n + lane], scale[1]) + base[n + lane]);
+  }
+  const bool own = lane < n * n;
+  const int j = lane / n, k = lane % n;
+  float v = own ? __fmul_rn(mix[2 * n + lane], scale[2]) + base[2 * n + lane] : 0.0f;
+  auto at = [&](float x, int jj, int kk) { return __shfl_sync(kFullMask, x, (jj * n + kk) & 31); };
+  float mx = -INFINITY;
+  for (int kk = 0; kk < n; ++kk) mx = fmaxf(mx, at(v, j, kk));
+  const float e = expf(v - mx);
+  double sum = 0;  // softmax of kernels/cpu_ops.cpp: double sum, float reciprocal
+  for (int kk = 0; kk < n; ++kk) sum += at(e, j, kk);
+  v = __fmul_rn(e, float(1.0 / sum)) + eps;
+  for (int it = 0; it < max(iters, 1); ++it) {  // the CPU normalises the columns even for 0 iterations
+    if (it > 0) {  // rows, then columns; the first round is columns only
+      float s = 0.0f;
+      for (int kk = 0; kk < n; ++kk) s += at(v, j, kk);
+      v /= s + eps;
+    }
+    float s = 0.0f;
+    for (int jj = 0; jj < n; ++jj) s += at(v, jj, k);
+    v /= s + eps;
+  }
+  if (own) mix[2 * n + lane] = v;
+}
+
+// The same by one thread, for n * n > 32.
+__device__ void hc_weights_serial(float* mix, int n, const float* scale, const float* base, int iters, float eps) {
   float* pre = mix;
   float* post = mix + n;
   float* comb = mix + 2 * n;
   for (int i = 0; i < n; ++i) {
-    pre[i] = sigmoid_f(pre[i] * scale[0] + base[i]) + eps;
-    post[i] = 2.0f * sigmoid_f(post[i] * scale[1] + base[n + i]);
+    pre[i] = sigmoid_f(__fmul_rn(pre[i], scale[0]) + base[i]) + eps;
+    post[i] = 2.0f * sigmoid_f(__fmul_rn(post[i], scale[1]) + base[n + i]);
   }
   for (int j = 0; j < n; ++j) {
     float* row = comb + j * n;
     float mx = -INFINITY;
     for (int k = 0; k < n; ++k) {
-      row[k] = row[k] * scale[2] + base[2 * n + j * n + k];
+      row[k] = __fmul_rn(row[k], scale[2]) + base[2 * n + j * n + k];
       mx = fmaxf(mx, row[k]);
     }
-    double sum = 0;  // softmax of kernels/cpu_ops.cpp
+    double sum = 0;
     for (int k = 0; k < n; ++k) {
       row[k] = expf(row[k] - mx);
       sum += row[k];
     }
     const float inv = float(1.0 / sum);
-    for (int k = 0; k < n; ++k) row[k] = row[k] * inv + eps;
+    for (int k = 0; k < n; ++k) row[k] = __fmul_rn(row[k], inv) + eps;
   }
-  for (int it = 0; it < max(iters, 1); ++it) {  // the CPU normalises the columns even for 0 iterations
-    if (it > 0) {  // rows, then columns; the first round is columns only
+  for (int it = 0; it < max(iters, 1); ++it) {
+    if (it > 0) {
       for (int j = 0; j < n; ++j) {
         float s = 0;
         for (int k = 0; k < n; ++k) s += comb[j * n + k];
@@ -81,24 +116,25 @@ __global__ void hc_weights_input_kernel(float* mix, const float* __restrict__ x,
                                         const float* __restrict__ base, const float* __restrict__ norm,
                                         float* __restrict__ h) {
   __shared__ float red[32];
-  __shared__ float pre[kMaxHc];
+  __shared__ float w[kMaxHc * (kMaxHc + 2)];
   const int64_t t = blockIdx.x;
   const int mixw = n * (n + 2);
-  if (threadIdx.x == 0) {
-    float w[kMaxHc * (kMaxHc + 2)];
-    float* mt = mix + t * mixw;
-    for (int i = 0; i < mixw; ++i) w[i] = mt[i];
-    hc_weights(w, n, scale, base, iters, hc_eps);
-    for (int i = 0; i < mixw; ++i) mt[i] = w[i];
-    for (int s = 0; s < n; ++s) pre[s] = w[s];
+  float* mt = mix + t * mixw;
+  for (int i = threadIdx.x; i < mixw; i += blockDim.x) w[i] = mt[i];
+  __syncthreads();
+  if (n * n <= 32) {
+    if (threadIdx.x < 32) hc_weights_warp(w, n, scale, base, iters, hc_eps);
+  } else if (threadIdx.x == 0) {
+    hc_weights_serial(w, n, scale, base, iters, hc_eps);
   }
   __syncthreads();
+  for (int i = threadIdx.x; i < mixw; i += blockDim.x) mt[i] = w[i];
   const float* xt = x + t * int64_t(n) * E;
   float* ht = h + t * E;
   float ss = 0.0f;
   for (int64_t d = threadIdx.x; d < E; d += blockDim.x) {
     float acc = 0.0f;
-    for (int s = 0; s < n; ++s) acc += pre[s] * xt[int64_t(s) * E + d];
+    for (int s = 0; s < n; ++s) acc += w[s] * xt[int64_t(s) * E + d];
     ht[d] = acc;
     ss = fmaf(acc, acc, ss);
   }
@@ -405,9 +441,15 @@ __global__ void __launch_bounds__(kTopkThreads)
 // --- attention ------------------------------------------------------------------
 
 // Warp: head blockIdx.x * kAttnWarps + warp of token blockIdx.y; lane l holds
-// dims l, l + 32, ... Online softmax that starts from the sink (m = sink,
-// sum = 1, no value), so the sink sits in the denominator only.
-__global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4AttentionParams p) {
+// dims l, l + 32, ... Online softmax over the token's visible list (window
+// rows, then compressed rows). Unsplit, it starts from the sink (m = sink,
+// sum = 1, no value), so the sink sits in the denominator only, and writes
+// the output. Split (decode), block z takes rows [z * chunk, (z + 1) * chunk)
+// of the list, starts empty (m = -inf, sum = 0) and writes its partial
+// (m, sum, acc) for attention_merge_kernel, which adds the sink.
+template <bool kSplit>
+__global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4AttentionParams p, int64_t chunk,
+                                                                        float* __restrict__ part) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = int(blockIdx.x) * kAttnWarps + warp;
   if (h >= p.n_head) return;  // whole warps only: no block barrier below
@@ -420,17 +462,17 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
     qv[i] = i < per ? qh[lane + 32 * i] : 0.0f;
     acc[i] = 0.0f;
   }
-  float m = p.sinks[h], s = 1.0f;
+  float m = kSplit ? -INFINITY : p.sinks[h], s = kSplit ? 0.0f : 1.0f;
   auto visit = [&](const float* row) {
-    float v[kPerLane], part = 0.0f;
+    float v[kPerLane], d = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       v[i] = i < per ? row[lane + 32 * i] : 0.0f;
-      part = fmaf(qv[i], v[i], part);
+      d = fmaf(qv[i], v[i], d);
     }
-    const float sc = p.scale * warp_sum(part);
+    const float sc = p.scale * warp_sum(d);
     if (sc > m) {
-      const float corr = expf(m - sc);
+      const float corr = expf(m - sc);  // 0 while m is -inf
       s *= corr;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) acc[i] *= corr;
@@ -441,14 +483,19 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) acc[i] = fmaf(e, v[i], acc[i]);
   };
-  const int64_t lo = max(int64_t(0), pos - p.window + 1);
-  for (int64_t j = lo; j <= pos; ++j) {
-    visit(j >= p.pos0 ? p.kv_new + (j - p.pos0) * hd : p.ring + (j % p.window) * hd);
-  }
+  const int64_t lo = max(int64_t(0), pos - p.window + 1), n_win = pos - lo + 1;
   const int64_t nv = p.ratio > 0 ? (pos + 1) / p.ratio : 0;
   const int64_t n_comp = p.itop ? min(nv, int64_t(p.top_k)) : nv;
+  const int64_t n = n_win + n_comp;
+  const int64_t k0 = kSplit ? int64_t(blockIdx.z) * chunk : 0, k1 = kSplit ? min(n, k0 + chunk) : n;
   bool bad = false;
-  for (int64_t c = 0; c < n_comp; ++c) {
+  for (int64_t k = k0; k < k1; ++k) {
+    if (k < n_win) {
+      const int64_t j = lo + k;
+      visit(j >= p.pos0 ? p.kv_new + (j - p.pos0) * hd : p.ring + (j % p.window) * hd);
+      continue;
+    }
+    const int64_t c = k - n_win;
     const int64_t idx = p.itop ? int64_t(p.itop[t * p.top_k + c]) : c;
     if (idx < 0 || idx >= nv) {  // not a complete row: refuse rather than read it
       bad = true;
@@ -456,7 +503,48 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
     }
     visit(p.comp_rows + idx * hd);
   }
-  const float inv = bad ? NAN : 1.0f / s;
+  if constexpr (kSplit) {
+    float* rec = part + ((t * p.n_head + h) * int64_t(gridDim.z) + blockIdx.z) * int64_t(hd + 32);
+    if (lane == 0) rec[0] = m, rec[1] = bad ? NAN : s;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (i < per) rec[32 + lane + 32 * i] = acc[i];
+    }
+  } else {
+    const float inv = bad ? NAN : 1.0f / s;
+    float* o = p.out + t * p.out_stride + int64_t(h) * hd;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (i < per) o[lane + 32 * i] = acc[i] * inv;
+    }
+  }
+}
+
+// Warp per (token, head): merges the splits' partials with the sink.
+__global__ void __launch_bounds__(kAttnWarps * 32) attention_merge_kernel(Ds4AttentionParams p, int splits,
+                                                                          const float* __restrict__ part) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h = int(blockIdx.x) * kAttnWarps + warp;
+  if (h >= p.n_head) return;
+  const int64_t t = blockIdx.y;
+  const int hd = p.head_dim, per = hd / 32;
+  const int64_t rec_floats = hd + 32;
+  const float* rec = part + (t * p.n_head + h) * splits * rec_floats;
+  float mx = p.sinks[h];
+  for (int z = 0; z < splits; ++z) mx = fmaxf(mx, rec[z * rec_floats]);
+  float sum = expf(p.sinks[h] - mx), acc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.0f;
+  for (int z = 0; z < splits; ++z) {
+    const float* r = rec + z * rec_floats;
+    const float f = expf(r[0] - mx);  // 0 for an empty split (m = -inf)
+    sum += r[1] * f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (i < per) acc[i] = fmaf(f, r[32 + lane + 32 * i], acc[i]);
+    }
+  }
+  const float inv = 1.0f / sum;
   float* o = p.out + t * p.out_stride + int64_t(h) * hd;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -525,7 +613,7 @@ void ds4_hc_post(const Ds4HcShape& s, const float* x, const float* y, const floa
 void ds4_router(const Ds4RouterParams& p, float* logits, int64_t n_tokens, int32_t* ids, float* weights,
                 cudaStream_t stream) {
   const char* who = "ds4_router";
-  require(p.n_expert >= 1 && p.n_expert <= 8192, who, "n_expert must be 1..8192");
+  require(p.n_expert >= 1 && p.n_expert <= 4096, who, "n_expert must be 1..4096");  // scores in shared memory
   require(p.n_used >= 1 && p.n_used <= 32 && p.n_used <= p.n_expert, who, "n_used must be 1..min(32, n_expert)");
   require(n_tokens >= 1 && n_tokens <= INT_MAX, who, "n_tokens must be at least 1");
   require(logits && ids && weights, who, "null buffer");
@@ -584,7 +672,26 @@ void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream) {
   check_launch("indexer_topk_kernel");
 }
 
-void ds4_attention(const Ds4AttentionParams& p, cudaStream_t stream) {
+namespace {
+
+// The longest visible list of the batch (window + compressed rows).
+int64_t max_visible(const Ds4AttentionParams& p) {
+  const int64_t last = p.pos0 + p.n_tokens;  // rows complete after the last token: last / ratio
+  const int64_t comp = p.ratio > 0 ? (p.itop ? std::min<int64_t>(p.top_k, last / p.ratio) : last / p.ratio) : 0;
+  return std::min(p.window, last) + comp;
+}
+
+// Splits per (token, head): enough blocks for about two per multiprocessor,
+// at least kMinSplitRows rows each, at most kMaxSplits.
+constexpr int64_t kMinSplitRows = 16, kMaxSplits = 256;
+int64_t attention_splits(const Ds4AttentionParams& p) {
+  const int64_t blocks = (p.n_head + kAttnWarps - 1) / kAttnWarps * p.n_tokens;
+  const int64_t want = (2 * int64_t(sm_count()) + blocks - 1) / blocks;
+  const int64_t most = (max_visible(p) + kMinSplitRows - 1) / kMinSplitRows;
+  return std::clamp<int64_t>(std::min(want, most), 1, kMaxSplits);
+}
+
+void validate_attention(const Ds4AttentionParams& p) {
   const char* who = "ds4_attention";
   require(p.n_head >= 1 && p.head_dim >= 32 && p.head_dim <= kMaxHeadDim && p.head_dim % 32 == 0, who,
           "head_dim must be a multiple of 32 up to 512");
@@ -595,8 +702,34 @@ void ds4_attention(const Ds4AttentionParams& p, cudaStream_t stream) {
           "strides below n_head * head_dim");
   require(p.ratio == 0 || (p.ratio > 0 && p.comp_rows != nullptr), who, "compressed rows need comp_rows");
   require(p.itop == nullptr || (p.ratio > 0 && p.top_k >= 1), who, "itop needs a ratio and top_k");
-  const dim3 grid(unsigned((p.n_head + kAttnWarps - 1) / kAttnWarps), unsigned(p.n_tokens));
-  ds4_attention_kernel<<<grid, kAttnWarps * 32, 0, stream>>>(p);
+}
+
+}  // namespace
+
+size_t ds4_attention_workspace_bytes(const Ds4AttentionParams& p) {
+  validate_attention(p);
+  const int64_t splits = attention_splits(p);
+  if (splits <= 1) return 0;
+  return size_t(p.n_tokens * p.n_head * splits * (p.head_dim + 32)) * sizeof(float);
+}
+
+void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  validate_attention(p);
+  const int64_t splits = attention_splits(p);
+  const size_t need = ds4_attention_workspace_bytes(p);
+  const unsigned head_blocks = unsigned((p.n_head + kAttnWarps - 1) / kAttnWarps);
+  if (splits > 1 && workspace != nullptr && workspace_bytes >= need) {
+    const int64_t chunk = (max_visible(p) + splits - 1) / splits;
+    float* part = static_cast<float*>(workspace);
+    ds4_attention_kernel<true><<<dim3(head_blocks, unsigned(p.n_tokens), unsigned(splits)), kAttnWarps * 32, 0,
+                                 stream>>>(p, chunk, part);
+    check_launch("ds4_attention_kernel (split)");
+    attention_merge_kernel<<<dim3(head_blocks, unsigned(p.n_tokens)), kAttnWarps * 32, 0, stream>>>(p, int(splits),
+                                                                                                    part);
+    check_launch("attention_merge_kernel");
+    return;
+  }
+  ds4_attention_kernel<false><<<dim3(head_blocks, unsigned(p.n_tokens)), kAttnWarps * 32, 0, stream>>>(p, 0, nullptr);
   check_launch("ds4_attention_kernel");
 }
 

@@ -161,7 +161,13 @@ struct Ds4AttentionParams {
   float* out = nullptr;             // n_tokens rows of n_head * head_dim, out_stride apart
   int64_t out_stride = 0;
 };
-void ds4_attention(const Ds4AttentionParams& p, cudaStream_t stream);
+// Decode and short batches split each (token, head)'s rows across blocks
+// when given a workspace of ds4_attention_workspace_bytes (0 when splitting
+// would not pay: long batches already fill the GPU) and merge the partials
+// in a second kernel; without it they run unsplit (slower, same result
+// within rounding).
+size_t ds4_attention_workspace_bytes(const Ds4AttentionParams& p);
+void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // After attention: ring row (pos0 + t) % window = kv_new[t] for the last
 // min(n_tokens, window) tokens of the batch.
