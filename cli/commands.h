@@ -12,4 +12,6 @@ int cmd_split(int argc, char** argv);    // gguf_split/cmd_split.cpp
 int cmd_merge(int argc, char** argv);    // gguf_split/cmd_split.cpp
 int cmd_bench(int argc, char** argv);    // coordinator/cmd_bench.cpp
 int cmd_worker(int argc, char** argv);   // worker/cmd_worker.cpp
+int cmd_convert(int argc, char** argv);  // gguf_split/cmd_convert.cpp
+int cmd_logits(int argc, char** argv);   // coordinator/cmd_logits.cpp
 }  // namespace baton

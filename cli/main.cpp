@@ -24,6 +24,8 @@ const Command kCommands[] = {
     {"merge", baton::cmd_merge, "rebuild a GGUF from the parts split wrote"},
     {"worker", baton::cmd_worker, "run one pipeline stage for a coordinator"},
     {"bench", baton::cmd_bench, "prefill and decode speed against the device's measured ceilings"},
+    {"convert", baton::cmd_convert, "convert a HuggingFace llama/qwen2 checkpoint (safetensors) to GGUF"},
+    {"logits", baton::cmd_logits, "write the logits of every position of a token sequence (for oracles)"},
 };
 
 void usage(FILE* to) {

@@ -1,0 +1,119 @@
+// `baton convert --from DIR -o FILE [--type T]`: a HuggingFace llama-family
+// checkpoint to GGUF (gguf_split/convert_llama.h). Progress goes to stderr.
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "cli/commands.h"
+#include "gguf_split/convert_llama.h"
+
+namespace baton {
+namespace {
+
+namespace po = boost::program_options;
+using Clock = std::chrono::steady_clock;
+
+double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
+
+// "converted X of Y GiB (P%)" at most twice a second, and once at the end.
+class Progress {
+ public:
+  explicit Progress(bool quiet) : quiet_(quiet), last_(Clock::now()) {}
+  void operator()(uint64_t done, uint64_t total) {
+    const auto now = Clock::now();
+    if (quiet_ || (done < total && now - last_ < std::chrono::milliseconds(500))) return;
+    last_ = now;
+    std::fprintf(stderr, "\rconverted %.2f of %.2f GiB (%3.0f%%)   ", gib(done), gib(total),
+                 total ? 100.0 * double(done) / double(total) : 100.0);
+    mid_line_ = done < total;
+    if (!mid_line_) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+  // Ends a progress line cut short, so that an error starts on its own line.
+  void end_line() {
+    if (mid_line_) std::fputc('\n', stderr);
+    mid_line_ = false;
+  }
+
+ private:
+  bool quiet_;
+  bool mid_line_ = false;
+  Clock::time_point last_;
+};
+
+}  // namespace
+
+int cmd_convert(int argc, char** argv) {
+  std::string from, out, type = "auto";
+  po::options_description opts(
+      "usage: baton convert --from DIR -o FILE [--type T]\n\n"
+      "Converts a HuggingFace checkpoint folder (config.json and model.safetensors,\n"
+      "or model.safetensors.index.json with its shards) of a LlamaForCausalLM or\n"
+      "Qwen2ForCausalLM model to a GGUF file that baton runs. Tensors stream\n"
+      "through a few MiB of memory. A byte-level BPE tokenizer.json (Llama 3, Qwen2)\n"
+      "is converted; otherwise the file holds a placeholder vocabulary (token ids\n"
+      "work, text does not; see docs/CONVERT.md).\n\noptions");
+  opts.add_options()
+      ("help,h", "show this help")
+      ("from", po::value(&from), "checkpoint folder")
+      ("output,o", po::value(&out), "GGUF file to write (through FILE.tmp, renamed when complete)")
+      ("type", po::value(&type), "matrix type: auto (keep each tensor's f32/f16/bf16) | f32 | f16 | bf16 | q8_0 | "
+                                  "q4_0 | q4_k | q5_k | q6_k | q2_k; norms and biases stay f32")
+      ("quiet,q", "no progress on stderr");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "baton convert: %s (see baton convert --help)\n", e.what());
+    return 1;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    return 0;
+  }
+  if (from.empty() || out.empty()) {
+    std::fprintf(stderr, "baton convert: --from and -o are required (see baton convert --help)\n");
+    return 1;
+  }
+  ConvertOptions o;
+  o.from_dir = from;
+  o.out = out;
+  if (type != "auto") {
+    std::string upper = type;
+    std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return char(std::toupper(c)); });
+    auto t = dtype_from_name(upper);
+    if (!t || !dtype_info(*t).quantize) {
+      std::fprintf(stderr, "baton convert: --type '%s' is not a type this build can write (see --help)\n", type.c_str());
+      return 1;
+    }
+    o.type = *t;
+  }
+  Progress progress(vm.count("quiet") > 0);
+  o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
+  o.note = [&](const std::string& s) {
+    progress.end_line();
+    std::fprintf(stderr, "note: %s\n", s.c_str());
+  };
+  try {
+    const auto t0 = Clock::now();
+    ConvertResult r = convert_hf_llama(o);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("wrote %s: %s, %d layers, %llu tensors, %.3f GiB of tensor data, vocab %lld, %.1f s\n", out.c_str(),
+                r.arch.c_str(), r.n_layer, static_cast<unsigned long long>(r.n_tensors), gib(r.tensor_bytes),
+                static_cast<long long>(r.n_vocab), s);
+    std::printf("vocabulary: %s\n", r.vocabulary.c_str());
+  } catch (const std::exception& e) {
+    progress.end_line();
+    std::fprintf(stderr, "baton convert: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace baton
