@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -63,22 +64,50 @@ struct StageSlice {
 // Throws std::invalid_argument when n_stages is not in 1..n_layer.
 std::vector<StageSlice> split_layers(const ModelPlanner& planner, int n_stages);
 
+// Stages taken from the split parts the workers hold (docs/SPLIT.md): when
+// every one of `hellos` has exactly one part and the parts tile layers
+// 0..n_layer-1 without gaps or overlap, the stages in layer order; else
+// nullopt. A part's slice is fixed: the placement cannot move its layers.
+std::optional<std::vector<StageSlice>> slices_from_parts(const std::vector<net::Hello>& hellos, int n_layer);
+
 // What ASSIGN carries besides the range.
 struct StageSettings {
   uint32_t n_ctx = 0;
   uint32_t micro_batch = 1;
   uint32_t prefill_chunk = 64;
   uint32_t n_seq = 1;
-  std::string model_path;
-  uint64_t model_hash = 0;
+  std::string model_path;   // "" when the workers hold the model (--model / split parts)
+  uint64_t model_hash = 0;  // tensor-table hash of the full model (0: do not check)
 };
 
+// One stage of the route as the coordinator sees it.
 struct WorkerStatus {
-  std::string name;
+  int stage = 0;
+  StageSlice slice;
+  std::string state;           // "vacant", "loading", "loaded"
+  std::string name;            // the worker's, "" when vacant
   std::string address;         // of its link to the coordinator
   std::string listen_address;  // where the previous stage connects
-  StageSlice slice;
+  net::Capabilities caps;
+  uint64_t bytes_done = 0, bytes_total = 0;  // weights loaded so far (LOAD_PROGRESS)
+  double load_seconds = 0;                   // since ASSIGN (while loading), or READY's
   net::Ready ready;
+};
+
+// Events for a service that keeps the cluster busy with many requests
+// (ClusterEngine). Called on the cluster's io thread without the cluster's
+// lock held; they must not block.
+class ClusterObserver {
+ public:
+  virtual ~ClusterObserver() = default;
+  virtual void on_result(net::Result&& r) = 0;
+  // A stage answered one request with ERROR; the route is fine.
+  virtual void on_request_error(uint64_t request_id, const std::string& text) = 0;
+  // The route broke (a worker died, stalled or failed): every request in
+  // flight is lost. `why` names the worker and its stage.
+  virtual void on_route_broken(const std::string& why) = 0;
+  // Every stage has a loaded worker again (after a break).
+  virtual void on_route_healed() = 0;
 };
 
 class Cluster {
@@ -91,32 +120,56 @@ class Cluster {
   uint16_t port() const;
 
   // Waits until n workers have registered; they become stages in the order
-  // of their names. `alive` (may be empty) is polled while waiting and
-  // returns why the wait is hopeless (a spawned worker exited), else "".
-  void wait_for_workers(int n, const std::function<std::string()>& alive = {});
+  // of their names (or of their split parts). `alive` (may be empty) is
+  // polled while waiting and returns why the wait is hopeless (a spawned
+  // worker exited), else "". Returns their HELLOs in that order.
+  std::vector<net::Hello> wait_for_workers(int n, const std::function<std::string()>& alive = {});
 
   // Sends ASSIGN to every worker (slices.size() must equal the workers) and
-  // waits for every READY.
+  // waits for every READY. Workers holding split parts get the slice of
+  // their part. Afterwards the cluster heals itself: when a stage's worker
+  // goes away, the next worker that registers with the same model (or the
+  // part of that slice) is assigned the vacant stage, and the previous stage
+  // is told where to send its output (ROUTE).
   void assign(const std::vector<StageSlice>& slices, const StageSettings& settings);
 
+  // Receives results and failures instead of wait_result (set before the
+  // first forward; nullptr to stop).
+  void set_observer(ClusterObserver* observer);
+
   // Sends FORWARD (token ids) to the first stage; returns its request id.
+  // Throws ClusterFailure while the route is broken.
   uint64_t forward(std::vector<net::SeqChunk> chunks, std::vector<int32_t> tokens);
-  // The RESULT of a FORWARD that samples. Throws ClusterFailure when a worker
-  // failed, or when nothing came within step_timeout.
+  // Without an observer: the RESULT of a FORWARD that samples. Throws
+  // ClusterFailure when a worker failed, or when nothing came within
+  // step_timeout.
   net::Result wait_result(uint64_t request_id);
   void free_seq(uint32_t seq);
+
+  // "" while every stage has a loaded worker, else why not.
+  std::string route_problem() const;
 
   // Sends SHUTDOWN to every worker and closes the links (idempotent).
   void shutdown(const std::string& reason);
 
   std::vector<WorkerStatus> workers() const;
+  const ClusterOptions& options() const { return opt_; }
 
  private:
   struct Member;
+  struct Slot;
+  void on_accept(std::shared_ptr<net::Connection> c);
   void on_message(size_t index, net::Message&& m);
   void on_close(size_t index, const std::string& reason);
   std::string describe(size_t index) const;  // "worker NAME (stage i, layers a..b, ADDR)"
   void throw_if_failed() const;              // with mu_ held
+  // With mu_ held: fills vacant stages with idle workers that can take them;
+  // returns the messages to send once mu_ is released.
+  using Sends = std::vector<std::pair<std::shared_ptr<net::Connection>, net::Message>>;
+  void fill_vacancies(Sends& out);
+  net::Assign make_assign(size_t stage) const;
+  bool can_take(const Member& m, size_t stage) const;
+  void send_all(Sends& sends);
 
   net::Secret secret_;
   ClusterOptions opt_;
@@ -127,11 +180,14 @@ class Cluster {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::unique_ptr<Member>> members_;  // registration order; stages after assign()
-  std::vector<size_t> order_;                     // stage -> member index
+  std::vector<std::unique_ptr<Member>> members_;  // registration order
+  std::vector<size_t> order_;                     // chosen by wait_for_workers
+  std::vector<Slot> stages_;                      // after assign()
+  StageSettings settings_;
   bool assigned_ = false;
   bool shutting_down_ = false;
-  std::string failure_;
+  std::string failure_;  // why the route is broken; "" when whole
+  ClusterObserver* observer_ = nullptr;
   std::map<uint64_t, net::Result> results_;
   uint64_t next_request_ = 1;
 };

@@ -24,7 +24,9 @@
 
 #include "cli/commands.h"
 #include "coordinator/load_report.h"
+#include "coordinator/cluster_config.h"
 #include "coordinator/local_cluster.h"
+#include "gguf_split/split.h"
 #include "engine/node_plan.h"
 #include "engine/backend.h"
 #include "engine/gguf.h"
@@ -57,6 +59,9 @@ struct RunOptions {
   uint64_t staging_mb = 64;
   bool progress = false;
   int workers = 0;  // > 0: run through a local cluster of this many worker processes
+  std::string parts_text;
+  std::string config;
+  std::vector<std::string> parts;  // split parts, one worker each
   int worker_delay_ms = 0;
 };
 
@@ -162,6 +167,12 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("workers", po::value<int>(&r.workers)->default_value(0),
        "run as a local cluster: K worker processes on loopback, one pipeline stage each "
        "(layers split by weight bytes); 0 = in this process")
+      ("config", po::value<std::string>(&r.config),
+       "cluster topology file (TOML, configs/; local clusters only — remote workers are served with "
+       "baton serve --config); options given here override it")
+      ("parts", po::value<std::string>(&r.parts_text),
+       "comma-separated split parts (from `baton split`): one local worker each, stages follow the parts "
+       "(implies --workers; -m defaults to the first part)")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("json", po::bool_switch(&r.json),
@@ -182,6 +193,30 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (r.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
   if (r.sampling.temperature < 0) throw std::invalid_argument("--temp must be >= 0");
   if (r.workers < 0) throw std::invalid_argument("--workers must be >= 0");
+  if (!r.config.empty()) {
+    const ClusterConfig c = load_cluster_config(r.config);
+    if (!c.local) {
+      throw std::invalid_argument(r.config + ": a cluster of remote workers is served with baton serve --config");
+    }
+    if (r.model.empty()) r.model = c.model;
+    if (vm["workers"].defaulted() && r.parts_text.empty()) {
+      r.workers = c.workers;
+      for (size_t i = 0; i < c.parts.size(); ++i) r.parts_text += (i ? "," : "") + c.parts[i];
+    }
+    if (c.ctx > 0 && vm["ctx"].defaulted()) r.n_ctx = c.ctx;
+    if (c.batch > 0 && vm["batch"].defaulted()) r.batch = c.batch;
+  }
+  if (!r.parts_text.empty()) {
+    std::stringstream list(r.parts_text);
+    for (std::string item; std::getline(list, item, ',');) {
+      if (!item.empty()) r.parts.push_back(item);
+    }
+    if (vm["workers"].defaulted()) r.workers = int(r.parts.size());
+    if (r.parts.empty() || r.workers != int(r.parts.size())) {
+      throw std::invalid_argument("--parts needs one file per worker (--workers must equal their number)");
+    }
+    if (r.model.empty()) r.model = r.parts.front();
+  }
   if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   auto b = backend_from_name(backend);
@@ -210,8 +245,9 @@ int run_distributed(const RunOptions& opt) {
   sc.n_ctx = opt.n_ctx;
   sc.max_batch = opt.batch;
   sc = Stage::resolve(*arch, sc);
-  ModelPlanner planner(file);
-  const std::vector<StageSlice> slices = split_layers(planner, opt.workers);
+  // Placed before any worker starts, so an impossible split fails at once.
+  std::vector<StageSlice> slices;
+  if (opt.parts.empty()) slices = split_layers(ModelPlanner(file), opt.workers);
   auto tokenizer = Tokenizer::from_gguf(file);
   std::vector<int32_t> prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
   if (prompt.empty()) throw std::runtime_error("the prompt gives no tokens");
@@ -225,15 +261,24 @@ int run_distributed(const RunOptions& opt) {
   lo.model = model_path;
   lo.threads_per_worker = std::max(1, opt.n_threads / opt.workers);
   lo.step_delay_ms = opt.worker_delay_ms;
+  for (const std::string& p : opt.parts) lo.worker_models.push_back(fs::absolute(p).string());
+  lo.wait_for_registration = false;
   LocalCluster local(lo);
   Cluster& cluster = local.cluster();
+  const std::vector<net::Hello> hellos = cluster.wait_for_workers(opt.workers, [&] { return local.exited_worker(); });
+  if (!opt.parts.empty()) {
+    auto from_parts = slices_from_parts(hellos, arch->dims().n_layer);
+    if (!from_parts) throw std::runtime_error("the --parts do not form one complete split of the model (see baton split)");
+    slices = *from_parts;
+  }
   StageSettings settings;
   settings.n_ctx = uint32_t(sc.n_ctx);
   settings.micro_batch = 1;
   settings.prefill_chunk = uint32_t(sc.max_batch);
   settings.n_seq = 1;
   settings.model_path = model_path;
-  settings.model_hash = file.tensor_table_hash();
+  const std::optional<PartInfo> part = read_part_info(file);
+  settings.model_hash = part ? part->source_hash : file.tensor_table_hash();
   cluster.assign(slices, settings);
 
   if (!opt.json) {

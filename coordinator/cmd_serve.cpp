@@ -11,7 +11,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <iostream>
 #include <optional>
@@ -19,13 +21,21 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "cli/commands.h"
+#include "coordinator/cluster_config.h"
+#include "coordinator/cluster_engine.h"
 #include "coordinator/http_server.h"
+#include "coordinator/local_cluster.h"
 #include "coordinator/local_engine.h"
 #include "coordinator/metrics.h"
 #include "coordinator/openai_api.h"
+#include "engine/arch.h"
+#include "engine/gguf.h"
+#include "net/auth.h"
 #include "net/log.h"
+#include "net/address.h"
 
 namespace baton {
 
@@ -37,6 +47,11 @@ struct ServeOptions {
   std::string model;
   std::string config;
   int workers = 0;
+  std::vector<std::string> parts;
+  int worker_delay_ms = 0;
+  bool remote = false;      // --config with local = false: workers on other machines register
+  std::string listen;       // remote: where they register
+  std::string secret_file;  // remote: the shared secret
   std::string api_key_file;
   std::string model_id;
   LocalEngineConfig engine;
@@ -66,8 +81,13 @@ std::string usage_text(const po::options_description& desc) {
       "stops the server: generations in flight end, connections close.\n\n"
       "With --api-key-file, every /v1/ request needs 'Authorization: Bearer KEY' (the\n"
       "file's first line); /health and /metrics stay open for probes and scrapers.\n\n"
-      "--workers and --config (a cluster of worker processes) are not available yet:\n"
-      "they come with the distributed runtime.\n\n";
+      "With --workers K the model runs as a pipeline of K worker processes on this\n"
+      "machine (loopback TCP, a generated secret): each loads only its layers, and\n"
+      "--parallel sequences are in flight at once so that the stages overlap. A worker\n"
+      "that dies is started again; requests in flight fail within 2 s with an error\n"
+      "naming the worker and its stage, /health reports the route as incomplete, and\n"
+      "serving resumes once the worker has loaded again. With --parts (files written\n"
+      "by `baton split`) each worker loads one part, and the stages follow the parts.\n\n";
   std::ostringstream o;
   o << desc;
   return s + o.str() + "\n";
@@ -83,8 +103,12 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   desc.add_options()
       ("help,h", "print this help and exit")
       ("model,m", po::value<std::string>(&r.model), "GGUF model file to serve")
-      ("config", po::value<std::string>(&r.config), "cluster topology file (not available yet)")
-      ("workers", po::value<int>(&r.workers), "run the model on K local worker processes (not available yet)")
+      ("config", po::value<std::string>(&r.config),
+       "cluster topology file (TOML, see configs/ and docs/CONFIG.md); options given here override it")
+      ("workers", po::value<int>(&r.workers), "run the model on K local worker processes (a pipeline)")
+      ("parts", po::value<std::string>(), "comma-separated split parts, one local worker each (implies --workers)")
+      ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
+       "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("host", po::value<std::string>(&r.http.host)->default_value("127.0.0.1"),
        "address to listen on (an IP address; 0.0.0.0 for every interface)")
       ("port", po::value<int>(&port)->default_value(8080), "TCP port; 0 = any free port (printed on stdout)")
@@ -122,15 +146,32 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     return std::nullopt;
   }
   po::notify(vm);
-  if (vm.count("workers")) {
-    throw std::invalid_argument(
-        "--workers is not available yet: serving on worker processes comes with the distributed runtime; "
-        "serve in this process with -m MODEL");
+  if (vm.count("parts")) {
+    std::stringstream list(vm["parts"].as<std::string>());
+    for (std::string item; std::getline(list, item, ',');) {
+      if (!item.empty()) r.parts.push_back(item);
+    }
+    if (r.parts.empty()) throw std::invalid_argument("--parts needs at least one file");
+    if (vm.count("workers") && r.workers != int(r.parts.size())) {
+      throw std::invalid_argument("--workers must equal the number of --parts");
+    }
+    r.workers = int(r.parts.size());
+    if (r.model.empty()) r.model = r.parts.front();  // any part carries the metadata and tokenizer
   }
+  if (vm.count("workers") && (r.workers < 1 || r.workers > 64)) throw std::invalid_argument("--workers must be in 1..64");
   if (vm.count("config")) {
-    throw std::invalid_argument(
-        "--config is not available yet: cluster topologies come with the distributed runtime; "
-        "serve in this process with -m MODEL");
+    const ClusterConfig c = load_cluster_config(r.config);
+    auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };
+    if (r.model.empty()) r.model = c.model;
+    if (!vm.count("parts")) r.parts = c.parts;
+    if (!vm.count("workers") && !vm.count("parts")) r.workers = c.workers;
+    if (c.ctx > 0 && unset("ctx")) r.engine.stage.n_ctx = c.ctx;
+    if (c.parallel > 0 && unset("parallel")) r.engine.stage.n_seq = c.parallel;
+    if (c.batch > 0 && unset("batch")) r.engine.stage.max_batch = c.batch;
+    if (c.threads_per_worker > 0 && unset("threads")) r.engine.stage.n_threads = c.threads_per_worker * r.workers;
+    r.remote = !c.local;
+    r.listen = c.listen;
+    r.secret_file = c.secret_file;
   }
   if (r.model.empty()) throw std::invalid_argument("give the model to serve with -m MODEL (see --help)");
   if (port < 0 || port > 65535) throw std::invalid_argument("--port must be in 0..65535");
@@ -215,10 +256,76 @@ int serve(const ServeOptions& opt) {
                  double(p.done) / (1 << 20), double(p.total) / (1 << 20),
                  p.total ? 100.0 * double(p.done) / double(p.total) : 100.0, p.rate() / 1e9, p.eta());
   };
-  LocalEngine engine(engine_config, &metrics);
+  // Either the model in this process, or a pipeline of local workers (the
+  // cluster outlives the engine that drives it).
+  std::unique_ptr<LocalCluster> local;
+  std::unique_ptr<Cluster> remote;
+  std::unique_ptr<ClusterEngine> cluster_engine;
+  std::unique_ptr<LocalEngine> local_engine;
+  GenerationService* service = nullptr;
+  std::function<void()> wait_loaded, stop_engine;
+  if (opt.workers > 0) {
+    LocalClusterOptions lo;
+    lo.n_workers = opt.workers;
+    lo.model = std::filesystem::absolute(opt.model).string();
+    for (const std::string& p : opt.parts) lo.worker_models.push_back(std::filesystem::absolute(p).string());
+    lo.threads_per_worker = std::max(1, opt.engine.stage.n_threads / opt.workers);
+    lo.wait_for_registration = false;
+    lo.step_delay_ms = opt.worker_delay_ms;
+    ClusterEngineConfig cc;
+    cc.model_path = opt.model;
+    cc.model_id = opt.model_id;
+    cc.n_workers = opt.workers;
+    cc.n_ctx = opt.engine.stage.n_ctx;
+    cc.n_seq = opt.engine.stage.n_seq;
+    cc.prefill_chunk = opt.engine.stage.max_batch;
+    cc.queue_capacity = opt.engine.queue_capacity;
+    // The model's file is checked before any worker starts.
+    {
+      GgufFile check = GgufFile::open(opt.model);
+      const int n_layer = Arch::from_gguf(check)->dims().n_layer;
+      if (opt.workers > n_layer) {
+        throw std::invalid_argument(std::to_string(opt.workers) + " workers for " + std::to_string(n_layer) +
+                                    " layers: each stage needs at least one layer");
+      }
+    }
+    Cluster* cluster = nullptr;
+    if (opt.remote) {
+      // Workers on other machines register here (`baton worker --coordinator
+      // HOST:PORT --secret-file F --model ...`); the wait for them is long.
+      ClusterOptions co;
+      std::tie(co.bind_host, co.port) = net::split_host_port(opt.listen);
+      co.register_timeout = std::chrono::hours(24);
+      co.ready_timeout = std::chrono::hours(2);
+      remote = std::make_unique<Cluster>(net::load_secret_file(opt.secret_file), co);
+      cluster = remote.get();
+      std::fprintf(stderr, "baton serve: waiting for %d workers on %s:%u\n", opt.workers, co.bind_host.c_str(),
+                   unsigned(remote->port()));
+    } else {
+      local = std::make_unique<LocalCluster>(lo);
+      cluster = &local->cluster();
+      cc.workers_alive = [&local] { return local->exited_worker(); };
+    }
+    cluster_engine = std::make_unique<ClusterEngine>(cc, *cluster, &metrics);
+    service = cluster_engine.get();
+    wait_loaded = [&] {
+      cluster_engine->wait_loaded();
+      if (local) local->restart_exited_workers();
+    };
+    stop_engine = [&] { cluster_engine->shutdown(); };
+    std::fprintf(stderr, "baton serve: %s on %d %s workers (%s)\n", opt.model.c_str(), opt.workers,
+                 opt.remote ? "remote" : "local", chat_family_name(service->model().chat_family));
+  } else {
+    local_engine = std::make_unique<LocalEngine>(engine_config, &metrics);
+    service = local_engine.get();
+    wait_loaded = [&] { local_engine->wait_loaded(); };
+    stop_engine = [&] { local_engine->shutdown(); };
+    std::fprintf(stderr, "baton serve: loading %s (%s, %.1f MiB planned: %s)\n", opt.model.c_str(),
+                 service->model().arch.c_str(), double(local_engine->memory_plan().total()) / (1 << 20),
+                 chat_family_name(service->model().chat_family));
+  }
+  GenerationService& engine = *service;
   const ModelInfo& model = engine.model();
-  std::fprintf(stderr, "baton serve: loading %s (%s, %.1f MiB planned: %s)\n", model.path.c_str(), model.arch.c_str(),
-               double(engine.memory_plan().total()) / (1 << 20), chat_family_name(model.chat_family));
 
   OpenAiApi api(engine, metrics, {api_key});
   HttpServerHooks hooks;
@@ -247,7 +354,7 @@ int serve(const ServeOptions& opt) {
   std::string load_error;
   std::thread waiter([&] {
     try {
-      engine.wait_loaded();
+      wait_loaded();
       std::printf("baton serve: ready (model %s, context %lld, %d slots)\n", model.id.c_str(),
                   (long long)model.n_ctx, opt.engine.stage.n_seq);
       std::fflush(stdout);
@@ -268,7 +375,7 @@ int serve(const ServeOptions& opt) {
   }
   if (signo) std::fprintf(stderr, "baton serve: %s received, stopping\n", signo == SIGINT ? "SIGINT" : "SIGTERM");
   // The engine first: its last events go to connections that still exist.
-  engine.shutdown();
+  stop_engine();
   waiter.join();
   server.stop();
   if (signo == 0 && load_state == 2) throw std::runtime_error("cannot load the model: " + load_error);

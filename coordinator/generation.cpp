@@ -1,6 +1,17 @@
 #include "coordinator/generation.h"
 
+#include "engine/arch.h"
+#include "engine/chat_template.h"
+#include "engine/gguf.h"
+#include "engine/sampler.h"
+#include "engine/stage.h"
+#include "engine/tokenizer.h"
+
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <ctime>
+#include <filesystem>
 #include <cmath>
 
 namespace baton {
@@ -115,26 +126,78 @@ std::string TextAssembler::flush() {
 }
 
 void compute_logprobs(const float* logits, int64_t n_vocab, int32_t chosen, int top_n, GeneratedToken& out) {
-  float max = -INFINITY;
-  for (int64_t i = 0; i < n_vocab; ++i) max = std::max(max, logits[i]);
-  double sum = 0;
-  for (int64_t i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i]) - double(max));
-  const double log_z = double(max) + std::log(sum);
-  out.logprob = float(double(logits[chosen]) - log_z);
+  std::vector<TokenLogprobEntry> top;
+  out.logprob = token_logprobs(std::span<const float>(logits, size_t(n_vocab)), chosen, top_n, &top);
   out.top.clear();
-  top_n = int(std::min<int64_t>(top_n, n_vocab));
-  if (top_n <= 0) return;
-  // Insertion into a short sorted list: n_vocab x top_n at worst, usually one
-  // comparison per logit, and no allocation of n_vocab entries.
-  std::vector<int32_t> best;
-  best.reserve(size_t(top_n) + 1);
-  for (int64_t i = 0; i < n_vocab; ++i) {
-    if (int(best.size()) == top_n && logits[i] <= logits[best.back()]) continue;
-    auto pos = std::find_if(best.begin(), best.end(), [&](int32_t b) { return logits[i] > logits[b]; });
-    best.insert(pos, int32_t(i));
-    if (int(best.size()) > top_n) best.pop_back();
+  for (const TokenLogprobEntry& t : top) out.top.push_back({t.id, t.logprob, {}});
+}
+
+void validate_request(GenerationRequest& request, const ModelInfo& info) {
+  const int64_t n_prompt = int64_t(request.prompt.size());
+  if (n_prompt == 0) throw std::invalid_argument("the prompt is empty");
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= info.n_vocab) {
+      throw std::invalid_argument(fmt::format("prompt token id {} is outside the vocabulary [0, {})", t, info.n_vocab));
+    }
   }
-  for (int32_t id : best) out.top.push_back({id, float(double(logits[id]) - log_z), {}});
+  if (request.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
+  if (n_prompt + request.max_tokens > info.n_ctx) {
+    throw std::invalid_argument(fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens",
+                                            n_prompt, request.max_tokens, info.n_ctx));
+  }
+  if (request.top_logprobs > kMaxTopLogprobs) {
+    throw std::invalid_argument(fmt::format("top_logprobs is at most {}", kMaxTopLogprobs));
+  }
+  for (const auto& [id, bias] : request.logit_bias) {
+    if (id < 0 || id >= info.n_vocab) {
+      throw std::invalid_argument(fmt::format("logit_bias token id {} is outside the vocabulary", id));
+    }
+  }
+  std::sort(request.stop_tokens.begin(), request.stop_tokens.end());
+}
+
+std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
+                                         float logprob, const std::vector<std::pair<int32_t, float>>& top,
+                                         bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev) {
+  if (tok.is_eog(id) || std::binary_search(req.stop_tokens.begin(), req.stop_tokens.end(), id)) {
+    return FinishReason::stop;
+  }
+  ++usage.completion_tokens;
+  GeneratedToken& g = ev.tokens.emplace_back();
+  g.id = id;
+  g.piece = tok.token_to_piece(id);
+  if (req.top_logprobs >= 0) {
+    g.logprob = logprob;
+    for (const auto& [alt, lp] : top) g.top.push_back({alt, lp, tok.token_to_piece(alt)});
+  }
+  ev.text = text.push(g.piece);
+  if (text.stopped()) return FinishReason::stop;
+  if (usage.completion_tokens >= req.max_tokens || context_full) return FinishReason::length;
+  return std::nullopt;
+}
+
+ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const std::string& id, int64_t n_ctx) {
+  std::shared_ptr<Tokenizer> tok = Tokenizer::from_gguf(f);
+  auto arch = Arch::from_gguf(f);
+  ModelInfo info;
+  info.path = path;
+  info.id = id.empty() ? std::filesystem::path(path).stem().string() : id;
+  info.arch = f.get_str("general.architecture", "");
+  info.n_vocab = tok->n_vocab();
+  info.created = int64_t(std::time(nullptr));
+  info.chat_family = detect_chat_family(f);
+  info.chat_stop_tokens = chat_stop_tokens(info.chat_family, *tok);
+  if (info.chat_family == ChatFamily::Plain) info.chat_stop_strings = chat_stop_strings(info.chat_family);
+  for (int32_t t = 0; t < tok->n_vocab(); ++t) {
+    info.max_token_bytes = std::max<int64_t>(info.max_token_bytes, int64_t(tok->token_to_piece(t).size()));
+  }
+  info.tokenizer = std::move(tok);
+  info.n_ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(arch->dims().n_ctx_train, StageConfig::kDefaultMaxCtx);
+  if (arch->dims().n_vocab != info.n_vocab) {
+    throw std::runtime_error(fmt::format("the vocabulary has {} tokens but the model's output has {}", info.n_vocab,
+                                         arch->dims().n_vocab));
+  }
+  return info;
 }
 
 }  // namespace baton

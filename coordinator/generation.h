@@ -31,6 +31,7 @@
 
 namespace baton {
 
+class GgufFile;
 class Tokenizer;
 
 // Most alternatives a request may ask for per token (OpenAI's chat limit).
@@ -186,6 +187,29 @@ class TextAssembler {
 
 // Invalid UTF-8 sequences replaced by U+FFFD (JSON bodies must be valid).
 std::string sanitize_utf8(std::string_view s);
+
+// The ModelInfo of a GGUF file (a full model or a split part: both carry the
+// metadata and the tokenizer): id = `id`, or the file name without ".gguf";
+// n_ctx = `n_ctx`, or the model's trained context at most
+// StageConfig::kDefaultMaxCtx when 0. Throws for an unknown architecture or
+// a vocabulary that differs from the output's.
+ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const std::string& id, int64_t n_ctx);
+
+// Checks a request against the model before it is queued: a non-empty prompt
+// of ids in the vocabulary, max_tokens >= 1, prompt + max_tokens within the
+// context, top_logprobs and logit_bias in range. Throws std::invalid_argument
+// with the message the API returns. Sorts stop_tokens (accept_token searches
+// them).
+void validate_request(GenerationRequest& request, const ModelInfo& info);
+
+// Records one sampled token of a request: an end-of-generation or stop token
+// ends it (not returned); otherwise the token, its logprobs when asked
+// (`logprob` and `top`, most likely first) and the text it releases go into
+// `ev`. Returns the finish reason when this token ends the request: a stop
+// string, max_tokens, or `context_full` (no room for another token).
+std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
+                                         float logprob, const std::vector<std::pair<int32_t, float>>& top,
+                                         bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev);
 
 // Log-probabilities of the full distribution behind `logits` (log-softmax):
 // the chosen token's and the top_n most likely (most likely first, lowest id

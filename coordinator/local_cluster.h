@@ -6,7 +6,10 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,8 @@ namespace baton {
 struct LocalClusterOptions {
   int n_workers = 1;
   std::string model;       // full GGUF every worker opens
+  std::vector<std::string> worker_models;  // or one file per worker (split parts); overrides model
+  bool wait_for_registration = true;  // the constructor returns once all registered
   int threads_per_worker = 1;
   int step_delay_ms = 0;   // passed to the workers (tests)
   std::string binary;      // empty: this process's executable
@@ -36,19 +41,31 @@ class LocalCluster {
   LocalCluster& operator=(const LocalCluster&) = delete;
 
   Cluster& cluster() { return *cluster_; }
-  const std::vector<pid_t>& pids() const { return pids_; }
   // "worker-0", ... in stage order of registration names.
   static std::string worker_name(int i);
 
+  // "" while every worker runs, else which one exited and how (reaps it).
+  std::string exited_worker();
+  // From now on a worker that exits is started again (after a second), so
+  // the cluster can heal its route; stopped by the destructor.
+  void restart_exited_workers();
+
  private:
+  void spawn(size_t i);
   void stop_workers();
-  std::string exited_worker();  // "" while every worker runs
+  std::string reap(size_t i, bool block);  // with mu_ held: "" when still running
 
   LocalClusterOptions opt_;
   std::string dir_;
+  std::string secret_path_;
+  std::string binary_;
   std::unique_ptr<Cluster> cluster_;
+  std::mutex mu_;
+  std::condition_variable cv_;
   std::vector<pid_t> pids_;
   std::vector<bool> reaped_;
+  bool stopping_ = false;
+  std::thread supervisor_;
 };
 
 }  // namespace baton

@@ -62,33 +62,8 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
   plan_ = Stage::plan(file_, config_.stage);
-  std::shared_ptr<Tokenizer> tok = Tokenizer::from_gguf(file_);
-
-  info_.path = config_.model_path;
-  info_.id = config_.model_id.empty() ? std::filesystem::path(config_.model_path).stem().string() : config_.model_id;
-  info_.arch = file_.get_str("general.architecture", "");
-  info_.n_vocab = tok->n_vocab();
-  info_.created = int64_t(std::time(nullptr));
-  info_.chat_family = detect_chat_family(file_);
-  info_.chat_stop_tokens = chat_stop_tokens(info_.chat_family, *tok);
-  if (info_.chat_family == ChatFamily::Plain) info_.chat_stop_strings = chat_stop_strings(info_.chat_family);
-  info_.tokenizer = tok;
-  for (int32_t id = 0; id < tok->n_vocab(); ++id) {
-    info_.max_token_bytes = std::max<int64_t>(info_.max_token_bytes, int64_t(tok->token_to_piece(id).size()));
-  }
-  // The context the Stage will have: resolve() takes the model's trained
-  // context, at most kDefaultMaxCtx, when none is given.
-  {
-    auto arch = Arch::from_gguf(file_);
-    int64_t n_ctx = config_.stage.n_ctx;
-    if (n_ctx <= 0) n_ctx = std::min<int64_t>(arch->dims().n_ctx_train, StageConfig::kDefaultMaxCtx);
-    info_.n_ctx = n_ctx;
-    n_layer_ = arch->dims().n_layer;
-    if (arch->dims().n_vocab != info_.n_vocab) {
-      throw std::runtime_error(fmt::format("the vocabulary has {} tokens but the model's output has {}",
-                                           info_.n_vocab, arch->dims().n_vocab));
-    }
-  }
+  info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
+  n_layer_ = Arch::from_gguf(file_)->dims().n_layer;
   if (config_.prefill_chunk == 0) config_.prefill_chunk = std::min(config_.stage.max_batch, info_.n_ctx);
   config_.prefill_chunk = std::min({config_.prefill_chunk, config_.stage.max_batch, info_.n_ctx});
   slots_.resize(size_t(config_.stage.n_seq));
@@ -114,27 +89,8 @@ void LocalEngine::wait_loaded() {
 }
 
 uint64_t LocalEngine::submit(GenerationRequest request, EventSink sink) {
+  validate_request(request, info_);
   const int64_t n_prompt = int64_t(request.prompt.size());
-  if (n_prompt == 0) throw std::invalid_argument("the prompt is empty");
-  for (int32_t t : request.prompt) {
-    if (t < 0 || t >= info_.n_vocab) {
-      throw std::invalid_argument(fmt::format("prompt token id {} is outside the vocabulary [0, {})", t, info_.n_vocab));
-    }
-  }
-  if (request.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
-  if (n_prompt + request.max_tokens > info_.n_ctx) {
-    throw std::invalid_argument(fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens",
-                                            n_prompt, request.max_tokens, info_.n_ctx));
-  }
-  if (request.top_logprobs > kMaxTopLogprobs) {
-    throw std::invalid_argument(fmt::format("top_logprobs is at most {}", kMaxTopLogprobs));
-  }
-  for (const auto& [id, bias] : request.logit_bias) {
-    if (id < 0 || id >= info_.n_vocab) {
-      throw std::invalid_argument(fmt::format("logit_bias token id {} is outside the vocabulary", id));
-    }
-  }
-  std::sort(request.stop_tokens.begin(), request.stop_tokens.end());
   auto seq = std::make_unique<Sequence>(std::move(request), std::move(sink));
   seq->submitted = Clock::now();
   seq->usage.prompt_tokens = n_prompt;
@@ -241,26 +197,18 @@ void LocalEngine::sample(Sequence& s, std::span<const float> logits) {
     dist = biased_;
   }
   const int32_t id = s.sampler->sample(dist);
-  const Tokenizer& tok = *info_.tokenizer;
   if (s.usage.completion_tokens == 0) s.usage.time_to_first_token_s = seconds_between(s.submitted, Clock::now());
-  if (tok.is_eog(id) || std::binary_search(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), id)) {
-    finish(s, FinishReason::stop, {});
-    return;
-  }
-  ++s.usage.completion_tokens;
-  GenerationEvent ev;
-  GeneratedToken& g = ev.tokens.emplace_back();
-  g.id = id;
-  g.piece = tok.token_to_piece(id);
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
   if (s.req.top_logprobs >= 0) {
-    compute_logprobs(dist.data(), int64_t(dist.size()), id, s.req.top_logprobs, g);
-    for (auto& alt : g.top) alt.piece = tok.token_to_piece(alt.id);
+    std::vector<TokenLogprobEntry> entries;
+    logprob = token_logprobs(dist, id, s.req.top_logprobs, &entries);
+    for (const auto& e : entries) top.emplace_back(e.id, e.logprob);
   }
-  ev.text = s.text.push(g.piece);
-  if (s.text.stopped()) {
-    finish(s, FinishReason::stop, std::move(ev));
-  } else if (s.usage.completion_tokens >= s.req.max_tokens || stage_->position(s.slot) >= stage_->n_ctx()) {
-    finish(s, FinishReason::length, std::move(ev));
+  GenerationEvent ev;
+  const bool context_full = stage_->position(s.slot) >= stage_->n_ctx();
+  if (auto reason = accept_token(s.req, *info_.tokenizer, id, logprob, top, context_full, s.text, s.usage, ev)) {
+    finish(s, *reason, std::move(ev));
   } else {
     s.next_input = id;
     emit(s, std::move(ev));

@@ -91,9 +91,10 @@ void Metrics::stage_forward(int stage, bool prefill, int64_t n_tokens, double se
   auto& h = stage_latency_[{stage, prefill}];
   if (!h) h = std::make_unique<Histogram>(latency_bounds());
   h->observe(seconds);
-  // Every token passes the first stage once: throughput is counted there.
+  // Every token passes the first stage once: throughput is counted there
+  // (stage -1 is a whole route of worker stages, timed by the coordinator).
   Phase& p = prefill ? prefill_ : decode_;
-  if (stage == 0) {
+  if (stage <= 0) {
     p.tokens += uint64_t(n_tokens);
     p.busy_s += seconds;
     Second& s = p.window[size_t(now % int64_t(p.window.size()))];
@@ -162,7 +163,8 @@ std::string Metrics::render(const ServiceHealth& health) const {
   header(out, "baton_stage_forward_seconds", "histogram", "Latency of one forward of one stage, by phase.");
   for (const auto& [key, h] : stage_latency_) {
     h->render(out, "baton_stage_forward_seconds",
-              fmt::format("stage=\"{}\",phase=\"{}\"", key.first, key.second ? "prefill" : "decode"));
+              fmt::format("stage=\"{}\",phase=\"{}\"", key.first < 0 ? "route" : std::to_string(key.first),
+                          key.second ? "prefill" : "decode"));
   }
 
   header(out, "baton_queue_depth", "gauge", "Requests waiting for a sequence slot.");

@@ -52,7 +52,8 @@ class Metrics {
 
   // A generation ended (any reason), with its final usage.
   void generation_finished(FinishReason reason, const Usage& usage);
-  // One forward of `n_tokens` tokens on stage `stage` took `seconds`.
+  // One forward of `n_tokens` tokens on stage `stage` took `seconds` (-1: a
+  // whole route of worker stages, timed by the coordinator).
   void stage_forward(int stage, bool prefill, int64_t n_tokens, double seconds);
 
   std::string render(const ServiceHealth& health) const;

@@ -72,12 +72,6 @@ struct Placement {
 // Throws std::invalid_argument for no nodes or a bad request.
 Placement place_layers(const ModelPlanner& model, const std::vector<NodeSpec>& nodes, const PlacementRequest& r);
 
-// "97887MiB", "96GB", "1.5TiB", "4096", "4096B": decimal suffixes KB MB GB
-// TB (10^3 steps) and binary KiB MiB GiB TiB (2^10 steps), either case.
-// Throws std::invalid_argument naming the text.
-uint64_t parse_size(std::string_view text);
-// "80.76 GiB", "512.00 MiB", "100 B".
-std::string format_size(uint64_t bytes);
 // "NAME=SIZE[:unified|:discrete][:cpu|:cuda][:reserve=SIZE][:bw=SIZE],..."
 // (bw in bytes per second, e.g. bw=273GB). Throws std::invalid_argument.
 std::vector<NodeSpec> parse_nodes(std::string_view text);

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
 #include <stdexcept>
 
 #include "engine/gguf.h"
@@ -294,5 +297,37 @@ MemoryPlan ModelPlanner::plan(const StageRequest& r) const {
 }
 
 MemoryPlan plan_stage(const GgufFile& f, const StageRequest& r) { return ModelPlanner(f).plan(r); }
+
+uint64_t parse_size(std::string_view text) {
+  auto fail = [&](const char* why) {
+    throw std::invalid_argument(fmt::format("bad size '{}': {} (use e.g. 96GB, 97887MiB, 128GiB, 4096)", text, why));
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) fail("no number");
+  const std::string number(text.substr(0, i));
+  char* end = nullptr;
+  const double v = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !std::isfinite(v)) fail("not a number");
+  std::string unit;
+  for (char c : text.substr(i)) unit += char(std::tolower(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},          {"b", 1},          {"kb", 1e3},         {"mb", 1e6},          {"gb", 1e9},
+      {"tb", 1e12},     {"kib", 1024.0},   {"mib", 1048576.0},  {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+  };
+  auto it = kUnits.find(unit);
+  if (it == kUnits.end()) fail("unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+  const double bytes = std::round(v * it->second);
+  if (bytes >= 18446744073709551615.0) fail("too large");
+  return uint64_t(bytes);
+}
+
+std::string format_size(uint64_t b) {
+  const double d = double(b);
+  if (b >= (uint64_t(1) << 30)) return fmt::format("{:.2f} GiB", d / double(uint64_t(1) << 30));
+  if (b >= (uint64_t(1) << 20)) return fmt::format("{:.2f} MiB", d / double(uint64_t(1) << 20));
+  if (b >= (uint64_t(1) << 10)) return fmt::format("{:.2f} KiB", d / 1024.0);
+  return fmt::format("{} B", b);
+}
 
 }  // namespace baton

@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -152,5 +153,12 @@ class ModelPlanner {
 
 // One-shot convenience: ModelPlanner(f).plan(r).
 MemoryPlan plan_stage(const GgufFile& f, const StageRequest& r);
+
+// "97887MiB", "96GB", "1.5TiB", "4096", "4096B": decimal suffixes KB MB GB
+// TB (10^3 steps) and binary KiB MiB GiB TiB (2^10 steps), either case.
+// Throws std::invalid_argument naming the text.
+uint64_t parse_size(std::string_view text);
+// "80.76 GiB", "512.00 MiB", "100 B".
+std::string format_size(uint64_t bytes);
 
 }  // namespace baton

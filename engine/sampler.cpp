@@ -107,4 +107,29 @@ int32_t Sampler::sample(std::span<const float> logits) {
   return cand_[keep - 1].id;
 }
 
+float token_logprobs(std::span<const float> logits, int32_t chosen, int top_n, std::vector<TokenLogprobEntry>* top) {
+  const int64_t n_vocab = int64_t(logits.size());
+  float max = -INFINITY;
+  for (float v : logits) max = std::max(max, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(double(v) - double(max));
+  const double log_z = double(max) + std::log(sum);
+  if (top) top->clear();
+  top_n = int(std::min<int64_t>(top_n, n_vocab));
+  if (top && top_n > 0) {
+    // Insertion into a short sorted list: n_vocab x top_n at worst, usually
+    // one comparison per logit, and no allocation of n_vocab entries.
+    std::vector<int32_t> best;
+    best.reserve(size_t(top_n) + 1);
+    for (int64_t i = 0; i < n_vocab; ++i) {
+      if (int(best.size()) == top_n && logits[size_t(i)] <= logits[size_t(best.back())]) continue;
+      auto pos = std::find_if(best.begin(), best.end(), [&](int32_t b) { return logits[size_t(i)] > logits[size_t(b)]; });
+      best.insert(pos, int32_t(i));
+      if (int(best.size()) > top_n) best.pop_back();
+    }
+    for (int32_t id : best) top->push_back({id, float(double(logits[size_t(id)]) - log_z)});
+  }
+  return float(double(logits[size_t(chosen)]) - log_z);
+}
+
 }  // namespace baton

@@ -32,6 +32,15 @@ class Rng {
 // Lowest index of the largest value; -1 for an empty span.
 int32_t argmax(std::span<const float> logits);
 
+// Log-probabilities of the full distribution behind `logits` (log-softmax):
+// returns the chosen token's; `top` (when given) gets the top_n most likely
+// tokens, most likely first, lowest id on ties. Allocates only `top`.
+struct TokenLogprobEntry {
+  int32_t id = 0;
+  float logprob = 0;
+};
+float token_logprobs(std::span<const float> logits, int32_t chosen, int top_n, std::vector<TokenLogprobEntry>* top);
+
 class Sampler {
  public:
   // Reserves the candidate buffer for n_vocab tokens: sample() allocates nothing.

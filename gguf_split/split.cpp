@@ -52,6 +52,21 @@ uint64_t get_u64(const GgufFile& f, const char* key) {
 
 }  // namespace
 
+std::optional<PartInfo> read_part_info(const GgufFile& f) {
+  if (!f.has(split_keys::kSourceHash)) return std::nullopt;
+  PartInfo p;
+  p.source_hash = get_u64(f, split_keys::kSourceHash);
+  p.index = int(f.get_int(split_keys::kIndex));
+  p.count = int(f.get_int(split_keys::kCount));
+  p.range = LayerRange{int(f.get_int(split_keys::kLayerFirst)), int(f.get_int(split_keys::kLayerLast))};
+  p.has_embedding = f.get_bool(split_keys::kHasEmbedding, false);
+  p.has_output = f.get_bool(split_keys::kHasOutput, false);
+  if (p.count < 1 || p.index < 0 || p.index >= p.count || p.range.first < 0 || p.range.last < p.range.first) {
+    throw std::runtime_error(f.path() + ": malformed baton.split keys");
+  }
+  return p;
+}
+
 std::vector<LayerRange> parse_layer_ranges(const std::string& spec, int n_layer) {
   std::vector<LayerRange> out;
   size_t pos = 0;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,17 @@ using Progress = std::function<void(uint64_t done, uint64_t total)>;
 // Writes every part (each through a temporary name, renamed when complete).
 // Memory: one copy chunk plus metadata, whatever the model size.
 void write_split(const ModelFiles& model, const SplitPlan& plan, const Progress& progress);
+
+// The slice a split part holds, from its baton.split.* keys; nullopt for a
+// file that is not a part. Throws for a part whose keys are malformed.
+struct PartInfo {
+  int index = 0, count = 0;
+  LayerRange range;
+  bool has_embedding = false;
+  bool has_output = false;
+  uint64_t source_hash = 0;
+};
+std::optional<PartInfo> read_part_info(const GgufFile& f);
 
 // Checks a part's data checksum against its tensor bytes (reads the whole part).
 // Returns "" when it matches, else the reason.

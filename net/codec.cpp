@@ -188,6 +188,7 @@ static_assert(type_of<Heartbeat>() == MsgType::heartbeat);
 static_assert(type_of<HeartbeatEcho>() == MsgType::heartbeat_echo);
 static_assert(type_of<Error>() == MsgType::error);
 static_assert(type_of<Shutdown>() == MsgType::shutdown);
+static_assert(type_of<Route>() == MsgType::route);
 
 // ---- validation -------------------------------------------------------------
 
@@ -258,6 +259,10 @@ void check(const Forward& m, Check& c) {
     c.expect(std::isfinite(s.temperature) && std::isfinite(s.top_p) && std::isfinite(s.min_p),
              "FORWARD sampling parameters must be finite");
     c.expect(s.top_logprobs <= kMaxTopLogprobs, "FORWARD top_logprobs over the limit");
+    c.expect(s.logit_bias.size() <= kMaxLogitBias, "FORWARD has too many logit biases");
+    for (const LogitBias& b : s.logit_bias) {
+      c.expect(b.token >= 0 && std::isfinite(b.bias), "FORWARD logit bias needs a token id >= 0 and a finite bias");
+    }
   }
   if (!c.ok()) return;
   const uint64_t total = m.total_tokens();  // <= 65536 * 2^32: no overflow
@@ -299,6 +304,7 @@ void check(const HeartbeatEcho&, Check&) {}
 
 void check(const Error& m, Check& c) { c.text(m.text, kMaxTextBytes, "ERROR text"); }
 void check(const Shutdown& m, Check& c) { c.text(m.reason, kMaxTextBytes, "SHUTDOWN reason"); }
+void check(const Route& m, Check& c) { c.text(m.next_peer, kMaxNameBytes, "ROUTE next_peer"); }
 
 // ---- decoding ---------------------------------------------------------------
 
@@ -326,7 +332,7 @@ void set(std::string* detail, std::string s) {
 std::string_view msg_type_name(MsgType t) {
   static constexpr std::string_view names[] = {"HELLO",    "CHALLENGE",     "AUTH_RESPONSE",  "AUTH_OK", "ASSIGN",
                                                "READY",    "LOAD_PROGRESS", "FORWARD",        "RESULT",  "CANCEL",
-                                               "FREE_SEQ", "HEARTBEAT",     "HEARTBEAT_ECHO", "ERROR",   "SHUTDOWN"};
+                                               "FREE_SEQ", "HEARTBEAT",     "HEARTBEAT_ECHO", "ERROR",   "SHUTDOWN", "ROUTE"};
   static_assert(std::size(names) == kLastMsgType);
   const uint16_t v = uint16_t(t);
   if (v < kFirstMsgType || v > kLastMsgType) return "UNKNOWN";

@@ -20,7 +20,7 @@ namespace baton::net {
 
 // Bumped on any change of a message's layout or meaning. Peers must speak the
 // same version (checked in the handshake, before anything else is trusted).
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // Frame type codes. APPEND-ONLY: never renumber, never reuse a retired value;
 // a new message takes the next number (and bumps kProtocolVersion).
@@ -41,9 +41,10 @@ enum class MsgType : uint16_t {
   heartbeat_echo = 13,
   error = 14,
   shutdown = 15,
+  route = 16,  // v2
 };
 inline constexpr uint16_t kFirstMsgType = 1;
-inline constexpr uint16_t kLastMsgType = 15;  // keep equal to the last enumerator
+inline constexpr uint16_t kLastMsgType = 16;  // keep equal to the last enumerator
 
 std::string_view msg_type_name(MsgType t);  // "HELLO", ...; "UNKNOWN" otherwise
 
@@ -219,8 +220,22 @@ struct LoadProgress {
   bool operator==(const LoadProgress&) const = default;
 };
 
+// Added to one token's logit before sampling (OpenAI's logit_bias).
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0;
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(token, bias);
+  }
+  bool operator==(const LogitBias&) const = default;
+};
+inline constexpr size_t kMaxLogitBias = 1024;
+
 // Sampling for one sequence; used by the last stage only, carried from the
-// first stage onwards so the coordinator talks to one stage.
+// first stage onwards so the coordinator talks to one stage. The last stage
+// makes the sequence's sampler from the chunk that starts it (start_pos 0).
 struct SamplingParams {
   float temperature = 0.8f;  // <= 0: greedy
   int32_t top_k = 40;        // <= 0: all
@@ -229,10 +244,11 @@ struct SamplingParams {
   uint64_t seed = 0;
   bool want_logprobs = false;
   uint32_t top_logprobs = 0;  // alternatives per sampled token (<= kMaxTopLogprobs)
+  std::vector<LogitBias> logit_bias;  // v2; logprobs are of the biased distribution
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(temperature, top_k, top_p, min_p, seed, want_logprobs, top_logprobs);
+    ar(temperature, top_k, top_p, min_p, seed, want_logprobs, top_logprobs, logit_bias);
   }
   bool operator==(const SamplingParams&) const = default;
 };
@@ -369,10 +385,23 @@ struct Shutdown {
   bool operator==(const Shutdown&) const = default;
 };
 
+// Coordinator -> worker (v2): send this stage's output to another next stage
+// from now on (the route healed with a new worker there). Forwards already
+// sent on the old link are lost with it; the coordinator has failed them.
+struct Route {
+  std::string next_peer;  // "host:port"; empty: results go to the coordinator
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(next_peer);
+  }
+  bool operator==(const Route&) const = default;
+};
+
 // Alternatives in MsgType order: index + 1 is the type code (checked in
 // net/codec.cpp).
 using Message = std::variant<Hello, Challenge, AuthResponse, AuthOk, Assign, Ready, LoadProgress, Forward, Result,
-                             Cancel, FreeSeq, Heartbeat, HeartbeatEcho, Error, Shutdown>;
+                             Cancel, FreeSeq, Heartbeat, HeartbeatEcho, Error, Shutdown, Route>;
 
 inline MsgType message_type(const Message& m) { return MsgType(uint16_t(m.index() + 1)); }
 

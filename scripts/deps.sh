@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config python3
       libgtest-dev libgmock-dev libbenchmark-dev
       libboost-program-options-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
-      libcereal-dev libboost-dev libssl-dev libxxhash-dev)
+      libcereal-dev libboost-dev libssl-dev libxxhash-dev libtomlplusplus-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

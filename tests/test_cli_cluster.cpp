@@ -10,13 +10,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <vector>
 
+#include "coordinator/cluster_config.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -199,6 +202,85 @@ TEST(ClusterRun, KilledWorkerFailsTheRunWithinTwoSeconds) {
   for (std::sregex_iterator it(tail.begin(), tail.end(), any_started), end; it != end; ++it) {
     EXPECT_NE(kill(pid_t(std::stol((*it)[2].str())), 0), 0) << (*it)[1].str() << " still runs";
   }
+}
+
+// Workers that hold split parts (baton split) load only their part, and the
+// stages follow the parts, whatever the placement would have chosen.
+TEST(ClusterRun, SplitPartsGiveTheSameTokens) {
+  test::TempDir dir;
+  auto split = test::run_command({test::baton_binary(), "split", test::model_path("stories260K.gguf"), "--layers",
+                                  "0:0,1:3,4:output", "-o", dir.path().string()});
+  ASSERT_EQ(split.exit_code, 0) << split.err;
+  std::vector<std::string> parts;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) parts.push_back(e.path().string());
+  std::sort(parts.begin(), parts.end());
+  ASSERT_EQ(parts.size(), 3u);
+  const std::vector<int32_t> reference = run_tokens({"-n", "40", "--temp", "0"});
+  // Given out of order on purpose: the stages follow the parts' layers.
+  std::string err;
+  EXPECT_EQ(run_tokens({"-n", "40", "--temp", "0", "--parts", parts[2] + "," + parts[0] + "," + parts[1]}, &err),
+            reference)
+      << err;
+  // A set that does not cover the model is refused with a clear line.
+  auto r = test::run_command({test::baton_binary(), "run", "-m", test::model_path("stories260K.gguf"), "-p", "Hi",
+                              "-n", "2", "--parts", parts[0] + "," + parts[1]});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("do not form one complete split"), std::string::npos) << r.err;
+}
+
+std::string repo_file(const std::string& rel) {
+  return (std::filesystem::path(__FILE__).parent_path().parent_path() / rel).string();
+}
+
+TEST(ClusterRun, LocalLoopbackConfigRunsTheCluster) {
+  const std::vector<int32_t> reference = run_tokens({"-n", "30", "--temp", "0"});
+  auto r = test::run_command({test::baton_binary(), "run", "--config", repo_file("configs/local-loopback.toml"), "-p",
+                              "Once upon a time", "--json", "-t", "1", "-n", "30", "--temp", "0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("tokens").get<std::vector<int32_t>>(), reference);
+  EXPECT_EQ(j.at("workers"), 2);
+}
+
+TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
+  for (const auto& e : std::filesystem::directory_iterator(repo_file("configs"))) {
+    if (e.path().extension() != ".toml") continue;
+    SCOPED_TRACE(e.path().string());
+    EXPECT_NO_THROW(load_cluster_config(e.path().string()));
+  }
+  test::TempDir dir;
+  auto write = [&](const std::string& text) {
+    const std::string p = dir.file("c.toml");
+    test::write_file(p, std::vector<uint8_t>(text.begin(), text.end()));
+    return p;
+  };
+  auto refused = [&](const std::string& text, const std::string& why) {
+    try {
+      load_cluster_config(write(text));
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 2\nworkerz = 3\n", "unknown key 'workerz'");
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = \"two\"\n", "cluster.workers must be an integer");
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 2\nlocal = false\n", "secret_file");
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 0\n", "1..64");
+  refused("[cluster]\nworkers = 2\n", "[model] needs path");
+  refused("[model\npath = 1\n", "line 1");
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n[[node]]\nmemory = \"12 parsecs\"\n",
+          "node.memory");
+  const ClusterConfig c = load_cluster_config(
+      write("[model]\nparts = [\"a.gguf\", \"/abs/b.gguf\"]\n[serving]\nctx = 512\n"
+            "[[node]]\nname = \"s1\"\nmemory = \"128GB\"\nunified = true\n"));
+  EXPECT_EQ(c.workers, 2);
+  EXPECT_EQ(c.parts.at(0), (std::filesystem::path(dir.path()) / "a.gguf").string());
+  EXPECT_EQ(c.parts.at(1), "/abs/b.gguf");
+  EXPECT_EQ(c.model, c.parts.at(0));
+  EXPECT_EQ(c.ctx, 512);
+  ASSERT_EQ(c.nodes.size(), 1u);
+  EXPECT_EQ(c.nodes[0].memory_bytes, 128000000000ull);
+  EXPECT_TRUE(c.nodes[0].unified);
 }
 
 }  // namespace

@@ -880,12 +880,15 @@ TEST(Serve, CommandLineRefusals) {
     args.insert(args.begin(), {test::baton_binary(), "serve"});
     return test::run_command(args);
   };
-  auto workers = serve({"-m", stories(), "--workers", "2"});
+  auto workers = serve({"-m", stories(), "--workers", "0"});
   EXPECT_EQ(workers.exit_code, 1);
-  EXPECT_NE(workers.err.find("not available yet"), std::string::npos) << workers.err;
-  auto config = serve({"--config", "cluster.toml"});
+  EXPECT_NE(workers.err.find("--workers must be in 1..64"), std::string::npos) << workers.err;
+  auto too_many = serve({"-m", stories(), "--workers", "6", "--port", "0"});
+  EXPECT_EQ(too_many.exit_code, 1);
+  EXPECT_NE(too_many.err.find("6 workers for 5 layers"), std::string::npos) << too_many.err;
+  auto config = serve({"--config", "/nonexistent/cluster.toml"});
   EXPECT_EQ(config.exit_code, 1);
-  EXPECT_NE(config.err.find("not available yet"), std::string::npos) << config.err;
+  EXPECT_NE(config.err.find("cannot read the config file /nonexistent/cluster.toml"), std::string::npos) << config.err;
   auto none = serve({});
   EXPECT_EQ(none.exit_code, 1);
   EXPECT_NE(none.err.find("-m MODEL"), std::string::npos) << none.err;
@@ -907,11 +910,15 @@ fs::path serve_scripts() { return fs::path(__FILE__).parent_path() / "serve"; }
 
 bool have_node() { return test::run_command({"/usr/bin/env", "node", "--version"}).exit_code == 0; }
 
-TEST(Serve, OfficialOpenAiNodeClient) {
+// The acceptance run is the pipeline of two local workers; the in-process
+// engine is checked the same way.
+void check_official_client(const std::vector<std::string>& extra) {
   if (!have_node()) GTEST_SKIP() << "node is not installed";
   ASSERT_TRUE(fs::exists(serve_scripts() / "node_modules" / "openai" / "package.json"))
       << "run 'npm ci' in " << serve_scripts() << " (scripts/test.sh does)";
-  ServeProcess server({"-m", stories(), "--quiet"});
+  std::vector<std::string> args = {"-m", stories(), "--quiet"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  ServeProcess server(args);
   json run = run_json("Once upon a time", 30);
   auto r = test::run_command({"/usr/bin/env", "node", (serve_scripts() / "openai_client.mjs").string(),
                               "--base-url", "http://127.0.0.1:" + std::to_string(server.port()) + "/v1", "--model",
@@ -926,7 +933,11 @@ TEST(Serve, OfficialOpenAiNodeClient) {
   EXPECT_EQ(out["chat_stream"]["usage"], out["chat"]["usage"]);
   EXPECT_EQ(out["models"], json::array({kModel}));
   EXPECT_EQ(out["bad_model_status"], 404);
+  EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
+
+TEST(Serve, OfficialOpenAiNodeClient) { check_official_client({}); }
+TEST(ServeCluster, OfficialOpenAiNodeClientOnTwoWorkers) { check_official_client({"--workers", "2"}); }
 
 // ---- load ----
 
@@ -937,14 +948,14 @@ int env_int(const char* name, int def) {
 
 // BATON_SERVE_LOAD_CLIENTS / BATON_SERVE_LOAD_SECONDS scale it up
 // (tests/serve/load_test.sh --full: 64 clients for 2 minutes).
-TEST(Serve, LoadStreamsAllFinishAndMetricsMatch) {
-  const int clients = env_int("BATON_SERVE_LOAD_CLIENTS", 16);
-  const int seconds = env_int("BATON_SERVE_LOAD_SECONDS", 10);
+void run_load_test(const std::vector<std::string>& extra, int clients, int seconds) {
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + ", " + std::to_string(clients) + " clients, " +
                std::to_string(seconds) + " s");
-  ServeProcess server({"-m", stories(), "--quiet", "--parallel", "4", "--queue", std::to_string(clients),
-                       "--http-threads", "2", "--ctx", "512"});
+  std::vector<std::string> args = {"-m", stories(), "--quiet", "--parallel", "4", "--queue", std::to_string(clients),
+                                   "--http-threads", "2", "--ctx", "512"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  ServeProcess server(args);
   const int port = server.port();
   const std::vector<std::string> prompts = {"Once upon a time", "Tom and his dog", "The little bird", "One day",
                                             "Lily wanted to"};
@@ -1025,8 +1036,109 @@ TEST(Serve, LoadStreamsAllFinishAndMetricsMatch) {
             double(requests.load()));
   EXPECT_EQ(metric(port, "baton_generations_total{finish=\"error\"}"), 0);
   EXPECT_EQ(metric(port, "baton_streams_open"), 0);
-  std::printf("[load] %d clients, %d s: %lld streams, %lld tokens, %lld chunks, 0 failed\n", clients, seconds,
-              (long long)requests.load(), (long long)tokens.load(), (long long)chunks.load());
+  std::printf("[load] %d clients, %d s: %lld streams, %lld tokens, %lld chunks, %lld failed\n", clients, seconds,
+              (long long)requests.load(), (long long)tokens.load(), (long long)chunks.load(),
+              (long long)failures.load());
+  EXPECT_EQ(server.stop(), 0) << server.stderr_text();
+}
+
+TEST(Serve, LoadStreamsAllFinishAndMetricsMatch) {
+  run_load_test({}, env_int("BATON_SERVE_LOAD_CLIENTS", 16), env_int("BATON_SERVE_LOAD_SECONDS", 10));
+}
+
+// The same load through a pipeline of two worker processes
+// (BATON_SERVE_LOAD_WORKERS changes the count; the soak uses it).
+TEST(ServeCluster, LoadStreamsAllFinishAndMetricsMatch) {
+  run_load_test({"--workers", std::to_string(env_int("BATON_SERVE_LOAD_WORKERS", 2))},
+                env_int("BATON_SERVE_LOAD_CLIENTS", 16), env_int("BATON_SERVE_LOAD_SECONDS", 10));
+}
+
+// ---- the cluster: failure and healing ----
+
+// The pid of local worker i: the last "baton: started worker-i (pid P)" line.
+pid_t worker_pid(const ServeProcess& server, int i) {
+  const std::string text = server.stderr_text();
+  const std::string key = "baton: started worker-" + std::to_string(i) + " (pid ";
+  const size_t at = text.rfind(key);
+  if (at == std::string::npos) return -1;
+  return pid_t(std::stol(text.substr(at + key.size())));
+}
+
+bool wait_status(int port, const std::string& want, std::chrono::seconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (health(port)["status"] == want) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+TEST(ServeCluster, KilledWorkerFailsTheStreamWithinTwoSecondsThenTheRouteHeals) {
+  // Slow workers keep the stream going long enough to kill one inside it.
+  ServeProcess server({"-m", stories(), "--workers", "3", "--worker-delay-ms", "20", "--ctx", "1024"});
+  const int port = server.port();
+  const json req = {{"model", kModel}, {"prompt", "Once upon a time"}, {"max_tokens", 24}, {"temperature", 0}};
+  Response before = post(port, "/v1/completions", req);
+  ASSERT_EQ(before.status, 200) << before.body;
+  const std::string want = before.j()["choices"][0]["text"];
+  json h = health(port);
+  ASSERT_EQ(h["stages"].size(), 3u) << h.dump();
+  for (const json& st : h["stages"]) EXPECT_EQ(st["state"], "loaded") << h.dump();
+
+  const pid_t victim = worker_pid(server, 1);
+  ASSERT_GT(victim, 0) << server.stderr_text();
+  int fd = start_long_stream(port, 900);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string rest = read_all(fd);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  EXPECT_LT(seconds, 2.0) << rest;
+  EXPECT_NE(rest.find("generation failed"), std::string::npos) << rest;
+  EXPECT_NE(rest.find("worker-1"), std::string::npos) << rest;
+  EXPECT_NE(rest.find("stage 1"), std::string::npos) << rest;
+
+  // The coordinator stays up; the worker is started again, loads, and the
+  // route heals without restarting anything else.
+  // The coordinator stays up and says the route is incomplete until the
+  // worker is back (503 for probes), naming what is missing.
+  Response broken = http(port, "GET", "/health");
+  ASSERT_TRUE(broken.status == 503 || broken.status == 200) << broken.status;
+  if (broken.status == 503) {
+    EXPECT_EQ(broken.j()["status"], "error") << broken.body;
+    EXPECT_NE(broken.body.find("worker-1"), std::string::npos) << broken.body;
+  }
+  ASSERT_TRUE(wait_status(port, "ok", 60s)) << health(port).dump() << server.stderr_text();
+  EXPECT_NE(worker_pid(server, 1), victim);
+  EXPECT_NE(server.stderr_text().find("starting it again"), std::string::npos);
+  Response after = post(port, "/v1/completions", req);
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.j()["choices"][0]["text"], want);
+  EXPECT_EQ(server.stop(), 0) << server.stderr_text();
+}
+
+TEST(ServeCluster, StalledWorkerFailsRequestsAndIsReplaced) {
+  ServeProcess server({"-m", stories(), "--workers", "2", "--worker-delay-ms", "20", "--ctx", "1024"});
+  const int port = server.port();
+  const pid_t victim = worker_pid(server, 0);
+  ASSERT_GT(victim, 0);
+  int fd = start_long_stream(port, 900);
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string rest = read_all(fd);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  // A stall is noticed by the heartbeat timeout (1.5 s).
+  EXPECT_LT(seconds, 2.5) << rest;
+  EXPECT_NE(rest.find("worker-0"), std::string::npos) << rest;
+  // While the route is broken, requests get 503 rather than hanging.
+  Response during = post(port, "/v1/completions", {{"model", kModel}, {"prompt", "Hi"}, {"max_tokens", 2}});
+  EXPECT_TRUE(during.status == 503 || during.status == 200) << during.status << during.body;
+  // The stalled process wakes to a closed link and exits; it is replaced.
+  kill(victim, SIGCONT);
+  ASSERT_TRUE(wait_status(port, "ok", 60s)) << health(port).dump() << server.stderr_text();
+  Response after = post(port, "/v1/completions", {{"model", kModel}, {"prompt", "Hi"}, {"max_tokens", 2}});
+  EXPECT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 

@@ -89,6 +89,7 @@ struct Gen {
     s.seed = u64();
     s.want_logprobs = flag();
     s.top_logprobs = below(kMaxTopLogprobs + 1);
+    for (uint32_t i = below(3); i > 0; --i) s.logit_bias.push_back({int32_t(below(1 << 20)), real(-100, 100)});
     return s;
   }
 
@@ -204,6 +205,8 @@ struct Gen {
         return Error{u32(), u64(), text(100)};
       case MsgType::shutdown:
         return Shutdown{text(100)};
+      case MsgType::route:
+        return Route{text(40)};
     }
     ADD_FAILURE() << "no generator for type " << int(t);
     return Cancel{};

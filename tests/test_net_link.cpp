@@ -513,7 +513,8 @@ TEST(NetLink, WrongProtocolVersionIsRejected) {
     ASSERT_TRUE(m.has_value());
     ASSERT_TRUE(std::holds_alternative<Error>(*m));
     EXPECT_EQ(std::get<Error>(*m).code, uint32_t(WireError::version_mismatch));
-    EXPECT_NE(std::get<Error>(*m).text.find("server speaks protocol version 1, client 7"), std::string::npos)
+    EXPECT_NE(std::get<Error>(*m).text.find("server speaks protocol version " + std::to_string(kProtocolVersion) + ", client " +
+                                                 std::to_string(kProtocolVersion + 6)), std::string::npos)
         << std::get<Error>(*m).text;
     EXPECT_TRUE(raw_wait_closed(fd, 2000ms));
     ::close(fd);
@@ -534,7 +535,9 @@ TEST(NetLink, WrongProtocolVersionIsRejected) {
   });
   Dialed d = dial(io.io, fake.port, secret_a());
   EXPECT_EQ(d.ec, Errc::version_mismatch) << d.reason;
-  EXPECT_TRUE(log.contains("peer speaks protocol version 7, we speak 1")) << log.all();
+  EXPECT_TRUE(log.contains("peer speaks protocol version " + std::to_string(kProtocolVersion + 1) + ", we speak " +
+                           std::to_string(kProtocolVersion)))
+      << log.all();
 
   Dialed ok = dial(io.io, server.listener.port(), secret_a());
   EXPECT_FALSE(ok.ec) << ok.reason;

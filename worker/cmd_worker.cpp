@@ -11,36 +11,13 @@
 #include "cli/commands.h"
 #include "worker/worker.h"
 
+#include "engine/node_plan.h"
+
 namespace baton {
 
 namespace {
 
 namespace po = boost::program_options;
-
-// "96GB", "512MiB", "4096": decimal (KB MB GB TB) and binary (KiB MiB GiB TiB) suffixes.
-uint64_t parse_mem_size(const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw std::invalid_argument("--mem-limit: bad size '" + text + "'");
-  }
-  std::string unit = text.substr(used);
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return char(std::toupper(c)); });
-  double mult = 0;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  else if (unit == "KIB") mult = 1024.0;
-  else if (unit == "MIB") mult = 1024.0 * 1024;
-  else if (unit == "GIB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "TIB") mult = 1024.0 * 1024 * 1024 * 1024;
-  if (mult == 0 || v < 0) throw std::invalid_argument("--mem-limit: bad size '" + text + "'");
-  return uint64_t(v * mult);
-}
 
 }  // namespace
 
@@ -78,7 +55,7 @@ int cmd_worker(int argc, char** argv) {
     }
     po::notify(vm);
     if (backend != "cpu") throw std::invalid_argument("--backend: only cpu is supported by the worker so far");
-    if (!mem_limit.empty()) opt.mem_limit = parse_mem_size(mem_limit);
+    if (!mem_limit.empty()) opt.mem_limit = parse_size(mem_limit);
     if (opt.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
     if (opt.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");
     return run_worker(opt);

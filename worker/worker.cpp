@@ -28,31 +28,17 @@
 #include <vector>
 
 #include "engine/gguf.h"
+#include "engine/loader.h"
 #include "engine/sampler.h"
 #include "engine/stage.h"
+#include "gguf_split/split.h"
+#include "net/address.h"
 #include "net/auth.h"
 #include "net/connection.h"
 #include "net/log.h"
 #include "net/protocol.h"
 
 namespace baton {
-
-std::pair<std::string, uint16_t> split_host_port(const std::string& text) {
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
-    throw std::invalid_argument("expected HOST:PORT, got '" + text + "'");
-  }
-  const std::string port_text = text.substr(colon + 1);
-  size_t used = 0;
-  unsigned long port = 0;
-  try {
-    port = std::stoul(port_text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != port_text.size() || port > 65535) throw std::invalid_argument("bad port in '" + text + "'");
-  return {text.substr(0, colon), uint16_t(port)};
-}
 
 namespace {
 
@@ -77,7 +63,7 @@ uint64_t physical_memory() {
 std::shared_ptr<net::Connection> connect_blocking(boost::asio::io_context& io, const std::string& address,
                                                   net::Hello hello, const net::Secret& secret,
                                                   const std::string& what) {
-  auto [host, port] = split_host_port(address);
+  auto [host, port] = net::split_host_port(address);
   auto done = std::make_shared<std::promise<std::shared_ptr<net::Connection>>>();
   auto fut = done->get_future();
   net::connect(io, host, port, std::move(hello), secret, link_config(),
@@ -94,6 +80,26 @@ std::shared_ptr<net::Connection> connect_blocking(boost::asio::io_context& io, c
     throw std::runtime_error("no answer from " + what + " at " + address);
   }
   return fut.get();
+}
+
+// What HELLO says about the model file: a full GGUF is its tensor-table
+// hash; a split part (docs/SPLIT.md) names its source's hash and its slice.
+net::ModelIdentity model_identity(const GgufFile& f) {
+  net::ModelIdentity id;
+  const std::optional<PartInfo> info = read_part_info(f);
+  if (!info) {
+    id.tensor_table_hash = f.tensor_table_hash();
+    return id;
+  }
+  id.tensor_table_hash = info->source_hash;
+  net::ModelPart part;
+  part.tensor_table_hash = f.tensor_table_hash();
+  part.layer_first = info->range.first;
+  part.layer_last = info->range.last;
+  part.has_embedding = info->has_embedding;
+  part.has_output = info->has_output;
+  id.parts.push_back(part);
+  return id;
 }
 
 class Worker {
@@ -123,7 +129,7 @@ class Worker {
     if (!opt_.model.empty()) file_.emplace(GgufFile::open(opt_.model));
     io_thread_ = std::thread([this] { io_.run(); });
 
-    auto [lhost, lport] = split_host_port(opt_.listen);
+    auto [lhost, lport] = net::split_host_port(opt_.listen);
     listener_ = std::make_unique<net::Listener>(
         io_, lhost, lport, net::LocalIdentity{net::Role::worker, opt_.name}, secret_, link_config(),
         [this](std::shared_ptr<net::Connection> c) { accept_upstream(std::move(c)); });
@@ -136,7 +142,7 @@ class Worker {
     hello.caps.device_name = "cpu";
     hello.caps.memory_total = opt_.mem_limit ? opt_.mem_limit : physical_memory();
     hello.caps.n_threads = uint32_t(opt_.n_threads);
-    if (file_) hello.model.tensor_table_hash = file_->tensor_table_hash();
+    if (file_) hello.model = model_identity(*file_);
     hello.listen_address = listen_address;
     coord_ = connect_blocking(io_, opt_.coordinator, hello, secret_, "the coordinator");
     coord_->start([this](net::Message&& m) { enqueue(std::move(m)); },
@@ -189,7 +195,17 @@ class Worker {
       {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return stopped_ || !inbox_.empty(); });
-        if (stopped_) break;
+        if (stopped_) {
+          // The coordinator sends SHUTDOWN and then closes: when the close
+          // overtook it here, it is still an orderly stop.
+          for (const net::Message& q : inbox_) {
+            if (auto* s = std::get_if<net::Shutdown>(&q)) {
+              exit_code_ = 0;
+              stop_reason_ = "shutdown: " + net::printable(s->reason);
+            }
+          }
+          break;
+        }
         m = std::move(inbox_.front());
         inbox_.pop_front();
       }
@@ -202,6 +218,14 @@ class Worker {
       }
     }
     if (exit_code_ != 0) net::log(net::LogLevel::warn, opt_.name + ": stopping: " + stop_reason_);
+    if (next_ && tokens_sent_ > 0) {
+      // What crossed the link to the next stage (bench/cluster_bench.py reads it).
+      const net::LinkStats st = next_->stats();
+      net::log(net::LogLevel::info, opt_.name + ": link to the next stage: " + std::to_string(tokens_sent_) +
+                                        " tokens in " + std::to_string(st.frames_out) + " frames, " +
+                                        std::to_string(st.bytes_out) + " bytes, " +
+                                        std::to_string(st.bytes_out / tokens_sent_) + " bytes per token");
+    }
     if (coord_) coord_->close_after_flush("worker stopping");
     if (next_) next_->close_after_flush("worker stopping");
   }
@@ -217,6 +241,7 @@ class Worker {
 
   void handle(net::Message& m) {
     if (auto* a = std::get_if<net::Assign>(&m)) return on_assign(*a);
+    if (auto* r = std::get_if<net::Route>(&m)) return on_route(*r);
     if (auto* f = std::get_if<net::Forward>(&m)) return on_forward(*f);
     if (auto* fs = std::get_if<net::FreeSeq>(&m)) {
       if (stage_ && int(fs->seq) < stage_->config().n_seq) stage_->reset(int(fs->seq));
@@ -237,7 +262,13 @@ class Worker {
       if (a.model_path.empty()) return fail(net::WireError::load_failed, "no model: pass --model or a model_path");
       file_.emplace(GgufFile::open(a.model_path));
     }
-    if (a.model_hash != 0 && file_->tensor_table_hash() != a.model_hash) {
+    const net::ModelIdentity have = model_identity(*file_);
+    const bool is_part = !have.parts.empty();
+    if (is_part && (have.parts[0].layer_first != a.layer_first || have.parts[0].layer_last != a.layer_last ||
+                    have.parts[0].has_embedding != a.has_embedding || have.parts[0].has_output != a.has_output)) {
+      return fail(net::WireError::model_mismatch, "the split part holds another slice than the assigned stage");
+    }
+    if (a.model_hash != 0 && file_->tensor_table_hash() != a.model_hash && have.tensor_table_hash != a.model_hash) {
       return fail(net::WireError::model_mismatch, "the model file's tensor table does not match the assignment");
     }
     StageConfig sc;
@@ -254,22 +285,18 @@ class Worker {
       return fail(net::WireError::out_of_memory, "stage needs " + std::to_string(plan.total()) +
                                                      " bytes; --mem-limit allows " + std::to_string(opt_.mem_limit));
     }
-    stage_ = std::make_unique<Stage>(*file_, sc);
+    // LOAD_PROGRESS at most every 250 ms, and at the end.
+    LoadOptions load;
+    auto last = std::chrono::steady_clock::now() - 1s;
+    load.progress = [this, &last](const LoadProgress& p) {
+      const auto now = std::chrono::steady_clock::now();
+      if (p.done < p.total && now - last < 250ms) return;
+      last = now;
+      coord_->send(net::LoadProgress{p.done, p.total});
+    };
+    stage_ = std::make_unique<Stage>(*file_, sc, load);
     assign_ = a;
-    if (!a.next_peer.empty()) {
-      net::Hello hello;
-      hello.role = net::Role::peer;
-      hello.node_name = opt_.name;
-      hello.model.tensor_table_hash = file_->tensor_table_hash();
-      next_ = connect_blocking(io_, a.next_peer, hello, secret_, "the next stage");
-      // A closed next link is not this worker's failure to report: the
-      // coordinator watches the next worker itself and names it. A FORWARD
-      // that finds the link closed is answered with ERROR.
-      next_->start([](net::Message&&) {},
-                   [name = opt_.name](std::error_code, const std::string& reason) {
-                     net::log(net::LogLevel::warn, name + ": the link to the next stage closed: " + reason);
-                   });
-    }
+    connect_next(a.next_peer);
     net::Ready r;
     const MemoryPlan& p = stage_->memory_plan();
     r.weights_bytes = p.bytes("weights");
@@ -281,6 +308,33 @@ class Worker {
     net::log(net::LogLevel::info, opt_.name + ": stage " + std::to_string(a.stage_index) + " layers " +
                                       std::to_string(a.layer_first) + ".." + std::to_string(a.layer_last) +
                                       " loaded");
+  }
+
+  // Output goes to the next stage's worker; a closed next link is not this
+  // worker's failure to report: the coordinator watches that worker itself
+  // and names it, and heals the route with ROUTE. A FORWARD that finds the
+  // link closed is answered with ERROR.
+  void connect_next(const std::string& address) {
+    if (next_) next_->close("the route changed");
+    next_.reset();
+    assign_.next_peer = address;
+    if (address.empty()) return;
+    net::Hello hello;
+    hello.role = net::Role::peer;
+    hello.node_name = opt_.name;
+    hello.model = model_identity(*file_);
+    next_ = connect_blocking(io_, address, hello, secret_, "the next stage");
+    next_->start([](net::Message&&) {},
+                 [name = opt_.name](std::error_code, const std::string& reason) {
+                   net::log(net::LogLevel::warn, name + ": the link to the next stage closed: " + reason);
+                 });
+  }
+
+  void on_route(const net::Route& r) {
+    if (!stage_) return send_error(net::WireError::unexpected_message, 0, "ROUTE before ASSIGN");
+    if (assign_.has_output) return send_error(net::WireError::unexpected_message, 0, "ROUTE to the last stage");
+    connect_next(r.next_peer);
+    net::log(net::LogLevel::info, opt_.name + ": output now goes to " + r.next_peer);
   }
 
   void fail(net::WireError code, const std::string& text) {
@@ -339,7 +393,8 @@ class Worker {
         coord_->send(sample(c, y, f.request_id));
       }
     }
-    if (!assign_.has_output && !next_->send(out)) {
+    if (!assign_.has_output) tokens_sent_ += out.total_tokens();
+    if (!assign_.has_output && (!next_ || !next_->send(out))) {
       send_error(net::WireError::internal, f.request_id, "the link to the next stage (" + assign_.next_peer + ") is closed");
     }
   }
@@ -357,17 +412,23 @@ class Worker {
       p.seed = c.sampling.seed;
       it = samplers_.emplace(c.seq, Sampler(p, int32_t(logits.size()))).first;
     }
+    std::span<const float> dist = logits;
+    if (!c.sampling.logit_bias.empty()) {
+      biased_.assign(logits.begin(), logits.end());
+      for (const net::LogitBias& b : c.sampling.logit_bias) {
+        if (size_t(b.token) < biased_.size()) biased_[size_t(b.token)] += b.bias;
+      }
+      dist = biased_;
+    }
     net::Result r;
     r.request_id = request_id;
     r.seq = c.seq;
-    const int32_t id = it->second.sample(logits);
+    const int32_t id = it->second.sample(dist);
     r.tokens.push_back(id);
     if (c.sampling.want_logprobs) {
-      double mx = -INFINITY;
-      for (float v : logits) mx = std::max(mx, double(v));
-      double sum = 0;
-      for (float v : logits) sum += std::exp(double(v) - mx);
-      r.logprobs.push_back(float(double(logits[size_t(id)]) - mx - std::log(sum)));
+      r.logprobs.push_back(token_logprobs(dist, id, int(c.sampling.top_logprobs), &top_));
+      auto& list = r.top.emplace_back();
+      for (const TokenLogprobEntry& t : top_) list.push_back({t.id, t.logprob});
     }
     return r;
   }
@@ -394,6 +455,9 @@ class Worker {
   std::unique_ptr<Stage> stage_;
   net::Assign assign_;
   std::map<uint32_t, Sampler> samplers_;
+  std::vector<float> biased_;               // logits + logit_bias
+  std::vector<TokenLogprobEntry> top_;      // alternatives of the last sample
+  uint64_t tokens_sent_ = 0;                // token rows forwarded to the next stage
 };
 
 }  // namespace

@@ -27,7 +27,4 @@ struct WorkerOptions {
 // Throws std::runtime_error for setup failures (secret, model, registration).
 int run_worker(const WorkerOptions& opt);
 
-// "host:port" -> {host, port}; throws std::invalid_argument naming the text.
-std::pair<std::string, uint16_t> split_host_port(const std::string& text);
-
 }  // namespace baton

@@ -1,0 +1,37 @@
+// Cluster topology files (TOML, configs/*.toml) for `baton serve --config`
+// and `baton run --config`. A file names the model (or its split parts), how
+// many stages the pipeline has, and whether the coordinator starts the
+// workers itself on this machine (loopback) or waits for workers on other
+// machines to register (`baton worker --coordinator ...`). docs/CONFIG.md
+// describes every key; unknown keys are refused so that a typo never passes
+// silently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/node_plan.h"  // NodeSpec
+
+namespace baton {
+
+struct ClusterConfig {
+  std::string file;                // the config's own path (for messages)
+  std::string model;               // full GGUF, relative paths resolved against the file's folder
+  std::vector<std::string> parts;  // split parts, one stage each (local workers load them)
+  int workers = 0;                 // stages
+  bool local = true;               // start the workers here on loopback
+  std::string listen = "127.0.0.1:0";  // remote: where workers register (HOST:PORT)
+  std::string secret_file;             // remote: the shared secret (never inline)
+  int64_t ctx = 0;                     // 0: the model's, at most 4096
+  int parallel = 0;                    // 0: the command's default
+  int64_t batch = 0;                   // prompt tokens per step; 0: default
+  int threads_per_worker = 0;          // local workers; 0: cores / workers
+  std::vector<NodeSpec> nodes;      // [[node]]: for `baton plan`, and the reader
+};
+
+// Reads and checks a config file. Throws std::runtime_error naming the file,
+// the key and (for syntax errors) the line.
+ClusterConfig load_cluster_config(const std::string& path);
+
+}  // namespace baton
