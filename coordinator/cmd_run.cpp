@@ -61,6 +61,7 @@ struct RunOptions {
   int workers = 0;  // > 0: run through a local cluster of this many worker processes
   std::string parts_text;
   std::string config;
+  int threads_per_worker = 0;
   std::vector<std::string> parts;  // split parts, one worker each
   int worker_delay_ms = 0;
 };
@@ -173,6 +174,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("parts", po::value<std::string>(&r.parts_text),
        "comma-separated split parts (from `baton split`): one local worker each, stages follow the parts "
        "(implies --workers; -m defaults to the first part)")
+      ("threads-per-worker", po::value<int>(&r.threads_per_worker)->default_value(0),
+       "with --workers: CPU threads of each worker; 0 = --threads divided by the workers (a worker models "
+       "one node: give each all cores to compare one stream on K nodes with one node)")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("json", po::bool_switch(&r.json),
@@ -218,6 +222,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
     if (r.model.empty()) r.model = r.parts.front();
   }
   if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
+  if (r.threads_per_worker < 0) throw std::invalid_argument("--threads-per-worker must be >= 0");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   auto b = backend_from_name(backend);
   if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");
@@ -259,7 +264,8 @@ int run_distributed(const RunOptions& opt) {
   LocalClusterOptions lo;
   lo.n_workers = opt.workers;
   lo.model = model_path;
-  lo.threads_per_worker = std::max(1, opt.n_threads / opt.workers);
+  lo.threads_per_worker =
+      opt.threads_per_worker > 0 ? opt.threads_per_worker : std::max(1, opt.n_threads / opt.workers);
   lo.step_delay_ms = opt.worker_delay_ms;
   for (const std::string& p : opt.parts) lo.worker_models.push_back(fs::absolute(p).string());
   lo.wait_for_registration = false;

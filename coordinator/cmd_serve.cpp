@@ -49,6 +49,7 @@ struct ServeOptions {
   int workers = 0;
   std::vector<std::string> parts;
   int worker_delay_ms = 0;
+  int threads_per_worker = 0;
   bool remote = false;      // --config with local = false: workers on other machines register
   std::string listen;       // remote: where they register
   std::string secret_file;  // remote: the shared secret
@@ -107,6 +108,8 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "cluster topology file (TOML, see configs/ and docs/CONFIG.md); options given here override it")
       ("workers", po::value<int>(&r.workers), "run the model on K local worker processes (a pipeline)")
       ("parts", po::value<std::string>(), "comma-separated split parts, one local worker each (implies --workers)")
+      ("threads-per-worker", po::value<int>(&r.threads_per_worker)->default_value(0),
+       "with --workers: CPU threads of each worker; 0 = --threads divided by the workers")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("host", po::value<std::string>(&r.http.host)->default_value("127.0.0.1"),
@@ -168,7 +171,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (c.ctx > 0 && unset("ctx")) r.engine.stage.n_ctx = c.ctx;
     if (c.parallel > 0 && unset("parallel")) r.engine.stage.n_seq = c.parallel;
     if (c.batch > 0 && unset("batch")) r.engine.stage.max_batch = c.batch;
-    if (c.threads_per_worker > 0 && unset("threads")) r.engine.stage.n_threads = c.threads_per_worker * r.workers;
+    if (c.threads_per_worker > 0 && unset("threads-per-worker")) r.threads_per_worker = c.threads_per_worker;
     r.remote = !c.local;
     r.listen = c.listen;
     r.secret_file = c.secret_file;
@@ -269,7 +272,8 @@ int serve(const ServeOptions& opt) {
     lo.n_workers = opt.workers;
     lo.model = std::filesystem::absolute(opt.model).string();
     for (const std::string& p : opt.parts) lo.worker_models.push_back(std::filesystem::absolute(p).string());
-    lo.threads_per_worker = std::max(1, opt.engine.stage.n_threads / opt.workers);
+    lo.threads_per_worker = opt.threads_per_worker > 0 ? opt.threads_per_worker
+                                                       : std::max(1, opt.engine.stage.n_threads / opt.workers);
     lo.wait_for_registration = false;
     lo.step_delay_ms = opt.worker_delay_ms;
     ClusterEngineConfig cc;

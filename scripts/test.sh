@@ -21,6 +21,8 @@ for t in "$build"/tests/test_*; do
   echo "=== $(basename "$t")"
   if ! "$t" --gtest_brief=1; then failed+=("$(basename "$t")"); fi
 done
+# The CUDA sources must also compile for sm_120 and sm_121 (no GPU needed).
+if ! bash scripts/cuda_arch_check.sh; then failed+=("cuda_arch_check"); fi
 if ((${#failed[@]})); then
   echo "FAILED suites: ${failed[*]}"
   exit 1

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,9 @@
 #include "coordinator/openai_api.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
+#include "net/auth.h"
+#include "net/codec.h"
+#include "net/protocol.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -1140,6 +1144,89 @@ TEST(ServeCluster, StalledWorkerFailsRequestsAndIsReplaced) {
   Response after = post(port, "/v1/completions", {{"model", kModel}, {"prompt", "Hi"}, {"max_tokens", 2}});
   EXPECT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
+}
+
+// Wrong secret, wrong version, a truncated frame, an oversized length and
+// random bytes on the coordinator's port and on a worker's port: each closes
+// only that connection; the cluster serves on, with the same tokens.
+TEST(ServeCluster, HostileBytesOnCoordinatorAndWorkerPortsChangeNothing) {
+  ServeProcess server({"-m", stories(), "--workers", "2"});
+  const int port = server.port();
+  const json req = {{"model", kModel}, {"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}};
+  Response before = post(port, "/v1/completions", req);
+  ASSERT_EQ(before.status, 200) << before.body;
+  std::smatch m;
+  const std::string err = server.stderr_text();
+  ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(worker-0: registered with the coordinator at 127\.0\.0\.1:(\d+), listening on 127\.0\.0\.1:(\d+))")))
+      << err;
+  const int ports[2] = {std::stoi(m[1].str()), std::stoi(m[2].str())};
+
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto hello = [] {
+    net::Hello h;
+    h.role = net::Role::worker;
+    h.node_name = "intruder";
+    h.nonce = net::random_nonce();
+    return h;
+  };
+  // Sends the bytes and expects the peer to close within 10 s.
+  auto closed_after = [](int p, const std::vector<uint8_t>& bytes, bool half_close) {
+    int fd = connect_to(p, 10s);
+    send_all(fd, std::string(bytes.begin(), bytes.end()));
+    if (half_close) shutdown(fd, SHUT_WR);
+    char buf[4096];
+    ssize_t n = 0;
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) {
+    }
+    ::close(fd);
+    return n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE));
+  };
+  for (int p : ports) {
+    SCOPED_TRACE("port " + std::to_string(p));
+    std::vector<uint8_t> noise(4096);
+    for (auto& b : noise) b = uint8_t(rng());
+    EXPECT_TRUE(closed_after(p, noise, false));
+    std::vector<uint8_t> huge = {0xf0, 0xff, 0xff, 0xff, 0x01, 0x00};  // 4 GiB HELLO
+    EXPECT_TRUE(closed_after(p, huge, false));
+    std::vector<uint8_t> truncated = net::Codec::encode(hello());
+    truncated.resize(truncated.size() - 5);
+    EXPECT_TRUE(closed_after(p, truncated, true));
+    net::Hello old = hello();
+    old.protocol_version = net::kProtocolVersion + 1;
+    EXPECT_TRUE(closed_after(p, net::Codec::encode(old), false));
+    // A full HELLO, then a proof made without the secret.
+    int fd = connect_to(p, 10s);
+    const std::vector<uint8_t> h = net::Codec::encode(hello());
+    send_all(fd, std::string(h.begin(), h.end()));
+    net::FrameDecoder dec(net::kHandshakeMaxPayload);
+    net::Message msg;
+    std::error_code ec;
+    char buf[4096];
+    bool got = false;
+    while (!got) {
+      ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      dec.feed(std::span<const uint8_t>(reinterpret_cast<uint8_t*>(buf), size_t(n)));
+      got = dec.next(msg, ec);
+    }
+    ASSERT_TRUE(got && std::holds_alternative<net::Challenge>(msg));
+    const std::vector<uint8_t> bad = net::Codec::encode(net::AuthResponse{});
+    send_all(fd, std::string(bad.begin(), bad.end()));
+    ssize_t n = 0;
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) {
+    }
+    EXPECT_LE(n, 0);
+    ::close(fd);
+  }
+  Response after = post(port, "/v1/completions", req);
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.j()["choices"][0]["text"], before.j()["choices"][0]["text"]);
+  EXPECT_EQ(health(port)["status"], "ok");
+  const std::string log = server.stderr_text();
+  EXPECT_NE(log.find("intruder"), std::string::npos) << "the refusals are logged";
+  EXPECT_EQ(server.stop(), 0) << log;
 }
 
 }  // namespace
