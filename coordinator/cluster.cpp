@@ -512,16 +512,14 @@ net::Result Cluster::wait_result(uint64_t request_id) {
 }
 
 void Cluster::free_seq(uint32_t seq) {
-  std::vector<std::shared_ptr<net::Connection>> conns;
+  // To the first stage only: each stage passes it on after the FORWARDs sent
+  // before it, so a slot's reuse never races its release.
+  std::shared_ptr<net::Connection> first;
   {
     std::lock_guard lock(mu_);
-    for (const Slot& sl : stages_) {
-      if (sl.member >= 0) conns.push_back(members_[size_t(sl.member)]->conn);
-    }
+    if (!stages_.empty() && stages_.front().member >= 0) first = members_[size_t(stages_.front().member)]->conn;
   }
-  for (auto& c : conns) {
-    if (c) c->send(net::FreeSeq{seq});
-  }
+  if (first) first->send(net::FreeSeq{seq});
 }
 
 void Cluster::shutdown(const std::string& reason) {

@@ -144,6 +144,8 @@ class Cluster {
   // ClusterFailure when a worker failed, or when nothing came within
   // step_timeout.
   net::Result wait_result(uint64_t request_id);
+  // Forgets a sequence's KV on every stage: sent to the first stage, passed
+  // down the pipeline behind the sequence's FORWARDs.
   void free_seq(uint32_t seq);
 
   // "" while every stage has a loaded worker, else why not.

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -219,6 +220,7 @@ class ServeProcess {
   ~ServeProcess() { stop(); }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string stderr_text() const {
     try {
       auto b = test::read_file(err_path_);
@@ -950,6 +952,28 @@ int env_int(const char* name, int def) {
   return v && *v ? std::atoi(v) : def;
 }
 
+// Resident bytes of a process (VmRSS), 0 when it is gone.
+uint64_t rss_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return uint64_t(std::stoull(line.substr(6))) * 1024;
+  }
+  return 0;
+}
+
+// The server's and its local workers' resident memory together.
+uint64_t cluster_rss(const ServeProcess& server) {
+  uint64_t total = rss_of(server.pid());
+  const std::string err = server.stderr_text();
+  std::map<std::string, pid_t> latest;  // worker name -> its last pid
+  const std::regex started(R"(baton: started (worker-\d+) \(pid (\d+)\))");
+  for (auto it = std::sregex_iterator(err.begin(), err.end(), started); it != std::sregex_iterator(); ++it) {
+    latest[(*it)[1].str()] = pid_t(std::stol((*it)[2].str()));
+  }
+  for (const auto& [name, pid] : latest) total += rss_of(pid);
+  return total;
+}
+
 // BATON_SERVE_LOAD_CLIENTS / BATON_SERVE_LOAD_SECONDS scale it up
 // (tests/serve/load_test.sh --full: 64 clients for 2 minutes).
 void run_load_test(const std::vector<std::string>& extra, int clients, int seconds) {
@@ -971,7 +995,15 @@ void run_load_test(const std::vector<std::string>& extra, int clients, int secon
     std::lock_guard lock(fail_mu);
     if (first_failure.empty()) first_failure = why;
   };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::seconds(seconds);
+  // Memory after a tenth of the run (allocators and caches warmed up) and at
+  // the end: the soak's "stable memory".
+  std::atomic<uint64_t> rss_early{0};
+  std::thread sampler([&] {
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(seconds * 100));
+    rss_early = cluster_rss(server);
+  });
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
@@ -1026,7 +1058,13 @@ void run_load_test(const std::vector<std::string>& extra, int clients, int secon
     });
   }
   for (auto& t : threads) t.join();
+  sampler.join();
+  const uint64_t rss_end = cluster_rss(server);
+  const double growth = rss_early ? double(rss_end) / double(rss_early.load()) - 1.0 : 0.0;
   EXPECT_EQ(failures.load(), 0) << first_failure;
+  // Over a long run the resident memory must stay flat (under 1% growth);
+  // short runs are still warming up, so only report.
+  if (seconds >= 300) EXPECT_LT(growth, 0.01) << rss_early.load() << " -> " << rss_end;
   EXPECT_GT(requests.load(), clients);
   ASSERT_TRUE(wait_idle(port, 10s));
   // What the clients received is what the server counted.
@@ -1040,9 +1078,11 @@ void run_load_test(const std::vector<std::string>& extra, int clients, int secon
             double(requests.load()));
   EXPECT_EQ(metric(port, "baton_generations_total{finish=\"error\"}"), 0);
   EXPECT_EQ(metric(port, "baton_streams_open"), 0);
-  std::printf("[load] %d clients, %d s: %lld streams, %lld tokens, %lld chunks, %lld failed\n", clients, seconds,
-              (long long)requests.load(), (long long)tokens.load(), (long long)chunks.load(),
-              (long long)failures.load());
+  std::printf("[load] %d clients, %d s: %lld streams, %lld tokens, %lld chunks, %lld failed; RSS %.1f -> %.1f MiB "
+              "(%+.2f%%)\n",
+              clients, seconds, (long long)requests.load(), (long long)tokens.load(), (long long)chunks.load(),
+              (long long)failures.load(), double(rss_early.load()) / (1 << 20), double(rss_end) / (1 << 20),
+              growth * 100);
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 

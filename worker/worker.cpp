@@ -176,11 +176,13 @@ class Worker {
   }
 
   void accept_upstream(std::shared_ptr<net::Connection> c) {
-    // Only FORWARD travels on a stage-to-stage link; the upstream worker's
-    // death is the coordinator's to notice (its own link to it closes).
+    // Only FORWARD and FREE_SEQ travel on a stage-to-stage link; the upstream
+    // worker's death is the coordinator's to notice (its own link to it closes).
     c->start(
         [this](net::Message&& m) {
-          if (std::holds_alternative<net::Forward>(m)) enqueue(std::move(m));
+          if (std::holds_alternative<net::Forward>(m) || std::holds_alternative<net::FreeSeq>(m)) {
+            enqueue(std::move(m));
+          }
         },
         [name = opt_.name](std::error_code, const std::string& reason) {
           net::log(net::LogLevel::info, name + ": upstream link closed: " + reason);
@@ -246,6 +248,10 @@ class Worker {
     if (auto* fs = std::get_if<net::FreeSeq>(&m)) {
       if (stage_ && int(fs->seq) < stage_->config().n_seq) stage_->reset(int(fs->seq));
       samplers_.erase(fs->seq);
+      // FREE_SEQ travels down the pipeline like FORWARD, on the same links,
+      // so it can never overtake (or be overtaken by) the FORWARDs of the
+      // sequence that reuses the slot next.
+      if (next_) next_->send(*fs);
       return;
     }
     if (std::holds_alternative<net::Cancel>(m)) return;  // forwards are run in order; nothing is queued long
