@@ -240,7 +240,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // token per step. The last stage samples with the same seeded sampler a
 // single-process run uses, so the tokens are the same.
 int run_distributed(const RunOptions& opt) {
-  if (opt.backend != Backend::Cpu) throw BackendRefused("--workers runs cpu workers only so far");
+  if (const std::string why = backend_unavailable(opt.backend); !why.empty()) throw BackendRefused(why);
   std::string model_path = opt.model.empty() ? default_model() : opt.model;
   if (model_path.empty()) throw std::invalid_argument("--workers needs a model file (-m or $BATON_MODEL)");
   model_path = fs::absolute(model_path).string();
@@ -267,6 +267,7 @@ int run_distributed(const RunOptions& opt) {
   lo.threads_per_worker =
       opt.threads_per_worker > 0 ? opt.threads_per_worker : std::max(1, opt.n_threads / opt.workers);
   lo.step_delay_ms = opt.worker_delay_ms;
+  lo.backend = backend_name(opt.backend);
   for (const std::string& p : opt.parts) lo.worker_models.push_back(fs::absolute(p).string());
   lo.wait_for_registration = false;
   LocalCluster local(lo);

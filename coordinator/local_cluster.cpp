@@ -118,7 +118,9 @@ void LocalCluster::spawn(size_t i) {
                                    "--threads",
                                    std::to_string(opt_.threads_per_worker),
                                    "--step-delay-ms",
-                                   std::to_string(opt_.step_delay_ms)};
+                                   std::to_string(opt_.step_delay_ms),
+                                   "--backend",
+                                   opt_.backend};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

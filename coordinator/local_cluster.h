@@ -23,6 +23,7 @@ struct LocalClusterOptions {
   std::vector<std::string> worker_models;  // or one file per worker (split parts); overrides model
   bool wait_for_registration = true;  // the constructor returns once all registered
   int threads_per_worker = 1;
+  std::string backend = "cpu";  // the workers' --backend
   int step_delay_ms = 0;   // passed to the workers (tests)
   std::string binary;      // empty: this process's executable
   ClusterOptions cluster;

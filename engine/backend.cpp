@@ -48,6 +48,9 @@ class CpuStageRunner final : public StageRunner {
   std::span<const float> forward(int seq, std::span<const int32_t> tokens) override {
     return stage_.forward(seq, tokens);
   }
+  std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens) override {
+    return stage_.forward(seq, activations, n_tokens);
+  }
   int64_t position(int seq) const override { return stage_.position(seq); }
   void reset(int seq) override { stage_.reset(seq); }
   const Arch& arch() const override { return stage_.arch(); }

@@ -50,6 +50,9 @@ class StageRunner {
   // returns the last token's logits (every token's with all_logits) or the
   // boundary activations. The span stays valid until the next call.
   virtual std::span<const float> forward(int seq, std::span<const int32_t> tokens) = 0;
+  // Stages without the embedding: n_tokens rows of boundary activations
+  // (arch().boundary_elems_per_token() floats each), as Stage::forward.
+  virtual std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens) = 0;
   // The greedy next token after `tokens` (argmax of the last token's logits,
   // lowest id on ties, as Sampler does at temperature 0). A backend may do
   // this without bringing the logits back to the host. Needs the head.

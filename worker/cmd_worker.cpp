@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "worker/worker.h"
 
+#include "engine/backend.h"
 #include "engine/node_plan.h"
 
 namespace baton {
@@ -35,7 +36,8 @@ int cmd_worker(int argc, char** argv) {
         ("secret-file", po::value<std::string>(&opt.secret_file)->required(),
          "file with the cluster's shared secret (chmod 600)")
         ("model,m", po::value<std::string>(&opt.model), "the full GGUF (default: the path the coordinator assigns)")
-        ("backend", po::value<std::string>(&backend)->default_value("cpu"), "cpu (cuda: later)")
+        ("backend", po::value<std::string>(&backend)->default_value("cpu"),
+         "cpu, or cuda (the first GPU; refused when the build has no CUDA or no GPU is present)")
         ("mem-limit", po::value<std::string>(&mem_limit), "most memory the stage's plan may use, e.g. 16GiB")
         ("name", po::value<std::string>(&opt.name), "this worker's name in logs and errors (default: worker-PID)")
         ("threads,t", po::value<int>(&opt.n_threads)->default_value(1), "CPU threads for the forward pass")
@@ -54,7 +56,10 @@ int cmd_worker(int argc, char** argv) {
       return 0;
     }
     po::notify(vm);
-    if (backend != "cpu") throw std::invalid_argument("--backend: only cpu is supported by the worker so far");
+    const auto b = backend_from_name(backend);
+    if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");
+    if (const std::string why = backend_unavailable(*b); !why.empty()) throw std::runtime_error(why);
+    opt.backend = *b;
     if (!mem_limit.empty()) opt.mem_limit = parse_size(mem_limit);
     if (opt.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
     if (opt.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");

@@ -27,8 +27,10 @@
 #include <thread>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/gguf.h"
 #include "engine/loader.h"
+#include "engine/node_plan.h"
 #include "engine/sampler.h"
 #include "engine/stage.h"
 #include "gguf_split/split.h"
@@ -138,8 +140,8 @@ class Worker {
     net::Hello hello;
     hello.role = net::Role::worker;
     hello.node_name = opt_.name;
-    hello.caps.backend = net::Backend::cpu;
-    hello.caps.device_name = "cpu";
+    hello.caps.backend = opt_.backend == Backend::Cuda ? net::Backend::cuda : net::Backend::cpu;
+    hello.caps.device_name = backend_name(opt_.backend);
     hello.caps.memory_total = opt_.mem_limit ? opt_.mem_limit : physical_memory();
     hello.caps.n_threads = uint32_t(opt_.n_threads);
     if (file_) hello.model = model_identity(*file_);
@@ -286,11 +288,6 @@ class Worker {
     sc.n_seq = int(a.n_seq);
     sc.max_batch = std::max<int64_t>({1, a.micro_batch, a.prefill_chunk});
     sc.n_threads = opt_.n_threads;
-    const MemoryPlan plan = Stage::plan(*file_, sc);
-    if (opt_.mem_limit != 0 && plan.total() > opt_.mem_limit) {
-      return fail(net::WireError::out_of_memory, "stage needs " + std::to_string(plan.total()) +
-                                                     " bytes; --mem-limit allows " + std::to_string(opt_.mem_limit));
-    }
     // LOAD_PROGRESS at most every 250 ms, and at the end.
     LoadOptions load;
     auto last = std::chrono::steady_clock::now() - 1s;
@@ -300,7 +297,18 @@ class Worker {
       last = now;
       coord_->send(net::LoadProgress{p.done, p.total});
     };
-    stage_ = std::make_unique<Stage>(*file_, sc, load);
+    // --mem-limit caps the memory the stage's plan lives in: the device's
+    // lines for CUDA (host staging is not device memory), all of it on the CPU.
+    const MemoryPlan plan = plan_stage_runner(opt_.backend, *file_, sc, load);
+    uint64_t need = 0;
+    for (const auto& line : plan.lines()) {
+      if (opt_.backend == Backend::Cpu || line.name.find("(host") == std::string::npos) need += line.bytes;
+    }
+    if (opt_.mem_limit != 0 && need > opt_.mem_limit) {
+      return fail(net::WireError::out_of_memory, "stage needs " + format_size(need) + "; --mem-limit allows " +
+                                                     format_size(opt_.mem_limit));
+    }
+    stage_ = make_stage_runner(opt_.backend, *file_, sc, load);
     assign_ = a;
     connect_next(a.next_peer);
     net::Ready r;
@@ -309,7 +317,7 @@ class Worker {
     r.kv_bytes = p.bytes("kv cache");
     r.workspace_bytes = p.bytes("workspace");
     r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.boundary_width = a.has_output ? 0 : uint32_t(stage_->boundary_width());
+    r.boundary_width = a.has_output ? 0 : uint32_t(stage_->arch().boundary_elems_per_token());
     coord_->send(r);
     net::log(net::LogLevel::info, opt_.name + ": stage " + std::to_string(a.stage_index) + " layers " +
                                       std::to_string(a.layer_first) + ".." + std::to_string(a.layer_last) +
@@ -351,7 +359,7 @@ class Worker {
   void on_forward(const net::Forward& f) {
     if (!stage_) return send_error(net::WireError::unexpected_message, f.request_id, "FORWARD before ASSIGN");
     if (opt_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt_.step_delay_ms));
-    const int64_t in_width = stage_->boundary_width();
+    const int64_t in_width = stage_->arch().boundary_elems_per_token();
     if (assign_.has_embedding != !f.tokens.empty() ||
         (!assign_.has_embedding && int64_t(f.row_width) != in_width)) {
       return send_error(net::WireError::bad_request, f.request_id,
@@ -458,7 +466,7 @@ class Worker {
   int exit_code_ = 0;
   std::string stop_reason_;
 
-  std::unique_ptr<Stage> stage_;
+  std::unique_ptr<StageRunner> stage_;  // CPU or CUDA (engine/backend.h)
   net::Assign assign_;
   std::map<uint32_t, Sampler> samplers_;
   std::vector<float> biased_;               // logits + logit_bias

@@ -10,6 +10,8 @@
 #include <string>
 #include <utility>
 
+#include "engine/node_plan.h"  // Backend
+
 namespace baton {
 
 struct WorkerOptions {
@@ -18,6 +20,7 @@ struct WorkerOptions {
   std::string secret_file;
   std::string model;        // full GGUF; empty: the path in ASSIGN
   uint64_t mem_limit = 0;   // bytes the stage's plan may use; 0: no limit
+  Backend backend = Backend::Cpu;
   std::string name;         // for logs and the coordinator's messages
   int n_threads = 1;
   int step_delay_ms = 0;    // sleep before each FORWARD: models a slow node (tests)

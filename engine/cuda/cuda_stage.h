@@ -121,7 +121,7 @@ class CudaStage final : public StageRunner {
   Backend backend() const override { return Backend::Cuda; }
   std::span<const float> forward(int seq, std::span<const int32_t> tokens) override;
   // Stages without the embedding: n_tokens rows of boundary activations.
-  std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens);
+  std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens) override;
   int32_t forward_greedy(int seq, std::span<const int32_t> tokens) override;
 
   int64_t position(int seq) const override;
