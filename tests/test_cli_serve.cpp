@@ -1269,5 +1269,19 @@ TEST(ServeCluster, HostileBytesOnCoordinatorAndWorkerPortsChangeNothing) {
   EXPECT_EQ(server.stop(), 0) << log;
 }
 
+// The quick form of the chaos run (tests/reliability/chaos.py; the long form
+// is one command in docs/RELIABILITY.md): workers killed, stalled and cut in
+// a prefill while clients send requests; every request completes or fails
+// clearly, and after recovery every request succeeds.
+TEST(ServeCluster, ChaosQuick) {
+  if (test::run_command({"/usr/bin/env", "python3", "--version"}).exit_code != 0) GTEST_SKIP() << "no python3";
+  const std::string script = (fs::path(__FILE__).parent_path() / "reliability" / "chaos.py").string();
+  auto r = test::run_command({"/usr/bin/env", "python3", script, "--baton", test::baton_binary(), "--model", stories(),
+                              "--seconds", "15", "--clients", "3", "--recovery-requests", "5", "--seed",
+                              std::to_string(test::test_seed())});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("chaos: PASS"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace baton
