@@ -146,6 +146,41 @@ TEST(Split, BadRangesAndBadPartsAreRefused) {
   EXPECT_FALSE(fs::exists(tmp.file("m.gguf.tmp")));
 }
 
+// Regression (the split fuzz target's invariants): part keys are range
+// checked before they are narrowed or size anything. A u64 index of 2^32 read
+// as part 0, and a part count of 4e9 sized a 32 GB table in merge.
+TEST(Split, PartKeysOutOfRangeAreRefused) {
+  test::TempDir tmp;
+  auto part = [&](const std::string& name, GgufValue index, GgufValue count) {
+    GgufWriter w;
+    w.set("general.architecture", GgufValue::of_str("llama"));
+    w.set(split_keys::kSourceHash, GgufValue::of_u64(42));
+    w.set(split_keys::kIndex, index);
+    w.set(split_keys::kCount, count);
+    w.set(split_keys::kLayerFirst, GgufValue::of_u32(0));
+    w.set(split_keys::kLayerLast, GgufValue::of_u32(0));
+    w.set(split_keys::kDataChecksum, GgufValue::of_u64(0x2d06800538d394c2ull));  // XXH3-64 of no bytes
+    w.write(tmp.file(name));
+    return tmp.file(name);
+  };
+  const std::string wide = part("wide.gguf", GgufValue::of_u64(uint64_t(1) << 32), GgufValue::of_u32(2));
+  EXPECT_THROW(read_part_info(GgufFile::open(wide)), std::runtime_error);
+  const std::string many = part("many.gguf", GgufValue::of_u32(0), GgufValue::of_u32(4000000000u));
+  EXPECT_THROW(read_part_info(GgufFile::open(many)), std::runtime_error);
+  ASSERT_EQ(verify_part(GgufFile::open(many)), "");
+  try {
+    merge_parts({many}, tmp.file("m.gguf"), nullptr);
+    ADD_FAILURE() << "merge accepted a part count of 4e9";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("part count"), std::string::npos) << e.what();
+  }
+  // In range, the same keys read back exactly.
+  const auto ok = read_part_info(GgufFile::open(part("ok.gguf", GgufValue::of_u64(1), GgufValue::of_u32(2))));
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(ok->index, 1);
+  EXPECT_EQ(ok->count, 2);
+}
+
 // A llama.cpp shard set as input: shard 1 carries the metadata and split.*
 // keys, the tensors are spread over both shards.
 TEST(Split, ShardSetInputIsReadAsOneModel) {
