@@ -21,6 +21,16 @@ for t in "$build"/tests/test_*; do
   echo "=== $(basename "$t")"
   if ! "$t" --gtest_brief=1; then failed+=("$(basename "$t")"); fi
 done
+# The quick form of the fuzzing (10 s per libFuzzer target; the long runs
+# are in docs/RELIABILITY.md). Needs clang with libFuzzer; skipped otherwise.
+if printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
+     clang++ -x c++ -fsanitize=fuzzer - -o /tmp/baton-fuzz-probe.$$ >/dev/null 2>&1; then
+  rm -f /tmp/baton-fuzz-probe.$$
+  echo "=== fuzz (quick)"
+  if ! bash tests/fuzz/run.sh 10; then failed+=("fuzz"); fi
+else
+  echo "=== fuzz (quick): skipped (no clang with libFuzzer on this machine)"
+fi
 # The CUDA sources must also compile for sm_120 and sm_121 (no GPU needed).
 if ! bash scripts/cuda_arch_check.sh; then failed+=("cuda_arch_check"); fi
 if ((${#failed[@]})); then
