@@ -239,21 +239,10 @@ void ClusterEngine::fail_all(const std::string& why) {
 
 void ClusterEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error) {
   if (s.ended) return;
-  if (reason == FinishReason::cancelled || reason == FinishReason::error) {
-    ev.text.clear();
-  } else {
-    ev.text += s.text.flush();
-  }
-  ev.finish = reason;
-  ev.error = error;
-  ev.usage = s.usage;
+  close_event(ev, reason, error, s.text, s.usage);
   s.ended = true;
   if (metrics_) metrics_->generation_finished(reason, s.usage);
-  try {
-    s.sink(std::move(ev));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton serve: request %s: event sink failed: %s\n", s.req.id.c_str(), e.what());
-  }
+  deliver_event(s.sink, std::move(ev), s.req.id);
 }
 
 void ClusterEngine::release(Sequence& s) {
@@ -333,10 +322,9 @@ void ClusterEngine::handle(Event& e) {
       release(s);
     } else {
       s.next_input = id;
-      try {
-        s.sink(std::move(ev));
-      } catch (const std::exception& ex) {
-        std::fprintf(stderr, "baton serve: request %s: event sink failed: %s\n", s.req.id.c_str(), ex.what());
+      if (!deliver_event(s.sink, std::move(ev), s.req.id)) {
+        finish(s, FinishReason::cancelled, {});
+        release(s);
       }
     }
   } else if (auto* re = std::get_if<RequestError>(&e)) {

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -234,6 +235,49 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// What the decode loop produced.
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string stop = "length";
+  int decode_steps = 0;
+  double decode_s = 0;
+};
+
+// The decode loop shared by the in-process and the distributed run: takes
+// `first`, the token sampled after the prompt, then feeds each kept token to
+// `next` (which returns the following one) until n_predict tokens, an
+// end-of-generation token, or `context_full()` before a step. Streams the
+// text to stdout unless --json.
+Generated generate(const RunOptions& opt, const Tokenizer& tok, int32_t first,
+                   const std::function<bool()>& context_full, const std::function<int32_t(int32_t)>& next) {
+  Generated g;
+  const auto t0 = std::chrono::steady_clock::now();
+  int32_t id = first;
+  while (int(g.tokens.size()) < opt.n_predict) {
+    if (tok.is_eog(id)) {
+      g.stop = "end of generation";
+      break;
+    }
+    g.tokens.push_back(id);
+    std::string piece = tok.token_to_piece(id);
+    g.text += piece;
+    if (!opt.json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (int(g.tokens.size()) == opt.n_predict) break;
+    if (context_full()) {
+      g.stop = "context full";
+      break;
+    }
+    id = next(id);
+    ++g.decode_steps;
+  }
+  g.decode_s = seconds_since(t0);
+  return g;
+}
+
 // The generation loop of run() with the stages on worker processes: the
 // prompt goes to the first stage in chunks of --batch, sent back to back so
 // that the chunks pipeline across stages; only the last samples. Then one
@@ -319,37 +363,16 @@ int run_distributed(const RunOptions& opt) {
   int32_t id = cluster.wait_result(last).tokens.at(0);
   const double prefill_s = seconds_since(t0);
 
-  std::vector<int32_t> generated;
-  std::string text;
-  std::string stop = "length";
-  int decode_steps = 0;
   int64_t pos = int64_t(prompt.size());
-  auto t1 = std::chrono::steady_clock::now();
-  while (int(generated.size()) < opt.n_predict) {
-    if (tokenizer->is_eog(id)) {
-      stop = "end of generation";
-      break;
-    }
-    generated.push_back(id);
-    std::string piece = tokenizer->token_to_piece(id);
-    text += piece;
-    if (!opt.json) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    }
-    if (int(generated.size()) == opt.n_predict) break;
-    if (pos >= sc.n_ctx) {
-      stop = "context full";
-      break;
-    }
-    const uint64_t rid = cluster.forward({chunk(uint32_t(pos), 1, true)}, {id});
-    id = cluster.wait_result(rid).tokens.at(0);
-    ++pos;
-    ++decode_steps;
-  }
-  const double decode_s = seconds_since(t1);
+  const Generated gen = generate(
+      opt, *tokenizer, id, [&] { return pos >= sc.n_ctx; },
+      [&](int32_t in) {
+        const uint64_t rid = cluster.forward({chunk(uint32_t(pos), 1, true)}, {in});
+        ++pos;
+        return cluster.wait_result(rid).tokens.at(0);
+      });
   const double prefill_tps = prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0;
-  const double decode_tps = decode_s > 0 && decode_steps > 0 ? decode_steps / decode_s : 0.0;
+  const double decode_tps = gen.decode_s > 0 && gen.decode_steps > 0 ? gen.decode_steps / gen.decode_s : 0.0;
   cluster.free_seq(0);
 
   if (opt.json) {
@@ -372,11 +395,11 @@ int run_distributed(const RunOptions& opt) {
         {"backend", backend_name(opt.backend)},
         {"prompt", opt.prompt},
         {"prompt_tokens", prompt},
-        {"tokens", generated},
-        {"text", text},
+        {"tokens", gen.tokens},
+        {"text", gen.text},
         {"n_prompt", prompt.size()},
-        {"n_gen", generated.size()},
-        {"stop", stop},
+        {"n_gen", gen.tokens.size()},
+        {"stop", gen.stop},
         {"n_ctx", sc.n_ctx},
         {"workers", opt.workers},
         {"stages", stages},
@@ -387,7 +410,7 @@ int run_distributed(const RunOptions& opt) {
   } else {
     std::fputs("\n", stdout);
     std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s; %d workers]\n",
-                 prompt.size(), prefill_tps, generated.size(), decode_tps, stop.c_str(), opt.workers);
+                 prompt.size(), prefill_tps, gen.tokens.size(), decode_tps, gen.stop.c_str(), opt.workers);
   }
   return 0;
 }
@@ -446,35 +469,15 @@ int run(const RunOptions& opt) {
   for (size_t i = 0; i < n_top; ++i) top.push_back({order[i], logits[size_t(order[i])]});
 
   Sampler sampler(opt.sampling, int32_t(stage.n_vocab()));
-  std::vector<int32_t> generated;
-  std::string text;
-  std::string stop = "length";
-  int decode_steps = 0;
-  auto t1 = std::chrono::steady_clock::now();
-  while (int(generated.size()) < opt.n_predict) {
-    int32_t id = sampler.sample(logits);
-    if (tokenizer->is_eog(id)) {
-      stop = "end of generation";
-      break;
-    }
-    generated.push_back(id);
-    std::string piece = tokenizer->token_to_piece(id);
-    text += piece;
-    if (!opt.json) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    }
-    if (int(generated.size()) == opt.n_predict) break;
-    if (stage.position(0) >= stage.n_ctx()) {
-      stop = "context full";
-      break;
-    }
-    logits = stage.forward(0, std::span<const int32_t>(&id, 1));
-    ++decode_steps;
-  }
-  const double decode_s = seconds_since(t1);
+  const int32_t first = opt.n_predict > 0 ? sampler.sample(logits) : -1;
+  const Generated gen = generate(
+      opt, *tokenizer, first, [&] { return stage.position(0) >= stage.n_ctx(); },
+      [&](int32_t in) {
+        logits = stage.forward(0, std::span<const int32_t>(&in, 1));
+        return sampler.sample(logits);
+      });
   const double prefill_tps = prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0;
-  const double decode_tps = decode_s > 0 && decode_steps > 0 ? decode_steps / decode_s : 0.0;
+  const double decode_tps = gen.decode_s > 0 && gen.decode_steps > 0 ? gen.decode_steps / gen.decode_s : 0.0;
 
   if (opt.json) {
     nlohmann::json plan = nlohmann::json::array();
@@ -485,11 +488,11 @@ int run(const RunOptions& opt) {
         {"backend", backend_name(opt.backend)},
         {"prompt", opt.prompt},
         {"prompt_tokens", prompt},
-        {"tokens", generated},
-        {"text", text},
+        {"tokens", gen.tokens},
+        {"text", gen.text},
         {"n_prompt", prompt.size()},
-        {"n_gen", generated.size()},
-        {"stop", stop},
+        {"n_gen", gen.tokens.size()},
+        {"stop", gen.stop},
         {"n_ctx", stage.n_ctx()},
         {"threads", opt.n_threads},
         {"prefill_tokens_per_s", prefill_tps},
@@ -503,7 +506,7 @@ int run(const RunOptions& opt) {
   } else {
     std::fputs("\n", stdout);
     std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s]\n", prompt.size(),
-                 prefill_tps, generated.size(), decode_tps, stop.c_str());
+                 prefill_tps, gen.tokens.size(), decode_tps, gen.stop.c_str());
   }
   return 0;
 }

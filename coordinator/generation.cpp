@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <cmath>
@@ -198,6 +199,28 @@ ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const
                                          arch->dims().n_vocab));
   }
   return info;
+}
+
+void close_event(GenerationEvent& ev, FinishReason reason, const std::string& error, TextAssembler& text,
+                 const Usage& usage) {
+  if (reason == FinishReason::cancelled || reason == FinishReason::error) {
+    ev.text.clear();
+  } else {
+    ev.text += text.flush();
+  }
+  ev.finish = reason;
+  ev.error = error;
+  ev.usage = usage;
+}
+
+bool deliver_event(const EventSink& sink, GenerationEvent&& ev, const std::string& request_id) {
+  try {
+    sink(std::move(ev));
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton serve: request %s: event sink failed: %s\n", request_id.c_str(), e.what());
+    return false;
+  }
 }
 
 }  // namespace baton

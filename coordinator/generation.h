@@ -211,6 +211,16 @@ std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tok
                                          float logprob, const std::vector<std::pair<int32_t, float>>& top,
                                          bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev);
 
+// Makes `ev` a request's final event: held-back text released at a normal end
+// (none after a stop string), none for a cancelled or failed request; the
+// finish reason, error and usage filled in.
+void close_event(GenerationEvent& ev, FinishReason reason, const std::string& error, TextAssembler& text,
+                 const Usage& usage);
+
+// Calls a request's sink. A sink must not throw; if one does, the failure is
+// logged and false returned, and the caller ends that request (nothing else).
+bool deliver_event(const EventSink& sink, GenerationEvent&& ev, const std::string& request_id);
+
 // Log-probabilities of the full distribution behind `logits` (log-softmax):
 // the chosen token's and the top_n most likely (most likely first, lowest id
 // on ties). Pieces are left for the caller, who has the tokenizer.

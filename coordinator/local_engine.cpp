@@ -164,26 +164,11 @@ ServiceHealth LocalEngine::health() const {
 }
 
 void LocalEngine::emit(Sequence& s, GenerationEvent&& ev) {
-  try {
-    s.sink(std::move(ev));
-  } catch (const std::exception& e) {
-    // A sink must not throw; if one does, the request ends but nothing else.
-    std::fprintf(stderr, "baton serve: request %s: event sink failed: %s\n", s.req.id.c_str(), e.what());
-    s.cancelled = true;
-  }
+  if (!deliver_event(s.sink, std::move(ev), s.req.id)) s.cancelled = true;
 }
 
 void LocalEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error) {
-  // Held-back text is released at a normal end (empty after a stop string);
-  // a cancelled or failed request gets none.
-  if (reason == FinishReason::cancelled || reason == FinishReason::error) {
-    ev.text.clear();
-  } else {
-    ev.text += s.text.flush();
-  }
-  ev.finish = reason;
-  ev.error = error;
-  ev.usage = s.usage;
+  close_event(ev, reason, error, s.text, s.usage);
   s.ended = true;
   if (metrics_) metrics_->generation_finished(reason, s.usage);
   emit(s, std::move(ev));

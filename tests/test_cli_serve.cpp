@@ -1064,7 +1064,9 @@ void run_load_test(const std::vector<std::string>& extra, int clients, int secon
   EXPECT_EQ(failures.load(), 0) << first_failure;
   // Over a long run the resident memory must stay flat (under 1% growth);
   // short runs are still warming up, so only report.
-  if (seconds >= 300) EXPECT_LT(growth, 0.01) << rss_early.load() << " -> " << rss_end;
+  if (seconds >= 300) {
+    EXPECT_LT(growth, 0.01) << rss_early.load() << " -> " << rss_end;
+  }
   EXPECT_GT(requests.load(), clients);
   ASSERT_TRUE(wait_idle(port, 10s));
   // What the clients received is what the server counted.
