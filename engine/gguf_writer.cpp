@@ -68,6 +68,16 @@ class FileOut {
     buf_.clear();
   }
 
+  // n zero bytes as a hole: the file stays sparse where its source was.
+  // The caller extends the file to pos() before closing (a trailing hole).
+  void hole(uint64_t n) {
+    flush();
+    if (::lseek(fd_, off_t(n), SEEK_CUR) < 0) {
+      throw std::system_error(errno, std::generic_category(), "cannot seek in " + path_);
+    }
+    pos_ += n;
+  }
+
  private:
   void raw(const uint8_t* p, uint64_t n) {
     while (n > 0) {
@@ -86,6 +96,19 @@ class FileOut {
   std::vector<uint8_t> buf_;
   uint64_t pos_ = 0;
 };
+
+bool all_zero(const uint8_t* p, uint64_t n) {
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    if (w != 0) return false;
+  }
+  for (; i < n; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
 
 void check_value(const std::string& key, const GgufValue& v, int depth) {
   if (uint32_t(v.type) > uint32_t(GgufType::FLOAT64)) {
@@ -310,7 +333,11 @@ void GgufWriter::write_file(const std::string& path, bool sparse) const {
         for (uint64_t done = 0; done < t.nbytes;) {
           uint64_t n = std::min<uint64_t>(kChunkBytes, t.nbytes - done);
           t.chunk_fill(done, staging.data(), n);
-          out.put(staging.data(), n);
+          if (all_zero(staging.data(), n)) {
+            out.hole(n);  // e.g. a split of a sparse synthetic model stays sparse
+          } else {
+            out.put(staging.data(), n);
+          }
           done += n;
           if (out.pos() - dropped >= kDropWindow) {
             out.flush();
@@ -330,6 +357,9 @@ void GgufWriter::write_file(const std::string& path, bool sparse) const {
       out.pad_to(align);
     }
     out.flush();
+    if (!sparse && ::ftruncate(fd, off_t(out.pos())) != 0) {  // a final hole has no bytes written yet
+      throw std::system_error(errno, std::generic_category(), "cannot size " + tmp);
+    }
     for (const Patch& p : patches) {
       const GgufValue v = (*p.final_value)();
       if (v.type != p.type) {

@@ -32,6 +32,8 @@ std::optional<DType> dtype_from_st(const std::string& s) {
   if (s == "F32") return DType::F32;
   if (s == "F16") return DType::F16;
   if (s == "BF16") return DType::BF16;
+  if (s == "I32") return DType::I32;  // integer tables (DeepSeek V4's tid2eid)
+  if (s == "I64") return DType::I64;
   return std::nullopt;
 }
 
@@ -167,7 +169,7 @@ void SafetensorsFile::parse_header(const uint8_t* header, uint64_t header_len) {
     t.name = name;
     const std::string dt = v["dtype"].get<std::string>();
     auto dtype = dtype_from_st(dt);
-    if (!dtype) fail(p, what + " has dtype " + dt + "; only F32, F16 and BF16 are supported");
+    if (!dtype) fail(p, what + " has dtype " + dt + "; only F32, F16, BF16, I32 and I64 are supported");
     t.dtype = *dtype;
     if (v["shape"].size() > 8) fail(p, what + " has more than 8 dimensions");
     uint64_t elements = 1;

@@ -8,8 +8,8 @@
 // before anything else is trusted: length bounded, every tensor inside the
 // data section, byte size = product(shape) x dtype size, tensors tiling the
 // section without overlap or hole (as the format's reference implementation
-// demands). Only F32, F16 and BF16 tensors are accepted; others are refused by
-// name. Tensor data is read on demand with pread; nothing is mapped.
+// demands). Only F32, F16, BF16, I32 and I64 tensors are accepted; others are
+// refused by name. Tensor data is read on demand with pread; nothing is mapped.
 //
 // A sharded checkpoint is a folder with model.safetensors.index.json whose
 // "weight_map" names the shard of every tensor; a single-file checkpoint is
@@ -35,7 +35,7 @@ class SafetensorsError : public std::runtime_error {
 
 struct SafetensorsTensor {
   std::string name;
-  DType dtype = DType::F32;     // F32, F16 or BF16
+  DType dtype = DType::F32;     // F32, F16, BF16, I32 or I64
   std::vector<int64_t> shape;   // row-major, outermost first; empty for a scalar
   uint64_t file_offset = 0;     // absolute byte offset of the data in its file
   uint64_t nbytes = 0;

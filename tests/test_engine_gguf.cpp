@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <random>
 
+#include <sys/stat.h>
+
 #include "engine/gguf.h"
 #include "tests/gguf_hostile.h"
 #include "tests/test_util.h"
@@ -360,6 +362,42 @@ TEST(GgufWriter, TensorlessFileIsPaddedAndReadable) {
   EXPECT_FALSE(f.has("y"));
   EXPECT_EQ(f.file_size() % 32, 0u);
   EXPECT_EQ(f.data_offset(), f.file_size());
+}
+
+// Chunks of zeros become holes, so splitting a sparse synthetic model (or any
+// file with long zero runs) does not fill the disk; the bytes read back equal.
+TEST(GgufWriter, ZeroChunksBecomeHoles) {
+  const uint64_t seed = test::test_seed();
+  std::mt19937_64 rng(seed);
+  const int64_t big = 3 << 20;  // F32 elements: 12 MiB, three 4 MiB chunks
+  std::vector<uint8_t> zeros(size_t(big) * 4, 0), mixed(size_t(big) * 4, 0), tail(size_t(big) * 4, 0);
+  for (size_t i = 4 << 20; i < (5u << 20); ++i) mixed[i] = uint8_t(rng() | 1);  // middle chunk nonzero, partly
+  GgufWriter w;
+  w.set("general.architecture", GgufValue::of_str("llama"));
+  auto add = [&](const char* name, const std::vector<uint8_t>& bytes) {
+    w.add_tensor_chunked(name, DType::F32, {big}, [&bytes](uint64_t off, uint8_t* dst, uint64_t nb) {
+      std::memcpy(dst, bytes.data() + off, nb);
+    });
+  };
+  add("a.zeros", zeros);
+  add("b.mixed", mixed);
+  add("c.tail", tail);  // the file ends in a hole: it must still have its full size
+  test::TempDir dir;
+  const std::string path = dir.file("holes.gguf");
+  w.write(path);
+  GgufFile f = GgufFile::open(path);
+  ASSERT_EQ(f.tensors().size(), 3u);
+  EXPECT_EQ(f.file_size(), std::filesystem::file_size(path));
+  const std::vector<uint8_t>* want[] = {&zeros, &mixed, &tail};
+  for (size_t i = 0; i < 3; ++i) {
+    std::vector<uint8_t> got(f.tensors()[i].nbytes, 0xAB);
+    f.read_tensor(f.tensors()[i], got.data());
+    EXPECT_EQ(got, *want[i]) << f.tensors()[i].name << " seed " << seed;
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  // 36 MiB of tensors, of which one 4 MiB chunk holds data.
+  EXPECT_LT(uint64_t(st.st_blocks) * 512, uint64_t(12) << 20) << "allocated " << st.st_blocks * 512;
 }
 
 TEST(GgufWriter, RefusesBadInput) {

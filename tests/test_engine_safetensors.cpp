@@ -124,7 +124,7 @@ TEST(Safetensors, RefusesBadTensorEntries) {
   EXPECT_NE(header_error({{"a", entry("F32", {1}, {4, 8})}}, 8).find("unindexed bytes before"), std::string::npos);
   EXPECT_NE(header_error({{"a", entry("F32", {1}, {0, 4})}}, 8).find("after the last tensor"), std::string::npos);
   // Types and shapes.
-  EXPECT_NE(header_error({{"a", entry("I64", {1}, {0, 8})}}, 8).find("dtype I64"), std::string::npos);
+  EXPECT_NE(header_error({{"a", entry("U8", {1}, {0, 1})}}, 1).find("dtype U8"), std::string::npos);
   EXPECT_NE(header_error({{"a", entry("F32", {-2}, {0, 8})}}, 8).find("not a non-negative integer"), std::string::npos);
   EXPECT_NE(header_error({{"a", entry("F32", {1.5}, {0, 8})}}, 8).find("not a non-negative integer"), std::string::npos);
   EXPECT_NE(header_error({{"a", entry("F32", {1ull << 40, 1ull << 40}, {0, 8})}}, 8).find("too many elements"),
