@@ -35,6 +35,7 @@
 #include "coordinator/load_report.h"
 #include "engine/backend.h"
 #include "engine/gguf.h"
+#include "engine/kv_cache.h"
 #include "engine/llama_family.h"
 #include "engine/loader.h"
 #include "engine/memory_plan.h"
@@ -137,9 +138,17 @@ struct FlopModel {
 
 FlopModel flop_model(const GgufFile& f, const StageRunner& r) {
   FlopModel m;
+  // Stacked expert tensors (3 dims, one slice per expert) count only the
+  // experts a token uses (the usual `ARCH.expert_used_count / expert_count`).
+  const std::string arch = f.get_str("general.architecture", "");
+  const int64_t n_expert = f.get_int(arch + ".expert_count", 0);
+  const int64_t n_used = f.get_int(arch + ".expert_used_count", 0);
   for (const auto& t : f.tensors()) {
     if (t.n_dims < 2) continue;
-    if (t.name.rfind("blk.", 0) == 0) m.layer_weights += double(t.n_elements());
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    double n = double(t.n_elements());
+    if (t.n_dims == 3 && n_expert > 0 && n_used > 0) n = n * double(n_used) / double(n_expert);
+    m.layer_weights += n;
   }
   const GgufTensorInfo* out = f.find_tensor("output.weight");
   if (!out) out = f.find_tensor("token_embd.weight");
@@ -260,8 +269,10 @@ int bench(const BenchOptions& o) {
   }
 
   std::vector<Row> rows;
-  const uint64_t kv_per_token = r.arch().kv_bytes_per_token_per_layer() *
-                                uint64_t(r.config().last_layer - r.config().first_layer + 1);
+  // KV bytes at a context, from the arch's own streams (per-layer windows and
+  // compressed rows for deepseek4, n_ctx rows per stream for llama).
+  const LayerRange range{r.config().first_layer, r.config().last_layer};
+  auto kv_bytes_at = [&](int64_t n) { return KvCache::bytes_needed(r.arch(), range, 1, n); };
   for (int64_t ctx = o.ctx_start; ctx <= o.ctx_max; ctx *= o.step_mul) {
     r.reset(0);
     const auto prompt = random_prompt(ctx);
@@ -274,7 +285,7 @@ int bench(const BenchOptions& o) {
     row.gen_tokens = o.gen_tokens;
     row.prefill_tps = double(ctx) / tp;
     row.gen_tps = double(o.gen_tokens) / tg;
-    row.kv_bytes = kv_per_token * uint64_t(ctx + o.gen_tokens);
+    row.kv_bytes = kv_bytes_at(ctx + o.gen_tokens);
     row.weight_bytes = r.weight_bytes_per_token();
     row.gen_gbps = double(row.weight_bytes) * row.gen_tps / 1e9;
     row.roofline_pct = ceil.copy_bytes_per_s > 0 ? 100.0 * row.gen_gbps * 1e9 / ceil.copy_bytes_per_s : 0.0;

@@ -11,6 +11,7 @@
 
 #ifdef BATON_HAVE_CUDA
 #include "engine/cuda/cuda_stage.h"
+#include "engine/cuda/ds4_stage.h"
 #endif
 
 namespace baton {
@@ -92,10 +93,19 @@ int32_t StageRunner::forward_greedy(int seq, std::span<const int32_t> tokens) {
   return int32_t(std::max_element(row, row + v) - row);
 }
 
+#ifdef BATON_HAVE_CUDA
+namespace {
+// deepseek4 has its own CUDA stage; every other arch goes to CudaStage,
+// which refuses by name what it cannot run.
+bool is_deepseek4(const GgufFile& f) { return Arch::from_gguf(f)->name() == "deepseek4"; }
+}  // namespace
+#endif
+
 MemoryPlan plan_stage_runner(Backend b, const GgufFile& f, const StageConfig& config, const LoadOptions& load) {
   if (std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
   if (b == Backend::Cpu) return Stage::plan(f, config);
 #ifdef BATON_HAVE_CUDA
+  if (is_deepseek4(f)) return CudaDs4Stage::plan(f, config, load);
   return CudaStage::plan(f, config, load);
 #else
   (void)load;
@@ -108,6 +118,7 @@ std::unique_ptr<StageRunner> make_stage_runner(Backend b, const GgufFile& f, con
   if (std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
   if (b == Backend::Cpu) return std::make_unique<CpuStageRunner>(f, config, load);
 #ifdef BATON_HAVE_CUDA
+  if (is_deepseek4(f)) return std::make_unique<CudaDs4Stage>(f, config, load);
   return std::make_unique<CudaStage>(f, config, load);
 #else
   throw std::logic_error("unreachable: cuda without CUDA");

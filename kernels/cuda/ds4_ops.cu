@@ -114,13 +114,21 @@ __device__ void hc_weights_serial(float* mix, int n, const float* scale, const f
 __global__ void hc_weights_input_kernel(float* mix, const float* __restrict__ x, int n, int64_t E, int iters,
                                         float hc_eps, float rms_eps, const float* __restrict__ scale,
                                         const float* __restrict__ base, const float* __restrict__ norm,
-                                        float* __restrict__ h) {
+                                        float* __restrict__ h, bool raw) {
   __shared__ float red[32];
   __shared__ float w[kMaxHc * (kMaxHc + 2)];
   const int64_t t = blockIdx.x;
   const int mixw = n * (n + 2);
   float* mt = mix + t * mixw;
-  for (int i = threadIdx.x; i < mixw; i += blockDim.x) w[i] = mt[i];
+  float inv = 1.0f;
+  if (raw) {  // mix = hc_fn . x: scale by 1 / RMS(flat x) here (hc_fn . RMS(x) by linearity)
+    const float* xf = x + t * int64_t(n) * E;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < int64_t(n) * E; i += blockDim.x) ss = fmaf(xf[i], xf[i], ss);
+    ss = block_sum(ss, red);
+    inv = float(1.0 / sqrt(double(ss) / double(int64_t(n) * E) + double(rms_eps)));
+  }
+  for (int i = threadIdx.x; i < mixw; i += blockDim.x) w[i] = mt[i] * inv;
   __syncthreads();
   if (n * n <= 32) {
     if (threadIdx.x < 32) hc_weights_warp(w, n, scale, base, iters, hc_eps);
@@ -241,10 +249,17 @@ __device__ __forceinline__ float ape_at(const MatrixView& a, int64_t r, int64_t 
 }
 
 // Block: window w = w_lo + blockIdx.x, complete within this batch.
+// With pos0_dev the grid covers the most windows a batch of n_tokens can
+// complete and blocks past the real ones return.
 __global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo) {
   extern __shared__ float row[];  // dim floats
   __shared__ float red[32];
+  if (p.pos0_dev) {
+    p.pos0 = *p.pos0_dev;
+    w_lo = p.pos0 / p.ratio;
+  }
   const int64_t w = w_lo + blockIdx.x;
+  if (w >= (p.pos0 + p.n_tokens) / p.ratio) return;  // whole block: before any barrier
   const int64_t W = int64_t(p.lanes) * p.dim, R = int64_t(p.lanes) * p.ratio;
   const float* kv_ring = p.state;
   const float* gate_ring = p.state + R * W;
@@ -307,6 +322,7 @@ __global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo) {
 
 // Block b: token n_tokens - n_store + b into its state rows.
 __global__ void compress_store_kernel(Ds4CompressParams p, int64_t n_store) {
+  if (p.pos0_dev) p.pos0 = *p.pos0_dev;
   const int64_t t = p.n_tokens - n_store + blockIdx.x;
   const int64_t pos = p.pos0 + t;
   const int64_t W = int64_t(p.lanes) * p.dim, R = int64_t(p.lanes) * p.ratio;
@@ -325,6 +341,7 @@ __global__ void compress_store_kernel(Ds4CompressParams p, int64_t n_store) {
 // (only for tokens with more than top_k of them), one row per warp at a time.
 __global__ void indexer_score_kernel(Ds4IndexerParams p) {
   extern __shared__ float qs[];  // n_head * head_dim query values, then n_head weights
+  if (p.pos0_dev) p.pos0 = *p.pos0_dev;
   const int64_t t = blockIdx.y;
   const int64_t nv = (p.pos0 + t + 1) / p.ratio;
   if (nv <= p.top_k) return;
@@ -382,11 +399,12 @@ __device__ __forceinline__ void block_count(bool flag, int* warp_cnt, int& befor
 // the first (lowest-index) ones equal to it. Output ascending by row.
 __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_kernel(const float* __restrict__ scores, int64_t stride, int64_t pos0, int ratio, int top_k,
-                        int32_t* __restrict__ itop) {
+                        int32_t* __restrict__ itop, const int32_t* __restrict__ pos0_dev) {
   __shared__ int hist[256];
   __shared__ uint32_t sh_prefix;
   __shared__ int sh_remaining;
   __shared__ int warp_cnt[32];
+  if (pos0_dev) pos0 = *pos0_dev;
   const int64_t t = blockIdx.x;
   const int64_t nv = (pos0 + t + 1) / ratio;
   int32_t* out = itop + t * top_k;
@@ -453,6 +471,13 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = int(blockIdx.x) * kAttnWarps + warp;
   if (h >= p.n_head) return;  // whole warps only: no block barrier below
+  if (p.pos0_dev) {
+    // The splits were sized for the upper bound; share the real rows.
+    p.pos0 = *p.pos0_dev;
+    const int64_t last = p.pos0 + p.n_tokens;
+    const int64_t cv = p.ratio > 0 ? (p.itop ? min(int64_t(p.top_k), last / p.ratio) : last / p.ratio) : 0;
+    chunk = (min(p.window, last) + cv + gridDim.z - 1) / gridDim.z;
+  }
   const int64_t t = blockIdx.y, pos = p.pos0 + t;
   const int hd = p.head_dim, per = hd / 32;
   float qv[kPerLane], acc[kPerLane];
@@ -553,15 +578,54 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_merge_kernel(Ds4Att
 }
 
 __global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_tokens, int64_t n_store, int64_t hd,
-                                    int64_t pos0, float* __restrict__ ring, int64_t window) {
+                                    int64_t pos0, float* __restrict__ ring, int64_t window,
+                                    const int32_t* __restrict__ pos0_dev) {
+  if (pos0_dev) pos0 = *pos0_dev;
   const int64_t t = n_tokens - n_store + blockIdx.x;
   float* dst = ring + ((pos0 + t) % window) * hd;
   for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kv_new[t * hd + i];
 }
 
+__global__ void scale_kernel(float* x, int64_t n, float s) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    x[i] *= s;
+  }
+}
+
+// Block t: the head's stream weights (as the CPU head: sigmoid(m * scale +
+// base) + eps, products rounded before the addition), then h[t] as in
+// hc_weights_input_kernel.
+__global__ void head_input_kernel(const float* __restrict__ mix, int64_t mix_stride, const float* __restrict__ x,
+                                  int n, int64_t E, float hc_eps, float rms_eps, const float* __restrict__ scale,
+                                  const float* __restrict__ base, const float* __restrict__ norm,
+                                  float* __restrict__ h) {
+  __shared__ float red[32];
+  __shared__ float w[kMaxHc];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < n) w[threadIdx.x] = sigmoid_f(__fmul_rn(mix[t * mix_stride + threadIdx.x], scale[0]) + base[threadIdx.x]) + hc_eps;
+  __syncthreads();
+  const float* xt = x + t * int64_t(n) * E;
+  float* ht = h + t * E;
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < E; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < n; ++s) acc += w[s] * xt[int64_t(s) * E + d];
+    ht[d] = acc;
+    ss = fmaf(acc, acc, ss);
+  }
+  ss = block_sum(ss, red);
+  const float sc = float(1.0 / sqrt(double(ss) / double(E) + double(rms_eps)));
+  for (int64_t d = threadIdx.x; d < E; d += blockDim.x) ht[d] = ht[d] * sc * norm[d];
+}
+
 void require(bool ok, const char* who, const char* what) {
   if (!ok) throw std::invalid_argument(std::string(who) + ": " + what);
 }
+
+// One block per token: a decode step has one block reading the whole HC
+// state (64 KiB for Flash), so it gets 1024 threads to have enough loads in
+// flight; long batches fill the GPU with blocks anyway.
+unsigned hc_threads(int64_t n_tokens) { return n_tokens <= 64 ? 1024u : 256u; }
 
 void validate_hc(const Ds4HcShape& s, int64_t n_tokens, const char* who) {
   require(s.n_hc >= 1 && s.n_hc <= kMaxHc, who, "n_hc must be 1..8");
@@ -577,9 +641,18 @@ void ds4_hc_weights_input(const Ds4HcShape& s, float* mix, const float* x, int64
                           const float* base, const float* norm, float* h, cudaStream_t stream) {
   validate_hc(s, n_tokens, "ds4_hc_weights_input");
   require(mix && x && scale && base && norm && h, "ds4_hc_weights_input", "null buffer");
-  hc_weights_input_kernel<<<unsigned(n_tokens), 256, 0, stream>>>(mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters,
-                                                                   s.hc_eps, s.rms_eps, scale, base, norm, h);
+  hc_weights_input_kernel<<<unsigned(n_tokens), hc_threads(n_tokens), 0, stream>>>(
+      mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters, s.hc_eps, s.rms_eps, scale, base, norm, h, false);
   check_launch("hc_weights_input_kernel");
+}
+
+void ds4_hc_weights_input_raw(const Ds4HcShape& s, float* mix, const float* x, int64_t n_tokens, const float* scale,
+                              const float* base, const float* norm, float* h, cudaStream_t stream) {
+  validate_hc(s, n_tokens, "ds4_hc_weights_input_raw");
+  require(mix && x && scale && base && norm && h, "ds4_hc_weights_input_raw", "null buffer");
+  hc_weights_input_kernel<<<unsigned(n_tokens), hc_threads(n_tokens), 0, stream>>>(
+      mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters, s.hc_eps, s.rms_eps, scale, base, norm, h, true);
+  check_launch("hc_weights_input_kernel (raw)");
 }
 
 size_t ds4_hc_pre_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens) {
@@ -636,8 +709,10 @@ void ds4_compress(const Ds4CompressParams& p, cudaStream_t stream) {
               p.ape.cols == p.lanes * p.dim && p.ape.row_bytes >= uint64_t(p.ape.cols) * dtype_info(p.ape.type).block_bytes,
           who, "ape must be F32 or F16 with ratio rows of lanes * dim");
   const int64_t w_lo = p.pos0 / p.ratio, w_hi = (p.pos0 + p.n_tokens) / p.ratio;
-  if (w_hi > w_lo) {
-    compress_pool_kernel<<<unsigned(w_hi - w_lo), 256, size_t(p.dim) * sizeof(float), stream>>>(p, w_lo);
+  // Device position: the most windows n_tokens consecutive tokens complete.
+  const int64_t blocks = p.pos0_dev ? (p.n_tokens - 1) / p.ratio + 1 : w_hi - w_lo;
+  if (blocks > 0) {
+    compress_pool_kernel<<<unsigned(blocks), 256, size_t(p.dim) * sizeof(float), stream>>>(p, w_lo);
     check_launch("compress_pool_kernel");
   }
   // After the pooling, which still reads the state rows of earlier positions.
@@ -668,7 +743,7 @@ void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream) {
     check_launch("indexer_score_kernel");
   }
   indexer_topk_kernel<<<unsigned(p.n_tokens), kTopkThreads, 0, stream>>>(p.scores, p.score_stride, p.pos0, p.ratio,
-                                                                        p.top_k, p.itop);
+                                                                        p.top_k, p.itop, p.pos0_dev);
   check_launch("indexer_topk_kernel");
 }
 
@@ -719,7 +794,7 @@ void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspac
   const size_t need = ds4_attention_workspace_bytes(p);
   const unsigned head_blocks = unsigned((p.n_head + kAttnWarps - 1) / kAttnWarps);
   if (splits > 1 && workspace != nullptr && workspace_bytes >= need) {
-    const int64_t chunk = (max_visible(p) + splits - 1) / splits;
+    const int64_t chunk = p.pos0_dev ? 0 : (max_visible(p) + splits - 1) / splits;  // 0: from the device position
     float* part = static_cast<float*>(workspace);
     ds4_attention_kernel<true><<<dim3(head_blocks, unsigned(p.n_tokens), unsigned(splits)), kAttnWarps * 32, 0,
                                  stream>>>(p, chunk, part);
@@ -738,8 +813,35 @@ void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, i
   require(kv_new && ring && n_tokens >= 1 && head_dim >= 1 && window >= 1 && pos0 >= 0, "ds4_window_store",
           "bad arguments");
   const int64_t n_store = std::min(n_tokens, window);
-  window_store_kernel<<<unsigned(n_store), 256, 0, stream>>>(kv_new, n_tokens, n_store, head_dim, pos0, ring, window);
+  window_store_kernel<<<unsigned(n_store), 256, 0, stream>>>(kv_new, n_tokens, n_store, head_dim, pos0, ring, window,
+                                                             nullptr);
   check_launch("window_store_kernel");
+}
+
+void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, const int32_t* pos0_dev, float* ring,
+                      int64_t window, cudaStream_t stream) {
+  require(kv_new && ring && pos0_dev && n_tokens >= 1 && head_dim >= 1 && window >= 1, "ds4_window_store",
+          "bad arguments");
+  const int64_t n_store = std::min(n_tokens, window);
+  window_store_kernel<<<unsigned(n_store), 256, 0, stream>>>(kv_new, n_tokens, n_store, head_dim, 0, ring, window,
+                                                             pos0_dev);
+  check_launch("window_store_kernel");
+}
+
+void ds4_scale(float* x, int64_t n, float s, cudaStream_t stream) {
+  require(x != nullptr && n >= 0, "ds4_scale", "bad arguments");
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, s);
+  check_launch("scale_kernel");
+}
+
+void ds4_head_input(const Ds4HcShape& s, const float* mix, int64_t mix_stride, const float* x, int64_t n_tokens,
+                    const float* scale, const float* base, const float* norm, float* h, cudaStream_t stream) {
+  validate_hc(s, n_tokens, "ds4_head_input");
+  require(mix && x && scale && base && norm && h && mix_stride >= s.n_hc, "ds4_head_input", "bad arguments");
+  head_input_kernel<<<unsigned(n_tokens), hc_threads(n_tokens), 0, stream>>>(mix, mix_stride, x, s.n_hc, s.n_embd, s.hc_eps, s.rms_eps,
+                                                            scale, base, norm, h);
+  check_launch("head_input_kernel");
 }
 
 }  // namespace baton::cuda

@@ -40,6 +40,12 @@ struct Ds4HcShape {
 void ds4_hc_weights_input(const Ds4HcShape& s, float* mix, const float* x, int64_t n_tokens, const float* scale,
                           const float* base, const float* norm, float* h, cudaStream_t stream);
 
+// The same from mix = hc_fn . x of the raw state: the kernel scales mix by
+// 1 / RMS(flat x) first (by linearity, hc_fn . RMS(x)), which saves the
+// separate norm of the flat state and its launch in a decode step.
+void ds4_hc_weights_input_raw(const Ds4HcShape& s, float* mix, const float* x, int64_t n_tokens, const float* scale,
+                              const float* base, const float* norm, float* h, cudaStream_t stream);
+
 // Workspace of ds4_hc_pre: the normalised flat state of n_tokens tokens.
 size_t ds4_hc_pre_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens);
 
@@ -109,6 +115,10 @@ struct Ds4CompressParams {
   float* rows = nullptr;        // output row w at rows + w * dim
   int64_t pos0 = 0;
   int64_t n_tokens = 0;
+  // Captured decode graphs: the first position is read from this device
+  // int32 when the kernels run, and pos0 above is only its upper bound
+  // (grids are sized for it). Null: pos0 is the position.
+  const int32_t* pos0_dev = nullptr;
 };
 void ds4_compress(const Ds4CompressParams& p, cudaStream_t stream);
 
@@ -131,6 +141,7 @@ struct Ds4IndexerParams {
   float* scores = nullptr;         // workspace: n_tokens rows of score_stride floats
   int64_t score_stride = 0;        // >= (pos0 + n_tokens) / ratio
   int32_t* itop = nullptr;
+  const int32_t* pos0_dev = nullptr;  // as in Ds4CompressParams
 };
 void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream);
 
@@ -160,6 +171,9 @@ struct Ds4AttentionParams {
   int64_t n_tokens = 0;
   float* out = nullptr;             // n_tokens rows of n_head * head_dim, out_stride apart
   int64_t out_stride = 0;
+  // As in Ds4CompressParams: the splits are sized for pos0 (the upper bound)
+  // and each split's share of the rows follows the real position.
+  const int32_t* pos0_dev = nullptr;
 };
 // Decode and short batches split each (token, head)'s rows across blocks
 // when given a workspace of ds4_attention_workspace_bytes (0 when splitting
@@ -173,5 +187,18 @@ void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspac
 // min(n_tokens, window) tokens of the batch.
 void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, int64_t pos0, float* ring,
                       int64_t window, cudaStream_t stream);
+// The same with the first position read from device memory (decode graphs).
+void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, const int32_t* pos0_dev, float* ring,
+                      int64_t window, cudaStream_t stream);
+
+// x[i] *= s for i < n (the indexer's head weights).
+void ds4_scale(float* x, int64_t n, float s, cudaStream_t stream);
+
+// The output head's stream weights as HC-pre computes them for a sublayer,
+// for the head: h[t] = RMSNorm(sum_s w[s] x[t][s]) * norm with
+// w[s] = sigmoid(mix[t][s] * scale + base[s]) + hc_eps; mix rows are
+// mix_stride floats apart (n_hc used), base n_hc floats, scale one float.
+void ds4_head_input(const Ds4HcShape& s, const float* mix, int64_t mix_stride, const float* x, int64_t n_tokens,
+                    const float* scale, const float* base, const float* norm, float* h, cudaStream_t stream);
 
 }  // namespace baton::cuda

@@ -1,0 +1,375 @@
+// CudaDs4Stage's forward: the CPU arch's steps (engine/arch_deepseek4*.cpp)
+// as kernel launches on the stage's stream. Per layer: HC-pre, attention,
+// HC-post, HC-pre, MoE, HC-post; the HC state x stays in the workspace for
+// the whole forward.
+//
+// Numerics: activations and reductions are float32 as on the CPU; the
+// projections of up to kMatvecMaxTokens tokens read Q8_0/Q4_K weights with
+// activations quantized to 16 bits (matvec_xq, max|x| / 65024 per value)
+// and other dtypes with float activations (matvec); longer batches round
+// activations to F16 for cuBLAS (matmul, about 1e-3 of sum |w x|).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "engine/cuda/ds4_stage.h"
+#include "engine/cuda/ds4_stage_impl.h"
+#include "engine/cuda/stage_ops.cuh"
+#include "kernels/cuda/ds4_ops.cuh"
+#include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/sampling.cuh"
+
+namespace baton {
+
+using A = Deepseek4Arch;
+
+namespace {
+
+cuda::Ds4HcShape hc_shape(const Deepseek4Shape& s) {
+  cuda::Ds4HcShape h;
+  h.n_hc = s.n_hc;
+  h.n_embd = s.n_embd;
+  h.sinkhorn_iters = s.hc_sinkhorn_iters;
+  h.hc_eps = float(s.hc_eps);
+  h.rms_eps = float(s.rms_eps);
+  return h;
+}
+
+}  // namespace
+
+void CudaDs4Stage::project(const Mat& m, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
+                           int64_t out_stride) {
+  const Layout& L = *layout_;
+  if (xq && m.xq && n <= cuda::kMatvecMaxTokens) {
+    cuda::matvec_xq(m.w, xq, n, out, out_stride, stream_.get());
+  } else if (n <= cuda::kMatvecMaxTokens) {
+    cuda::matvec(m.w, x, n, x_stride, out, out_stride, stream_.get());
+  } else {
+    cuda::matmul(cublas_.get(), m.w, x, n, x_stride, out, out_stride, workspace_.data() + L.mm, L.mm_bytes,
+                 stream_.get());
+  }
+}
+
+const void* CudaDs4Stage::quantize_for(std::initializer_list<const Mat*> mats, const float* x, int64_t width, int64_t n,
+                                       int64_t x_stride) {
+  if (n > cuda::kMatvecMaxTokens || width % 32 != 0) return nullptr;
+  if (std::none_of(mats.begin(), mats.end(), [](const Mat* m) { return m->w.data && m->xq; })) return nullptr;
+  uint8_t* xq = workspace_.data() + layout_->xq;
+  cuda::quantize_xq(x, width, n, x_stride, xq, stream_.get());
+  return xq;
+}
+
+void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
+  const Layout& L = *layout_;
+  const Deepseek4Shape& s = ds4_->shape();
+  const Weights& W = *w_;
+  cudaStream_t st = stream_.get();
+  uint8_t* ws = workspace_.data();
+  uint8_t* io = io_.data();
+  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
+  float *x = f(L.x), *flat = f(L.flat), *mix = f(L.mix), *h = f(L.h);
+  int32_t* d_tokens = reinterpret_cast<int32_t*>(ws + L.params);
+  const cuda::Ds4HcShape hs = hc_shape(s);
+  const float eps = float(s.rms_eps);
+
+  BATON_CUDA_CHECK(cudaMemcpyAsync(d_tokens, io + L.h_params, uint64_t(3 * L.B + 1) * 4, cudaMemcpyHostToDevice, st));
+  if (config_.embedding) {
+    // Every stream starts as the token's embedding.
+    for (int k = 0; k < s.n_hc; ++k) cuda::get_rows(W.embedding, d_tokens, n, x + k * L.E, L.HC, st);
+  } else {
+    BATON_CUDA_CHECK(cudaMemcpyAsync(x, io + L.h_in, uint64_t(n * L.HC) * 4, cudaMemcpyHostToDevice, st));
+  }
+  auto hc_pre = [&](const Weights::Layer& w, int k) {
+    if (n <= cuda::kMatvecMaxTokens) {
+      // Float matvec on the raw state; the weights kernel applies the RMS.
+      project(w.hc_fn[k], x, nullptr, n, L.HC, mix, L.MIX);
+      cuda::ds4_hc_weights_input_raw(hs, mix, x, n, w.hc_scale[k], w.hc_base[k], w.norm[k], h, st);
+      return;
+    }
+    // cuBLAS rounds its input to F16: give it the normalised state.
+    cuda::rmsnorm(x, L.HC, nullptr, flat, L.HC, n, L.HC, eps, st);
+    project(w.hc_fn[k], flat, nullptr, n, L.HC, mix, L.MIX);
+    cuda::ds4_hc_weights_input(hs, mix, x, n, w.hc_scale[k], w.hc_base[k], w.norm[k], h, st);
+  };
+  for (int l = config_.first_layer; l <= config_.last_layer; ++l) {
+    const Weights::Layer& w = W.layers[size_t(l - config_.first_layer)];
+    hc_pre(w, 0);
+    attention(seq, l, n, pos0, graph);
+    cuda::ds4_hc_post(hs, x, f(L.y), mix, n, x, st);
+    hc_pre(w, 1);
+    moe(l, n);
+    cuda::ds4_hc_post(hs, x, f(L.moe_out), mix, n, x, st);
+  }
+  if (config_.head) head(n);
+}
+
+void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph) {
+  const Layout& L = *layout_;
+  const Deepseek4Shape& s = ds4_->shape();
+  const Weights::Layer& w = w_->layers[size_t(l - config_.first_layer)];
+  cudaStream_t st = stream_.get();
+  uint8_t* ws = workspace_.data();
+  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
+  const int32_t* d_pos = reinterpret_cast<const int32_t*>(ws + L.params) + L.B;
+  const int32_t* d_neg = d_pos + L.B;
+  const int32_t* d_pos0 = d_pos + 2 * L.B;
+  // In a decode graph the kernels read the position from d_pos0; the host
+  // value is the largest it can be, which sizes their grids.
+  const int32_t* P = graph ? d_pos0 : nullptr;
+  const int64_t bound = graph ? config_.n_ctx - n : pos0;
+  const float eps = float(s.rms_eps);
+  const int64_t E = L.E, hd = L.hd, HD = L.HD, QR = L.QR, rd = s.rope_dim;
+  const float* freqs = f(w.ratio > 0 ? L.freqs_comp : L.freqs_main);
+  const float* freqs_comp = f(L.freqs_comp);
+  float *h = f(L.h), *q_lat = f(L.q_lat), *q = f(L.q), *att = f(L.att), *kv_new = f(L.kv_new);
+
+  // Every projection of h first, while the quantized h is in the xq buffer.
+  const void* xh = quantize_for({&w.qa, &w.kv, &w.comp_kv, &w.comp_gate, &w.idx_kv, &w.idx_gate, &w.idx_proj}, h, E,
+                                n, E);
+  project(w.qa, h, xh, n, E, q_lat, QR);
+  project(w.kv, h, xh, n, E, kv_new, hd);
+  const int64_t cw = int64_t(s.compressor_lanes(l)) * hd;
+  float* ckv = f(L.comp);
+  float* cg = ckv + L.B * cw;
+  // One token: adjacent pairs in one launch, outputs side by side.
+  const bool one = n == 1;
+  if (one && w.comp_kvg.w.data) cg = ckv + cw;
+  if (w.ratio > 0) {
+    if (one && w.comp_kvg.w.data) {
+      project(w.comp_kvg, h, xh, n, E, ckv, 2 * cw);
+    } else {
+      project(w.comp_kv, h, xh, n, E, ckv, cw);
+      project(w.comp_gate, h, xh, n, E, cg, cw);
+    }
+  }
+  const int64_t id = L.id, iw2 = 2 * L.id;
+  float* ikv = f(L.icomp);
+  float* ig = one && w.idx_kvg.w.data ? ikv + iw2 : ikv + L.B * iw2;
+  float* iwts = f(L.iw);
+  if (w.indexed) {
+    if (one && w.idx_kvg.w.data) {
+      project(w.idx_kvg, h, xh, n, E, ikv, 2 * iw2);
+    } else {
+      project(w.idx_kv, h, xh, n, E, ikv, iw2);
+      project(w.idx_gate, h, xh, n, E, ig, iw2);
+    }
+    project(w.idx_proj, h, xh, n, E, iwts, L.ih);
+  }
+
+  // Queries: normed latent (the indexer reads it too), per-head RMS, RoPE.
+  const void* xl = nullptr;
+  if (n <= cuda::kMatvecMaxTokens && QR % 32 == 0 && (w.qb.xq || (w.indexed && w.idx_qb.xq))) {
+    // The norm and the quantization for matvec_xq in one launch.
+    xl = ws + L.xq;
+    cuda::add_rmsnorm(q_lat, QR, nullptr, 0, w.qa_norm, q_lat, QR, n, QR, eps, st, ws + L.xq);
+  } else {
+    cuda::rmsnorm(q_lat, QR, w.qa_norm, q_lat, QR, n, QR, eps, st);
+  }
+  project(w.qb, q_lat, xl, n, QR, q, HD);
+  cuda::rmsnorm(q, hd, nullptr, q, hd, n * L.H, hd, eps, st);
+  cuda::rope(q + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
+  // The shared K = V row.
+  cuda::rmsnorm(kv_new, hd, w.kv_norm, kv_new, hd, n, hd, eps, st);
+  cuda::rope(kv_new + hd - rd, n, hd, 1, int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
+
+  if (w.ratio > 0) {
+    cuda::Ds4CompressParams cp;
+    cp.ratio = w.ratio;
+    cp.lanes = s.compressor_lanes(l);
+    cp.dim = hd;
+    cp.rope_dim = int(rd);
+    cp.eps = eps;
+    cp.kv = ckv;
+    cp.gate = cg;
+    cp.stride = cw;
+    cp.ape = w.comp_ape;
+    cp.norm = w.comp_norm;
+    cp.inv_freq = freqs_comp;
+    cp.state = kv_stream(l, seq, A::kCompState);
+    cp.rows = kv_stream(l, seq, A::kCompRows);
+    cp.pos0 = bound;
+    cp.n_tokens = n;
+    cp.pos0_dev = P;
+    cuda::ds4_compress(cp, st);
+  }
+  if (w.indexed) {
+    cuda::Ds4CompressParams cp;
+    cp.ratio = w.ratio;
+    cp.lanes = 2;
+    cp.dim = id;
+    cp.rope_dim = int(rd);
+    cp.eps = eps;
+    cp.kv = ikv;
+    cp.gate = ig;
+    cp.stride = iw2;
+    cp.ape = w.idx_ape;
+    cp.norm = w.idx_norm;
+    cp.inv_freq = freqs_comp;
+    cp.state = kv_stream(l, seq, A::kIdxState);
+    cp.rows = kv_stream(l, seq, A::kIdxRows);
+    cp.pos0 = bound;
+    cp.n_tokens = n;
+    cp.pos0_dev = P;
+    cuda::ds4_compress(cp, st);
+    float* iq = f(L.iq);
+    project(w.idx_qb, q_lat, xl, n, QR, iq, L.ih * id);
+    cuda::rope(iq + id - rd, n, L.ih * id, int(L.ih), int(id), int(rd), d_pos, freqs_comp, RopeMode::Normal, st);
+    cuda::ds4_scale(iwts, n * L.ih, float(1.0 / std::sqrt(double(id) * double(L.ih))), st);
+    cuda::Ds4IndexerParams ip;
+    ip.n_head = int(L.ih);
+    ip.head_dim = int(id);
+    ip.ratio = w.ratio;
+    ip.top_k = int(L.top_k);
+    ip.q = iq;
+    ip.w = iwts;
+    ip.rows = kv_stream(l, seq, A::kIdxRows);
+    ip.pos0 = bound;
+    ip.n_tokens = n;
+    ip.scores = f(L.iscore);
+    ip.score_stride = L.score_stride;
+    ip.itop = reinterpret_cast<int32_t*>(ws + L.itop);
+    ip.pos0_dev = P;
+    cuda::ds4_indexer_select(ip, st);
+  }
+
+  // Attention over the window rows and the visible compressed rows.
+  float* ring = kv_stream(l, seq, A::kWindow);
+  const int64_t window = layout_->kv[size_t(l - config_.first_layer)].rows[A::kWindow];
+  cuda::Ds4AttentionParams ap;
+  ap.n_head = int(L.H);
+  ap.head_dim = int(hd);
+  ap.scale = float(1.0 / std::sqrt(double(hd)));
+  ap.q = q;
+  ap.q_stride = HD;
+  ap.kv_new = kv_new;
+  ap.ring = ring;
+  ap.window = window;
+  ap.comp_rows = w.ratio > 0 ? kv_stream(l, seq, A::kCompRows) : nullptr;
+  ap.ratio = w.ratio;
+  ap.itop = w.indexed ? reinterpret_cast<const int32_t*>(ws + L.itop) : nullptr;
+  ap.top_k = int(L.top_k);
+  ap.sinks = w.sinks;
+  ap.pos0 = bound;
+  ap.n_tokens = n;
+  ap.out = att;
+  ap.out_stride = HD;
+  ap.pos0_dev = P;
+  cuda::ds4_attention(ap, ws + L.attn, L.attn_bytes, st);
+  if (graph) {
+    cuda::ds4_window_store(kv_new, n, hd, d_pos0, ring, window, st);
+  } else {
+    cuda::ds4_window_store(kv_new, n, hd, pos0, ring, window, st);
+  }
+  // V carried the keys' rotation: undo it at the query's position.
+  cuda::rope(att + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_neg, freqs, RopeMode::Normal, st);
+
+  // Grouped output: group g's heads through its o_lora_rank rows of output_a.
+  const int64_t gw = HD / L.G, GO = L.G * L.OR;
+  float* o_lat = f(L.o_lat);
+  if (n == 1 && w.out_a[0].xq && gw % 32 == 0 && L.G <= cuda::kMatvecMaxTokens && L.G * GO <= L.B * HD) {
+    // One token: its G slices quantized as G rows and multiplied by all of
+    // output_a in one launch (the weights are read once whatever the rows);
+    // group g's product is block g of row g, copied out with one 2D copy.
+    uint8_t* xq = ws + L.xq;
+    cuda::quantize_xq(att, gw, L.G, gw, xq, st);
+    float* all = att;  // consumed by the quantization
+    cuda::matvec_xq(w.out_a_all.w, xq, L.G, all, GO, st);
+    BATON_CUDA_CHECK(cudaMemcpy2DAsync(o_lat, uint64_t(L.OR) * 4, all, uint64_t(GO + L.OR) * 4, uint64_t(L.OR) * 4,
+                                       uint64_t(L.G), cudaMemcpyDeviceToDevice, st));
+  } else if (n == 1 && w.out_a[0].xq && gw % 32 == 0) {
+    uint8_t* xq = ws + L.xq;
+    cuda::quantize_xq(att, gw, L.G, gw, xq, st);
+    for (int64_t g = 0; g < L.G; ++g) {
+      cuda::matvec_xq(w.out_a[size_t(g)].w, xq + uint64_t(g) * cuda::xq_row_bytes(gw), 1, o_lat + g * L.OR, GO, st);
+    }
+  } else {
+    for (int64_t g = 0; g < L.G; ++g) project(w.out_a[size_t(g)], att + g * gw, nullptr, n, HD, o_lat + g * L.OR, GO);
+  }
+  const void* xo = quantize_for({&w.out_b}, o_lat, GO, n, GO);
+  project(w.out_b, o_lat, xo, n, GO, f(L.y), E);
+}
+
+void CudaDs4Stage::moe(int l, int64_t n) {
+  const Layout& L = *layout_;
+  const Deepseek4Shape& s = ds4_->shape();
+  const Weights::Layer& w = w_->layers[size_t(l - config_.first_layer)];
+  cudaStream_t st = stream_.get();
+  uint8_t* ws = workspace_.data();
+  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
+  const int64_t E = L.E, SF = L.SF;
+  float *h = f(L.h), *router = f(L.router), *wts = f(L.wts), *out = f(L.moe_out);
+  int32_t* ids = reinterpret_cast<int32_t*>(ws + L.ids);
+
+  const void* xh = quantize_for({&w.gate_inp, &w.sh_gate, &w.sh_up}, h, E, n, E);
+  project(w.gate_inp, h, xh, n, E, router, L.NE);
+  cuda::Ds4RouterParams rp;
+  rp.n_expert = int(L.NE);
+  rp.n_used = int(L.K);
+  rp.norm = s.expert_weights_norm;
+  rp.scale = float(s.expert_weights_scale);
+  rp.bias = w.exp_probs_b;
+  if (w.tid2eid) {
+    rp.tokens = reinterpret_cast<const int32_t*>(ws + L.params);
+    rp.tid2eid = w.tid2eid;
+    rp.n_vocab = L.V;
+  }
+  cuda::ds4_router(rp, router, n, ids, wts, st);
+
+  if (n <= cuda::kMatvecMaxTokens) {
+    cuda::moe_decode(w.moe, h, n, E, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
+  } else {
+    // Grouped GEMMs: the group sizes come back to the host first.
+    cuda::MoeGroups g;
+    g.offsets = reinterpret_cast<int32_t*>(ws + L.offsets);
+    g.sorted = reinterpret_cast<int32_t*>(ws + L.sorted);
+    g.slot_of = reinterpret_cast<int32_t*>(ws + L.slot_of);
+    cuda::moe_group(ids, n, int(L.K), L.NE, g, st);
+    int32_t* host_offsets = reinterpret_cast<int32_t*>(io_.data() + L.h_offsets);
+    BATON_CUDA_CHECK(cudaMemcpyAsync(host_offsets, g.offsets, uint64_t(L.NE + 1) * 4, cudaMemcpyDeviceToHost, st));
+    sync();
+    cuda::moe_prefill(cublas_.get(), w.moe, h, n, E, g, host_offsets, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes,
+                      st);
+  }
+  if (SF == 0) return;
+  float* sg = f(L.shared);
+  float* su = sg + L.B * SF;
+  if (n == 1 && w.sh_gu.w.data) {
+    su = sg + SF;
+    project(w.sh_gu, h, xh, n, E, sg, 2 * SF);
+  } else {
+    project(w.sh_gate, h, xh, n, E, sg, SF);
+    project(w.sh_up, h, xh, n, E, su, SF);
+  }
+  cuda::swiglu_clamped(sg, su, sg, n * SF, w.moe.clamp, st);
+  const void* xs = quantize_for({&w.sh_down}, sg, SF, n, SF);
+  float* sh = f(L.sh_out);
+  project(w.sh_down, sg, xs, n, SF, sh, E);
+  cuda::add_inplace(out, sh, n * E, st);
+}
+
+void CudaDs4Stage::head(int64_t n) {
+  const Layout& L = *layout_;
+  const Deepseek4Shape& s = ds4_->shape();
+  const Weights& W = *w_;
+  cudaStream_t st = stream_.get();
+  uint8_t* ws = workspace_.data();
+  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
+  const int64_t rows = config_.all_logits ? n : 1;
+  const float* xr = f(L.x) + (n - rows) * L.HC;
+  float *flat = f(L.flat), *mix = f(L.mix), *h = f(L.h), *logits = f(L.logits);
+  cuda::rmsnorm(xr, L.HC, nullptr, flat, L.HC, rows, L.HC, float(s.rms_eps), st);
+  project(W.out_hc_fn, flat, nullptr, rows, L.HC, mix, L.MIX);
+  cuda::ds4_head_input(hc_shape(s), mix, L.MIX, xr, rows, W.out_hc_scale, W.out_hc_base, W.output_norm, h, st);
+  const void* xq = quantize_for({&W.output}, h, L.E, rows, L.E);
+  project(W.output, h, xq, rows, L.E, logits, L.V);
+  int32_t* ids = reinterpret_cast<int32_t*>(ws + L.argmax);
+  cuda::argmax(logits, rows, L.V, L.V, ids, st);
+  BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_ids, ids, uint64_t(rows) * 4, cudaMemcpyDeviceToHost, st));
+}
+
+}  // namespace baton
