@@ -218,7 +218,9 @@ std::vector<std::pair<const char*, XqLaunchFn>> xq_variants() {
   return {{"xq R1", &launch_matvec_xq<K, 1, 1>},
           {"xq R2", &launch_matvec_xq<K, 2, 1>},
           {"xq R4", &launch_matvec_xq<K, 4, 1>},
-          {"xq R8", &launch_matvec_xq<K, 8, 1>}};
+          {"xq R8", &launch_matvec_xq<K, 8, 1>},
+          {"xq R1 unpiped", &launch_matvec_xq_unpiped<K, 1, 1>},
+          {"xq R2 unpiped", &launch_matvec_xq_unpiped<K, 2, 1>}};
 }
 
 // One token: the float matvec, quantize_xq alone, matvec_xq (the default)
@@ -269,6 +271,9 @@ void bench_xq(cudaStream_t s, const Ceilings& c) {
       matvec_xq(view(0), xq.p, 1, out.as<float>(), sh.rows, s);
       diff_of(diff);
       line("matvec_xq", time_graph(s, 64, 9, [&](int i) { matvec_xq(view(i), xq.p, 1, out.as<float>(), sh.rows, s); }), diff);
+      detail::set_pdl_enabled(false);
+      line("matvec_xq no PDL", time_graph(s, 64, 9, [&](int i) { matvec_xq(view(i), xq.p, 1, out.as<float>(), sh.rows, s); }), diff);
+      detail::set_pdl_enabled(true);
       auto variants = t == DType::Q8_0 ? xq_variants<detail::XqQ8_0>() : xq_variants<detail::XqQ4_K>();
       for (const auto& [name, fn] : variants) {
         fn(view(0), xq.p, xq_row_bytes(sh.cols), 1, out.as<float>(), sh.rows, s);
@@ -301,8 +306,17 @@ void bench_decode_ops(cudaStream_t s) {
   BATON_CUDA_CHECK(cudaMemset(pos.p, 0, 16));  // position 0 until the attention cases set theirs
   BATON_CUDA_CHECK(cudaMemset(kc.p, 0, size_t(n_ctx) * kw * 4));
   BATON_CUDA_CHECK(cudaMemset(vc.p, 0, size_t(n_ctx) * kw * 4));
+  // Each kernel with programmatic dependent launch (the decode graph's
+  // setting, kernels/cuda/pdl.cuh) and without.
+  std::printf("%-40s %8s %8s\n", "kernel", "PDL", "no PDL");
   auto line = [&](const char* name, const std::function<void(int)>& fn) {
-    std::printf("%-40s %8.2f\n", name, time_graph(s, 64, 9, fn) * 1e3);
+    const bool was = detail::pdl_enabled();
+    detail::set_pdl_enabled(true);
+    const double on = time_graph(s, 64, 9, fn);
+    detail::set_pdl_enabled(false);
+    const double off = time_graph(s, 64, 9, fn);
+    detail::set_pdl_enabled(was);
+    std::printf("%-40s %8.2f %8.2f\n", name, on * 1e3, off * 1e3);
   };
   line("add_rmsnorm 4096", [&](int) { add_rmsnorm(x.as<float>(), E, y.as<float>(), E, w.as<float>(), xn.as<float>(), E, 1, E, 1e-5f, s); });
   line("add_rmsnorm 4096 + quantize", [&](int) {

@@ -629,25 +629,44 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
     const int layer = config_.first_layer + int(i);
     uint8_t* xq = xq_for(w.qkv.data(), w.qkv.size());
     cuda::add_rmsnorm(x, E, pending, E, w.attn_norm, xn, E, n, E, eps, s, xq);
-    for (const Proj& p : w.qkv) project(p, xn, xq, n, E, qkv, L.qkvw);
-    if (w.bq) cuda::add_bias_rows(qkv, n, L.qkvw, w.bq, L.qw, s);
-    if (w.bk) cuda::add_bias_rows(qkv + L.qw, n, L.qkvw, w.bk, L.kw, s);
-    if (w.bv) cuda::add_bias_rows(qkv + L.qw + L.kw, n, L.qkvw, w.bv, L.vw, s);
-    if (w.q_norm) cuda::head_rmsnorm(qkv, n, L.qkvw, hp.n_head, hp.head_dim_k, w.q_norm, eps, s);
-    if (w.k_norm) cuda::head_rmsnorm(qkv + L.qw, n, L.qkvw, hp.n_head_kv, hp.head_dim_k, w.k_norm, eps, s);
-    // Q and K heads are adjacent in the row: one rope over n_head + n_head_kv
-    // heads, which also appends the rotated K and the V row to the cache.
     float* kc = kv_stream(layer, seq, 0);
     float* vc = kv_stream(layer, seq, 1);
-    cuda::RopeAppend app;
-    app.first_k_head = hp.n_head;
-    app.v = qkv + L.qw + L.kw;
-    app.vw = L.vw;
-    app.k_cache = kc;
-    app.v_cache = vc;
-    app.pos0 = d_pos0;
-    cuda::rope(qkv, n, L.qkvw, hp.n_head + hp.n_head_kv, hp.head_dim_k, hp.rope_dim, d_positions, freqs,
-               llama_->variant().rope, app, s);
+    // One decode token of a plain llama layer (no biases or q/k norms,
+    // interleaved RoPE pairs, integer-dot weights): RoPE and the KV append
+    // run in the projection's epilogue, one launch instead of two.
+    const bool fuse_rope = n == 1 && xq && !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm &&
+                           llama_->variant().rope == RopeMode::Normal && hp.head_dim_k % 2 == 0 &&
+                           std::all_of(w.qkv.begin(), w.qkv.end(), [](const Proj& p) { return p.xq; });
+    if (fuse_rope) {
+      cuda::QkvRope r;
+      r.q_rows = L.qw, r.k_rows = L.kw, r.v_rows = L.vw;
+      r.head_dim = hp.head_dim_k, r.rot_dim = hp.rope_dim;
+      r.inv_freq = freqs, r.pos = d_positions, r.cache_pos = d_pos0;
+      r.k_cache = kc, r.v_cache = vc;
+      for (const Proj& p : w.qkv) {
+        r.first_row = p.out_col;
+        cuda::matvec_xq_rope(p.w, xq, qkv + p.out_col, r, s);
+      }
+    } else {
+      for (const Proj& p : w.qkv) project(p, xn, xq, n, E, qkv, L.qkvw);
+      if (w.bq) cuda::add_bias_rows(qkv, n, L.qkvw, w.bq, L.qw, s);
+      if (w.bk) cuda::add_bias_rows(qkv + L.qw, n, L.qkvw, w.bk, L.kw, s);
+      if (w.bv) cuda::add_bias_rows(qkv + L.qw + L.kw, n, L.qkvw, w.bv, L.vw, s);
+      if (w.q_norm) cuda::head_rmsnorm(qkv, n, L.qkvw, hp.n_head, hp.head_dim_k, w.q_norm, eps, s);
+      if (w.k_norm) cuda::head_rmsnorm(qkv + L.qw, n, L.qkvw, hp.n_head_kv, hp.head_dim_k, w.k_norm, eps, s);
+      // Q and K heads are adjacent in the row: one rope over n_head +
+      // n_head_kv heads, which also appends the rotated K and the V row to
+      // the cache.
+      cuda::RopeAppend app;
+      app.first_k_head = hp.n_head;
+      app.v = qkv + L.qw + L.kw;
+      app.vw = L.vw;
+      app.k_cache = kc;
+      app.v_cache = vc;
+      app.pos0 = d_pos0;
+      cuda::rope(qkv, n, L.qkvw, hp.n_head + hp.n_head_kv, hp.head_dim_k, hp.rope_dim, d_positions, freqs,
+                 llama_->variant().rope, app, s);
+    }
     cuda::AttentionParams ap;
     ap.n_head = hp.n_head;
     ap.n_head_kv = hp.n_head_kv;

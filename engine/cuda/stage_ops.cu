@@ -7,12 +7,16 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/xq.cuh"
 
 namespace baton::cuda {
 namespace {
 
 using detail::block_sum;
+using detail::launch_pdl;
+using detail::pdl_trigger;
+using detail::pdl_wait;
 
 constexpr int kThreads = 256;
 
@@ -27,6 +31,8 @@ __global__ void add_rmsnorm_kernel(float* x, int64_t x_stride, const float* add,
                                    const float* __restrict__ w, float* out, int64_t out_stride, int64_t n,
                                    float eps, uint8_t* xq, uint64_t xq_stride) {
   __shared__ float red[32];
+  pdl_trigger();
+  pdl_wait();  // x and add come from the kernels before (pdl.cuh)
   float* xr = x + int64_t(blockIdx.x) * x_stride;
   float* orow = out + int64_t(blockIdx.x) * out_stride;
   float ss = 0.0f;
@@ -71,6 +77,18 @@ __global__ void __launch_bounds__(1024)
                            uint8_t* xq, uint64_t xq_stride) {
   __shared__ float red[32];
   const int64_t n4 = n / 4;
+  // The norm weight is read before pdl_wait(): it is a weight, never written
+  // by a kernel of the forward (pdl.cuh), so its load overlaps the previous
+  // kernel's tail.
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4 g[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    g[k] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  pdl_trigger();
+  pdl_wait();  // x and add come from the kernels before
   float4* xr = reinterpret_cast<float4*>(x + int64_t(blockIdx.x) * x_stride);
   const float4* ar = add ? reinterpret_cast<const float4*>(add + int64_t(blockIdx.x) * add_stride) : nullptr;
   float4 v[V];
@@ -95,7 +113,6 @@ __global__ void __launch_bounds__(1024)
   ss = block_sum(ss, red);
   const float scale = float(1.0 / sqrt(double(ss) / double(n) + double(eps)));
   float4* orow = reinterpret_cast<float4*>(out + int64_t(blockIdx.x) * out_stride);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
   uint8_t* q = xq ? xq + uint64_t(blockIdx.x) * xq_stride : nullptr;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
@@ -103,8 +120,8 @@ __global__ void __launch_bounds__(1024)
     const bool valid = i < n4;
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (valid) {
-      const float4 g = w4[i];
-      o = make_float4(v[k].x * scale * g.x, v[k].y * scale * g.y, v[k].z * scale * g.z, v[k].w * scale * g.w);
+      o = make_float4(v[k].x * scale * g[k].x, v[k].y * scale * g[k].y, v[k].z * scale * g[k].z,
+                      v[k].w * scale * g[k].w);
       orow[i] = o;
     }
     if (q) {  // uniform: the 8 lanes of a run are all valid or all past n
@@ -165,6 +182,8 @@ __global__ void swiglu_rows_kernel(const float* gate, const float* up, int64_t i
 // One warp per run of 32 outputs, which it also quantizes.
 __global__ void swiglu_xq_kernel(const float* gate, const float* up, int64_t in_stride, float* out, int64_t n_rows,
                                  int64_t n, uint8_t* xq, uint64_t xq_stride) {
+  pdl_trigger();
+  pdl_wait();  // gate and up come from the projection before (pdl.cuh)
   const int lane = threadIdx.x & 31;
   const int64_t runs = n / 32, total = n_rows * runs;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
@@ -220,22 +239,13 @@ void add_rmsnorm(float* x, int64_t x_stride, const float* add, int64_t add_strid
       aligned(out) && aligned(w) && (!add || aligned(add)) && n4 <= 4 * 1024) {
     const int threads = int(std::min<int64_t>(1024, (n4 + 31) / 32 * 32));
     const int64_t v = (n4 + threads - 1) / threads;
-    if (v == 1) {
-      add_rmsnorm_vec_kernel<1><<<unsigned(n_rows), threads, 0, stream>>>(x, x_stride, add, add_stride, w, out,
-                                                                          out_stride, n, eps, q, q_stride);
-    } else if (v == 2) {
-      add_rmsnorm_vec_kernel<2><<<unsigned(n_rows), threads, 0, stream>>>(x, x_stride, add, add_stride, w, out,
-                                                                          out_stride, n, eps, q, q_stride);
-    } else {
-      add_rmsnorm_vec_kernel<4><<<unsigned(n_rows), threads, 0, stream>>>(x, x_stride, add, add_stride, w, out,
-                                                                          out_stride, n, eps, q, q_stride);
-    }
-    check_launch("add_rmsnorm_vec_kernel");
+    auto* kernel = v == 1 ? add_rmsnorm_vec_kernel<1> : v == 2 ? add_rmsnorm_vec_kernel<2> : add_rmsnorm_vec_kernel<4>;
+    launch_pdl("add_rmsnorm_vec_kernel", kernel, dim3(unsigned(n_rows)), dim3(threads), 0, stream, x, x_stride, add,
+               add_stride, w, out, out_stride, n, eps, q, q_stride);
     return;
   }
-  add_rmsnorm_kernel<<<unsigned(n_rows), kThreads, 0, stream>>>(x, x_stride, add, add_stride, w, out, out_stride, n,
-                                                                eps, q, q_stride);
-  check_launch("add_rmsnorm_kernel");
+  launch_pdl("add_rmsnorm_kernel", add_rmsnorm_kernel, dim3(unsigned(n_rows)), dim3(kThreads), 0, stream, x, x_stride,
+             add, add_stride, w, out, out_stride, n, eps, q, q_stride);
 }
 
 void head_rmsnorm(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, const float* w,
@@ -268,9 +278,8 @@ void swiglu_rows(const float* gate, const float* up, int64_t in_stride, float* o
   require(!xq || n % 32 == 0, "swiglu_rows: quantized output needs a row length that is a multiple of 32");
   if (n_rows == 0) return;
   if (xq) {
-    swiglu_xq_kernel<<<grid_for(n_rows * n), kThreads, 0, stream>>>(gate, up, in_stride, out, n_rows, n,
-                                                                     static_cast<uint8_t*>(xq), xq_row_bytes(n));
-    check_launch("swiglu_xq_kernel");
+    launch_pdl("swiglu_xq_kernel", swiglu_xq_kernel, dim3(grid_for(n_rows * n)), dim3(kThreads), 0, stream, gate, up,
+               in_stride, out, n_rows, n, static_cast<uint8_t*>(xq), xq_row_bytes(n));
     return;
   }
   swiglu_rows_kernel<<<grid_for(n_rows * n), kThreads, 0, stream>>>(gate, up, in_stride, out, n_rows, n);

@@ -22,7 +22,9 @@ namespace baton::cuda {
 // rmsnorm. out may alias x. When xq is not null, each output row is also
 // quantized for matvec_xq (kernels/cuda/matvec.cuh) into xq, rows
 // xq_row_bytes(n) apart (n a multiple of 32): the decode step's norm and
-// activation quantization in one launch.
+// activation quantization in one launch. The norm weight w is read before
+// the programmatic-launch wait (kernels/cuda/pdl.cuh): no kernel of the
+// stream may write it.
 void add_rmsnorm(float* x, int64_t x_stride, const float* add, int64_t add_stride, const float* w, float* out,
                  int64_t out_stride, int64_t n_rows, int64_t n, float eps, cudaStream_t stream,
                  void* xq = nullptr);

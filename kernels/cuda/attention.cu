@@ -7,6 +7,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/xq.cuh"
 
 #include <algorithm>
@@ -224,12 +225,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   const int lane = threadIdx.x & 31;
   const int64_t n_groups = int64_t(a.p.n_head_kv) * a.groups_per_kv;
   const int64_t w_in = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (w_in >= n_groups) return;  // whole warp
   // Causal prefill: later tokens see more positions. Blocks start in index
   // order, so the heaviest row groups take the first blocks and the light
   // ones fill the tail (neighbouring warps still share a KV head).
-  const int64_t wg = n_groups - 1 - w_in;
+  const int64_t wg = w_in < n_groups ? n_groups - 1 - w_in : 0;
   const int kvh = int(wg / a.groups_per_kv);
+  const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
+  const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
+  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
+  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
+  pdl_trigger();
+  pdl_wait();  // q and the cache rows come from the kernels before (pdl.cuh); before any return
+  if (w_in >= n_groups) return;  // whole warp
   WarpRows<N> rows;
   const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
   rows.init(a, kvh, wg % a.groups_per_kv, lane, pos0);
@@ -237,10 +244,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   const int64_t chunk = a.p.pos0_device ? (pos0 + a.p.n_tokens + a.n_splits - 1) / a.n_splits : a.chunk;
   const int64_t p_begin = int64_t(blockIdx.y) * chunk;
   const int64_t p_end = min(p_begin + chunk, rows.last + 1);
-  const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
-  const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
-  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
-  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
   for (int64_t p = p_begin; p < p_end; p += U) {
     rows.template step<U>(a, lane, kb + p * k_row, k_row, vb + p * v_row, v_row, p, int(min(int64_t(U), p_end - p)));
   }
@@ -258,6 +261,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   __shared__ float wts[kMaxSplits];
   __shared__ float red[32];
   __shared__ float part[kMergeWarps][32];
+  pdl_trigger();
+  pdl_wait();  // the partials of the split kernel (pdl.cuh)
   const int64_t row = blockIdx.x;
   const int64_t split_stride = n_rows * (dv + 2);
   const float* base = partial + row * (dv + 2);
@@ -297,8 +302,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 template <int N>
 void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
-  attention_kernel<N><<<grid, kWarpsPerBlock * 32, 0, stream>>>(a);
-  check_launch("attention_kernel");
+  launch_pdl("attention_kernel", attention_kernel<N>, grid, dim3(kWarpsPerBlock * 32), 0, stream, a);
 }
 
 }  // namespace
@@ -363,10 +367,9 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
   }
   if (a.n_splits > 1) {
     const dim3 grid(unsigned(rows), unsigned((p.head_dim_v + 31) / 32));
-    attention_merge_kernel<<<grid, kMergeWarps * 32, 0, stream>>>(a.partial, a.n_splits, rows, p.n_head,
-                                                                  p.head_dim_v, p.out, p.out_stride,
-                                                                  static_cast<uint8_t*>(p.xq), a.xq_stride);
-    check_launch("attention_merge_kernel");
+    launch_pdl("attention_merge_kernel", attention_merge_kernel, grid, dim3(kMergeWarps * 32), 0, stream,
+               static_cast<const float*>(a.partial), a.n_splits, rows, p.n_head, p.head_dim_v, p.out, p.out_stride,
+               static_cast<uint8_t*>(p.xq), a.xq_stride);
   }
 }
 

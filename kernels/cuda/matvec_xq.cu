@@ -97,4 +97,30 @@ void matvec_xq(const MatrixView& w, const void* xq, int64_t n_tokens, float* out
   }
 }
 
+void matvec_xq_rope(const MatrixView& w, const void* xq, float* out, const QkvRope& rope, cudaStream_t stream) {
+  validate_matrix(w, "matvec_xq_rope");
+  if (!matvec_xq_supported(w.type)) {
+    throw std::invalid_argument(std::string("matvec_xq_rope: dtype ") + dtype_name(w.type) + " has no integer-dot kernel");
+  }
+  if (xq == nullptr || reinterpret_cast<uintptr_t>(xq) % 16 != 0 || out == nullptr) {
+    throw std::invalid_argument("matvec_xq_rope: null output or xq not 16-byte aligned");
+  }
+  const bool shape_ok = w.rows % 2 == 0 && rope.first_row % 2 == 0 && rope.first_row >= 0 && rope.head_dim > 0 &&
+                        rope.head_dim % 2 == 0 && rope.rot_dim >= 2 && rope.rot_dim % 2 == 0 &&
+                        rope.rot_dim <= rope.head_dim && rope.q_rows % rope.head_dim == 0 && rope.k_rows > 0 &&
+                        rope.k_rows % rope.head_dim == 0 && rope.v_rows > 0 &&
+                        rope.first_row + w.rows <= rope.q_rows + rope.k_rows + rope.v_rows;
+  if (!shape_ok) throw std::invalid_argument("matvec_xq_rope: rows, head_dim, rot_dim or the Q|K|V split do not pair up");
+  if (!rope.inv_freq || !rope.pos || !rope.cache_pos || !rope.k_cache || !rope.v_cache) {
+    throw std::invalid_argument("matvec_xq_rope: null inv_freq, position or cache");
+  }
+  if (w.rows > int64_t(0x7fffffff)) throw std::invalid_argument("matvec_xq_rope: too many rows for one launch");
+  const uint64_t stride = xq_row_bytes(w.cols);
+  if (w.type == DType::Q8_0) {
+    launch_matvec_xq_epilogue<XqQ8_0, 2, 1, true>(w, xq, stride, 1, out, w.rows, stream, rope);
+  } else {
+    launch_matvec_xq_epilogue<XqQ4_K, 2, 1, true>(w, xq, stride, 1, out, w.rows, stream, rope);
+  }
+}
+
 }  // namespace baton::cuda

@@ -19,6 +19,8 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/xq.cuh"
 
 namespace baton::cuda::detail {
@@ -115,11 +117,49 @@ struct XqQ4_K {
   }
 };
 
-template <class K, int R, int T>
-__global__ void __launch_bounds__(kXqThreads)
+// Whether output row g (a column of the Q|K|V row) starts a RoPE pair, and
+// its angle's cosine and sine: pos * inv_freq in double, as rope() does.
+__device__ __forceinline__ bool qkv_rope_angle(const QkvRope& e, int64_t g, float& c, float& s) {
+  if (g >= e.q_rows + e.k_rows) return false;
+  const int d = int(g % e.head_dim);
+  if (d >= e.rot_dim) return false;
+  double sn, cs;
+  sincos(double(*e.pos) * double(e.inv_freq[d / 2]), &sn, &cs);
+  c = float(cs), s = float(sn);
+  return true;
+}
+
+// The QkvRope epilogue (matvec.cuh) of rows row0 and row0 + 1: an
+// interleaved RoPE pair when they are Q or K (rotate), then the output and
+// the cache row.
+__device__ __forceinline__ void qkv_rope_pair(const QkvRope& e, int64_t row0, float v0, float v1, bool rotate, float c,
+                                              float s, float* out) {
+  const int64_t g = e.first_row + row0;
+  if (rotate) {
+    const float x0 = v0, x1 = v1;
+    v0 = x0 * c - x1 * s;
+    v1 = x0 * s + x1 * c;
+  }
+  out[row0] = v0;
+  out[row0 + 1] = v1;
+  const int64_t p = *e.cache_pos;
+  if (g >= e.q_rows + e.k_rows) {
+    float* dst = e.v_cache + p * e.v_rows + (g - e.q_rows - e.k_rows);
+    dst[0] = v0, dst[1] = v1;
+  } else if (g >= e.q_rows) {
+    float* dst = e.k_cache + p * e.k_rows + (g - e.q_rows);
+    dst[0] = v0, dst[1] = v1;
+  }
+}
+
+// One-token kernels of two rows keep 8 blocks of 128 threads per SM (at
+// most 64 registers): a 4096-row matrix is then one wave of 2048 blocks.
+template <class K, int R, int T, bool kRope, bool kPipe>
+__global__ void __launch_bounds__(kXqThreads, R * T <= 2 ? 8 : 1)
     matvec_xq_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
                      const uint8_t* __restrict__ xq, uint64_t xq_stride, int n_tokens, float* __restrict__ out,
-                     int64_t out_stride) {
+                     int64_t out_stride, QkvRope rope) {
+  static_assert(!kRope || (R == 2 && T == 1), "the RoPE epilogue takes pairs of rows of one token");
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Rows past the end and tokens past n_tokens repeat the last valid one;
   // their results are not written.
@@ -138,15 +178,63 @@ __global__ void __launch_bounds__(kXqThreads)
   }
   const int c = int(threadIdx.x) % K::kLanes;
   const int64_t n_blocks = cols / K::kQK;
-  for (int64_t b = threadIdx.x / K::kLanes; b < n_blocks; b += blockDim.x / K::kLanes) {
-    typename K::W wv[R];
+  const int64_t step = blockDim.x / K::kLanes;
+  int64_t b = threadIdx.x / K::kLanes;
+  // The first weights are loaded before pdl_wait(): weights are never written
+  // by the kernels of a forward, so under programmatic dependent launch
+  // (pdl.cuh) these loads overlap the kernel that produces x, and a 4096-wide
+  // Q4_K row (one block per thread) is entirely in registers by then.
+  typename K::W wv[R];
+  if (b < n_blocks) {
 #pragma unroll
     for (int r = 0; r < R; ++r) wv[r] = K::load_w(wr[r] + uint64_t(b) * K::kBytes, c);
+  }
+  pdl_trigger();
+  pdl_wait();
+  // The RoPE angle of the block's pair (a double sincos, hundreds of cycles)
+  // on the last warp while the loads of the others are in flight, rather
+  // than after the reduction where it would hold the block's slot longer.
+  __shared__ float rope_cs[3];
+  if constexpr (kRope) {
+    if (threadIdx.x == blockDim.x - 32) {
+      float cs = 1.0f, sn = 0.0f;
+      const bool rotate = qkv_rope_angle(rope, rope.first_row + row0, cs, sn);
+      rope_cs[0] = rotate ? 1.0f : 0.0f, rope_cs[1] = cs, rope_cs[2] = sn;
+    }
+  }
+  // Rows of several steps per thread (kPipe): the next step's weights are
+  // loaded before this step's dot products, two steps of loads in flight.
+  if constexpr (kPipe) {
+    while (b < n_blocks) {
+      const int64_t nb = b + step;
+      typename K::W wn[R];
+      if (nb < n_blocks) {
 #pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const typename K::X xv = K::load_x(xr[t], b, c);
+        for (int r = 0; r < R; ++r) wn[r] = K::load_w(wr[r] + uint64_t(nb) * K::kBytes, c);
+      }
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r][t] += K::dot(wv[r], xv, c);
+      for (int t = 0; t < T; ++t) {
+        const typename K::X xv = K::load_x(xr[t], b, c);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][t] += K::dot(wv[r], xv, c);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r] = wn[r];
+      b = nb;
+    }
+  } else {
+    while (b < n_blocks) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const typename K::X xv = K::load_x(xr[t], b, c);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][t] += K::dot(wv[r], xv, c);
+      }
+      b += step;
+      if (b < n_blocks) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) wv[r] = K::load_w(wr[r] + uint64_t(b) * K::kBytes, c);
+      }
     }
   }
 
@@ -161,6 +249,14 @@ __global__ void __launch_bounds__(kXqThreads)
     }
   }
   __syncthreads();
+  if constexpr (kRope) {
+    if (threadIdx.x == 0) {
+      float v0 = 0.0f, v1 = 0.0f;
+      for (int k = 0; k < int(blockDim.x >> 5); ++k) v0 += partial[k][0], v1 += partial[k][1];
+      qkv_rope_pair(rope, row0, v0, v1, rope_cs[0] != 0.0f, rope_cs[1], rope_cs[2], out);  // rows is even
+    }
+    return;
+  }
   if (threadIdx.x < R * T) {
     const int r = threadIdx.x / T, t = threadIdx.x % T;
     float v = 0.0f;
@@ -169,19 +265,50 @@ __global__ void __launch_bounds__(kXqThreads)
   }
 }
 
-// One chunk of n_tokens <= T tokens. Short rows get fewer threads (at least
-// one warp; always a multiple of kLanes).
+// The threads of a block: short rows get fewer (at least one warp, always
+// a multiple of kLanes); each thread takes one kLanes-th of a weight block.
+template <class K>
+int xq_threads(const MatrixView& w) {
+  const int64_t units = w.cols / K::kQK * K::kLanes;
+  return int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, kXqThreads));
+}
+
+template <class K, int R, int T, bool kRope, bool kPipe>
+void launch_xq_kernel(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
+                      int64_t out_stride, cudaStream_t stream, const QkvRope& rope) {
+  static_assert(R * T <= 32, "the reduction's last step runs on one warp");
+  const int64_t blocks = (w.rows + R - 1) / R;
+  launch_pdl("matvec_xq_kernel", matvec_xq_kernel<K, R, T, kRope, kPipe>, dim3(unsigned(blocks)),
+             dim3(xq_threads<K>(w)), 0, stream, static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols,
+             static_cast<const uint8_t*>(xq), xq_stride, n_tokens, out, out_stride, rope);
+}
+
+// One chunk of n_tokens <= T tokens. Software pipelining only where a
+// thread takes more than one step along the row and the second set of
+// weight registers is affordable (R * sizeof(W) <= 64 bytes); a one-step row
+// would only lose occupancy to it.
+template <class K, int R, int T, bool kRope>
+void launch_matvec_xq_epilogue(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
+                               int64_t out_stride, cudaStream_t stream, const QkvRope& rope) {
+  constexpr bool kPipeable = R * sizeof(typename K::W) <= 64;
+  if (kPipeable && w.cols / K::kQK * K::kLanes > xq_threads<K>(w)) {
+    launch_xq_kernel<K, R, T, kRope, kPipeable>(w, xq, xq_stride, n_tokens, out, out_stride, stream, rope);
+  } else {
+    launch_xq_kernel<K, R, T, kRope, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, rope);
+  }
+}
+
 template <class K, int R, int T>
 void launch_matvec_xq(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
                       int64_t out_stride, cudaStream_t stream) {
-  static_assert(R * T <= 32, "the reduction's last step runs on one warp");
-  const int64_t blocks = (w.rows + R - 1) / R;
-  const int64_t units = w.cols / K::kQK * K::kLanes;
-  const int threads = int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, kXqThreads));
-  matvec_xq_kernel<K, R, T><<<unsigned(blocks), threads, 0, stream>>>(
-      static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, static_cast<const uint8_t*>(xq), xq_stride,
-      n_tokens, out, out_stride);
-  check_launch("matvec_xq_kernel");
+  launch_matvec_xq_epilogue<K, R, T, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
+}
+
+// The same without software pipelining (the micro-benchmark's comparison).
+template <class K, int R, int T>
+void launch_matvec_xq_unpiped(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
+                              int64_t out_stride, cudaStream_t stream) {
+  launch_xq_kernel<K, R, T, false, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
 }
 
 }  // namespace baton::cuda::detail

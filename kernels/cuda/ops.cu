@@ -2,6 +2,7 @@
 // for the row reductions; plain grid-stride loops for the elementwise ops.
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 #include <algorithm>
 #include <stdexcept>
@@ -44,6 +45,8 @@ __global__ void rope_kernel(float* x, int64_t token_stride, int n_heads, int hea
                             const int32_t* __restrict__ positions, const float* __restrict__ inv_freq, bool neox,
                             RopeAppend app) {
   __shared__ float cs[kMaxRotDim / 2], sn[kMaxRotDim / 2];
+  pdl_trigger();
+  pdl_wait();  // x (and the positions) may come from the kernel before (pdl.cuh)
   const int half = rot_dim / 2;
   const double pos = double(positions[blockIdx.x]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -129,9 +132,8 @@ void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int hea
     throw std::invalid_argument("rope: token_stride below n_heads * head_dim");
   }
   if (n_tokens <= 0) return;
-  rope_kernel<<<unsigned(n_tokens), kRowThreads, 0, stream>>>(x, token_stride, n_heads, head_dim, rot_dim, positions,
-                                                               inv_freq, mode == RopeMode::Neox, append);
-  check_launch("rope_kernel");
+  launch_pdl("rope_kernel", rope_kernel, dim3(unsigned(n_tokens)), dim3(kRowThreads), 0, stream, x, token_stride,
+             n_heads, head_dim, rot_dim, positions, inv_freq, mode == RopeMode::Neox, append);
 }
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
