@@ -115,6 +115,8 @@ struct Cluster::Member {
 struct Cluster::Slot {
   StageSlice slice;
   int member = -1;  // index into members_; -1: vacant
+  net::LinkChoice link;  // to the next stage: chosen, then as the worker reports it
+  bool link_known = false;
 };
 
 Cluster::Cluster(net::Secret secret, ClusterOptions opt)
@@ -214,7 +216,19 @@ bool Cluster::can_take(const Member& m, size_t stage) const {
   return true;
 }
 
-net::Assign Cluster::make_assign(size_t i) const {
+net::LinkKind Cluster::choose_link(size_t i) {
+  Slot& slot = stages_[i];
+  slot.link_known = false;
+  if (i + 1 >= stages_.size() || slot.member < 0 || stages_[i + 1].member < 0) return net::LinkKind::tcp;
+  slot.link = net::choose_link(members_[size_t(slot.member)]->hello, members_[size_t(stages_[i + 1].member)]->hello,
+                               opt_.link_mode);
+  slot.link_known = true;
+  net::log(net::LogLevel::info, "link stage " + std::to_string(i) + " -> " + std::to_string(i + 1) + ": " +
+                                    std::string(net::link_kind_name(slot.link.kind)) + " (" + slot.link.reason + ")");
+  return slot.link.kind;
+}
+
+net::Assign Cluster::make_assign(size_t i) {
   const Slot& slot = stages_[i];
   net::Assign a;
   a.stage_index = uint32_t(i);
@@ -229,6 +243,7 @@ net::Assign Cluster::make_assign(size_t i) const {
   a.n_seq = settings_.n_seq;
   if (i + 1 < stages_.size() && stages_[i + 1].member >= 0) {
     a.next_peer = members_[size_t(stages_[i + 1].member)]->hello.listen_address;
+    a.next_link = choose_link(i);
   }
   const Member& m = *members_[size_t(slot.member)];
   a.model_path = m.hello.model.tensor_table_hash != 0 ? "" : settings_.model_path;
@@ -274,13 +289,15 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
         // heal; at the first assign it already has the address).
         const int prev = stages_[size_t(m.stage - 1)].member;
         if (prev >= 0 && members_[size_t(prev)]->ready) {
-          sends.emplace_back(members_[size_t(prev)]->conn, net::Route{m.hello.listen_address});
+          const net::LinkKind kind = choose_link(size_t(m.stage - 1));
+          sends.emplace_back(members_[size_t(prev)]->conn, net::Route{m.hello.listen_address, kind});
         }
       }
       if (m.stage >= 0 && size_t(m.stage) + 1 < stages_.size()) {
         const int next = stages_[size_t(m.stage + 1)].member;
         if (m.healing && next >= 0 && members_[size_t(next)]->ready) {
-          sends.emplace_back(m.conn, net::Route{members_[size_t(next)]->hello.listen_address});
+          const net::LinkKind kind = choose_link(size_t(m.stage));
+          sends.emplace_back(m.conn, net::Route{members_[size_t(next)]->hello.listen_address, kind});
         }
       }
       if (!failure_.empty() && assigned_ && std::all_of(stages_.begin(), stages_.end(), [&](const Slot& s) {
@@ -304,6 +321,18 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
                       double(p->bytes_done) / (1 << 20), double(p->bytes_total) / (1 << 20),
                       p->bytes_total ? 100.0 * double(p->bytes_done) / double(p->bytes_total) : 100.0, rate / 1e9, eta);
         net::log(net::LogLevel::info, describe(index) + line);
+      }
+    } else if (auto* ls = std::get_if<net::LinkStatus>(&msg)) {
+      if (m.stage >= 0 && size_t(m.stage) + 1 < stages_.size()) {
+        net::LinkChoice& link = stages_[size_t(m.stage)].link;
+        const bool changed = link.kind != ls->kind || (!ls->reason.empty() && link.reason != ls->reason);
+        link.kind = ls->kind;
+        if (!ls->reason.empty()) link.reason = net::printable(ls->reason, 1000);
+        stages_[size_t(m.stage)].link_known = true;
+        if (changed) {
+          net::log(net::LogLevel::info, describe(index) + ": link to the next stage is " +
+                                            std::string(net::link_kind_name(link.kind)) + " (" + link.reason + ")");
+        }
       }
     } else if (auto* res = std::get_if<net::Result>(&msg)) {
       if (obs) {
@@ -350,6 +379,7 @@ void Cluster::on_close(size_t index, const std::string& reason) {
       }
     }
     if (m.stage >= 0 && assigned_) {
+      if (m.stage > 0) stages_[size_t(m.stage - 1)].link_known = false;  // its next stage is gone
       stages_[size_t(m.stage)].member = -1;  // vacant: the next able worker takes it
       m.stage = -1;
       if (!shutting_down_) fill_vacancies(sends);
@@ -449,6 +479,15 @@ void Cluster::assign(const std::vector<StageSlice>& slices, const StageSettings&
   for (size_t i = 0; i < stages_.size(); ++i) {
     members_[size_t(stages_[i].member)]->assigned_at = Clock::now();
     sends.emplace_back(members_[size_t(stages_[i].member)]->conn, make_assign(i));
+  }
+  if (opt_.link_mode == net::LinkMode::nccl) {
+    for (size_t i = 0; i + 1 < stages_.size(); ++i) {
+      if (stages_[i].link.kind != net::LinkKind::nccl) {
+        assigned_ = false;
+        throw ClusterFailure("--link nccl: the link from stage " + std::to_string(i) + " to stage " +
+                             std::to_string(i + 1) + " cannot use NCCL: " + stages_[i].link.reason);
+      }
+    }
   }
   lock.unlock();
   send_all(sends);
@@ -558,6 +597,10 @@ std::vector<WorkerStatus> Cluster::workers() const {
       w.ready = m.ready_msg;
       w.load_seconds = m.ready ? m.ready_msg.load_seconds
                                : std::chrono::duration<double>(Clock::now() - m.assigned_at).count();
+      if (stages_[i].link_known && i + 1 < stages_.size()) {
+        w.link = net::link_kind_name(stages_[i].link.kind);
+        w.link_reason = stages_[i].link.reason;
+      }
     }
     out.push_back(std::move(w));
   }

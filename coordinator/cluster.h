@@ -25,6 +25,7 @@
 
 #include "engine/arch.h"
 #include "net/auth.h"
+#include "net/link_choice.h"
 #include "net/protocol.h"
 
 namespace boost::asio {
@@ -49,6 +50,9 @@ struct ClusterOptions {
   std::chrono::milliseconds register_timeout{30000};  // all workers registered
   std::chrono::milliseconds ready_timeout{300000};    // every stage loaded
   std::chrono::milliseconds step_timeout{60000};      // one FORWARD's RESULT
+  // How activations cross each stage link (--link): auto uses NCCL where both
+  // workers can (net/link_choice.h); nccl refuses to start when a link cannot.
+  net::LinkMode link_mode = net::LinkMode::automatic;
 };
 
 // One stage of the pipeline: a contiguous layer range.
@@ -92,6 +96,11 @@ struct WorkerStatus {
   uint64_t bytes_done = 0, bytes_total = 0;  // weights loaded so far (LOAD_PROGRESS)
   double load_seconds = 0;                   // since ASSIGN (while loading), or READY's
   net::Ready ready;
+  // The link to the next stage: "tcp" or "nccl" ("" on the last stage or
+  // while vacant), and why TCP (or what NCCL runs over). The coordinator's
+  // choice until the worker reports what it really got (LINK_STATUS).
+  std::string link;
+  std::string link_reason;
 };
 
 // Events for a service that keeps the cluster busy with many requests
@@ -169,7 +178,9 @@ class Cluster {
   // returns the messages to send once mu_ is released.
   using Sends = std::vector<std::pair<std::shared_ptr<net::Connection>, net::Message>>;
   void fill_vacancies(Sends& out);
-  net::Assign make_assign(size_t stage) const;
+  net::Assign make_assign(size_t stage);
+  // With mu_ held: chooses (and records) the link from stage i to stage i+1.
+  net::LinkKind choose_link(size_t stage);
   bool can_take(const Member& m, size_t stage) const;
   void send_all(Sends& sends);
 

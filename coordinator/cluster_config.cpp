@@ -88,12 +88,14 @@ ClusterConfig load_cluster_config(const std::string& path) {
   if (c.model.empty()) c.model = c.parts.front();
 
   if (const toml::table* t = root["cluster"].as_table()) {
-    only_keys(path, *t, "[cluster]", {"workers", "local", "listen", "secret_file", "threads_per_worker"});
+    only_keys(path, *t, "[cluster]", {"workers", "local", "listen", "secret_file", "threads_per_worker", "link"});
     c.workers = get<int>(path, *t, "cluster", "workers", 0);
     c.local = get<bool>(path, *t, "cluster", "local", true);
     c.listen = get<std::string>(path, *t, "cluster", "listen", c.listen);
     c.secret_file = resolve(base, get<std::string>(path, *t, "cluster", "secret_file", ""));
     c.threads_per_worker = get<int>(path, *t, "cluster", "threads_per_worker", 0);
+    c.link = get<std::string>(path, *t, "cluster", "link", c.link);
+    if (c.link != "auto" && c.link != "tcp" && c.link != "nccl") fail(path, "cluster.link must be auto, tcp or nccl");
   }
   if (!c.parts.empty()) {
     if (c.workers != 0 && c.workers != int(c.parts.size())) {

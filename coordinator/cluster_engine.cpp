@@ -128,6 +128,8 @@ ServiceHealth ClusterEngine::health() const {
     s.embedding = w.slice.embedding;
     s.head = w.slice.head;
     s.state = w.state;
+    s.link = w.link;
+    s.link_reason = w.link_reason;
     s.bytes_loaded = w.bytes_done;
     s.bytes_total = w.bytes_total;
     s.progress = w.state == "loaded" ? 1.0 : w.bytes_total ? double(w.bytes_done) / double(w.bytes_total) : 0.0;
@@ -168,7 +170,7 @@ ServiceHealth ClusterEngine::health() const {
     for (StageHealth& s : h.stages) {
       if (s.state != "loaded") s.error = why;
     }
-    if (h.stages.empty()) h.stages.push_back(StageHealth{"(none)", "", 0, n_layer_ - 1, true, true, "failed", 0, 0, 0, {}, 0, 0, why});
+    if (h.stages.empty()) h.stages.push_back(StageHealth{"(none)", "", 0, n_layer_ - 1, true, true, "failed", 0, 0, 0, {}, 0, 0, why, "", ""});
   }
   h.slots_total = int(slots_.size());
   h.slots_busy = active_;

@@ -65,6 +65,10 @@ struct RunOptions {
   int threads_per_worker = 0;
   std::vector<std::string> parts;  // split parts, one worker each
   int worker_delay_ms = 0;
+  std::string worker_fault;  // with --workers: the workers' --fault (tests)
+  std::string link = "auto";  // stage links with --workers: auto, tcp, nccl
+  uint64_t mem_limit = 0;           // --mem-limit: the stage's (or each worker's) cap; 0 none
+  std::vector<uint64_t> worker_mem_limits;  // from a config's [[node]] memory, one per worker
 };
 
 // Loading progress is worth a line on stderr for real models, or when asked.
@@ -133,7 +137,7 @@ std::string usage_text(const po::options_description& desc) {
 // Parses argv; returns nullopt when --help was printed.
 std::optional<RunOptions> parse(int argc, char** argv) {
   RunOptions r;
-  std::string backend = "cpu";
+  std::string backend = "cpu", mem_limit;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description desc("options");
   // clang-format off
@@ -178,6 +182,15 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("threads-per-worker", po::value<int>(&r.threads_per_worker)->default_value(0),
        "with --workers: CPU threads of each worker; 0 = --threads divided by the workers (a worker models "
        "one node: give each all cores to compare one stream on K nodes with one node)")
+      ("link", po::value<std::string>(&r.link)->default_value("auto"),
+       "with --workers: how activations cross each stage link: auto (NCCL where both GPUs can, else TCP), "
+       "tcp, or nccl (refuse to start when a link cannot use NCCL)")
+      ("mem-limit", po::value<std::string>(&mem_limit),
+       "most memory the stage's plan may use, e.g. 97887MiB (device lines with --backend cuda): refused "
+       "before loading when the plan is larger; with --workers, each worker's cap (a config's [[node]] "
+       "memory gives one per worker)")
+      ("worker-fault", po::value<std::string>(&r.worker_fault),
+       "with --workers: inject a fault into every worker, for tests (baton worker --fault)")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("json", po::bool_switch(&r.json),
@@ -210,7 +223,13 @@ std::optional<RunOptions> parse(int argc, char** argv) {
     }
     if (c.ctx > 0 && vm["ctx"].defaulted()) r.n_ctx = c.ctx;
     if (c.batch > 0 && vm["batch"].defaulted()) r.batch = c.batch;
+    if (vm["link"].defaulted()) r.link = c.link;
+    if (c.nodes.size() == size_t(r.workers)) {
+      for (const NodeSpec& n : c.nodes) r.worker_mem_limits.push_back(n.memory_bytes);
+    }
   }
+  if (!mem_limit.empty()) r.mem_limit = parse_size(mem_limit);
+  if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
   if (!r.parts_text.empty()) {
     std::stringstream list(r.parts_text);
     for (std::string item; std::getline(list, item, ',');) {
@@ -311,7 +330,11 @@ int run_distributed(const RunOptions& opt) {
   lo.threads_per_worker =
       opt.threads_per_worker > 0 ? opt.threads_per_worker : std::max(1, opt.n_threads / opt.workers);
   lo.step_delay_ms = opt.worker_delay_ms;
+  lo.worker_fault = opt.worker_fault;
+  lo.worker_mem_limits = opt.mem_limit ? std::vector<uint64_t>(size_t(opt.workers), opt.mem_limit)
+                                       : opt.worker_mem_limits;
   lo.backend = backend_name(opt.backend);
+  lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
   for (const std::string& p : opt.parts) lo.worker_models.push_back(fs::absolute(p).string());
   lo.wait_for_registration = false;
   LocalCluster local(lo);
@@ -387,7 +410,9 @@ int run_distributed(const RunOptions& opt) {
                         {"weights_bytes", w.ready.weights_bytes},
                         {"kv_bytes", w.ready.kv_bytes},
                         {"workspace_bytes", w.ready.workspace_bytes},
-                        {"load_seconds", w.ready.load_seconds}});
+                        {"load_seconds", w.ready.load_seconds},
+                        {"link", w.link.empty() ? nlohmann::json() : nlohmann::json(w.link)},
+                        {"link_reason", w.link_reason}});
     }
     nlohmann::json j = {
         {"model", model_path},
@@ -430,6 +455,9 @@ int run(const RunOptions& opt) {
   // The dry-run plan checks the architecture and every tensor before the
   // tokenizer is built or anything is allocated, so those errors come first.
   const MemoryPlan dry = plan_stage_runner(opt.backend, file, sc, load);
+  if (std::string why = memory_limit_problem(opt.backend, dry, opt.mem_limit); !why.empty()) {
+    throw std::runtime_error(why + " (baton plan shows the lines)");
+  }
   auto tokenizer = Tokenizer::from_gguf(file);
   const bool show_load = opt.progress || dry.bytes("weights") >= kProgressMinBytes;
   if (show_load) load.progress = stderr_load_progress(model_path);

@@ -53,6 +53,7 @@ struct ServeOptions {
   bool remote = false;      // --config with local = false: workers on other machines register
   std::string listen;       // remote: where they register
   std::string secret_file;  // remote: the shared secret
+  std::string link = "auto";  // stage links: auto, tcp, nccl
   std::string api_key_file;
   std::string model_id;
   LocalEngineConfig engine;
@@ -110,6 +111,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("parts", po::value<std::string>(), "comma-separated split parts, one local worker each (implies --workers)")
       ("threads-per-worker", po::value<int>(&r.threads_per_worker)->default_value(0),
        "with --workers: CPU threads of each worker; 0 = --threads divided by the workers")
+      ("link", po::value<std::string>(&r.link)->default_value("auto"),
+       "with workers: how activations cross each stage link: auto (NCCL where both GPUs can, else TCP), "
+       "tcp, or nccl (refuse to start when a link cannot use NCCL); /health shows each link")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("host", po::value<std::string>(&r.http.host)->default_value("127.0.0.1"),
@@ -172,11 +176,13 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (c.parallel > 0 && unset("parallel")) r.engine.stage.n_seq = c.parallel;
     if (c.batch > 0 && unset("batch")) r.engine.stage.max_batch = c.batch;
     if (c.threads_per_worker > 0 && unset("threads-per-worker")) r.threads_per_worker = c.threads_per_worker;
+    if (unset("link")) r.link = c.link;
     r.remote = !c.local;
     r.listen = c.listen;
     r.secret_file = c.secret_file;
   }
   if (r.model.empty()) throw std::invalid_argument("give the model to serve with -m MODEL (see --help)");
+  if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
   if (port < 0 || port > 65535) throw std::invalid_argument("--port must be in 0..65535");
   r.http.port = uint16_t(port);
   if (r.engine.stage.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
@@ -276,6 +282,7 @@ int serve(const ServeOptions& opt) {
                                                        : std::max(1, opt.engine.stage.n_threads / opt.workers);
     lo.wait_for_registration = false;
     lo.step_delay_ms = opt.worker_delay_ms;
+    lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
     ClusterEngineConfig cc;
     cc.model_path = opt.model;
     cc.model_id = opt.model_id;
@@ -301,6 +308,7 @@ int serve(const ServeOptions& opt) {
       std::tie(co.bind_host, co.port) = net::split_host_port(opt.listen);
       co.register_timeout = std::chrono::hours(24);
       co.ready_timeout = std::chrono::hours(2);
+      co.link_mode = lo.cluster.link_mode;
       remote = std::make_unique<Cluster>(net::load_secret_file(opt.secret_file), co);
       cluster = remote.get();
       std::fprintf(stderr, "baton serve: waiting for %d workers on %s:%u\n", opt.workers, co.bind_host.c_str(),

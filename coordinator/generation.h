@@ -131,6 +131,8 @@ struct StageHealth {
   uint64_t memory_used = 0;  // bytes allocated for the plan's lines
   uint64_t rss_bytes = 0;    // the node's process resident memory
   std::string error;
+  std::string link;         // to the next stage: "tcp", "nccl"; "" none (last stage, in process)
+  std::string link_reason;  // why TCP, or what NCCL runs over
 };
 
 struct ServiceHealth {

@@ -121,6 +121,14 @@ void LocalCluster::spawn(size_t i) {
                                    std::to_string(opt_.step_delay_ms),
                                    "--backend",
                                    opt_.backend};
+  if (!opt_.worker_fault.empty()) {
+    args.push_back("--fault");
+    args.push_back(opt_.worker_fault);
+  }
+  if (i < opt_.worker_mem_limits.size() && opt_.worker_mem_limits[i] > 0) {
+    args.push_back("--mem-limit");
+    args.push_back(std::to_string(opt_.worker_mem_limits[i]));
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

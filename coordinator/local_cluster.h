@@ -25,6 +25,8 @@ struct LocalClusterOptions {
   int threads_per_worker = 1;
   std::string backend = "cpu";  // the workers' --backend
   int step_delay_ms = 0;   // passed to the workers (tests)
+  std::vector<uint64_t> worker_mem_limits;
+  std::string worker_fault;  // the workers' --fault (tests); empty: none  // worker i's --mem-limit in bytes (absent or 0: none)
   std::string binary;      // empty: this process's executable
   ClusterOptions cluster;
 };

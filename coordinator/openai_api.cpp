@@ -626,7 +626,8 @@ std::pair<int, std::string> OpenAiApi::health_body() const {
                                   {"planned_total", planned_total},
                                   {"used", s.memory_used},
                                   {"rss", s.rss_bytes}}},
-                      {"error", s.error.empty() ? json() : json(s.error)}});
+                      {"error", s.error.empty() ? json() : json(s.error)},
+                      {"link", s.link.empty() ? json() : json({{"kind", s.link}, {"reason", s.link_reason}})}});
   }
   json j = {{"status", h.status},
             {"model", m.id},

@@ -189,6 +189,9 @@ static_assert(type_of<HeartbeatEcho>() == MsgType::heartbeat_echo);
 static_assert(type_of<Error>() == MsgType::error);
 static_assert(type_of<Shutdown>() == MsgType::shutdown);
 static_assert(type_of<Route>() == MsgType::route);
+static_assert(type_of<LinkSetup>() == MsgType::link_setup);
+static_assert(type_of<LinkAck>() == MsgType::link_ack);
+static_assert(type_of<LinkStatus>() == MsgType::link_status);
 
 // ---- validation -------------------------------------------------------------
 
@@ -211,6 +214,7 @@ struct Check {
 bool valid_role(Role r) { return r == Role::coordinator || r == Role::worker || r == Role::peer; }
 bool valid_backend(Backend b) { return b == Backend::cpu || b == Backend::cuda; }
 bool finite_nonneg(double x) { return std::isfinite(x) && x >= 0; }
+bool valid_link(LinkKind k) { return k == LinkKind::tcp || k == LinkKind::nccl; }
 
 void check(const Hello& m, Check& c) {
   c.expect(valid_role(m.role), "HELLO role is not a known Role");
@@ -218,6 +222,9 @@ void check(const Hello& m, Check& c) {
   c.text(m.node_name, kMaxNameBytes, "HELLO node_name");
   c.text(m.caps.device_name, kMaxNameBytes, "HELLO device_name");
   c.text(m.listen_address, kMaxNameBytes, "HELLO listen_address");
+  c.text(m.caps.device_uuid, kMaxNameBytes, "HELLO device_uuid");
+  c.text(m.caps.pci_bus_id, kMaxNameBytes, "HELLO pci_bus_id");
+  c.text(m.caps.host_id, kMaxNameBytes, "HELLO host_id");
   c.expect(finite_nonneg(m.caps.bandwidth_gbps), "HELLO bandwidth_gbps must be finite and >= 0");
   c.expect(m.model.parts.size() <= kMaxModelParts, "HELLO has too many model parts");
   for (const ModelPart& p : m.model.parts) {
@@ -239,6 +246,7 @@ void check(const Assign& m, Check& c) {
   c.expect(m.n_seq >= 1, "ASSIGN n_seq must be >= 1");
   c.text(m.next_peer, kMaxNameBytes, "ASSIGN next_peer");
   c.text(m.model_path, kMaxNameBytes, "ASSIGN model_path");
+  c.expect(valid_link(m.next_link), "ASSIGN next_link is not a known LinkKind");
 }
 
 void check(const Ready& m, Check& c) {
@@ -266,7 +274,10 @@ void check(const Forward& m, Check& c) {
   }
   if (!c.ok()) return;
   const uint64_t total = m.total_tokens();  // <= 65536 * 2^32: no overflow
-  if (!m.tokens.empty()) {
+  if (m.rows_on_link) {
+    c.expect(m.tokens.empty() && m.activations.empty(), "FORWARD with rows_on_link carries no tokens or activations");
+    c.expect(m.row_width > 0, "FORWARD with rows_on_link needs row_width > 0");
+  } else if (!m.tokens.empty()) {
     c.expect(m.activations.empty(), "FORWARD carries both tokens and activations");
     c.expect(m.row_width == 0, "FORWARD with tokens must have row_width 0");
     if (m.tokens.size() != total) {
@@ -304,7 +315,28 @@ void check(const HeartbeatEcho&, Check&) {}
 
 void check(const Error& m, Check& c) { c.text(m.text, kMaxTextBytes, "ERROR text"); }
 void check(const Shutdown& m, Check& c) { c.text(m.reason, kMaxTextBytes, "SHUTDOWN reason"); }
-void check(const Route& m, Check& c) { c.text(m.next_peer, kMaxNameBytes, "ROUTE next_peer"); }
+void check(const Route& m, Check& c) {
+  c.text(m.next_peer, kMaxNameBytes, "ROUTE next_peer");
+  c.expect(valid_link(m.link), "ROUTE link is not a known LinkKind");
+}
+void check(const LinkSetup& m, Check& c) {
+  c.expect(valid_link(m.kind), "LINK_SETUP kind is not a known LinkKind");
+  if (m.kind == LinkKind::nccl) {
+    c.expect(m.nccl_id.size() == kNcclIdBytes, "LINK_SETUP nccl needs a 128-byte unique id");
+    c.expect(m.max_floats > 0, "LINK_SETUP nccl needs max_floats > 0");
+  } else {
+    c.expect(m.nccl_id.empty() && m.max_floats == 0, "LINK_SETUP tcp carries no NCCL id or size");
+  }
+}
+void check(const LinkAck& m, Check& c) {
+  c.expect(valid_link(m.kind), "LINK_ACK kind is not a known LinkKind");
+  c.text(m.reason, kMaxTextBytes, "LINK_ACK reason");
+}
+void check(const LinkStatus& m, Check& c) {
+  c.expect(valid_link(m.kind), "LINK_STATUS kind is not a known LinkKind");
+  c.text(m.next_peer, kMaxNameBytes, "LINK_STATUS next_peer");
+  c.text(m.reason, kMaxTextBytes, "LINK_STATUS reason");
+}
 
 // ---- decoding ---------------------------------------------------------------
 
@@ -332,7 +364,8 @@ void set(std::string* detail, std::string s) {
 std::string_view msg_type_name(MsgType t) {
   static constexpr std::string_view names[] = {"HELLO",    "CHALLENGE",     "AUTH_RESPONSE",  "AUTH_OK", "ASSIGN",
                                                "READY",    "LOAD_PROGRESS", "FORWARD",        "RESULT",  "CANCEL",
-                                               "FREE_SEQ", "HEARTBEAT",     "HEARTBEAT_ECHO", "ERROR",   "SHUTDOWN", "ROUTE"};
+                                               "FREE_SEQ", "HEARTBEAT",     "HEARTBEAT_ECHO", "ERROR",   "SHUTDOWN", "ROUTE",
+                                               "LINK_SETUP", "LINK_ACK", "LINK_STATUS"};
   static_assert(std::size(names) == kLastMsgType);
   const uint16_t v = uint16_t(t);
   if (v < kFirstMsgType || v > kLastMsgType) return "UNKNOWN";

@@ -20,7 +20,7 @@ namespace baton::net {
 
 // Bumped on any change of a message's layout or meaning. Peers must speak the
 // same version (checked in the handshake, before anything else is trusted).
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 
 // Frame type codes. APPEND-ONLY: never renumber, never reuse a retired value;
 // a new message takes the next number (and bumps kProtocolVersion).
@@ -42,15 +42,24 @@ enum class MsgType : uint16_t {
   error = 14,
   shutdown = 15,
   route = 16,  // v2
+  link_setup = 17,   // v3
+  link_ack = 18,     // v3
+  link_status = 19,  // v3
 };
 inline constexpr uint16_t kFirstMsgType = 1;
-inline constexpr uint16_t kLastMsgType = 16;  // keep equal to the last enumerator
+inline constexpr uint16_t kLastMsgType = 19;  // keep equal to the last enumerator
 
 std::string_view msg_type_name(MsgType t);  // "HELLO", ...; "UNKNOWN" otherwise
 
 // Append-only like MsgType.
 enum class Role : uint8_t { coordinator = 1, worker = 2, peer = 3 };
 enum class Backend : uint8_t { cpu = 1, cuda = 2 };
+// How a stage's boundary activations reach the next stage (v3): inside the
+// FORWARD frame on the TCP peer link, or device to device over NCCL with the
+// FORWARD frame still on TCP (it says which sequence and step the rows are).
+enum class LinkKind : uint8_t { tcp = 1, nccl = 2 };
+
+inline constexpr size_t kNcclIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 
 using Nonce = std::array<uint8_t, 32>;  // random, one per side per handshake
 using Mac = std::array<uint8_t, 32>;    // HMAC-SHA256
@@ -79,12 +88,19 @@ struct Capabilities {
   uint64_t memory_free = 0;
   bool unified_memory = false;  // host and device share one pool (GB10)
   double bandwidth_gbps = 0;    // measured memory bandwidth, 0: not measured
-  bool nccl = false;            // can open an NCCL link (later)
+  bool nccl = false;            // can open an NCCL link: built with NCCL, CUDA backend, device present
   uint32_t n_threads = 0;       // CPU threads offered
+  // v3: what the coordinator needs to choose each stage link (net/link_choice.h).
+  uint32_t nccl_version = 0;    // NCCL_VERSION_CODE of the library (0: none); peers must match
+  std::string device_uuid;      // "GPU-xxxxxxxx-..." of the stage's device; "" none
+  std::string pci_bus_id;       // "0000:1b:00.0"; "" none
+  std::string host_id;          // hostname/boot id: equal on two workers of one host
+  bool nccl_net = false;        // NCCL reaches other hosts over RDMA (InfiniBand / RoCE)
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(backend, device_name, memory_total, memory_free, unified_memory, bandwidth_gbps, nccl, n_threads);
+    ar(backend, device_name, memory_total, memory_free, unified_memory, bandwidth_gbps, nccl, n_threads, nccl_version,
+       device_uuid, pci_bus_id, host_id, nccl_net);
   }
   bool operator==(const Capabilities&) const = default;
 };
@@ -185,11 +201,12 @@ struct Assign {
   std::string next_peer;       // "host:port" of the next stage; empty: results go to the coordinator
   std::string model_path;      // file on the worker: full GGUF or this stage's split part
   uint64_t model_hash = 0;     // expected tensor-table hash of model_path (0: do not check)
+  LinkKind next_link = LinkKind::tcp;  // v3: the coordinator's choice for the link to next_peer
 
   template <class Ar>
   void serialize(Ar& ar) {
     ar(stage_index, n_stages, layer_first, layer_last, has_embedding, has_output, n_ctx, micro_batch, prefill_chunk,
-       n_seq, next_peer, model_path, model_hash);
+       n_seq, next_peer, model_path, model_hash, next_link);
   }
   bool operator==(const Assign&) const = default;
 };
@@ -273,17 +290,20 @@ struct SeqChunk {
 // stage takes token ids; the others take boundary activations as raw
 // little-endian f32 bytes (one memcpy each way, not element by element):
 // total_tokens * row_width * 4 bytes. Exactly one of tokens/activations is
-// non-empty.
+// non-empty, unless rows_on_link (v3): then both are empty and the
+// total_tokens * row_width floats travel on the connection's NCCL link, in
+// frame order.
 struct Forward {
   uint64_t request_id = 0;
   std::vector<SeqChunk> chunks;
   std::vector<int32_t> tokens;       // total_tokens ids (first stage)
   uint32_t row_width = 0;            // floats per token row (activations only)
   std::vector<uint8_t> activations;  // f32 LE, row-major
+  bool rows_on_link = false;         // v3: the rows follow on the NCCL link
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(request_id, chunks, tokens, row_width, activations);
+    ar(request_id, chunks, tokens, row_width, activations, rows_on_link);
   }
   bool operator==(const Forward&) const = default;
 
@@ -390,18 +410,63 @@ struct Shutdown {
 // sent on the old link are lost with it; the coordinator has failed them.
 struct Route {
   std::string next_peer;  // "host:port"; empty: results go to the coordinator
+  LinkKind link = LinkKind::tcp;  // v3: the coordinator's choice for the new link
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(next_peer);
+    ar(next_peer, link);
   }
   bool operator==(const Route&) const = default;
+};
+
+// Stage -> next stage, on the peer link (v3), right after the handshake and
+// again whenever the sending side changes its mind: nccl with the unique id
+// the sender created (the receiver joins as rank 1), or tcp (drop any NCCL
+// link of this connection; rows come inside FORWARD).
+struct LinkSetup {
+  LinkKind kind = LinkKind::tcp;
+  std::vector<uint8_t> nccl_id;  // kNcclIdBytes with nccl, else empty
+  uint64_t max_floats = 0;       // nccl: floats per NCCL transfer; larger FORWARDs are split into pieces of this
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(kind, nccl_id, max_floats);
+  }
+  bool operator==(const LinkSetup&) const = default;
+};
+
+// Next stage -> stage (v3): the outcome of the receiver's side of LINK_SETUP.
+struct LinkAck {
+  LinkKind kind = LinkKind::tcp;  // nccl: the receiver's communicator is up
+  std::string reason;             // why not, with tcp
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(kind, reason);
+  }
+  bool operator==(const LinkAck&) const = default;
+};
+
+// Worker -> coordinator (v3): what the link to the next stage really is now
+// (after setup, a fallback, or a route change); the coordinator shows it in
+// /health.
+struct LinkStatus {
+  std::string next_peer;
+  LinkKind kind = LinkKind::tcp;
+  std::string reason;  // why tcp (or a note for nccl)
+
+  template <class Ar>
+  void serialize(Ar& ar) {
+    ar(next_peer, kind, reason);
+  }
+  bool operator==(const LinkStatus&) const = default;
 };
 
 // Alternatives in MsgType order: index + 1 is the type code (checked in
 // net/codec.cpp).
 using Message = std::variant<Hello, Challenge, AuthResponse, AuthOk, Assign, Ready, LoadProgress, Forward, Result,
-                             Cancel, FreeSeq, Heartbeat, HeartbeatEcho, Error, Shutdown, Route>;
+                             Cancel, FreeSeq, Heartbeat, HeartbeatEcho, Error, Shutdown, Route, LinkSetup, LinkAck,
+                             LinkStatus>;
 
 inline MsgType message_type(const Message& m) { return MsgType(uint16_t(m.index() + 1)); }
 

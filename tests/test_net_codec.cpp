@@ -108,6 +108,11 @@ struct Gen {
         h.caps.bandwidth_gbps = real(0, 5000);
         h.caps.nccl = flag();
         h.caps.n_threads = u32();
+        h.caps.nccl_version = u32();
+        h.caps.device_uuid = text(40);
+        h.caps.pci_bus_id = text(12);
+        h.caps.host_id = text(50);
+        h.caps.nccl_net = flag();
         h.model.tensor_table_hash = u64();
         for (uint32_t i = below(5); i > 0; --i) {
           ModelPart p;
@@ -143,6 +148,7 @@ struct Gen {
         a.next_peer = text(30);
         a.model_path = text(80);
         a.model_hash = u64();
+        a.next_link = LinkKind(1 + below(2));
         return a;
       }
       case MsgType::ready:
@@ -165,8 +171,12 @@ struct Gen {
           c.sampling = sampling();
           f.chunks.push_back(c);
         }
-        if (flag()) {
+        const uint32_t form = below(3);
+        if (form == 0) {
           for (uint64_t i = 0; i < f.total_tokens(); ++i) f.tokens.push_back(i32());
+        } else if (form == 1) {
+          f.row_width = 1 + below(8192);
+          f.rows_on_link = true;
         } else {
           f.row_width = 1 + below(16);
           std::vector<float> rows(f.total_tokens() * f.row_width);
@@ -206,7 +216,20 @@ struct Gen {
       case MsgType::shutdown:
         return Shutdown{text(100)};
       case MsgType::route:
-        return Route{text(40)};
+        return Route{text(40), LinkKind(1 + below(2))};
+      case MsgType::link_setup: {
+        LinkSetup s;
+        if (flag()) {
+          s.kind = LinkKind::nccl;
+          for (size_t i = 0; i < kNcclIdBytes; ++i) s.nccl_id.push_back(uint8_t(u32()));
+          s.max_floats = 1 + u64() % (uint64_t(1) << 24);
+        }
+        return s;
+      }
+      case MsgType::link_ack:
+        return LinkAck{LinkKind(1 + below(2)), text(100)};
+      case MsgType::link_status:
+        return LinkStatus{text(30), LinkKind(1 + below(2)), text(100)};
     }
     ADD_FAILURE() << "no generator for type " << int(t);
     return Cancel{};
@@ -503,6 +526,65 @@ TEST(NetCodec, RandomPayloadsDecodeToErrorsOrValidMessages) {
   }
   EXPECT_LT(track.largest(), size_t(1) << 16);
   RecordProperty("valid", valid);
+}
+
+TEST(NetCodec, RegistrationCarriesWhatTheLinkChoiceNeeds) {
+  // v3: the NCCL capability fields of HELLO survive the codec exactly.
+  Hello h;
+  h.node_name = "gpu-node-1";
+  h.caps.backend = Backend::cuda;
+  h.caps.nccl = true;
+  h.caps.nccl_version = 22809;
+  h.caps.device_uuid = "GPU-3f2a9c10-aaaa-bbbb-cccc-0123456789ab";
+  h.caps.pci_bus_id = "0000:1b:00.0";
+  h.caps.host_id = "node-a/6c1e6a2d-0000-4000-8000-000000000001";
+  h.caps.nccl_net = true;
+  h.listen_address = "10.0.0.2:7001";
+  Message back;
+  ASSERT_FALSE(decode_payload(MsgType::hello, payload_of(Codec::encode(h)), &back));
+  const Hello& got = std::get<Hello>(back);
+  EXPECT_EQ(got.caps, h.caps);
+  EXPECT_EQ(got, h);
+}
+
+TEST(NetCodec, LinkNegotiationMessagesAreValidated) {
+  std::string why;
+  LinkSetup s;
+  s.kind = LinkKind::nccl;
+  s.nccl_id.assign(kNcclIdBytes - 1, 7);
+  s.max_floats = 4096;
+  EXPECT_EQ(Codec::validate(s, &why), Errc::invalid_field);
+  EXPECT_NE(why.find("128-byte"), std::string::npos) << why;
+  s.nccl_id.push_back(7);
+  EXPECT_FALSE(Codec::validate(s, &why)) << why;
+  s.max_floats = 0;
+  EXPECT_EQ(Codec::validate(s, &why), Errc::invalid_field);
+  LinkSetup tcp_with_id;
+  tcp_with_id.nccl_id.assign(kNcclIdBytes, 1);
+  EXPECT_EQ(Codec::validate(tcp_with_id, &why), Errc::invalid_field);
+  EXPECT_FALSE(Codec::validate(LinkSetup{}, &why)) << why;
+
+  // A link kind that no version defines: the last byte of ASSIGN and of ROUTE.
+  std::vector<uint8_t> a = payload_of(Codec::encode(Assign{}));
+  ASSERT_EQ(a.back(), uint8_t(LinkKind::tcp));
+  a.back() = 3;
+  EXPECT_EQ(decode_payload(MsgType::assign, a), Errc::invalid_field);
+  std::vector<uint8_t> r = payload_of(Codec::encode(Route{"h:1", LinkKind::nccl}));
+  ASSERT_EQ(r.back(), uint8_t(LinkKind::nccl));
+  r.back() = 0;
+  EXPECT_EQ(decode_payload(MsgType::route, r), Errc::invalid_field);
+
+  // Rows on the NCCL link: the frame carries neither tokens nor rows.
+  Forward f;
+  f.chunks.push_back(SeqChunk{0, 0, 2, false, {}});
+  f.row_width = 16;
+  f.rows_on_link = true;
+  EXPECT_FALSE(Codec::validate(f, &why)) << why;
+  f.activations.assign(2 * 16 * 4, 0);
+  EXPECT_EQ(Codec::validate(f, &why), Errc::invalid_field);
+  f.activations.clear();
+  f.row_width = 0;
+  EXPECT_EQ(Codec::validate(f, &why), Errc::invalid_field);
 }
 
 }  // namespace

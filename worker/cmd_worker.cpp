@@ -2,6 +2,7 @@
 #include <boost/program_options.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -25,7 +26,7 @@ namespace po = boost::program_options;
 int cmd_worker(int argc, char** argv) {
   try {
     WorkerOptions opt;
-    std::string backend = "cpu", mem_limit;
+    std::string backend = "cpu", mem_limit, fault;
     po::options_description desc("options");
     // clang-format off
     desc.add_options()
@@ -42,7 +43,9 @@ int cmd_worker(int argc, char** argv) {
         ("name", po::value<std::string>(&opt.name), "this worker's name in logs and errors (default: worker-PID)")
         ("threads,t", po::value<int>(&opt.n_threads)->default_value(1), "CPU threads for the forward pass")
         ("step-delay-ms", po::value<int>(&opt.step_delay_ms)->default_value(0),
-         "sleep this long before each forward step (models a slow node; for tests)");
+         "sleep this long before each forward step (models a slow node; for tests)")
+        ("fault", po::value<std::string>(&fault),
+         "inject a fault, for tests: nccl-init claims NCCL at registration, then fails every link setup");
     // clang-format on
     po::variables_map vm;
     po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -63,6 +66,11 @@ int cmd_worker(int argc, char** argv) {
     if (!mem_limit.empty()) opt.mem_limit = parse_size(mem_limit);
     if (opt.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
     if (opt.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");
+    // Fault injection for tests only (docs/PROTOCOL.md, "Link negotiation").
+    if (!fault.empty()) {
+      if (fault != "nccl-init") throw std::invalid_argument("--fault must be nccl-init, got '" + fault + "'");
+      opt.fault_nccl_init = true;
+    }
     return run_worker(opt);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "baton worker: %s\n", e.what());

@@ -24,6 +24,10 @@ struct WorkerOptions {
   std::string name;         // for logs and the coordinator's messages
   int n_threads = 1;
   int step_delay_ms = 0;    // sleep before each FORWARD: models a slow node (tests)
+  // Fault injection for tests (--fault nccl-init): claim NCCL in
+  // HELLO, then fail every NCCL link setup, so the fallback to TCP runs
+  // without a GPU.
+  bool fault_nccl_init = false;
 };
 
 // Runs until the coordinator sends SHUTDOWN (0) or the link to it closes (1).
