@@ -39,6 +39,7 @@
 #include "engine/llama_family.h"
 #include "engine/loader.h"
 #include "engine/memory_plan.h"
+#include "gguf_split/split.h"
 
 namespace baton {
 
@@ -62,6 +63,9 @@ struct BenchOptions {
   int n_threads = 1;
   uint64_t seed = 1;
   std::string load_csv;
+  uint64_t mem_limit = 0;  // 0: none
+  bool load_only = false;
+  bool no_pdl = false;
 };
 
 struct BackendRefused : std::runtime_error {
@@ -72,7 +76,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 std::optional<BenchOptions> parse(int argc, char** argv) {
   BenchOptions o;
-  std::string backend = "cuda";
+  std::string backend = "cuda", mem_limit;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description desc(
       "usage: baton bench -m MODEL [options]\n\n"
@@ -80,7 +84,9 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
       "up to ctx-max: prefills ctx random prompt tokens (chunks of --batch) and\n"
       "generates --gen-tokens greedy tokens, timing both. Device ceilings (copy\n"
       "bandwidth, bf16 GEMM rate, host-to-device and file read speed) are measured\n"
-      "in the same run. Loading progress and a summary go to stderr.\n\noptions");
+      "in the same run. Loading progress and a summary go to stderr.\n\n"
+      "MODEL may be a split part (baton split): it loads as the stage it holds;\n"
+      "a part without the embedding or the head only loads (--load-only).\n\noptions");
   // clang-format off
   desc.add_options()
       ("help,h", "print this help and exit")
@@ -98,7 +104,13 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "MiB of the file read (O_DIRECT where allowed) for the disk ceiling; 0 skips it")
       ("threads,t", po::value<int>(&o.n_threads)->default_value(hw), "CPU threads (cpu backend)")
       ("seed", po::value<uint64_t>(&o.seed)->default_value(1), "seed of the random prompt tokens")
-      ("load-csv", po::value<std::string>(&o.load_csv), "also write the load measurements as a one-row CSV to this file");
+      ("load-csv", po::value<std::string>(&o.load_csv), "also write the load measurements as a one-row CSV to this file")
+      ("no-pdl", po::bool_switch(&o.no_pdl),
+       "CUDA: launch the decode kernels without programmatic dependent launch (A/B measurement)")
+      ("load-only", po::bool_switch(&o.load_only), "measure the ceilings and the load, then exit (no prefill or decode)")
+      ("mem-limit", po::value<std::string>(&mem_limit),
+       "most memory the stage's plan may use (device lines with --backend cuda), e.g. 128GB: refused before "
+       "loading when larger");
   // clang-format on
   po::variables_map vm;
   po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
@@ -119,6 +131,7 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   if (o.batch < 1) throw std::invalid_argument("--batch must be >= 1");
   if (o.staging_mb < 1 || o.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   if (o.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (!mem_limit.empty()) o.mem_limit = parse_size(mem_limit);
   return o;
 }
 
@@ -184,15 +197,34 @@ struct Row {
 
 int bench(const BenchOptions& o) {
   if (std::string why = backend_unavailable(o.backend); !why.empty()) throw BackendRefused(why);
+  if (o.no_pdl) set_programmatic_launch(false);
   GgufFile file = GgufFile::open(o.model);
   StageConfig sc;
   sc.n_ctx = o.ctx_max + o.gen_tokens;
   sc.max_batch = std::min(o.batch, sc.n_ctx);
   sc.n_threads = o.n_threads;
+  if (const std::optional<PartInfo> part = read_part_info(file)) {
+    sc.first_layer = part->range.first;
+    sc.last_layer = part->range.last;
+    sc.embedding = part->has_embedding;
+    sc.head = part->has_output;
+    if (!o.load_only && !(sc.embedding && sc.head)) {
+      throw std::invalid_argument(o.model + " holds layers " + std::to_string(sc.first_layer) + ".." +
+                                  std::to_string(sc.last_layer) +
+                                  " without the embedding or the head: only --load-only can measure it");
+    }
+  }
   LoadOptions load;
   load.slot_bytes = o.staging_mb << 20;
   const MemoryPlan dry = plan_stage_runner(o.backend, file, sc, load);
   std::fprintf(stderr, "plan (%s):\n%s", backend_name(o.backend), dry.to_string().c_str());
+  if (std::string why = memory_limit_problem(o.backend, dry, o.mem_limit); !why.empty()) {
+    throw std::runtime_error(why);
+  }
+  if (o.mem_limit) {
+    std::fprintf(stderr, "--mem-limit %s: the plan's %s fit\n", format_size(o.mem_limit).c_str(),
+                 format_size(plan_bytes_under_limit(o.backend, dry)).c_str());
+  }
 
   // Ceilings first, with their own buffers, so the stage's memory reading
   // sees only the stage.
@@ -235,6 +267,7 @@ int bench(const BenchOptions& o) {
                        int(ls.rss_peak_reset), m.planned, m.allocated, m.measured);
     if (!out) throw std::runtime_error("cannot write " + o.load_csv);
   }
+  if (o.load_only) return 0;
 
   const FlopModel flops = flop_model(file, r);
   const int64_t V = r.n_vocab();

@@ -125,6 +125,10 @@ std::unique_ptr<StageRunner> make_stage_runner(Backend b, const GgufFile& f, con
 #endif
 }
 
+#ifndef BATON_HAVE_CUDA
+void set_programmatic_launch(bool) {}
+#endif
+
 DeviceCeilings measure_device_ceilings(uint64_t copy_bytes) {
   if (std::string why = backend_unavailable(Backend::Cuda); !why.empty()) throw std::runtime_error(why);
 #ifdef BATON_HAVE_CUDA
@@ -133,6 +137,20 @@ DeviceCeilings measure_device_ceilings(uint64_t copy_bytes) {
   (void)copy_bytes;
   throw std::logic_error("unreachable: cuda without CUDA");
 #endif
+}
+
+uint64_t plan_bytes_under_limit(Backend b, const MemoryPlan& plan) {
+  uint64_t need = 0;
+  for (const auto& line : plan.lines()) {
+    if (b == Backend::Cpu || line.name.find("(host") == std::string::npos) need += line.bytes;
+  }
+  return need;
+}
+
+std::string memory_limit_problem(Backend b, const MemoryPlan& plan, uint64_t limit) {
+  const uint64_t need = plan_bytes_under_limit(b, plan);
+  if (limit == 0 || need <= limit) return "";
+  return "stage needs " + format_size(need) + "; --mem-limit allows " + format_size(limit);
 }
 
 }  // namespace baton

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -58,6 +59,31 @@ class StageRunner {
   // this without bringing the logits back to the host. Needs the head.
   virtual int32_t forward_greedy(int seq, std::span<const int32_t> tokens);
 
+  // Device-resident boundary rows, for stage links that move activations GPU
+  // to GPU (NCCL, net/nccl_link.h). The defaults say "none": such a link then
+  // stages the rows through host memory (the spans above), which is correct
+  // but adds a copy each way.
+  struct DeviceRows {
+    const float* data = nullptr;  // device memory; null: not available
+    int64_t n_floats = 0;
+    void* stream = nullptr;       // the cudaStream_t that produces them
+  };
+  // The rows the last forward() returned, on the device; valid until the next call.
+  virtual DeviceRows device_output() const { return {}; }
+  // Device room for n_tokens input rows that forward_device_input() reads;
+  // null when the runner takes its input from the host only.
+  virtual float* device_input(int64_t n_tokens) {
+    (void)n_tokens;
+    return nullptr;
+  }
+  // As forward(seq, activations, n_tokens) with the rows already written to
+  // device_input(n_tokens).
+  virtual std::span<const float> forward_device_input(int seq, int64_t n_tokens) {
+    (void)seq;
+    (void)n_tokens;
+    throw std::logic_error("this stage runner takes no device input");
+  }
+
   virtual int64_t position(int seq) const = 0;
   virtual void reset(int seq) = 0;
 
@@ -102,5 +128,18 @@ struct DeviceCeilings {
 // Allocates its buffers for the measurement and frees them. Throws for the
 // CPU backend or without a device.
 DeviceCeilings measure_device_ceilings(uint64_t copy_bytes);
+
+// Programmatic dependent launch of the CUDA decode kernels (kernels/cuda/pdl.cuh):
+// on by default where the device has it; off for A/B measurements
+// (`baton bench --no-pdl`). No effect without CUDA.
+void set_programmatic_launch(bool on);
+
+// The bytes of a stage's plan that a memory cap (`--mem-limit`) covers: on
+// CUDA the device's lines (the host lines, pinned io and load staging, are
+// not device memory), on the CPU every line.
+uint64_t plan_bytes_under_limit(Backend b, const MemoryPlan& plan);
+// Empty when the plan fits `limit` bytes (0: no limit); else one line saying
+// what the stage needs and what the limit allows.
+std::string memory_limit_problem(Backend b, const MemoryPlan& plan, uint64_t limit);
 
 }  // namespace baton

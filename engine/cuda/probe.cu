@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/cuda/cuda_stage.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace baton {
 namespace {
@@ -141,5 +142,7 @@ DeviceCeilings measure_cuda_ceilings(uint64_t copy_bytes) {
   c.bf16_flops_per_s = 2.0 * double(n) * n * n / t_gemm;
   return c;
 }
+
+void set_programmatic_launch(bool on) { cuda::detail::set_pdl_enabled(on); }
 
 }  // namespace baton

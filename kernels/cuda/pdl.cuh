@@ -22,8 +22,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
@@ -42,10 +40,10 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// On for devices of compute capability 9.0 and later. BATON_CUDA_PDL=0 turns
-// it off for the whole process: the A/B switch of the decode benchmark
-// (docs/PERFORMANCE.md); nothing else reads it. set_pdl_enabled() overrides
-// both (the kernel micro-benchmark times each kernel with and without).
+// On for devices of compute capability 9.0 and later. set_pdl_enabled()
+// overrides that for the whole process: `baton bench --no-pdl` (the A/B
+// switch of docs/PERFORMANCE.md) and the kernel micro-benchmark, which times
+// each kernel with and without.
 inline int& pdl_state() {
   static int state = -1;  // -1: not decided yet
   return state;
@@ -56,12 +54,11 @@ inline void set_pdl_enabled(bool on) { pdl_state() = on ? 1 : 0; }
 inline bool pdl_enabled() {
   int& state = pdl_state();
   if (state < 0) {
-    const char* env = std::getenv("BATON_CUDA_PDL");
     int dev = 0, major = 0;
     const bool capable = cudaGetDevice(&dev) == cudaSuccess &&
                          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                          major >= 9;
-    state = capable && !(env != nullptr && std::strcmp(env, "0") == 0) ? 1 : 0;
+    state = capable ? 1 : 0;
   }
   return state == 1;
 }
