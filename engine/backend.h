@@ -63,21 +63,35 @@ class StageRunner {
   // to GPU (NCCL, net/nccl_link.h). The defaults say "none": such a link then
   // stages the rows through host memory (the spans above), which is correct
   // but adds a copy each way.
+  //
+  // Ordering contract. Output: the rows are complete when forward() returns
+  // (a runner synchronizes its stream before returning); `stream` is the one
+  // that wrote them, for a caller that orders its own device work after them
+  // anyway. Input: the caller writes device_input()'s room on its own stream
+  // and must have that write complete (synchronize the stream, or wait on an
+  // event recorded after it) before calling forward_device_input(); the
+  // runner's stream does not wait on other streams. NcclLink::recv returns
+  // only once the rows are there, which is this. The input room may be the
+  // very memory of device_output(): consume the output rows (NcclLink::send
+  // returns once they are copied out) before asking for the input room, and
+  // run one step at a time per runner.
   struct DeviceRows {
     const float* data = nullptr;  // device memory; null: not available
     int64_t n_floats = 0;
-    void* stream = nullptr;       // the cudaStream_t that produces them
+    void* stream = nullptr;       // the cudaStream_t that produced them
   };
-  // The rows the last forward() returned, on the device; valid until the next call.
+  // The rows the last forward() returned, on the device; valid until the next
+  // call of forward*() or device_input().
   virtual DeviceRows device_output() const { return {}; }
-  // Device room for n_tokens input rows that forward_device_input() reads;
-  // null when the runner takes its input from the host only.
+  // Device room for n_tokens (1..max_batch) input rows that
+  // forward_device_input() reads; null when the runner takes its input from
+  // the host only. Throws for n_tokens outside 1..max_batch.
   virtual float* device_input(int64_t n_tokens) {
     (void)n_tokens;
     return nullptr;
   }
   // As forward(seq, activations, n_tokens) with the rows already written to
-  // device_input(n_tokens).
+  // device_input(n_tokens). Still returns the output rows on the host too.
   virtual std::span<const float> forward_device_input(int seq, int64_t n_tokens) {
     (void)seq;
     (void)n_tokens;

@@ -1,11 +1,14 @@
 // The CUDA stage against the CPU stage: logits after a prompt, greedy
 // generation through the captured decode graph, prefill through cuBLAS, the
-// pinned staging ring, and device memory against the plan. Plan-only tests
-// run everywhere; the rest skip without a GPU.
+// pinned staging ring, device memory against the plan, and boundary rows
+// passed between stages on the device. Plan-only tests run everywhere; the
+// rest skip without a GPU.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -48,9 +51,9 @@ double rel_err(std::span<const float> a, std::span<const float> b) {
   return scale > 0 ? diff / scale : diff;
 }
 
-std::string write_synth(const test::TempDir& dir, DType type, uint64_t seed) {
+std::string write_synth(const test::TempDir& dir, DType type, uint64_t seed, int n_layer = 2) {
   SynthConfig sc;
-  sc.n_layer = 2;
+  sc.n_layer = n_layer;
   sc.n_embd = 256;  // a whole K-quant block per row
   sc.n_head = 4;
   sc.n_head_kv = 2;
@@ -58,7 +61,8 @@ std::string write_synth(const test::TempDir& dir, DType type, uint64_t seed) {
   sc.n_ctx = 512;
   sc.weight_type = type;
   sc.seed = seed;
-  const std::string path = dir.file(std::string("synth-") + dtype_name(type) + ".gguf");
+  const std::string path =
+      dir.file(std::string("synth-") + dtype_name(type) + "-" + std::to_string(n_layer) + "l.gguf");
   write_synthetic_model(path, sc);
   return path;
 }
@@ -249,6 +253,119 @@ TEST(CudaStage, GraphDecodeEqualsPrefill) {
   EXPECT_EQ(gpu.position(0), 9);
   for (int i = 9; i < 64; ++i) gpu.forward_greedy(0, std::span<const int32_t>(&next, 1));
   EXPECT_THROW(gpu.forward(0, std::span<const int32_t>(&next, 1)), std::out_of_range);
+}
+
+// "" when a and b hold the same floats bit for bit; else where they first
+// differ and by how much at most.
+std::string bit_difference(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return fmt::format("{} floats against {}", a.size(), b.size());
+  if (std::memcmp(a.data(), b.data(), a.size_bytes()) == 0) return "";
+  size_t first = a.size();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
+    first = std::min(first, i);
+    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
+  }
+  return fmt::format("first differing float {} ({} vs {}), max |diff| {}", first, a[first], b[first], worst);
+}
+
+std::vector<float> device_to_host(const StageRunner::DeviceRows& d) {
+  std::vector<float> h(size_t(d.n_floats));
+  BATON_CUDA_CHECK(cudaMemcpy(h.data(), d.data, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Moves `from`'s last output rows into `to`'s device input, as a stage link
+// would, and runs `to` on them. cudaMemcpy between device buffers may return
+// before the copy is done, so the device is synchronized before the forward:
+// the input contract of engine/backend.h.
+std::vector<float> forward_from_device(CudaStage& from, CudaStage& to, int seq, int64_t n) {
+  const StageRunner::DeviceRows d = from.device_output();
+  EXPECT_NE(d.data, nullptr);
+  EXPECT_NE(d.stream, nullptr);
+  EXPECT_EQ(d.n_floats, n * from.arch().boundary_elems_per_token());
+  float* in = to.device_input(n);
+  EXPECT_NE(in, nullptr);
+  if (!d.data || !in) return {};
+  BATON_CUDA_CHECK(cudaMemcpy(in, d.data, uint64_t(d.n_floats) * sizeof(float), cudaMemcpyDeviceToDevice));
+  BATON_CUDA_CHECK(cudaDeviceSynchronize());
+  auto y = to.forward_device_input(seq, n);
+  return {y.begin(), y.end()};
+}
+
+// Three stages of one model (layers 0 | 1 | 2: embedding, middle, head) pass
+// their boundary rows device to device through device_output() and
+// device_input(): prefill through cuBLAS (12 tokens), a 3-token matvec chunk,
+// and 8 decode steps through the captured graph. The logits are bit-identical
+// to the same stages fed through the host and to the whole model on one
+// stage: the same kernels run on the same numbers (the stage boundary's
+// residual add is the same single float addition as the fused add + norm).
+// The middle stage's input room is its own output buffer, so this also
+// checks that reusing it step after step is sound.
+TEST(CudaStage, DeviceBoundaryRowsMatchHostPathAndWholeModel) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  std::printf("seed %llu (BATON_TEST_SEED)\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  for (DType type : {DType::F16, DType::Q4_K}) {
+    SCOPED_TRACE(dtype_name(type));
+    GgufFile f = GgufFile::open(write_synth(dir, type, seed + 7, /*n_layer=*/3));
+    const auto vocab = int32_t(f.find_tensor("token_embd.weight")->ne[1]);
+    StageConfig sc;
+    sc.n_ctx = 64;
+    sc.max_batch = 16;
+    sc.n_seq = 2;  // seq 0: the host path; seq 1: the device path
+    StageConfig ca = sc, cm = sc, cb = sc;
+    ca.last_layer = 0;
+    ca.head = false;
+    cm.first_layer = cm.last_layer = 1;
+    cm.embedding = cm.head = false;
+    cb.first_layer = 2;
+    cb.embedding = false;
+    CudaStage whole(f, sc), a(f, ca), m(f, cm), b(f, cb);
+    EXPECT_EQ(m.device_output().data, nullptr) << "no rows before the first forward";
+
+    std::vector<int32_t> tokens = random_tokens(seed + 8, 12, vocab);
+    const std::vector<int64_t> steps = {12, 3, 1, 1, 1, 1, 1, 1, 1, 1};
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const int64_t n = steps[i];
+      SCOPED_TRACE(fmt::format("step {} ({} tokens)", i, n));
+      ASSERT_EQ(tokens.size(), size_t(n));
+      auto lw = whole.forward(0, tokens);
+      const std::vector<float> want(lw.begin(), lw.end());
+
+      auto ya = a.forward(0, tokens);
+      const std::vector<float> ha(ya.begin(), ya.end());
+      auto ym = m.forward(0, ha, n);
+      const std::vector<float> hm(ym.begin(), ym.end());
+      auto yb = b.forward(0, hm, n);
+      const std::vector<float> host(yb.begin(), yb.end());
+
+      auto da = a.forward(1, tokens);
+      EXPECT_EQ(bit_difference(da, ha), "") << "stage A, host rows of the device path";
+      const std::vector<float> dm = forward_from_device(a, m, 1, n);
+      EXPECT_EQ(bit_difference(dm, hm), "") << "middle stage, device input against host input";
+      const std::vector<float> dev = forward_from_device(m, b, 1, n);
+
+      EXPECT_EQ(bit_difference(dev, host), "") << "logits: device boundary against host boundary";
+      EXPECT_EQ(bit_difference(dev, want), "") << "logits: device boundary against the whole model";
+      EXPECT_EQ(bit_difference(host, want), "") << "logits: host boundary against the whole model";
+      // The head stage's device output is its logits.
+      EXPECT_EQ(bit_difference(device_to_host(b.device_output()), dev), "") << "head stage device_output()";
+      tokens.assign(1, argmax(want));
+    }
+    EXPECT_EQ(b.position(1), whole.position(0));
+    EXPECT_EQ(m.position(1), m.position(0));
+
+    // Refused before anything is written or run.
+    EXPECT_THROW(m.device_input(0), std::invalid_argument);
+    EXPECT_THROW(m.device_input(sc.max_batch + 1), std::invalid_argument);
+    EXPECT_THROW(a.device_input(1), std::logic_error);
+    EXPECT_THROW(a.forward_device_input(1, 1), std::logic_error);
+    EXPECT_NE(m.device_input(sc.max_batch), nullptr);
+  }
 }
 
 TEST(CudaStage, DeviceMemoryIsThePlan) {

@@ -577,12 +577,18 @@ class Worker {
       return false;
     }
     try {
+      // A chunk the runner cannot take (more than its batch) is drained to
+      // the host and refused later, as over TCP: device_input() would throw
+      // here, before the rows are received, and lose the link's step.
       float* device = nullptr;
       if (stage_ && f.chunks.size() == 1 && !assign_.has_embedding &&
-          int64_t(f.row_width) == stage_->arch().boundary_elems_per_token()) {
+          int64_t(f.row_width) == stage_->arch().boundary_elems_per_token() && f.chunks[0].n_tokens >= 1 &&
+          int64_t(f.chunks[0].n_tokens) <= stage_->max_batch()) {
         device = stage_->device_input(int64_t(f.chunks[0].n_tokens));
       }
       if (device) {
+        // recv returns once the rows are in place: forward_device_input()
+        // may then read them on the stage's stream (engine/backend.h).
         link->recv(device, uint64_t(n));
         *on_device = true;
       } else {

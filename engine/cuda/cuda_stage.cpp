@@ -618,11 +618,10 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
   };
 
   BATON_CUDA_CHECK(cudaMemcpyAsync(d_tokens, io + L.h_params, L.params_bytes, cudaMemcpyHostToDevice, s));
-  if (config_.embedding) {
-    cuda::get_rows(W.embedding, d_tokens, n, x, E, s);
-  } else {
-    BATON_CUDA_CHECK(cudaMemcpyAsync(x, io + L.h_in, uint64_t(n * E) * sizeof(float), cudaMemcpyHostToDevice, s));
-  }
+  // Without the embedding the input rows are already in x: run() copies host
+  // rows there, a link writes device rows there (device_input()). Keeping
+  // that copy out of the graph lets one decode graph serve both.
+  if (config_.embedding) cuda::get_rows(W.embedding, d_tokens, n, x, E, s);
   const float* pending = nullptr;  // the last projection's output, not yet added into x
   for (size_t i = 0; i < W.layers.size(); ++i) {
     const Weights::Layer& w = W.layers[i];
@@ -754,7 +753,12 @@ void CudaStage::run(int seq, const int32_t* tokens, const float* activations, in
     hp[L.B + t] = int32_t(pos0 + t);
   }
   hp[2 * L.B] = int32_t(pos0);
-  if (activations) std::memcpy(io_.data() + L.h_in, activations, uint64_t(n * L.E) * sizeof(float));
+  if (activations) {
+    const uint64_t bytes = uint64_t(n * L.E) * sizeof(float);
+    std::memcpy(io_.data() + L.h_in, activations, bytes);
+    BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + L.x, io_.data() + L.h_in, bytes, cudaMemcpyHostToDevice,
+                                     stream_.get()));
+  }
   if (n == 1) {
     BATON_CUDA_CHECK(cudaGraphLaunch(decode_graphs_[size_t(seq)].get(), stream_.get()));
   } else {
@@ -767,14 +771,7 @@ void CudaStage::run(int seq, const int32_t* tokens, const float* activations, in
 std::span<const float> CudaStage::forward(int seq, std::span<const int32_t> tokens) {
   if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
   run(seq, tokens.data(), nullptr, int64_t(tokens.size()));
-  const Layout& L = *layout_;
-  const int64_t width = config_.head ? L.V : L.E;
-  const uint64_t src = config_.head ? L.logits : L.x;
-  BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_out, workspace_.data() + src,
-                                   uint64_t(last_rows_ * width) * sizeof(float), cudaMemcpyDeviceToHost,
-                                   stream_.get()));
-  sync();
-  return {reinterpret_cast<const float*>(io_.data() + L.h_out), size_t(last_rows_ * width)};
+  return output_to_host();
 }
 
 std::span<const float> CudaStage::forward(int seq, std::span<const float> activations, int64_t n_tokens) {
@@ -785,6 +782,11 @@ std::span<const float> CudaStage::forward(int seq, std::span<const float> activa
         fmt::format("stage input: {} floats for {} tokens of width {}", activations.size(), n_tokens, L.E));
   }
   run(seq, nullptr, activations.data(), n_tokens);
+  return output_to_host();
+}
+
+std::span<const float> CudaStage::output_to_host() {
+  const Layout& L = *layout_;
   const int64_t width = config_.head ? L.V : L.E;
   const uint64_t src = config_.head ? L.logits : L.x;
   BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_out, workspace_.data() + src,
@@ -792,6 +794,36 @@ std::span<const float> CudaStage::forward(int seq, std::span<const float> activa
                                    stream_.get()));
   sync();
   return {reinterpret_cast<const float*>(io_.data() + L.h_out), size_t(last_rows_ * width)};
+}
+
+// The boundary rows stay where the forward computes them: the residual
+// stream x of the workspace (the logits on the last stage). x is also where
+// a stage without the embedding starts, so device_input() hands out x
+// itself: no extra buffer, no copy, and the decode graph, which reads x,
+// replays unchanged.
+StageRunner::DeviceRows CudaStage::device_output() const {
+  if (last_rows_ == 0) return {};
+  const Layout& L = *layout_;
+  const int64_t width = config_.head ? L.V : L.E;
+  const uint64_t src = config_.head ? L.logits : L.x;
+  return {reinterpret_cast<const float*>(workspace_.data() + src), last_rows_ * width, stream_.get()};
+}
+
+float* CudaStage::device_input(int64_t n_tokens) {
+  if (config_.embedding) throw std::logic_error("this stage has the embedding: it takes token ids, not device rows");
+  if (n_tokens < 1 || n_tokens > config_.max_batch) {
+    throw std::invalid_argument(fmt::format("device input of {} rows: a forward takes 1..{} tokens (the planned batch)",
+                                            n_tokens, config_.max_batch));
+  }
+  // The room is x: writing it overwrites the rows of the last forward.
+  if (!config_.head) last_rows_ = 0;
+  return reinterpret_cast<float*>(workspace_.data() + layout_->x);
+}
+
+std::span<const float> CudaStage::forward_device_input(int seq, int64_t n_tokens) {
+  if (config_.embedding) throw std::logic_error("this stage has the embedding: give it token ids");
+  run(seq, nullptr, nullptr, n_tokens);
+  return output_to_host();
 }
 
 int32_t CudaStage::forward_greedy(int seq, std::span<const int32_t> tokens) {

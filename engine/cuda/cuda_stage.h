@@ -8,7 +8,10 @@
 // allocates nothing: cuBLAS gets its workspace from the plan, and the decode
 // step (one token) is a CUDA graph captured once per sequence slot at
 // construction and replayed; token id and position reach it through device
-// memory, so the same graph serves every position.
+// memory, so the same graph serves every position. A stage without the
+// embedding finds its input rows in the workspace's residual stream, put
+// there before the replay: copied from the host, or written by a stage link
+// device to device (device_input()), so the boundary needs no host round trip.
 //
 // Per layer: fused residual add + RMS norm, one projection for Q|K|V (one
 // matrix when the three are adjacent in the weight buffer with one dtype,
@@ -124,6 +127,15 @@ class CudaStage final : public StageRunner {
   std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens) override;
   int32_t forward_greedy(int seq, std::span<const int32_t> tokens) override;
 
+  // Boundary rows on the device (engine/backend.h): the output is the
+  // workspace's residual stream (the logits on the last stage); the input
+  // room is that same residual stream, which the forward, and the decode
+  // graph, read as their input. device_input() refuses more than max_batch
+  // rows and a stage with the embedding.
+  DeviceRows device_output() const override;
+  float* device_input(int64_t n_tokens) override;
+  std::span<const float> forward_device_input(int seq, int64_t n_tokens) override;
+
   int64_t position(int seq) const override;
   void reset(int seq) override;
   const Arch& arch() const override { return *arch_; }
@@ -147,9 +159,14 @@ class CudaStage final : public StageRunner {
   // graph: capturing the decode graph, where attention reads the position
   // from device memory instead.
   void enqueue(int seq, int64_t n, int64_t pos0, bool graph);
-  // Checks, fills the pinned parameters and queues the forward (a graph
-  // replay for one token). The caller queues its copies and synchronizes.
+  // Checks, fills the pinned parameters and queues the input copy and the
+  // forward (a graph replay for one token). The caller queues its copies and
+  // synchronizes.
+  // activations: host rows copied into x first; null on a stage without the
+  // embedding: the rows are already in x (device_input()).
   void run(int seq, const int32_t* tokens, const float* activations, int64_t n);
+  // Copies the last forward's output rows to the pinned io and synchronizes.
+  std::span<const float> output_to_host();
   // x: n rows of floats; xq: the same rows quantized for matvec_xq, or null.
   void project(const Proj& p, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
                int64_t out_stride);
