@@ -16,6 +16,9 @@
 #include "engine/arch_deepseek4.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cuda/ds4_ops.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/ops.cuh"
 #include "kernels/quant.h"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"
@@ -167,6 +170,52 @@ TEST(CudaDs4Ops, HcPostAppliesCombTransposedAndMayRunInPlace) {
     ASSERT_NEAR(out[i], want[i], 1e-6 * (1 + std::fabs(want[i]))) << i;
     ASSERT_EQ(in_place[i], out[i]) << i;
   }
+}
+
+// The decode's HC-post after the MoE adds the shared expert's output itself:
+// bit-identical to the HC-post of the sum made beforehand.
+TEST(CudaDs4Ops, HcPostAddEqualsPostOfTheSum) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 14);
+  const cuda::Ds4HcShape s = hc_shape(20);
+  const int64_t B = 2;
+  const std::vector<float> x = test::random_floats(rng, size_t(B * s.width()));
+  const std::vector<float> y = test::random_floats(rng, size_t(B * s.n_embd));
+  const std::vector<float> y2 = test::random_floats(rng, size_t(B * s.n_embd));
+  const std::vector<float> mix = test::random_floats(rng, size_t(B * s.mix()));
+  std::vector<float> sum(y.size());
+  for (size_t i = 0; i < y.size(); ++i) sum[i] = y[i] + y2[i];
+  DeviceArray<float> dx(x), dy(y), dy2(y2), dsum(sum), dmix(mix), a(x.size()), b(x.size());
+  a.poison();
+  cuda::ds4_hc_post_add(s, dx.get(), dy.get(), dy2.get(), dmix.get(), B, a.get(), nullptr);
+  cuda::ds4_hc_post(s, dx.get(), dsum.get(), dmix.get(), B, b.get(), nullptr);
+  ASSERT_EQ(a.download(), b.download());
+}
+
+// The shared expert's fused activation + quantization equals swiglu_clamped
+// then quantize_xq, byte for byte.
+TEST(CudaDs4Ops, SwigluXqEqualsSwigluThenQuantize) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 15);
+  const int64_t n = 2048, rows = 3;
+  const float clamp = 1.5f;
+  const std::vector<float> g = test::random_floats(rng, size_t(n * rows), 3.0f);
+  const std::vector<float> u = test::random_floats(rng, size_t(n * rows), 3.0f);
+  const size_t xq_bytes = size_t(cuda::xq_row_bytes(n) * uint64_t(rows));
+  DeviceArray<float> dg(g), du(u), out_a(g.size()), out_b(g.size());
+  DeviceArray<uint8_t> xa(xq_bytes), xb(xq_bytes);
+  out_a.poison();
+  xa.poison();
+  xb.poison();  // the row padding stays as poisoned in both
+  cuda::ds4_swiglu_xq_clamped(dg.get(), du.get(), out_a.get(), n, rows, clamp, xa.get(), nullptr);
+  cuda::swiglu_clamped(dg.get(), du.get(), out_b.get(), n * rows, clamp, nullptr);
+  cuda::quantize_xq(out_b.get(), n, rows, n, xb.get(), nullptr);
+  ASSERT_EQ(out_a.download(), out_b.download());
+  ASSERT_EQ(xa.download(), xb.download());
 }
 
 // --- router -----------------------------------------------------------------------
@@ -461,6 +510,56 @@ TEST(CudaDs4Ops, IndexerScoresAndTopK) {
   check_indexer(64, 128, 64, 2000, 2, 1000, seed + 44);  // Flash's 64 heads of 128 (32 KB of queries)
 }
 
+// The decode graph scales the indexer weights as they are read: the scores
+// and picks equal those of weights scaled beforehand (same float product).
+TEST(CudaDs4Ops, IndexerWeightScaleEqualsPrescaledWeights) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 45);
+  const int ih = 8, id = 64, top_k = 5, ratio = 4;
+  const int64_t pos0 = 100, n = 3, n_rows = (pos0 + n) / ratio, stride = n_rows + 1;
+  const float scale = 0.0441941738f;
+  const std::vector<float> rows = test::random_floats(rng, size_t(n_rows * id));
+  const std::vector<float> q = test::random_floats(rng, size_t(n * ih * id));
+  const std::vector<float> w = test::random_floats(rng, size_t(n * ih));
+  std::vector<float> ws = w;
+  for (float& v : ws) v *= scale;
+  std::vector<std::vector<float>> scores;
+  std::vector<std::vector<int32_t>> picks;
+  for (int pass = 0; pass < 2; ++pass) {
+    DeviceArray<float> dq(q), dw(pass == 0 ? ws : w), drows(rows), dscores(size_t(n * stride));
+    DeviceArray<int32_t> dtop(size_t(n * top_k));
+    dscores.poison();
+    dtop.poison();
+    cuda::Ds4IndexerParams p;
+    p.n_head = ih;
+    p.head_dim = id;
+    p.ratio = ratio;
+    p.top_k = top_k;
+    p.q = dq.get();
+    p.w = dw.get();
+    p.w_scale = pass == 0 ? 1.0f : scale;
+    p.rows = drows.get();
+    p.pos0 = pos0;
+    p.n_tokens = n;
+    p.scores = dscores.get();
+    p.score_stride = stride;
+    p.itop = dtop.get();
+    cuda::ds4_indexer_select(p, nullptr);
+    scores.push_back(dscores.download());
+    picks.push_back(dtop.download());
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t nv = (pos0 + t + 1) / ratio;
+    for (int64_t r = 0; r < nv; ++r) {
+      ASSERT_FALSE(is_poison(scores[1][size_t(t * stride + r)])) << t << " " << r;
+      ASSERT_EQ(scores[0][size_t(t * stride + r)], scores[1][size_t(t * stride + r)]) << t << " " << r;
+    }
+  }
+  ASSERT_EQ(picks[0], picks[1]);
+}
+
 // --- attention ------------------------------------------------------------------
 
 struct AttnCase {
@@ -662,6 +761,48 @@ TEST(CudaDs4Ops, WindowStoreKeepsTheLastRows) {
       std::copy_n(kv.begin() + t * hd, hd, ring.begin() + ((pos0 + t) % window) * hd);
     }
     ASSERT_EQ(dring.download(), ring) << n;
+  }
+}
+
+// ds4_norm_rope against the pair it replaces in decode (rmsnorm, then rope
+// of the tail), on rows with and without a norm weight, with a token stride
+// wider than the heads.
+TEST(CudaDs4Ops, NormRopeEqualsNormThenRope) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 71);
+  const int hd = 512, rd = 64;
+  const std::vector<int32_t> pos = {0, 7, 5000, 131071};
+  const int64_t n = int64_t(pos.size());
+  std::vector<float> freq(size_t(rd / 2));
+  for (int i = 0; i < rd / 2; ++i) freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rd));
+  DeviceArray<int32_t> dpos(pos);
+  DeviceArray<float> dfreq(freq);
+  for (int heads : {1, 4}) {
+    SCOPED_TRACE("heads " + std::to_string(heads));
+    const int64_t stride = int64_t(heads) * hd + 32;
+    const std::vector<float> x = test::random_floats(rng, size_t(n * stride), 3.0f);
+    const std::vector<float> w = test::random_floats(rng, size_t(hd));
+    DeviceArray<float> dw(w);
+    const float* wp = heads == 1 ? dw.get() : nullptr;
+    DeviceArray<float> a(x), b(x);
+    cuda::ds4_norm_rope(a.get(), n, stride, heads, hd, rd, wp, 1e-6f, dpos.get(), dfreq.get(), nullptr);
+    for (int64_t t = 0; t < n; ++t) {
+      float* row = b.get() + t * stride;
+      cuda::rmsnorm(row, hd, wp, row, hd, heads, hd, 1e-6f, nullptr);
+    }
+    cuda::rope(b.get() + hd - rd, n, stride, heads, hd, rd, dpos.get(), dfreq.get(), RopeMode::Normal, nullptr);
+    const std::vector<float> got = a.download(), want = b.download();
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-6f * (1.0f + std::fabs(want[i]))) << i;
+    }
+    // The padding between tokens is untouched.
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = int64_t(heads) * hd; i < stride; ++i) {
+        ASSERT_EQ(got[size_t(t * stride + i)], x[size_t(t * stride + i)]);
+      }
+    }
   }
 }
 

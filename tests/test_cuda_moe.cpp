@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_xq.cuh"
 #include "kernels/quant.h"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"
@@ -209,6 +211,67 @@ TEST(CudaMoe, DecodeBadExpertIdGivesNaNForThatTokenOnly) {
   const std::vector<float> got = dout.download();
   const Expected want = reference(gate, gate, down, x.data(), ids.data(), w.data(), kUsed, INFINITY, 1e-5);
   expect_within(got, 1, kEmbd, kEmbd, {want}, "token 0");
+  for (int64_t d = 0; d < kEmbd; ++d) ASSERT_TRUE(std::isnan(got[size_t(kEmbd + d)])) << d;
+}
+
+// The integer-dot decode (moe_xq.cuh) on the Q2 file's types: x quantized to
+// 16 bits per run of 32 (quantize_xq), then gate/up, the SwiGLU, the
+// activations quantized again and down. Each quantization moves a value by at
+// most max|run| / 65024, a few 1e-5 of sum |w x| for these inputs in the
+// worst case, hence the reference's relative error 1e-4.
+TEST(CudaMoe, IntegerDotDecodeMatchesReference) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 404);
+  const HostExperts gate = random_experts(DType::IQ2_XXS, kExperts, kFf, kEmbd, rng());
+  const HostExperts up = random_experts(DType::IQ2_XXS, kExperts, kFf, kEmbd, rng());
+  const HostExperts down = random_experts(DType::Q2_K, kExperts, kEmbd, kFf, rng());
+  DeviceArray<uint8_t> dg(gate.bytes), du(up.bytes), dd(down.bytes);
+  for (int64_t n_tokens : {1, 3}) {
+    const int64_t out_stride = kEmbd + 4;
+    const std::vector<float> x = test::random_floats(rng, size_t(n_tokens * kEmbd));
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    random_routing(rng, n_tokens, kUsed, kExperts, ids, w);
+    cuda::MoeWeights m{view(gate, dg), view(up, du), view(down, dd), pick_clamp(up, x, ids)};
+    ASSERT_TRUE(cuda::moe_xq_supported(m));
+    DeviceArray<float> dx(x), dw(w), dout(size_t(n_tokens * out_stride));
+    DeviceArray<int32_t> dids(ids);
+    DeviceArray<uint8_t> dxq(size_t(cuda::xq_row_bytes(kEmbd) * uint64_t(n_tokens)));
+    cuda::quantize_xq(dx.get(), kEmbd, n_tokens, kEmbd, dxq.get(), nullptr);
+    const size_t ws_bytes = cuda::moe_xq_workspace_bytes(m, n_tokens, kUsed);
+    DeviceArray<uint8_t> ws(ws_bytes);
+    ws.poison();
+    dout.poison();
+    cuda::moe_decode_xq(m, dxq.get(), n_tokens, dids.get(), dw.get(), kUsed, dout.get(), out_stride, ws.get(),
+                        ws_bytes, nullptr);
+    std::vector<Expected> want;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      want.push_back(reference(gate, up, down, x.data() + t * kEmbd, ids.data() + t * kUsed, w.data() + t * kUsed,
+                               kUsed, m.clamp, 1e-4));
+    }
+    const std::vector<float> got = dout.download();
+    expect_within(got, n_tokens, kEmbd, out_stride, want, "xq decode tokens " + std::to_string(n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) {  // the gaps between rows stay untouched
+      for (int64_t d = kEmbd; d < out_stride; ++d) EXPECT_TRUE(std::isnan(got[size_t(t * out_stride + d)]));
+    }
+  }
+  // A missing expert turns its token's output into NaN, and only that token's.
+  const std::vector<float> x = test::random_floats(rng, size_t(2 * kEmbd));
+  const std::vector<int32_t> ids = {1, 2, 3, 4, kExperts, 5};
+  const std::vector<float> w = {0.5f, 0.25f, 0.25f, 0.5f, 0.25f, 0.25f};
+  cuda::MoeWeights m{view(gate, dg), view(up, du), view(down, dd), INFINITY};
+  DeviceArray<float> dx(x), dw(w), dout(size_t(2 * kEmbd));
+  DeviceArray<int32_t> dids(ids);
+  DeviceArray<uint8_t> dxq(size_t(cuda::xq_row_bytes(kEmbd) * 2));
+  cuda::quantize_xq(dx.get(), kEmbd, 2, kEmbd, dxq.get(), nullptr);
+  const size_t ws_bytes = cuda::moe_xq_workspace_bytes(m, 2, kUsed);
+  DeviceArray<uint8_t> ws(ws_bytes);
+  cuda::moe_decode_xq(m, dxq.get(), 2, dids.get(), dw.get(), kUsed, dout.get(), kEmbd, ws.get(), ws_bytes, nullptr);
+  const std::vector<float> got = dout.download();
+  const Expected want0 = reference(gate, up, down, x.data(), ids.data(), w.data(), kUsed, INFINITY, 1e-4);
+  expect_within(got, 1, kEmbd, kEmbd, {want0}, "xq token 0");
   for (int64_t d = 0; d < kEmbd; ++d) ASSERT_TRUE(std::isnan(got[size_t(kEmbd + d)])) << d;
 }
 

@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
 #include "engine/cuda/ds4_stage_impl.h"
+#include "engine/cuda/graph_profile.h"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "kernels/cuda/attention.cuh"
@@ -482,11 +485,23 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   length_.assign(size_t(config_.n_seq), 0);
   std::memset(io_.data(), 0, io_.size());
   sync();
+  const char* fuse = std::getenv("BATON_DS4_FUSE");
+  fuse_ = !(fuse && std::strcmp(fuse, "0") == 0);
+  const char* mxq = std::getenv("BATON_DS4_MOE_XQ");
+  moe_xq_ = !(mxq && std::strcmp(mxq, "0") == 0);
   capture_decode_graphs();
 }
 
 CudaDs4Stage::~CudaDs4Stage() {
   if (stream_) cudaStreamSynchronize(stream_.get());
+  if (profile_graph_ && profile_steps_ >= 10) {
+    try {
+      profile_decode();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "decode profile: %s\n", e.what());
+    }
+  }
+  if (profile_graph_) cudaGraphDestroy(profile_graph_);
 }
 
 void CudaDs4Stage::sync() { BATON_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
@@ -507,7 +522,51 @@ int64_t CudaDs4Stage::position(int seq) const {
 // is a full reset.
 void CudaDs4Stage::reset(int seq) {
   check_seq(seq);
+  if (seq == 0 && profile_steps_ >= 10) profile_decode();
+  profile_steps_ = 0;
   length_[size_t(seq)] = 0;
+}
+
+// BATON_DS4_PROFILE=1: the per-kernel table of sequence 0's last decode step
+// and the replay time of the step re-captured with each lever off. Runs at a
+// reset (or the end) after 10+ decode steps, outside any timed region. The
+// params in the pinned io still hold the last step: the same token at the
+// same position, so every pass recomputes the same state.
+void CudaDs4Stage::profile_decode() {
+  profile_steps_ = 0;
+  sync();
+  const std::string table =
+      cuda::profile_graph(profile_graph_, decode_graphs_[0].get(), stream_.get(), /*passes=*/5);
+  std::fprintf(stderr, "== decode at position %lld\n%s", (long long)(length_[0] - 1), table.c_str());
+  // A/B of the decode levers in this process: the same step re-captured
+  // without programmatic launch, the fusions or the integer-dot experts.
+  struct Variant {
+    bool pdl, fuse, moe_xq;
+  };
+  const Variant now{true, fuse_, moe_xq_};
+  for (const Variant& v : {Variant{false, fuse_, moe_xq_}, Variant{true, false, moe_xq_},
+                           Variant{true, fuse_, false}, Variant{false, false, false}, now}) {
+    const bool pdl = v.pdl;
+    set_programmatic_launch(pdl);
+    fuse_ = v.fuse;
+    moe_xq_ = v.moe_xq;
+    cudaGraph_t g = nullptr;
+    BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    enqueue(0, 1, 0, /*graph=*/true);
+    BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
+    set_programmatic_launch(true);
+    fuse_ = now.fuse;
+    moe_xq_ = now.moe_xq;
+    cudaGraphExec_t exec = nullptr;
+    BATON_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    size_t nodes = 0;
+    BATON_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+    cudaGraphDestroy(g);
+    const std::string t = cuda::profile_graph(nullptr, exec, stream_.get(), 0);
+    cudaGraphExecDestroy(exec);
+    std::fprintf(stderr, "variant pdl=%d fuse=%d moe_xq=%d (%zu nodes): %s", int(pdl), int(v.fuse),
+                 int(v.moe_xq), nodes, t.c_str());
+  }
 }
 
 float* CudaDs4Stage::kv_stream(int layer, int seq, int s) const {
@@ -529,6 +588,10 @@ void CudaDs4Stage::capture_decode_graphs() {
       throw;
     }
     BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
+    const char* prof = std::getenv("BATON_DS4_PROFILE");
+    if (seq == 0 && prof && std::strcmp(prof, "1") == 0 && !profile_graph_) {
+      BATON_CUDA_CHECK(cudaGraphClone(&profile_graph_, g));
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
     cudaGraphDestroy(g);
@@ -561,6 +624,7 @@ void CudaDs4Stage::run(int seq, const int32_t* tokens, const float* activations,
   if (activations) std::memcpy(io_.data() + L.h_in, activations, uint64_t(n * L.HC) * sizeof(float));
   if (n == 1) {
     BATON_CUDA_CHECK(cudaGraphLaunch(decode_graphs_[size_t(seq)].get(), stream_.get()));
+    if (seq == 0 && profile_graph_) ++profile_steps_;
   } else {
     enqueue(seq, n, pos0, /*graph=*/false);
   }

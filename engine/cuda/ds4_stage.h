@@ -77,7 +77,8 @@ class CudaDs4Stage final : public StageRunner {
   // memory and pos0 is ignored.
   void enqueue(int seq, int64_t n, int64_t pos0, bool graph);
   void attention(int seq, int layer, int64_t n, int64_t pos0, bool graph);
-  void moe(int layer, int64_t n);
+  // Returns the shared expert's output when it is left for the HC-post to add.
+  const float* moe(int layer, int64_t n);
   void head(int64_t n);
   // x: n rows of floats; xq: the same rows quantized for matvec_xq, or null.
   void project(const Mat& m, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
@@ -88,6 +89,7 @@ class CudaDs4Stage final : public StageRunner {
   void run(int seq, const int32_t* tokens, const float* activations, int64_t n);
   std::span<const float> fetch_output();
   void capture_decode_graphs();
+  void profile_decode();
   void sync();
   void check_seq(int seq) const;
   float* kv_stream(int layer, int seq, int s) const;
@@ -117,6 +119,15 @@ class CudaDs4Stage final : public StageRunner {
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Layout> layout_;
   std::vector<std::unique_ptr<CUgraphExec_st, GraphDeleter>> decode_graphs_;
+  // BATON_DS4_PROFILE=1: sequence 0's decode graph kept for a node-by-node
+  // profile (engine/cuda/graph_profile.h) after 10+ decode steps.
+  CUgraph_st* profile_graph_ = nullptr;
+  // Decode fusions (norm + RoPE, the indexer weights' scale); BATON_DS4_FUSE=0
+  // turns them off, the A/B switch of the profile.
+  bool fuse_ = true;
+  // Integer-dot routed experts (moe_xq.cuh) in decode; BATON_DS4_MOE_XQ=0: the float moe_decode.
+  bool moe_xq_ = true;
+  int64_t profile_steps_ = 0;
 
   std::vector<int64_t> length_;
   int64_t last_rows_ = 0;

@@ -12,15 +12,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "engine/cuda/ds4_stage.h"
 #include "engine/cuda/ds4_stage_impl.h"
 #include "engine/cuda/stage_ops.cuh"
+#include "kernels/cuda/ds4_attn_tc.cuh"
+#include "kernels/cuda/ds4_indexer_tc.cuh"
 #include "kernels/cuda/ds4_ops.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_xq.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
 
@@ -38,6 +45,66 @@ cuda::Ds4HcShape hc_shape(const Deepseek4Shape& s) {
   h.hc_eps = float(s.hc_eps);
   h.rms_eps = float(s.rms_eps);
   return h;
+}
+
+// Long batches run the attention and the indexer scores on the tensor cores
+// (ds4_attn_tc.cuh, ds4_indexer_tc.cuh) unless BATON_DS4_TC=0 (the float
+// kernels, for comparisons).
+bool tc_prefill(int64_t n) {
+  static const bool on = [] {
+    const char* v = std::getenv("BATON_DS4_TC");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on && n > cuda::kMatvecMaxTokens;
+}
+
+// BATON_DS4_PROFILE=1: the GPU time of each phase of a prefill forward
+// (batches over 8 tokens) on stderr, from events recorded between the
+// phases; the forward then waits for the GPU. A diagnostic (the events are
+// created once and kept); off, a phase boundary costs one branch.
+enum Phase { kHc, kProj, kCompress, kIndexer, kAttn, kOutProj, kRoute, kExperts, kShared, kHead, kPhases };
+const char* const kPhaseNames[kPhases] = {"hc",     "projections", "compressors", "indexer",       "attention",
+                                          "output", "router",      "experts",     "shared expert", "head"};
+struct PhaseTimer {
+  bool on = false;
+  size_t used = 0;
+  std::vector<cudaEvent_t> ev;
+  std::vector<int> phase;
+  void mark(cudaStream_t st, int p) {
+    if (used == ev.size()) {
+      cudaEvent_t e;
+      BATON_CUDA_CHECK(cudaEventCreate(&e));
+      ev.push_back(e);
+      phase.push_back(0);
+    }
+    phase[used] = p;
+    BATON_CUDA_CHECK(cudaEventRecord(ev[used++], st));
+  }
+  void report(cudaStream_t st, int64_t n) {
+    BATON_CUDA_CHECK(cudaStreamSynchronize(st));
+    double ms[kPhases] = {}, total = 0;
+    for (size_t i = 1; i < used; ++i) {
+      float t = 0;
+      BATON_CUDA_CHECK(cudaEventElapsedTime(&t, ev[i - 1], ev[i]));
+      ms[phase[i]] += t, total += t;
+    }
+    std::string line = fmt::format("ds4 prefill of {} tokens: {:.1f} ms;", n, total);
+    for (int p = 0; p < kPhases; ++p) line += fmt::format(" {} {:.1f}", kPhaseNames[p], ms[p]);
+    std::fprintf(stderr, "%s\n", line.c_str());
+    used = 0;
+  }
+};
+PhaseTimer& timer() {
+  static PhaseTimer t = [] {
+    PhaseTimer pt;
+    const char* v = std::getenv("BATON_DS4_PROFILE");
+    pt.on = v != nullptr && std::string(v) == "1";
+    return pt;
+  }();
+  return t;
+}
+void mark(cudaStream_t st, int64_t n, int p) {
+  if (n > cuda::kMatvecMaxTokens && timer().on) timer().mark(st, p);
 }
 
 }  // namespace
@@ -96,16 +163,27 @@ void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
     project(w.hc_fn[k], flat, nullptr, n, L.HC, mix, L.MIX);
     cuda::ds4_hc_weights_input(hs, mix, x, n, w.hc_scale[k], w.hc_base[k], w.norm[k], h, st);
   };
+  mark(st, n, kHead);
   for (int l = config_.first_layer; l <= config_.last_layer; ++l) {
     const Weights::Layer& w = W.layers[size_t(l - config_.first_layer)];
     hc_pre(w, 0);
+    mark(st, n, kHc);
     attention(seq, l, n, pos0, graph);
     cuda::ds4_hc_post(hs, x, f(L.y), mix, n, x, st);
     hc_pre(w, 1);
-    moe(l, n);
-    cuda::ds4_hc_post(hs, x, f(L.moe_out), mix, n, x, st);
+    mark(st, n, kHc);
+    const float* shared = moe(l, n);  // the shared expert's output when not yet added
+    mark(st, n, kShared);
+    if (shared) {
+      cuda::ds4_hc_post_add(hs, x, f(L.moe_out), shared, mix, n, x, st);
+    } else {
+      cuda::ds4_hc_post(hs, x, f(L.moe_out), mix, n, x, st);
+    }
+    mark(st, n, kHc);
   }
   if (config_.head) head(n);
+  mark(st, n, kHead);
+  if (n > cuda::kMatvecMaxTokens && timer().on) timer().report(st, n);
 }
 
 void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph) {
@@ -171,12 +249,22 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     cuda::rmsnorm(q_lat, QR, w.qa_norm, q_lat, QR, n, QR, eps, st);
   }
   project(w.qb, q_lat, xl, n, QR, q, HD);
-  cuda::rmsnorm(q, hd, nullptr, q, hd, n * L.H, hd, eps, st);
-  cuda::rope(q + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
+  const bool fuse = n <= cuda::kMatvecMaxTokens && fuse_;  // decode: norm + RoPE in one launch
+  if (fuse) {
+    cuda::ds4_norm_rope(q, n, HD, int(L.H), int(hd), int(rd), nullptr, eps, d_pos, freqs, st);
+  } else {
+    cuda::rmsnorm(q, hd, nullptr, q, hd, n * L.H, hd, eps, st);
+    cuda::rope(q + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
+  }
   // The shared K = V row.
-  cuda::rmsnorm(kv_new, hd, w.kv_norm, kv_new, hd, n, hd, eps, st);
-  cuda::rope(kv_new + hd - rd, n, hd, 1, int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
+  if (fuse) {
+    cuda::ds4_norm_rope(kv_new, n, hd, 1, int(hd), int(rd), w.kv_norm, eps, d_pos, freqs, st);
+  } else {
+    cuda::rmsnorm(kv_new, hd, w.kv_norm, kv_new, hd, n, hd, eps, st);
+    cuda::rope(kv_new + hd - rd, n, hd, 1, int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
+  }
 
+  mark(st, n, kProj);
   if (w.ratio > 0) {
     cuda::Ds4CompressParams cp;
     cp.ratio = w.ratio;
@@ -197,6 +285,7 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     cp.pos0_dev = P;
     cuda::ds4_compress(cp, st);
   }
+  mark(st, n, kCompress);
   if (w.indexed) {
     cuda::Ds4CompressParams cp;
     cp.ratio = w.ratio;
@@ -219,7 +308,8 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     float* iq = f(L.iq);
     project(w.idx_qb, q_lat, xl, n, QR, iq, L.ih * id);
     cuda::rope(iq + id - rd, n, L.ih * id, int(L.ih), int(id), int(rd), d_pos, freqs_comp, RopeMode::Normal, st);
-    cuda::ds4_scale(iwts, n * L.ih, float(1.0 / std::sqrt(double(id) * double(L.ih))), st);
+    const float iscale = float(1.0 / std::sqrt(double(id) * double(L.ih)));
+    if (!fuse) cuda::ds4_scale(iwts, n * L.ih, iscale, st);  // decode: applied as the indexer reads w
     cuda::Ds4IndexerParams ip;
     ip.n_head = int(L.ih);
     ip.head_dim = int(id);
@@ -227,6 +317,7 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     ip.top_k = int(L.top_k);
     ip.q = iq;
     ip.w = iwts;
+    ip.w_scale = fuse ? iscale : 1.0f;
     ip.rows = kv_stream(l, seq, A::kIdxRows);
     ip.pos0 = bound;
     ip.n_tokens = n;
@@ -234,8 +325,14 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     ip.score_stride = L.score_stride;
     ip.itop = reinterpret_cast<int32_t*>(ws + L.itop);
     ip.pos0_dev = P;
-    cuda::ds4_indexer_select(ip, st);
+    if (tc_prefill(n) && cuda::ds4_indexer_scores_tc_supported(ip)) {
+      cuda::ds4_indexer_scores_tc(ip, st);
+      cuda::ds4_indexer_topk(ip, st);
+    } else {
+      cuda::ds4_indexer_select(ip, st);
+    }
   }
+  mark(st, n, kIndexer);
 
   // Attention over the window rows and the visible compressed rows.
   float* ring = kv_stream(l, seq, A::kWindow);
@@ -259,7 +356,11 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   ap.out = att;
   ap.out_stride = HD;
   ap.pos0_dev = P;
-  cuda::ds4_attention(ap, ws + L.attn, L.attn_bytes, st);
+  if (tc_prefill(n) && cuda::ds4_attention_tc_supported(ap)) {
+    cuda::ds4_attention_tc(ap, st);  // long batches: per-token products on the tensor cores
+  } else {
+    cuda::ds4_attention(ap, ws + L.attn, L.attn_bytes, st);
+  }
   if (graph) {
     cuda::ds4_window_store(kv_new, n, hd, d_pos0, ring, window, st);
   } else {
@@ -267,6 +368,7 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   }
   // V carried the keys' rotation: undo it at the query's position.
   cuda::rope(att + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_neg, freqs, RopeMode::Normal, st);
+  mark(st, n, kAttn);
 
   // Grouped output: group g's heads through its o_lora_rank rows of output_a.
   const int64_t gw = HD / L.G, GO = L.G * L.OR;
@@ -292,9 +394,10 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   }
   const void* xo = quantize_for({&w.out_b}, o_lat, GO, n, GO);
   project(w.out_b, o_lat, xo, n, GO, f(L.y), E);
+  mark(st, n, kOutProj);
 }
 
-void CudaDs4Stage::moe(int l, int64_t n) {
+const float* CudaDs4Stage::moe(int l, int64_t n) {
   const Layout& L = *layout_;
   const Deepseek4Shape& s = ds4_->shape();
   const Weights::Layer& w = w_->layers[size_t(l - config_.first_layer)];
@@ -320,7 +423,16 @@ void CudaDs4Stage::moe(int l, int64_t n) {
   }
   cuda::ds4_router(rp, router, n, ids, wts, st);
 
-  if (n <= cuda::kMatvecMaxTokens) {
+  if (n <= cuda::kMatvecMaxTokens && moe_xq_ && cuda::moe_xq_supported(w.moe) && E % 32 == 0 &&
+      L.moe_bytes >= cuda::moe_xq_workspace_bytes(w.moe, n, int(L.K))) {
+    // Integer-dot experts on the quantized h (the shared expert's, when there is one).
+    const void* xe = xh;
+    if (xe == nullptr) {
+      cuda::quantize_xq(h, E, n, E, ws + L.xq, st);
+      xe = ws + L.xq;
+    }
+    cuda::moe_decode_xq(w.moe, xe, n, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
+  } else if (n <= cuda::kMatvecMaxTokens) {
     cuda::moe_decode(w.moe, h, n, E, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
   } else {
     // Grouped GEMMs: the group sizes come back to the host first.
@@ -332,10 +444,12 @@ void CudaDs4Stage::moe(int l, int64_t n) {
     int32_t* host_offsets = reinterpret_cast<int32_t*>(io_.data() + L.h_offsets);
     BATON_CUDA_CHECK(cudaMemcpyAsync(host_offsets, g.offsets, uint64_t(L.NE + 1) * 4, cudaMemcpyDeviceToHost, st));
     sync();
+    mark(st, n, kRoute);
     cuda::moe_prefill(cublas_.get(), w.moe, h, n, E, g, host_offsets, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes,
                       st);
+    mark(st, n, kExperts);
   }
-  if (SF == 0) return;
+  if (SF == 0) return nullptr;
   float* sg = f(L.shared);
   float* su = sg + L.B * SF;
   if (n == 1 && w.sh_gu.w.data) {
@@ -345,11 +459,22 @@ void CudaDs4Stage::moe(int l, int64_t n) {
     project(w.sh_gate, h, xh, n, E, sg, SF);
     project(w.sh_up, h, xh, n, E, su, SF);
   }
-  cuda::swiglu_clamped(sg, su, sg, n * SF, w.moe.clamp, st);
-  const void* xs = quantize_for({&w.sh_down}, sg, SF, n, SF);
+  const bool fuse = fuse_ && n <= cuda::kMatvecMaxTokens;  // decode: fewer launches, same arithmetic
+  const void* xs = nullptr;
+  if (fuse && w.sh_down.xq && SF % 32 == 0) {
+    // The activation and its quantization in one launch (gate and up rows
+    // are SF apart in both layouts above).
+    xs = ws + L.xq;
+    cuda::ds4_swiglu_xq_clamped(sg, su, sg, SF, n, w.moe.clamp, ws + L.xq, st);
+  } else {
+    cuda::swiglu_clamped(sg, su, sg, n * SF, w.moe.clamp, st);
+    xs = quantize_for({&w.sh_down}, sg, SF, n, SF);
+  }
   float* sh = f(L.sh_out);
   project(w.sh_down, sg, xs, n, SF, sh, E);
+  if (fuse) return sh;  // added by the HC-post that reads out
   cuda::add_inplace(out, sh, n * E, st);
+  return nullptr;
 }
 
 void CudaDs4Stage::head(int64_t n) {

@@ -14,8 +14,12 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/xq.cuh"
 
 namespace baton::cuda {
+
+using detail::launch_pdl;
 namespace {
 
 using namespace detail;
@@ -115,6 +119,8 @@ __global__ void hc_weights_input_kernel(float* mix, const float* __restrict__ x,
                                         float hc_eps, float rms_eps, const float* __restrict__ scale,
                                         const float* __restrict__ base, const float* __restrict__ norm,
                                         float* __restrict__ h, bool raw) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   __shared__ float red[32];
   __shared__ float w[kMaxHc * (kMaxHc + 2)];
   const int64_t t = blockIdx.x;
@@ -153,8 +159,10 @@ __global__ void hc_weights_input_kernel(float* mix, const float* __restrict__ x,
 }
 
 // Element (t, d): new[t][k][d] = post[k] y[t][d] + sum_j comb[j][k] x[t][j][d].
-__global__ void hc_post_kernel(const float* x, const float* __restrict__ y, const float* __restrict__ mix, int n,
-                               int64_t E, int64_t n_tokens, float* out) {
+__global__ void hc_post_kernel(const float* x, const float* __restrict__ y, const float* __restrict__ y2,
+                               const float* __restrict__ mix, int n, int64_t E, int64_t n_tokens, float* out) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   const int mixw = n * (n + 2);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_tokens * E;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -163,7 +171,7 @@ __global__ void hc_post_kernel(const float* x, const float* __restrict__ y, cons
     const float* comb = post + n;
     float xj[kMaxHc];
     for (int j = 0; j < n; ++j) xj[j] = x[(t * n + j) * E + d];  // all reads before any write: out may be x
-    const float yd = y[t * E + d];
+    const float yd = y2 ? y[t * E + d] + y2[t * E + d] : y[t * E + d];  // y2: add_inplace's sum, folded in
     for (int k = 0; k < n; ++k) {
       float acc = post[k] * yd;
       for (int j = 0; j < n; ++j) acc += comb[j * n + k] * xj[j];
@@ -180,6 +188,8 @@ __device__ __forceinline__ void keep_better(float& bv, int& bi, float v, int i) 
 }
 
 __global__ void router_kernel(Ds4RouterParams p, float* logits, int32_t* ids, float* weights) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   extern __shared__ float sc[];  // n_expert scores, then n_expert taken flags
   int* taken = reinterpret_cast<int*>(sc + p.n_expert);
   __shared__ float red_v[32];
@@ -252,6 +262,8 @@ __device__ __forceinline__ float ape_at(const MatrixView& a, int64_t r, int64_t 
 // With pos0_dev the grid covers the most windows a batch of n_tokens can
 // complete and blocks past the real ones return.
 __global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   extern __shared__ float row[];  // dim floats
   __shared__ float red[32];
   if (p.pos0_dev) {
@@ -322,6 +334,8 @@ __global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo) {
 
 // Block b: token n_tokens - n_store + b into its state rows.
 __global__ void compress_store_kernel(Ds4CompressParams p, int64_t n_store) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   if (p.pos0_dev) p.pos0 = *p.pos0_dev;
   const int64_t t = p.n_tokens - n_store + blockIdx.x;
   const int64_t pos = p.pos0 + t;
@@ -340,6 +354,8 @@ __global__ void compress_store_kernel(Ds4CompressParams p, int64_t n_store) {
 // Block (x: a slice of rows, y: token): scores of the token's complete rows
 // (only for tokens with more than top_k of them), one row per warp at a time.
 __global__ void indexer_score_kernel(Ds4IndexerParams p) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   extern __shared__ float qs[];  // n_head * head_dim query values, then n_head weights
   if (p.pos0_dev) p.pos0 = *p.pos0_dev;
   const int64_t t = blockIdx.y;
@@ -349,7 +365,7 @@ __global__ void indexer_score_kernel(Ds4IndexerParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = int(blockDim.x >> 5);
   float* ws = qs + p.n_head * hd;
   for (int i = threadIdx.x; i < p.n_head * hd; i += blockDim.x) qs[i] = p.q[t * p.n_head * hd + i];
-  for (int i = threadIdx.x; i < p.n_head; i += blockDim.x) ws[i] = p.w[t * p.n_head + i];
+  for (int i = threadIdx.x; i < p.n_head; i += blockDim.x) ws[i] = p.w[t * p.n_head + i] * p.w_scale;
   __syncthreads();
   float* out = p.scores + t * p.score_stride;
   for (int64_t w = int64_t(blockIdx.x) * n_warps + warp; w < nv; w += int64_t(gridDim.x) * n_warps) {
@@ -400,6 +416,8 @@ __device__ __forceinline__ void block_count(bool flag, int* warp_cnt, int& befor
 __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_kernel(const float* __restrict__ scores, int64_t stride, int64_t pos0, int ratio, int top_k,
                         int32_t* __restrict__ itop, const int32_t* __restrict__ pos0_dev) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   __shared__ int hist[256];
   __shared__ uint32_t sh_prefix;
   __shared__ int sh_remaining;
@@ -468,6 +486,8 @@ __global__ void __launch_bounds__(kTopkThreads)
 template <bool kSplit>
 __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4AttentionParams p, int64_t chunk,
                                                                         float* __restrict__ part) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = int(blockIdx.x) * kAttnWarps + warp;
   if (h >= p.n_head) return;  // whole warps only: no block barrier below
@@ -548,6 +568,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
 // Warp per (token, head): merges the splits' partials with the sink.
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_merge_kernel(Ds4AttentionParams p, int splits,
                                                                           const float* __restrict__ part) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = int(blockIdx.x) * kAttnWarps + warp;
   if (h >= p.n_head) return;
@@ -580,6 +602,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_merge_kernel(Ds4Att
 __global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_tokens, int64_t n_store, int64_t hd,
                                     int64_t pos0, float* __restrict__ ring, int64_t window,
                                     const int32_t* __restrict__ pos0_dev) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   if (pos0_dev) pos0 = *pos0_dev;
   const int64_t t = n_tokens - n_store + blockIdx.x;
   float* dst = ring + ((pos0 + t) % window) * hd;
@@ -587,8 +611,66 @@ __global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float s) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     x[i] *= s;
+  }
+}
+
+// Block (h, t): rmsnorm_kernel's arithmetic on the row (same thread count,
+// so the same sum), then rope_kernel's on its tail.
+constexpr int kNormRopeThreads = 256;  // = kRowThreads of kernels/cuda/ops.cu
+constexpr int kMaxRopeHalf = 64;
+
+__global__ void __launch_bounds__(kNormRopeThreads)
+    norm_rope_kernel(float* x, int64_t token_stride, int head_dim, int rot_dim, const float* __restrict__ w,
+                     float eps, const int32_t* __restrict__ positions, const float* __restrict__ inv_freq) {
+  __shared__ float red[32];
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
+  float* xr = x + int64_t(blockIdx.y) * token_stride + int64_t(blockIdx.x) * head_dim;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, red);
+  const float scale = float(1.0 / sqrt(double(ss) / double(head_dim) + double(eps)));
+  if (w != nullptr) {
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) xr[i] = xr[i] * scale * w[i];
+  } else {
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) xr[i] = xr[i] * scale;
+  }
+  __syncthreads();  // the rotation pairs were normalised by other threads
+  const int half = rot_dim / 2;
+  const double pos = double(positions[blockIdx.y]);
+  float* v = xr + head_dim - rot_dim;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double sd, cd;
+    sincos(pos * double(inv_freq[i]), &sd, &cd);
+    const float c = float(cd), s = float(sd);
+    const float x0 = v[2 * i], x1 = v[2 * i + 1];
+    v[2 * i] = x0 * c - x1 * s;
+    v[2 * i + 1] = x0 * s + x1 * c;
+  }
+}
+
+// One warp per run of 32 of the n_rows * n values (grid-stride): the clamped
+// SwiGLU of swiglu_clamped (moe.cu), written to out, then quantize_xq's
+// quantization of the run (xq.cuh), rows xq_row_bytes(n) apart.
+__global__ void swiglu_xq_clamped_kernel(const float* gate, const float* up, float* out, int64_t n, int64_t n_rows,
+                                         float clamp, uint8_t* __restrict__ xq, uint64_t xq_stride) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // gate and up come from the projection before
+  const int lane = threadIdx.x & 31;
+  const int64_t runs = n / 32, total = runs * n_rows;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t i = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); i < total; i += warps) {
+    const int64_t t = i / runs, run = i % runs, e = t * n + run * 32 + lane;
+    float g = gate[e], u = up[e];
+    g = fminf(g, clamp);
+    u = fminf(fmaxf(u, -clamp), clamp);
+    const float v = g / (1.0f + expf(-g)) * u;
+    out[e] = v;
+    xq_store_run(v, lane, xq + uint64_t(t) * xq_stride, n, run);
   }
 }
 
@@ -599,6 +681,8 @@ __global__ void head_input_kernel(const float* __restrict__ mix, int64_t mix_str
                                   int n, int64_t E, float hc_eps, float rms_eps, const float* __restrict__ scale,
                                   const float* __restrict__ base, const float* __restrict__ norm,
                                   float* __restrict__ h) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   __shared__ float red[32];
   __shared__ float w[kMaxHc];
   const int64_t t = blockIdx.x;
@@ -641,8 +725,8 @@ void ds4_hc_weights_input(const Ds4HcShape& s, float* mix, const float* x, int64
                           const float* base, const float* norm, float* h, cudaStream_t stream) {
   validate_hc(s, n_tokens, "ds4_hc_weights_input");
   require(mix && x && scale && base && norm && h, "ds4_hc_weights_input", "null buffer");
-  hc_weights_input_kernel<<<unsigned(n_tokens), hc_threads(n_tokens), 0, stream>>>(
-      mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters, s.hc_eps, s.rms_eps, scale, base, norm, h, false);
+  launch_pdl("hc_weights_input_kernel", hc_weights_input_kernel, dim3(unsigned(n_tokens)), dim3(hc_threads(n_tokens)),
+             0, stream, mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters, s.hc_eps, s.rms_eps, scale, base, norm, h, false);
   check_launch("hc_weights_input_kernel");
 }
 
@@ -650,8 +734,8 @@ void ds4_hc_weights_input_raw(const Ds4HcShape& s, float* mix, const float* x, i
                               const float* base, const float* norm, float* h, cudaStream_t stream) {
   validate_hc(s, n_tokens, "ds4_hc_weights_input_raw");
   require(mix && x && scale && base && norm && h, "ds4_hc_weights_input_raw", "null buffer");
-  hc_weights_input_kernel<<<unsigned(n_tokens), hc_threads(n_tokens), 0, stream>>>(
-      mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters, s.hc_eps, s.rms_eps, scale, base, norm, h, true);
+  launch_pdl("hc_weights_input_kernel", hc_weights_input_kernel, dim3(unsigned(n_tokens)), dim3(hc_threads(n_tokens)),
+             0, stream, mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters, s.hc_eps, s.rms_eps, scale, base, norm, h, true);
   check_launch("hc_weights_input_kernel (raw)");
 }
 
@@ -679,8 +763,17 @@ void ds4_hc_post(const Ds4HcShape& s, const float* x, const float* y, const floa
                  cudaStream_t stream) {
   validate_hc(s, n_tokens, "ds4_hc_post");
   require(x && y && mix && out, "ds4_hc_post", "null buffer");
-  hc_post_kernel<<<grid_for(n_tokens * s.n_embd, 256), 256, 0, stream>>>(x, y, mix, s.n_hc, s.n_embd, n_tokens, out);
+  launch_pdl("hc_post_kernel", hc_post_kernel, dim3(grid_for(n_tokens * s.n_embd, 256)), dim3(256), 0, stream, x, y,
+             nullptr, mix, s.n_hc, s.n_embd, n_tokens, out);
   check_launch("hc_post_kernel");
+}
+
+void ds4_hc_post_add(const Ds4HcShape& s, const float* x, const float* y, const float* y2, const float* mix,
+                     int64_t n_tokens, float* out, cudaStream_t stream) {
+  validate_hc(s, n_tokens, "ds4_hc_post_add");
+  require(x && y && y2 && mix && out, "ds4_hc_post_add", "null buffer");
+  launch_pdl("hc_post_kernel", hc_post_kernel, dim3(grid_for(n_tokens * s.n_embd, 256)), dim3(256), 0, stream, x, y,
+             y2, mix, s.n_hc, s.n_embd, n_tokens, out);
 }
 
 void ds4_router(const Ds4RouterParams& p, float* logits, int64_t n_tokens, int32_t* ids, float* weights,
@@ -693,7 +786,8 @@ void ds4_router(const Ds4RouterParams& p, float* logits, int64_t n_tokens, int32
   require((p.tid2eid == nullptr) == (p.tokens == nullptr), who, "hash routing needs both tokens and tid2eid");
   require(p.tid2eid == nullptr || p.n_vocab >= 1, who, "hash routing needs n_vocab");
   const size_t shared = size_t(p.n_expert) * (sizeof(float) + sizeof(int));
-  router_kernel<<<unsigned(n_tokens), 256, shared, stream>>>(p, logits, ids, weights);
+  launch_pdl("router_kernel", router_kernel, dim3(unsigned(n_tokens)), dim3(256), shared, stream, p, logits, ids,
+             weights);
   check_launch("router_kernel");
 }
 
@@ -712,12 +806,13 @@ void ds4_compress(const Ds4CompressParams& p, cudaStream_t stream) {
   // Device position: the most windows n_tokens consecutive tokens complete.
   const int64_t blocks = p.pos0_dev ? (p.n_tokens - 1) / p.ratio + 1 : w_hi - w_lo;
   if (blocks > 0) {
-    compress_pool_kernel<<<unsigned(blocks), 256, size_t(p.dim) * sizeof(float), stream>>>(p, w_lo);
+    launch_pdl("compress_pool_kernel", compress_pool_kernel, dim3(unsigned(blocks)), dim3(256),
+               size_t(p.dim) * sizeof(float), stream, p, w_lo);
     check_launch("compress_pool_kernel");
   }
   // After the pooling, which still reads the state rows of earlier positions.
   const int64_t n_store = std::min<int64_t>(p.n_tokens, int64_t(p.lanes) * p.ratio);
-  compress_store_kernel<<<unsigned(n_store), 256, 0, stream>>>(p, n_store);
+  launch_pdl("compress_store_kernel", compress_store_kernel, dim3(unsigned(n_store)), dim3(256), 0, stream, p, n_store);
   check_launch("compress_store_kernel");
 }
 
@@ -739,11 +834,23 @@ void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream) {
     }
     const int warps = 8;
     const int64_t blocks = std::clamp<int64_t>((max_nv + warps - 1) / warps, 1, int64_t(sm_count()) * 2);
-    indexer_score_kernel<<<dim3(unsigned(blocks), unsigned(p.n_tokens)), warps * 32, shared, stream>>>(p);
+    launch_pdl("indexer_score_kernel", indexer_score_kernel, dim3(dim3(unsigned(blocks), unsigned(p.n_tokens))),
+               dim3(warps * 32), shared, stream, p);
     check_launch("indexer_score_kernel");
   }
-  indexer_topk_kernel<<<unsigned(p.n_tokens), kTopkThreads, 0, stream>>>(p.scores, p.score_stride, p.pos0, p.ratio,
-                                                                        p.top_k, p.itop, p.pos0_dev);
+  launch_pdl("indexer_topk_kernel", indexer_topk_kernel, dim3(unsigned(p.n_tokens)), dim3(kTopkThreads), 0, stream,
+             p.scores, p.score_stride, p.pos0, p.ratio, p.top_k, p.itop, p.pos0_dev);
+  check_launch("indexer_topk_kernel");
+}
+
+void ds4_indexer_topk(const Ds4IndexerParams& p, cudaStream_t stream) {
+  const char* who = "ds4_indexer_topk";
+  require(p.ratio >= 1 && p.top_k >= 1, who, "ratio and top_k must be positive");
+  require(p.n_tokens >= 1 && p.n_tokens <= 65535 && p.pos0 >= 0, who, "1..65535 tokens");
+  require(p.scores && p.itop, who, "null buffer");
+  require(p.score_stride >= (p.pos0 + p.n_tokens) / p.ratio, who, "score_stride below the number of rows");
+  launch_pdl("indexer_topk_kernel", indexer_topk_kernel, dim3(unsigned(p.n_tokens)), dim3(kTopkThreads), 0, stream,
+             p.scores, p.score_stride, p.pos0, p.ratio, p.top_k, p.itop, p.pos0_dev);
   check_launch("indexer_topk_kernel");
 }
 
@@ -796,15 +903,17 @@ void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspac
   if (splits > 1 && workspace != nullptr && workspace_bytes >= need) {
     const int64_t chunk = p.pos0_dev ? 0 : (max_visible(p) + splits - 1) / splits;  // 0: from the device position
     float* part = static_cast<float*>(workspace);
-    ds4_attention_kernel<true><<<dim3(head_blocks, unsigned(p.n_tokens), unsigned(splits)), kAttnWarps * 32, 0,
-                                 stream>>>(p, chunk, part);
+    launch_pdl("ds4_attention_kernel", ds4_attention_kernel<true>,
+               dim3(dim3(head_blocks, unsigned(p.n_tokens), unsigned(splits))), dim3(kAttnWarps * 32), 0, stream, p,
+               chunk, part);
     check_launch("ds4_attention_kernel (split)");
-    attention_merge_kernel<<<dim3(head_blocks, unsigned(p.n_tokens)), kAttnWarps * 32, 0, stream>>>(p, int(splits),
-                                                                                                    part);
+    launch_pdl("attention_merge_kernel", attention_merge_kernel, dim3(dim3(head_blocks, unsigned(p.n_tokens))),
+               dim3(kAttnWarps * 32), 0, stream, p, int(splits), part);
     check_launch("attention_merge_kernel");
     return;
   }
-  ds4_attention_kernel<false><<<dim3(head_blocks, unsigned(p.n_tokens)), kAttnWarps * 32, 0, stream>>>(p, 0, nullptr);
+  launch_pdl("ds4_attention_kernel", ds4_attention_kernel<false>, dim3(dim3(head_blocks, unsigned(p.n_tokens))),
+             dim3(kAttnWarps * 32), 0, stream, p, 0, nullptr);
   check_launch("ds4_attention_kernel");
 }
 
@@ -813,8 +922,8 @@ void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, i
   require(kv_new && ring && n_tokens >= 1 && head_dim >= 1 && window >= 1 && pos0 >= 0, "ds4_window_store",
           "bad arguments");
   const int64_t n_store = std::min(n_tokens, window);
-  window_store_kernel<<<unsigned(n_store), 256, 0, stream>>>(kv_new, n_tokens, n_store, head_dim, pos0, ring, window,
-                                                             nullptr);
+  launch_pdl("window_store_kernel", window_store_kernel, dim3(unsigned(n_store)), dim3(256), 0, stream, kv_new,
+             n_tokens, n_store, head_dim, pos0, ring, window, nullptr);
   check_launch("window_store_kernel");
 }
 
@@ -823,15 +932,36 @@ void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, c
   require(kv_new && ring && pos0_dev && n_tokens >= 1 && head_dim >= 1 && window >= 1, "ds4_window_store",
           "bad arguments");
   const int64_t n_store = std::min(n_tokens, window);
-  window_store_kernel<<<unsigned(n_store), 256, 0, stream>>>(kv_new, n_tokens, n_store, head_dim, 0, ring, window,
-                                                             pos0_dev);
+  launch_pdl("window_store_kernel", window_store_kernel, dim3(unsigned(n_store)), dim3(256), 0, stream, kv_new,
+             n_tokens, n_store, head_dim, 0, ring, window, pos0_dev);
   check_launch("window_store_kernel");
+}
+
+void ds4_norm_rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
+                   const float* w, float eps, const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
+  const char* who = "ds4_norm_rope";
+  require(x && positions && inv_freq && n_tokens >= 1 && n_tokens <= 65535 && n_heads >= 1 && head_dim >= 1, who,
+          "bad arguments");
+  require(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= head_dim && rot_dim / 2 <= kMaxRopeHalf, who,
+          "rot_dim must be even, 2..head_dim and at most 128");
+  require(n_tokens == 1 || token_stride >= int64_t(n_heads) * head_dim, who, "token_stride below n_heads * head_dim");
+  launch_pdl("norm_rope_kernel", norm_rope_kernel, dim3(unsigned(n_heads), unsigned(n_tokens)),
+             dim3(kNormRopeThreads), 0, stream, x, token_stride, head_dim, rot_dim, w, eps, positions, inv_freq);
+}
+
+void ds4_swiglu_xq_clamped(const float* gate, const float* up, float* out, int64_t n, int64_t n_rows, float clamp,
+                           void* xq, cudaStream_t stream) {
+  require(gate && up && out && xq && n > 0 && n % 32 == 0 && n_rows >= 1, "ds4_swiglu_xq_clamped",
+          "need buffers, n a positive multiple of 32 and 1+ rows");
+  const int64_t runs = n / 32 * n_rows;
+  launch_pdl("swiglu_xq_clamped_kernel", swiglu_xq_clamped_kernel, dim3(grid_for(runs * 32, 256)), dim3(256), 0, stream,
+             gate, up, out, n, n_rows, clamp, static_cast<uint8_t*>(xq), xq_row_bytes(n));
 }
 
 void ds4_scale(float* x, int64_t n, float s, cudaStream_t stream) {
   require(x != nullptr && n >= 0, "ds4_scale", "bad arguments");
   if (n == 0) return;
-  scale_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, s);
+  launch_pdl("scale_kernel", scale_kernel, dim3(grid_for(n, 256)), dim3(256), 0, stream, x, n, s);
   check_launch("scale_kernel");
 }
 
@@ -839,8 +969,8 @@ void ds4_head_input(const Ds4HcShape& s, const float* mix, int64_t mix_stride, c
                     const float* scale, const float* base, const float* norm, float* h, cudaStream_t stream) {
   validate_hc(s, n_tokens, "ds4_head_input");
   require(mix && x && scale && base && norm && h && mix_stride >= s.n_hc, "ds4_head_input", "bad arguments");
-  head_input_kernel<<<unsigned(n_tokens), hc_threads(n_tokens), 0, stream>>>(mix, mix_stride, x, s.n_hc, s.n_embd, s.hc_eps, s.rms_eps,
-                                                            scale, base, norm, h);
+  launch_pdl("head_input_kernel", head_input_kernel, dim3(unsigned(n_tokens)), dim3(hc_threads(n_tokens)), 0, stream,
+             mix, mix_stride, x, s.n_hc, s.n_embd, s.hc_eps, s.rms_eps, scale, base, norm, h);
   check_launch("head_input_kernel");
 }
 

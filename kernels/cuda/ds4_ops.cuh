@@ -63,6 +63,10 @@ void ds4_hc_pre(const Ds4HcShape& s, const MatrixView& hc_fn, const float* x, in
 // be x (each element reads its column of x before writing it).
 void ds4_hc_post(const Ds4HcShape& s, const float* x, const float* y, const float* mix, int64_t n_tokens,
                  float* out, cudaStream_t stream);
+// ds4_hc_post of y + y2 (the routed and the shared expert outputs, summed as
+// add_inplace would): one launch fewer in decode.
+void ds4_hc_post_add(const Ds4HcShape& s, const float* x, const float* y, const float* y2, const float* mix,
+                     int64_t n_tokens, float* out, cudaStream_t stream);
 
 // --- router -----------------------------------------------------------------------
 
@@ -134,7 +138,8 @@ struct Ds4IndexerParams {
   int ratio = 4;
   int top_k = 0;
   const float* q = nullptr;        // n_tokens rows of n_head * head_dim
-  const float* w = nullptr;        // n_tokens rows of n_head (already scaled)
+  const float* w = nullptr;        // n_tokens rows of n_head
+  float w_scale = 1.0f;            // applied to w as it is read (saves a scaling launch)
   const float* rows = nullptr;     // index rows, row w at rows + w * head_dim
   int64_t pos0 = 0;
   int64_t n_tokens = 0;
@@ -144,6 +149,10 @@ struct Ds4IndexerParams {
   const int32_t* pos0_dev = nullptr;  // as in Ds4CompressParams
 };
 void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream);
+// The top-k step of ds4_indexer_select alone, over scores already written to
+// p.scores (prefill scores them on the tensor cores: ds4_indexer_tc.cuh);
+// p.q and p.w are not read.
+void ds4_indexer_topk(const Ds4IndexerParams& p, cudaStream_t stream);
 
 // --- attention ------------------------------------------------------------------
 // Per token t (p = pos0 + t) and head h: softmax over the window rows of
@@ -193,6 +202,21 @@ void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, c
 
 // x[i] *= s for i < n (the indexer's head weights).
 void ds4_scale(float* x, int64_t n, float s, cudaStream_t stream);
+
+// In place, per token t and head h (a row of head_dim floats at x + t *
+// token_stride + h * head_dim): RMSNorm of the row (times w when given, as
+// `rmsnorm`), then RoPE of its last rot_dim values at positions[t], pairs
+// interleaved (`rope` with RopeMode::Normal). One launch instead of two, with
+// the pair's arithmetic step by step (same thread count for the sum).
+// The shared expert's activation and its quantization for matvec_xq in one
+// launch: out[i] = swiglu_clamped(gate[i], up[i]) over n_rows * n values
+// (contiguous; out may alias gate), and xq = quantize_xq(out) (rows of n,
+// xq_row_bytes(n) apart; n a multiple of 32). Same arithmetic as the pair.
+void ds4_swiglu_xq_clamped(const float* gate, const float* up, float* out, int64_t n, int64_t n_rows, float clamp,
+                           void* xq, cudaStream_t stream);
+
+void ds4_norm_rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
+                   const float* w, float eps, const int32_t* positions, const float* inv_freq, cudaStream_t stream);
 
 // The output head's stream weights as HC-pre computes them for a sublayer,
 // for the head: h[t] = RMSNorm(sum_s w[s] x[t][s]) * norm with

@@ -2,6 +2,8 @@
 // (token, slot) pairs by expert and the grouped prefill over cuBLAS.
 #include "kernels/cuda/moe.cuh"
 
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -10,8 +12,11 @@
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace baton::cuda {
+
+using detail::launch_pdl;
 namespace {
 
 using namespace detail;
@@ -91,6 +96,8 @@ __global__ void __launch_bounds__(kThreads)
     expert_gate_up_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, uint64_t row_bytes,
                           int64_t ff, int64_t cols, int64_t n_expert, const float* __restrict__ x, int64_t x_stride,
                           const int32_t* __restrict__ ids, int k, float clamp, float* __restrict__ act) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   const int64_t pair = blockIdx.y;
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   const int32_t e = ids[pair];
@@ -133,6 +140,8 @@ __global__ void __launch_bounds__(kThreads)
     expert_down_kernel(const uint8_t* __restrict__ down, uint64_t row_bytes, int64_t n_out, int64_t ff,
                        int64_t n_expert, const float* __restrict__ act, const int32_t* __restrict__ ids,
                        const float* __restrict__ weights, int k, float* __restrict__ out, int64_t out_stride) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   const int64_t t = blockIdx.y;
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   __shared__ float part[kThreads / 32][kRows];
@@ -163,6 +172,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void swiglu_clamped_kernel(const float* gate, const float* up, float* out, int64_t n, float clamp) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = clamped_act(gate[i], up[i], clamp);
   }
@@ -219,12 +230,24 @@ __global__ void group_place_kernel(const int32_t* __restrict__ ids, int64_t n_pa
   }
 }
 
-// Block i: xg[i] = x row of the token of pair sorted[i].
-__global__ void gather_kernel(const float* __restrict__ x, int64_t x_stride, const int32_t* __restrict__ sorted, int k,
-                              int64_t n, float* __restrict__ xg) {
+// Block i: xg[i] = x row of the token of pair sorted[i], rounded to F16 once
+// for both the gate and the up product.
+__global__ void gather_f16_kernel(const float* __restrict__ x, int64_t x_stride, const int32_t* __restrict__ sorted,
+                                  int k, int64_t n, __half* __restrict__ xg) {
   const int64_t i = blockIdx.x;
   const float* src = x + int64_t(sorted[i] / k) * x_stride;
-  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) xg[i * n + c] = src[c];
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) xg[i * n + c] = __float2half_rn(src[c]);
+}
+
+// act[s][i] = F16(silu(min(gate, c)) * clamp(up, -c, c)) with gate and up side
+// by side in gu[s] (ff gate values, then ff up values).
+__global__ void swiglu_gu_kernel(const float* __restrict__ gu, int64_t n_pairs, int64_t ff, float clamp,
+                                 __half* __restrict__ act) {
+  const int64_t total = n_pairs * ff;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t s = i / ff, c = i % ff;
+    act[i] = __float2half_rn(clamped_act(gu[s * 2 * ff + c], gu[s * 2 * ff + ff + c], clamp));
+  }
 }
 
 // Block t: out[t] = sum_j w[t*k + j] * y[slot_of[t*k + j]] in slot order.
@@ -270,14 +293,6 @@ void validate(const MoeWeights& m, const char* who) {
   if (!(m.clamp > 0.0f)) throw std::invalid_argument(w + ": the SwiGLU clamp must be positive (INFINITY: none)");
 }
 
-// Expert e of a stacked tensor as a matrix of its own.
-MatrixView expert_view(const ExpertMatrix& x, int64_t e) {
-  MatrixView v = x.w;
-  v.rows = x.rows_per_expert();
-  v.data = static_cast<const uint8_t*>(x.w.data) + uint64_t(e) * uint64_t(v.rows) * x.w.row_bytes;
-  return v;
-}
-
 }  // namespace
 
 void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float clamp, cudaStream_t stream) {
@@ -287,7 +302,8 @@ void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, f
   if (!(clamp > 0.0f)) throw std::invalid_argument("swiglu_clamped: the clamp must be positive (INFINITY: none)");
   if (n == 0) return;
   const unsigned blocks = unsigned(std::clamp<int64_t>((n + 255) / 256, 1, int64_t(sm_count()) * 32));
-  swiglu_clamped_kernel<<<blocks, 256, 0, stream>>>(gate, up, out, n, clamp);
+  launch_pdl("swiglu_clamped_kernel", swiglu_clamped_kernel, dim3(blocks), dim3(256), 0, stream, gate, up, out, n,
+             clamp);
   check_launch("swiglu_clamped_kernel");
 }
 
@@ -319,17 +335,17 @@ void moe_decode(const MoeWeights& m, const float* x, int64_t n_tokens, int64_t x
   dispatch_dtype(m.gate.w.type, [&](auto q) {
     using Q = decltype(q);
     const dim3 grid(unsigned((ff + kRows - 1) / kRows), unsigned(n_tokens * k));
-    expert_gate_up_kernel<Q><<<grid, threads_for(n_embd / Q::kStep), 0, stream>>>(
-        static_cast<const uint8_t*>(m.gate.w.data), static_cast<const uint8_t*>(m.up.w.data), m.gate.w.row_bytes, ff,
-        n_embd, m.gate.n_expert, x, x_stride, ids, k, m.clamp, act);
+    launch_pdl("expert_gate_up_kernel", expert_gate_up_kernel<Q>, dim3(grid), dim3(threads_for(n_embd / Q::kStep)), 0,
+               stream, static_cast<const uint8_t*>(m.gate.w.data), static_cast<const uint8_t*>(m.up.w.data),
+               m.gate.w.row_bytes, ff, n_embd, m.gate.n_expert, x, x_stride, ids, k, m.clamp, act);
   });
   check_launch("expert_gate_up_kernel");
   dispatch_dtype(m.down.w.type, [&](auto q) {
     using Q = decltype(q);
     const dim3 grid(unsigned((n_embd + kRows - 1) / kRows), unsigned(n_tokens));
-    expert_down_kernel<Q><<<grid, threads_for(ff / Q::kStep), 0, stream>>>(
-        static_cast<const uint8_t*>(m.down.w.data), m.down.w.row_bytes, n_embd, ff, m.down.n_expert, act, ids,
-        weights, k, out, out_stride);
+    launch_pdl("expert_down_kernel", expert_down_kernel<Q>, dim3(grid), dim3(threads_for(ff / Q::kStep)), 0, stream,
+               static_cast<const uint8_t*>(m.down.w.data), m.down.w.row_bytes, n_embd, ff, m.down.n_expert, act, ids,
+               weights, k, out, out_stride);
   });
   check_launch("expert_down_kernel");
 }
@@ -354,10 +370,11 @@ void moe_group(const int32_t* ids, int64_t n_tokens, int k, int64_t n_expert, co
 
 namespace {
 
-// Workspace of moe_prefill: gathered x (reused for the down outputs), gate
-// outputs (then the activations), up outputs, then matmul's tiles.
+// Workspace of moe_prefill: gathered x in F16, gate|up outputs side by side
+// (float; reused for the down outputs), the activations in F16, then one
+// expert's gate|up (or down) dequantized to an F16 tile.
 struct PrefillLayout {
-  uint64_t xg, g, u, mm, mm_bytes, bytes;
+  uint64_t xg, gu, act, tile, bytes;
 };
 
 PrefillLayout prefill_layout(const MoeWeights& m, int64_t n_tokens, int k) {
@@ -365,18 +382,27 @@ PrefillLayout prefill_layout(const MoeWeights& m, int64_t n_tokens, int k) {
   const uint64_t n_embd = uint64_t(m.gate.w.cols), ff = uint64_t(m.gate.rows_per_expert());
   PrefillLayout l{};
   l.xg = 0;
-  l.g = l.xg + align256(pairs * n_embd * sizeof(float));
-  l.u = l.g + align256(pairs * ff * sizeof(float));
-  l.mm = l.u + align256(pairs * ff * sizeof(float));
-  // One GEMM per expert over its whole group (a group holds at most n_pairs
-  // rows); the tile holds a whole expert matrix so each expert is one GEMM.
-  size_t mm = 0;
-  for (const ExpertMatrix* x : {&m.gate, &m.up, &m.down}) {
-    mm = std::max(mm, matmul_workspace_bytes(x->w.type, x->w.cols, int64_t(pairs), x->rows_per_expert()));
-  }
-  l.mm_bytes = align256(mm);
-  l.bytes = l.mm + l.mm_bytes;
+  l.gu = l.xg + align256(pairs * n_embd * 2);
+  l.act = l.gu + align256(pairs * std::max(2 * ff, n_embd) * sizeof(float));
+  l.tile = l.act + align256(pairs * ff * 2);
+  l.bytes = l.tile + align256(2 * ff * n_embd * 2);
   return l;
+}
+
+void check_cublas(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string(what) + ": cuBLAS status " + std::to_string(int(st)));
+  }
+}
+
+// out (n x rows, ld ldo, float) = x16 (n x cols, F16) * tile^T (rows x cols, F16).
+void gemm_f16(cublasHandle_t handle, const void* tile, int64_t rows, int64_t cols, const void* x16, int64_t n,
+              float* out, int64_t ldo) {
+  const float alpha = 1.0f, beta = 0.0f;
+  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n), int(cols), &alpha, tile, CUDA_R_16F,
+                            int(cols), x16, CUDA_R_16F, int(cols), &beta, out, CUDA_R_32F, int(ldo),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "moe_prefill: cublasGemmEx");
 }
 
 }  // namespace
@@ -403,25 +429,27 @@ void moe_prefill(cublasHandle_t handle, const MoeWeights& m, const float* x, int
   for (int64_t e = 0; e < n_expert; ++e) {
     if (host_offsets[e + 1] < host_offsets[e]) throw std::invalid_argument("moe_prefill: host offsets must not decrease");
   }
-  for (const ExpertMatrix* xm : {&m.gate, &m.down}) {
-    if ((uint64_t(xm->rows_per_expert()) * xm->w.row_bytes) % 16 != 0) {
-      throw std::invalid_argument("moe_prefill: each expert's rows must start 16-byte aligned");
-    }
+  if (n_embd % 8 != 0 || ff % 8 != 0 || 2 * ff > INT32_MAX || n_embd > INT32_MAX || n_pairs > INT32_MAX) {
+    throw std::invalid_argument("moe_prefill: n_embd and n_ff must be multiples of 8 within cuBLAS's int range");
   }
   const PrefillLayout l = prefill_layout(m, n_tokens, k);
   if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % 256 != 0 || workspace_bytes < l.bytes) {
     throw std::invalid_argument("moe_prefill: workspace must be 256-byte aligned and at least moe_prefill_workspace_bytes");
   }
+  // cublasSetStream drops a workspace given with cublasSetWorkspace, so only
+  // switch when needed (as matmul does).
+  cudaStream_t current = nullptr;
+  check_cublas(cublasGetStream(handle, &current), "cublasGetStream");
+  if (current != stream) check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  float* xg = reinterpret_cast<float*>(ws + l.xg);
-  float* gb = reinterpret_cast<float*>(ws + l.g);
-  float* ub = reinterpret_cast<float*>(ws + l.u);
-  void* mm = ws + l.mm;
-  const size_t mm_bytes = workspace_bytes - size_t(l.mm);
+  __half* xg = reinterpret_cast<__half*>(ws + l.xg);
+  float* gu = reinterpret_cast<float*>(ws + l.gu);
+  __half* act = reinterpret_cast<__half*>(ws + l.act);
+  __half* tile = reinterpret_cast<__half*>(ws + l.tile);
   const int64_t total = host_offsets[n_expert];
   if (total > 0) {
-    gather_kernel<<<unsigned(total), 256, 0, stream>>>(x, x_stride, g.sorted, k, n_embd, xg);
-    check_launch("gather_kernel");
+    gather_f16_kernel<<<unsigned(total), 256, 0, stream>>>(x, x_stride, g.sorted, k, n_embd, xg);
+    check_launch("gather_f16_kernel");
   }
   auto each_expert = [&](auto&& fn) {
     for (int64_t e = 0; e < n_expert; ++e) {
@@ -429,14 +457,23 @@ void moe_prefill(cublasHandle_t handle, const MoeWeights& m, const float* x, int
       if (n > 0) fn(e, int64_t(host_offsets[e]), n);
     }
   };
+  // Gate and up of an expert as one 2 ff x n_embd tile: one GEMM whose rows
+  // hold the ff gate values, then the ff up values. The tile is rewritten for
+  // the next expert only after this GEMM (one stream).
   each_expert([&](int64_t e, int64_t off, int64_t n) {
-    matmul(handle, expert_view(m.gate, e), xg + off * n_embd, n, n_embd, gb + off * ff, ff, mm, mm_bytes, stream);
-    matmul(handle, expert_view(m.up, e), xg + off * n_embd, n, n_embd, ub + off * ff, ff, mm, mm_bytes, stream);
+    dequantize_rows_f16(m.gate.w, e * ff, ff, tile, stream);
+    dequantize_rows_f16(m.up.w, e * ff, ff, tile + ff * n_embd, stream);
+    gemm_f16(handle, tile, 2 * ff, n_embd, xg + off * n_embd, n, gu + off * 2 * ff, 2 * ff);
   });
-  swiglu_clamped(gb, ub, gb, total * ff, m.clamp, stream);
-  float* y = xg;  // the gathered inputs are no longer needed
+  if (total > 0) {
+    const unsigned blocks = unsigned(std::clamp<int64_t>((total * ff + 255) / 256, 1, int64_t(sm_count()) * 32));
+    swiglu_gu_kernel<<<blocks, 256, 0, stream>>>(gu, total, ff, m.clamp, act);
+    check_launch("swiglu_gu_kernel");
+  }
+  float* y = gu;  // gate|up are consumed
   each_expert([&](int64_t e, int64_t off, int64_t n) {
-    matmul(handle, expert_view(m.down, e), gb + off * ff, n, ff, y + off * n_embd, n_embd, mm, mm_bytes, stream);
+    dequantize_rows_f16(m.down.w, e * n_embd, n_embd, tile, stream);
+    gemm_f16(handle, tile, n_embd, ff, act + off * ff, n, y + off * n_embd, n_embd);
   });
   combine_kernel<<<unsigned(n_tokens), 256, 0, stream>>>(y, g.slot_of, weights, k, n_embd, out, out_stride);
   check_launch("combine_kernel");

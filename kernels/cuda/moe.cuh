@@ -16,10 +16,11 @@
 //   tokens.
 // - Prefill (moe_group + moe_prefill): the (token, slot) pairs are grouped by
 //   expert on the device (stable: token order within an expert), the tokens
-//   of each expert are gathered into one contiguous block, and each expert's
-//   three products are cuBLAS GEMMs over its whole group (matmul.cuh:
-//   weights dequantized to F16 tiles), so an expert's weights are read once
-//   per prefill chunk however many tokens chose it. The host needs the group
+//   of each expert are gathered into one contiguous F16 block, and each
+//   expert's products are cuBLAS GEMMs over its whole group (weights
+//   dequantized to F16 tiles: gate and up stacked into one tile and one
+//   GEMM, then down), so an expert's weights are read once per prefill chunk
+//   however many tokens chose it. The host needs the group
 //   sizes to size the GEMMs: the caller copies the n_expert + 1 offsets back
 //   (one synchronisation per layer, acceptable for prefill). See
 //   docs/DEEPSEEK4.md, "CUDA kernels", for why this split.
@@ -91,8 +92,8 @@ struct MoeGroups {
 void moe_group(const int32_t* ids, int64_t n_tokens, int k, int64_t n_expert, const MoeGroups& g,
                cudaStream_t stream);
 
-// Workspace of moe_prefill for up to n_tokens tokens (gathered inputs,
-// gate/up outputs, and matmul's F16 tiles).
+// Workspace of moe_prefill for up to n_tokens tokens (gathered F16 inputs,
+// gate|up outputs, F16 activations, one expert's F16 tile).
 size_t moe_prefill_workspace_bytes(const MoeWeights& m, int64_t n_tokens, int k);
 
 // The same result as moe_decode (within matmul's F16 rounding, matmul.cuh)
