@@ -111,7 +111,9 @@ void expect_same_generation(const std::string& path, const std::vector<int32_t>&
     check_pick(row, got, i);
     next = argmax(row);
   }
-  if (tie_tol == 0.0) EXPECT_EQ(flips, 0);
+  if (tie_tol == 0.0) {
+    EXPECT_EQ(flips, 0);
+  }
   EXPECT_EQ(gpu.position(0), cpu.position(0));
 }
 

@@ -454,9 +454,54 @@ MemoryPlan CudaStage::plan(const GgufFile& f, const StageConfig& config, const L
 
 // ------------------------------------------------------------------ stage
 
-void CudaStage::StreamDeleter::operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
-void CudaStage::CublasDeleter::operator()(cublasContext* h) const { cublasDestroy(h); }
-void CudaStage::GraphDeleter::operator()(CUgraphExec_st* g) const { cudaGraphExecDestroy(g); }
+void StreamDeleter::operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
+void CublasDeleter::operator()(cublasContext* h) const { cublasDestroy(h); }
+void GraphExecDeleter::operator()(CUgraphExec_st* g) const { cudaGraphExecDestroy(g); }
+
+StreamHandle make_stage_stream() {
+  BATON_CUDA_CHECK(cudaFree(nullptr));  // the context first
+  cudaStream_t s = nullptr;
+  BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return StreamHandle(s);
+}
+
+CublasHandle make_stage_cublas() {
+  cublasHandle_t h = nullptr;
+  check_cublas(cublasCreate(&h), "cublasCreate");
+  return CublasHandle(h);
+}
+
+StageDeviceLines allocate_stage_lines(const MemoryPlan& plan, uint64_t weight_bytes, uint64_t kv_bytes,
+                                      uint64_t workspace_bytes) {
+  StageDeviceLines out;
+  DeviceMemoryReport& m = out.report;
+  int dev = 0;
+  BATON_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  BATON_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  m.device = prop.name;
+  size_t free0 = 0, free1 = 0, total = 0;
+  BATON_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+  out.weights = DeviceBuffer(weight_bytes, "weights");
+  out.kv = DeviceBuffer(kv_bytes, "kv cache");
+  out.workspace = DeviceBuffer(workspace_bytes, "workspace");
+  BATON_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+  m.planned = plan.bytes("weights") + plan.bytes("kv cache") + plan.bytes("workspace");
+  m.allocated = out.weights.size() + out.kv.size() + out.workspace.size();
+  m.measured = free0 > free1 ? uint64_t(free0 - free1) : 0;
+  m.free_after = free1;
+  m.total = total;
+  return out;
+}
+
+LoadStats load_stage_weights(const GgufFile& f, const WeightLayout& wl, DeviceBuffer& weights,
+                             const LoadOptions& load) {
+  const uint64_t rss_before_ring = current_rss_bytes();
+  PinnedStagingSink sink(weights.data(), weights.size(), load.slots, load.slot_bytes);
+  LoadStats stats = load_staged(f, load_items(wl), sink, load);
+  stats.rss_before = rss_before_ring;
+  return stats;
+}
 
 CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOptions& load)
     : arch_(Arch::from_gguf(f)) {
@@ -476,45 +521,15 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
   plan_ = make_plan(*layout_, wl, config_, load, *arch_);
   if (std::string why = cuda_unavailable_reason(); !why.empty()) throw std::runtime_error(why);
 
-  // Context, stream and cuBLAS first, so that the free-memory reading below
-  // sees only this stage's three allocations.
-  BATON_CUDA_CHECK(cudaFree(nullptr));
-  cudaStream_t s = nullptr;
-  BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  stream_.reset(s);
-  if (layout_->cublas_bytes > 0) {
-    cublasHandle_t h = nullptr;
-    check_cublas(cublasCreate(&h), "cublasCreate");
-    cublas_.reset(h);
-  }
-  int dev = 0;
-  BATON_CUDA_CHECK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  BATON_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  memory_.device = prop.name;
-
-  size_t free0 = 0, free1 = 0, total = 0;
-  BATON_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
-  weights_ = DeviceBuffer(wl.bytes, "weights");
-  kv_ = DeviceBuffer(layout_->kv_bytes, "kv cache");
-  workspace_ = DeviceBuffer(layout_->bytes, "workspace");
-  BATON_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
-  memory_.planned = plan_.bytes("weights") + plan_.bytes("kv cache") + plan_.bytes("workspace");
-  memory_.allocated = weights_.size() + kv_.size() + workspace_.size();
-  memory_.measured = free0 > free1 ? uint64_t(free0 - free1) : 0;
-  memory_.free_after = free1;
-  memory_.total = total;
+  stream_ = make_stage_stream();
+  if (layout_->cublas_bytes > 0) cublas_ = make_stage_cublas();
+  StageDeviceLines lines = allocate_stage_lines(plan_, wl.bytes, layout_->kv_bytes, layout_->bytes);
+  weights_ = std::move(lines.weights);
+  kv_ = std::move(lines.kv);
+  workspace_ = std::move(lines.workspace);
+  memory_ = lines.report;
   io_ = PinnedBuffer(layout_->io_bytes, "the step parameters");
-
-  // The weights, through the pinned ring, into their planned places. The
-  // host RSS baseline is taken before the ring exists, so that the load's
-  // peak over it is the ring plus whatever else the load costs.
-  {
-    const uint64_t rss_before_ring = current_rss_bytes();
-    PinnedStagingSink sink(weights_.data(), weights_.size(), load.slots, load.slot_bytes);
-    load_stats_ = load_staged(f, load_items(wl), sink, load);
-    load_stats_.rss_before = rss_before_ring;
-  }
+  load_stats_ = load_stage_weights(f, wl, weights_, load);
   model_ = std::make_unique<Model>(wl, weights_.data());
   w_ = std::make_unique<Weights>(Weights::collect(*model_, hp, config_));
 

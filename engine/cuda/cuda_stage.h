@@ -108,6 +108,39 @@ class PinnedStagingSink final : public StagingSink {
   std::vector<bool> pending_;
 };
 
+// Owning handles of the CUDA objects a stage creates.
+struct StreamDeleter {
+  void operator()(CUstream_st* s) const;
+};
+struct CublasDeleter {
+  void operator()(cublasContext* h) const;
+};
+struct GraphExecDeleter {
+  void operator()(CUgraphExec_st* g) const;
+};
+using StreamHandle = std::unique_ptr<CUstream_st, StreamDeleter>;
+using CublasHandle = std::unique_ptr<cublasContext, CublasDeleter>;
+using GraphExecHandle = std::unique_ptr<CUgraphExec_st, GraphExecDeleter>;
+
+// What every CUDA stage sets up the same way, in this order: the context, a
+// non-blocking stream and (when a projection needs one) the cuBLAS handle, so
+// that the free-memory reading around the allocations sees only the stage's
+// own; then the three device lines of the plan ("weights", "kv cache",
+// "workspace") at exactly their sizes, measured with cudaMemGetInfo; then the
+// weights, through the pinned staging ring, into their planned places.
+StreamHandle make_stage_stream();
+CublasHandle make_stage_cublas();
+struct StageDeviceLines {
+  DeviceBuffer weights, kv, workspace;
+  DeviceMemoryReport report;
+};
+StageDeviceLines allocate_stage_lines(const MemoryPlan& plan, uint64_t weight_bytes, uint64_t kv_bytes,
+                                      uint64_t workspace_bytes);
+// The host RSS baseline is taken before the ring exists, so that the load's
+// peak over it is the ring plus whatever else the load costs.
+LoadStats load_stage_weights(const GgufFile& f, const WeightLayout& wl, DeviceBuffer& weights,
+                             const LoadOptions& load);
+
 class CudaStage final : public StageRunner {
  public:
   // The plan without allocating: device lines "weights", "kv cache",
@@ -184,23 +217,14 @@ class CudaStage final : public StageRunner {
 
   // Declared in the order they must be created; destroyed in reverse
   // (graphs, then memory, then the cuBLAS handle, then the stream).
-  struct StreamDeleter {
-    void operator()(CUstream_st* s) const;
-  };
-  struct CublasDeleter {
-    void operator()(cublasContext* h) const;
-  };
-  struct GraphDeleter {
-    void operator()(CUgraphExec_st* g) const;
-  };
-  std::unique_ptr<CUstream_st, StreamDeleter> stream_;
-  std::unique_ptr<cublasContext, CublasDeleter> cublas_;  // only when a projection uses cuBLAS
+  StreamHandle stream_;
+  CublasHandle cublas_;  // only when a projection uses cuBLAS
   DeviceBuffer weights_, kv_, workspace_;
   PinnedBuffer io_;
   std::unique_ptr<Model> model_;  // views into weights_ (device pointers)
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Layout> layout_;
-  std::vector<std::unique_ptr<CUgraphExec_st, GraphDeleter>> decode_graphs_;  // one per sequence slot
+  std::vector<GraphExecHandle> decode_graphs_;  // one per sequence slot
 
   std::vector<int64_t> length_;  // positions filled per sequence
   int64_t last_rows_ = 0;        // output rows of the last forward
