@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
 # DeepSeek V4 Flash prefill on one GPU (full shape, synthetic Q2 weights):
 # the prefill kernels' tests, `baton bench` at ctx 8192 in one batch, and a
-# per-kernel profile when nsys is there (else BATON_DS4_PROFILE=1 with the
-# bench step prints the GPU time per phase of each prefill forward).
+# per-kernel profile when nsys is there (else the bench step runs with
+# --profile, which prints the GPU time per phase of each prefill forward).
 #
 #   bench/ds4_prefill_check.sh BIN_DIR OUT_DIR [RAM_DIR [STEPS]]
 #
-# STEPS (default "tests bench profile float"):
+# STEPS (default "tests bench profile"):
 #   tests    test_cuda_ds4_prefill, test_cuda_moe, test_cuda_ds4_ops, test_cuda_ds4_stage
 #            (or the names in $BATON_TESTS)
 #   bench    baton bench --ctx-start 8192 --ctx-max 8192 --batch 8192 (prefill column)
 #   profile  the same under nsys: cuda_gpu_kern_sum into OUT_DIR/kern_sum.csv
-#   float    the same bench with BATON_DS4_TC=0 (the float attention and indexer)
 # BIN_DIR from bench/pack_gpu.sh; the 80.76 GiB file goes to a tmpfs at RAM_DIR.
 set -u -o pipefail
 bin=${1:?binary folder}
 out=${2:?output folder}
 ram=${3:-/mnt/ram}
-steps=${4:-tests bench profile float}
+steps=${4:-tests bench profile}
 mkdir -p "$out" "$ram"
 has() { [[ " $steps " == *" $1 "* ]]; }
 work=/tmp/baton-prefill-check
@@ -35,7 +34,7 @@ if has tests; then
   done
 fi
 q2="$ram/f.gguf"
-if has bench || has profile || has float; then
+if has bench || has profile; then
   mountpoint -q "$ram" || mount -t tmpfs -o size=100G tmpfs "$ram"
   [ -f "$q2" ] || timeout 120 "$B" synth --shape deepseek4-flash --type q2 --data alias -q -o "$q2" > /dev/null 2>&1 || status=1
   echo "synth done ($((SECONDS - t0)) s)"
@@ -56,16 +55,10 @@ PY
   rm -f "$out/prof.nsys-rep" "$out/prof.sqlite"
   echo "profile done ($((SECONDS - t0)) s)"
 elif has bench; then
-  timeout 120 "$B" "${args[@]}" > "$out/bench.csv" 2> "$out/bench.err" || status=1
+  timeout 120 "$B" "${args[@]}" --profile > "$out/bench.csv" 2> "$out/bench.err" || status=1
   cat "$out/bench.csv"
-  # Per-phase times when BATON_DS4_PROFILE=1 (the warm-up prefill, then the measured one).
+  # Per-phase times of --profile (the warm-up prefill, then the measured one).
   tr '\r' '\n' < "$out/bench.err" | grep -E "^ds4 prefill|prefill .* tok/s" || true
   echo "bench done ($((SECONDS - t0)) s)"
-fi
-if has float; then
-  BATON_DS4_TC=0 timeout 120 "$B" "${args[@]}" > "$out/bench_float.csv" 2> "$out/bench_float.err" || status=1
-  echo "BATON_DS4_TC=0:"
-  cat "$out/bench_float.csv"
-  echo "float done ($((SECONDS - t0)) s)"
 fi
 exit $status

@@ -66,6 +66,7 @@ struct BenchOptions {
   uint64_t mem_limit = 0;  // 0: none
   bool load_only = false;
   bool no_pdl = false;
+  bool profile = false;
 };
 
 struct BackendRefused : std::runtime_error {
@@ -107,6 +108,8 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
       ("load-csv", po::value<std::string>(&o.load_csv), "also write the load measurements as a one-row CSV to this file")
       ("no-pdl", po::bool_switch(&o.no_pdl),
        "CUDA: launch the decode kernels without programmatic dependent launch (A/B measurement)")
+      ("profile", po::bool_switch(&o.profile),
+       "CUDA deepseek4: GPU time per prefill phase and a per-kernel table of a decode step, on stderr")
       ("load-only", po::bool_switch(&o.load_only), "measure the ceilings and the load, then exit (no prefill or decode)")
       ("mem-limit", po::value<std::string>(&mem_limit),
        "most memory the stage's plan may use (device lines with --backend cuda), e.g. 128GB: refused before "
@@ -198,6 +201,7 @@ struct Row {
 int bench(const BenchOptions& o) {
   if (std::string why = backend_unavailable(o.backend); !why.empty()) throw BackendRefused(why);
   if (o.no_pdl) set_programmatic_launch(false);
+  if (o.profile) set_stage_profiling(true);
   GgufFile file = GgufFile::open(o.model);
   StageConfig sc;
   sc.n_ctx = o.ctx_max + o.gen_tokens;

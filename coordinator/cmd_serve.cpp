@@ -49,6 +49,7 @@ struct ServeOptions {
   int workers = 0;
   std::vector<std::string> parts;
   int worker_delay_ms = 0;
+  std::vector<uint64_t> worker_mem_limits;  // a local config's [[node]] memory, one per worker
   int threads_per_worker = 0;
   bool remote = false;      // --config with local = false: workers on other machines register
   std::string listen;       // remote: where they register
@@ -178,6 +179,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (c.threads_per_worker > 0 && unset("threads-per-worker")) r.threads_per_worker = c.threads_per_worker;
     if (unset("link")) r.link = c.link;
     r.remote = !c.local;
+    if (c.local && c.nodes.size() == size_t(r.workers)) {
+      for (const NodeSpec& n : c.nodes) r.worker_mem_limits.push_back(n.memory_bytes);
+    }
     r.listen = c.listen;
     r.secret_file = c.secret_file;
   }
@@ -282,6 +286,7 @@ int serve(const ServeOptions& opt) {
                                                        : std::max(1, opt.engine.stage.n_threads / opt.workers);
     lo.wait_for_registration = false;
     lo.step_delay_ms = opt.worker_delay_ms;
+    lo.worker_mem_limits = opt.worker_mem_limits;
     lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
     ClusterEngineConfig cc;
     cc.model_path = opt.model;

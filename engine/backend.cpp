@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 #include "engine/arch.h"
@@ -128,6 +129,12 @@ std::unique_ptr<StageRunner> make_stage_runner(Backend b, const GgufFile& f, con
 #ifndef BATON_HAVE_CUDA
 void set_programmatic_launch(bool) {}
 #endif
+
+namespace {
+std::atomic<bool> g_stage_profiling{false};
+}  // namespace
+void set_stage_profiling(bool on) { g_stage_profiling.store(on); }
+bool stage_profiling() { return g_stage_profiling.load(); }
 
 DeviceCeilings measure_device_ceilings(uint64_t copy_bytes) {
   if (std::string why = backend_unavailable(Backend::Cuda); !why.empty()) throw std::runtime_error(why);

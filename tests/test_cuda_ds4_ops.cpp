@@ -137,6 +137,149 @@ TEST(CudaDs4Ops, HcPreFromTheStateMatchesCpu) {
   for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], want_h[i], 1e-4 * hm) << i;
 }
 
+// The decode HC-pre with the mix product split over column blocks: F16 and
+// F32 weights, a last block only partly inside the row (width 800 = 6.25
+// blocks of 128), the warp Sinkhorn (4 streams) and the serial one (6), 1 to
+// 8 tokens; and the same bits on a second run (the partials are added in a
+// fixed order).
+TEST(CudaDs4Ops, HcPreSplitMatchesCpuAndRepeatsExactly) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 13);
+  struct Case {
+    int n_hc;
+    int64_t n_embd, B;
+    DType type;
+  };
+  for (const Case c : {Case{4, 256, 1, DType::F16}, Case{4, 200, 3, DType::F32}, Case{6, 200, 8, DType::F16},
+                       Case{4, 4096, 2, DType::F16}}) {
+    SCOPED_TRACE("streams " + std::to_string(c.n_hc) + " width " + std::to_string(c.n_embd) + " tokens " +
+                 std::to_string(c.B));
+    const cuda::Ds4HcShape s{c.n_hc, c.n_embd, 20, 1e-6f, 1e-6f};
+    const int64_t B = c.B;
+    const uint64_t row_bytes = *dtype_bytes(c.type, uint64_t(s.width()));
+    std::vector<uint8_t> fn_bytes(size_t(row_bytes * uint64_t(s.mix())));
+    std::vector<float> fn(size_t(s.mix() * s.width()));
+    for (int r = 0; r < s.mix(); ++r) {
+      uint8_t* row = fn_bytes.data() + uint64_t(r) * row_bytes;
+      if (c.type == DType::F32) {
+        const std::vector<float> v = test::random_floats(rng, size_t(s.width()));
+        std::memcpy(row, v.data(), row_bytes);
+      } else {
+        random_blocks(c.type, row, s.width(), rng());
+      }
+      dequantize_row(c.type, row, fn.data() + r * s.width(), s.width());
+    }
+    const std::vector<float> x = test::random_floats(rng, size_t(B * s.width()));
+    const std::vector<float> scale = {0.3f, 0.2f, 0.1f};
+    const std::vector<float> base = test::random_floats(rng, size_t(s.mix()));
+    const std::vector<float> norm = test::random_floats(rng, size_t(s.n_embd));
+    std::vector<float> want_mix(size_t(B * s.mix()));
+    for (int64_t t = 0; t < B; ++t) {
+      std::vector<float> flat(size_t(s.width()));
+      rmsnorm(x.data() + t * s.width(), nullptr, flat.data(), s.width(), s.rms_eps);
+      for (int r = 0; r < s.mix(); ++r) {
+        double acc = 0;
+        for (int64_t col = 0; col < s.width(); ++col) acc += double(fn[size_t(r * s.width() + col)]) * flat[size_t(col)];
+        want_mix[size_t(t * s.mix() + r)] = float(acc);
+      }
+      ds4_hc_weights(want_mix.data() + t * s.mix(), s.n_hc, scale.data(), base.data(), s.sinkhorn_iters, s.hc_eps);
+    }
+    const std::vector<float> want_h = ref_hc_input(s, want_mix, x, B, norm);
+    DeviceArray<uint8_t> dfn(fn_bytes);
+    DeviceArray<float> dx(x), dscale(scale), dbase(base), dnorm(norm), dmix(size_t(B * s.mix())),
+        dh(size_t(B * s.n_embd));
+    const size_t ws_bytes = cuda::ds4_hc_pre_split_workspace_bytes(s, B);
+    DeviceArray<uint8_t> ws(ws_bytes);
+    const cuda::MatrixView fn_view{c.type, dfn.get(), s.mix(), s.width(), row_bytes};
+    std::vector<float> first_mix, first_h;
+    for (int run = 0; run < 2; ++run) {
+      dmix.poison();
+      dh.poison();
+      ws.poison();
+      cuda::ds4_hc_pre_split(s, fn_view, dx.get(), B, dscale.get(), dbase.get(), dnorm.get(), dmix.get(), dh.get(),
+                             ws.get(), ws_bytes, nullptr);
+      const std::vector<float> mix = dmix.download(), h = dh.download();
+      for (size_t i = 0; i < mix.size(); ++i) ASSERT_NEAR(mix[i], want_mix[i], 2e-5) << i;
+      const float hm = max_abs(want_h);
+      for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], want_h[i], 1e-4 * hm) << i;
+      if (run == 0) {
+        first_mix = mix;
+        first_h = h;
+      } else {
+        ASSERT_EQ(0, std::memcmp(mix.data(), first_mix.data(), mix.size() * 4));
+        ASSERT_EQ(0, std::memcmp(h.data(), first_h.data(), h.size() * 4));
+      }
+    }
+    // More tokens than a decode step takes: refused.
+    EXPECT_THROW(cuda::ds4_hc_pre_split(s, fn_view, dx.get(), 9, dscale.get(), dbase.get(), dnorm.get(), dmix.get(),
+                                        dh.get(), ws.get(), ws_bytes, nullptr),
+                 std::invalid_argument);
+  }
+}
+
+// The grouped output projection of one token: row r of G groups of k rows
+// against quantized slice r / k only. Against matvec_xq of each group's rows
+// on its own slice (the same integer arithmetic) and a float64 host loop.
+TEST(CudaDs4Ops, GroupedMatvecXqReadsEachGroupsSlice) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 14);
+  struct Case {
+    DType type;
+    int64_t groups, k, cols;
+  };
+  // 4096 Q8_0 columns: several steps of the pipelined loop per thread. The
+  // per-group reference matvec_xq wants 16-byte aligned slices: k * row_bytes
+  // is a multiple of 16 in each case.
+  for (const Case c : {Case{DType::Q8_0, 3, 6, 4096}, Case{DType::Q8_0, 4, 8, 64}, Case{DType::Q4_K, 4, 4, 512}}) {
+    SCOPED_TRACE(std::string(dtype_name(c.type)) + " groups " + std::to_string(c.groups) + " cols " +
+                 std::to_string(c.cols));
+    const int64_t rows = c.groups * c.k;
+    const int64_t qk = c.type == DType::Q8_0 ? 32 : 256;
+    const uint64_t row_bytes = *dtype_bytes(c.type, uint64_t(c.cols));
+    std::vector<uint8_t> wb(size_t(row_bytes * uint64_t(rows)));
+    std::vector<float> wf(size_t(rows * c.cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      random_blocks(c.type, wb.data() + uint64_t(r) * row_bytes, c.cols / qk, rng());
+      dequantize_row(c.type, wb.data() + uint64_t(r) * row_bytes, wf.data() + r * c.cols, c.cols);
+    }
+    const std::vector<float> x = test::random_floats(rng, size_t(c.groups * c.cols));
+    DeviceArray<uint8_t> dw(wb);
+    DeviceArray<float> dx(x), out{size_t(rows)}, ref{size_t(rows)};
+    DeviceArray<uint8_t> xq(size_t(cuda::xq_row_bytes(c.cols) * uint64_t(c.groups)));
+    cuda::quantize_xq(dx.get(), c.cols, c.groups, c.cols, xq.get(), nullptr);
+    const cuda::MatrixView wv{c.type, dw.get(), rows, c.cols, row_bytes};
+    ASSERT_TRUE(cuda::ds4_grouped_matvec_xq_supported(wv, c.groups));
+    out.poison();
+    ref.poison();
+    cuda::ds4_grouped_matvec_xq(wv, c.groups, xq.get(), out.get(), nullptr);
+    for (int64_t g = 0; g < c.groups; ++g) {
+      const cuda::MatrixView part{c.type, dw.get() + uint64_t(g * c.k) * row_bytes, c.k, c.cols, row_bytes};
+      cuda::matvec_xq(part, xq.get() + uint64_t(g) * cuda::xq_row_bytes(c.cols), 1, ref.get() + g * c.k, c.k,
+                      nullptr);
+    }
+    const std::vector<float> got = out.download(), want = ref.download();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t g = r / c.k;
+      double acc = 0, mag = 0;
+      for (int64_t i = 0; i < c.cols; ++i) {
+        const double p = double(wf[size_t(r * c.cols + i)]) * x[size_t(g * c.cols + i)];
+        acc += p, mag += std::fabs(p);
+      }
+      ASSERT_FALSE(is_poison(got[size_t(r)])) << r;
+      ASSERT_NEAR(got[size_t(r)], want[size_t(r)], 1e-5 * mag + 1e-6) << r;
+      ASSERT_NEAR(got[size_t(r)], acc, 1e-4 * mag + 1e-6) << r;
+    }
+  }
+  // An odd number of rows per group is refused.
+  DeviceArray<uint8_t> w1(size_t(34 * 6));
+  const cuda::MatrixView odd{DType::Q8_0, w1.get(), 6, 32, 34};
+  EXPECT_FALSE(cuda::ds4_grouped_matvec_xq_supported(odd, 2));
+}
+
 TEST(CudaDs4Ops, HcPostAppliesCombTransposedAndMayRunInPlace) {
   BATON_REQUIRE_CUDA();
   const uint64_t seed = test::test_seed();

@@ -9,8 +9,8 @@ layers, 4 heads of 32 with 16 RoPE dims, 6 experts (top 2) + 1 shared, window
 16, indexer 16 heads of 32 with top-k 8, YaRN on the compressed layers, vocab
 64). Every weight, the sinks, the router bias, the hyper-connection and
 compressor parameters get random values (the default init leaves several at
-zero) and tid2eid distinct experts per token. The model is saved with
-save_pretrained (safetensors, float32), converted with `baton convert`, and a
+zero) and tid2eid distinct experts per token. The model's state dict is saved
+as safetensors (float32) with its config.json, converted with `baton convert`, and a
 random prompt (300 tokens by default: 75 ratio-4 rows, more than the indexer's
 top-k, and 2 ratio-128 rows) goes through `baton logits`:
 
@@ -274,7 +274,16 @@ def main(argv):
 
     model = make_model(args.seed)
     ckpt = os.path.join(work, "hf")
-    model.save_pretrained(ckpt, safe_serialization=True)
+    # The module's own state dict, as transformers names the parameters in
+    # memory. save_pretrained is not used: transformers 5.17 maps the names
+    # back toward the upstream checkpoint only in part (it wrote
+    # model.layers.0.attn.norm.weight beside model.embed_tokens.weight), a
+    # layout no published checkpoint has.
+    from safetensors.torch import save_file
+    os.makedirs(ckpt, exist_ok=True)
+    model.config.to_json_file(os.path.join(ckpt, "config.json"))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, os.path.join(ckpt, "model.safetensors"))
     names = safetensors_names(ckpt)
     print(f"saved {len(names)} tensors, e.g. {', '.join(sorted(names)[:3])}", flush=True)
     gguf = os.path.join(work, "model.gguf")

@@ -401,9 +401,6 @@ MemoryPlan CudaDs4Stage::plan(const GgufFile& f, const StageConfig& config, cons
 
 // ------------------------------------------------------------------ stage
 
-void CudaDs4Stage::StreamDeleter::operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
-void CudaDs4Stage::CublasDeleter::operator()(cublasContext* h) const { cublasDestroy(h); }
-void CudaDs4Stage::GraphDeleter::operator()(CUgraphExec_st* g) const { cudaGraphExecDestroy(g); }
 
 CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& load)
     : arch_(Arch::from_gguf(f)) {
@@ -430,39 +427,15 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   plan_ = make_plan(*layout_, wl, config_, load);
   if (std::string why = cuda_unavailable_reason(); !why.empty()) throw std::runtime_error(why);
 
-  BATON_CUDA_CHECK(cudaFree(nullptr));
-  cudaStream_t st = nullptr;
-  BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  stream_.reset(st);
-  if (layout_->cublas_bytes > 0) {
-    cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
-    cublas_.reset(h);
-  }
-  int dev = 0;
-  BATON_CUDA_CHECK(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  BATON_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-  memory_.device = prop.name;
-
-  size_t free0 = 0, free1 = 0, total = 0;
-  BATON_CUDA_CHECK(cudaMemGetInfo(&free0, &total));
-  weights_ = DeviceBuffer(wl.bytes, "weights");
-  kv_ = DeviceBuffer(layout_->kv_bytes, "kv cache");
-  workspace_ = DeviceBuffer(layout_->bytes, "workspace");
-  BATON_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
-  memory_.planned = plan_.bytes("weights") + plan_.bytes("kv cache") + plan_.bytes("workspace");
-  memory_.allocated = weights_.size() + kv_.size() + workspace_.size();
-  memory_.measured = free0 > free1 ? uint64_t(free0 - free1) : 0;
-  memory_.free_after = free1;
-  memory_.total = total;
+  stream_ = make_stage_stream();
+  if (layout_->cublas_bytes > 0) cublas_ = make_stage_cublas();
+  StageDeviceLines lines = allocate_stage_lines(plan_, wl.bytes, layout_->kv_bytes, layout_->bytes);
+  weights_ = std::move(lines.weights);
+  kv_ = std::move(lines.kv);
+  workspace_ = std::move(lines.workspace);
+  memory_ = lines.report;
   io_ = PinnedBuffer(layout_->io_bytes, "the step parameters");
-  {
-    const uint64_t rss_before_ring = current_rss_bytes();
-    PinnedStagingSink sink(weights_.data(), weights_.size(), load.slots, load.slot_bytes);
-    load_stats_ = load_staged(f, load_items(wl), sink, load);
-    load_stats_.rss_before = rss_before_ring;
-  }
+  load_stats_ = load_stage_weights(f, wl, weights_, load);
   model_ = std::make_unique<Model>(wl, weights_.data());
   w_ = std::make_unique<Weights>(Weights::collect(*model_, s, config_));
 
@@ -485,10 +458,6 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   length_.assign(size_t(config_.n_seq), 0);
   std::memset(io_.data(), 0, io_.size());
   sync();
-  const char* fuse = std::getenv("BATON_DS4_FUSE");
-  fuse_ = !(fuse && std::strcmp(fuse, "0") == 0);
-  const char* mxq = std::getenv("BATON_DS4_MOE_XQ");
-  moe_xq_ = !(mxq && std::strcmp(mxq, "0") == 0);
   capture_decode_graphs();
 }
 
@@ -527,8 +496,8 @@ void CudaDs4Stage::reset(int seq) {
   length_[size_t(seq)] = 0;
 }
 
-// BATON_DS4_PROFILE=1: the per-kernel table of sequence 0's last decode step
-// and the replay time of the step re-captured with each lever off. Runs at a
+// set_stage_profiling(true): the per-kernel table of sequence 0's last decode
+// step and the replay time of the step re-captured without programmatic launch. Runs at a
 // reset (or the end) after 10+ decode steps, outside any timed region. The
 // params in the pinned io still hold the last step: the same token at the
 // same position, so every pass recomputes the same state.
@@ -538,25 +507,15 @@ void CudaDs4Stage::profile_decode() {
   const std::string table =
       cuda::profile_graph(profile_graph_, decode_graphs_[0].get(), stream_.get(), /*passes=*/5);
   std::fprintf(stderr, "== decode at position %lld\n%s", (long long)(length_[0] - 1), table.c_str());
-  // A/B of the decode levers in this process: the same step re-captured
-  // without programmatic launch, the fusions or the integer-dot experts.
-  struct Variant {
-    bool pdl, fuse, moe_xq;
-  };
-  const Variant now{true, fuse_, moe_xq_};
-  for (const Variant& v : {Variant{false, fuse_, moe_xq_}, Variant{true, false, moe_xq_},
-                           Variant{true, fuse_, false}, Variant{false, false, false}, now}) {
-    const bool pdl = v.pdl;
+  // A/B in this process: the same step re-captured without programmatic
+  // launch, then with it again.
+  for (const bool pdl : {false, true}) {
     set_programmatic_launch(pdl);
-    fuse_ = v.fuse;
-    moe_xq_ = v.moe_xq;
     cudaGraph_t g = nullptr;
     BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
     enqueue(0, 1, 0, /*graph=*/true);
     BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
     set_programmatic_launch(true);
-    fuse_ = now.fuse;
-    moe_xq_ = now.moe_xq;
     cudaGraphExec_t exec = nullptr;
     BATON_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     size_t nodes = 0;
@@ -564,8 +523,7 @@ void CudaDs4Stage::profile_decode() {
     cudaGraphDestroy(g);
     const std::string t = cuda::profile_graph(nullptr, exec, stream_.get(), 0);
     cudaGraphExecDestroy(exec);
-    std::fprintf(stderr, "variant pdl=%d fuse=%d moe_xq=%d (%zu nodes): %s", int(pdl), int(v.fuse),
-                 int(v.moe_xq), nodes, t.c_str());
+    std::fprintf(stderr, "variant pdl=%d (%zu nodes): %s", int(pdl), nodes, t.c_str());
   }
 }
 
@@ -588,8 +546,7 @@ void CudaDs4Stage::capture_decode_graphs() {
       throw;
     }
     BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
-    const char* prof = std::getenv("BATON_DS4_PROFILE");
-    if (seq == 0 && prof && std::strcmp(prof, "1") == 0 && !profile_graph_) {
+    if (seq == 0 && stage_profiling() && !profile_graph_) {
       BATON_CUDA_CHECK(cudaGraphClone(&profile_graph_, g));
     }
     cudaGraphExec_t exec = nullptr;

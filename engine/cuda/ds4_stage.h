@@ -102,31 +102,18 @@ class CudaDs4Stage final : public StageRunner {
   DeviceMemoryReport memory_;
   uint64_t per_token_ = 0;
 
-  struct StreamDeleter {
-    void operator()(CUstream_st* s) const;
-  };
-  struct CublasDeleter {
-    void operator()(cublasContext* h) const;
-  };
-  struct GraphDeleter {
-    void operator()(CUgraphExec_st* g) const;
-  };
-  std::unique_ptr<CUstream_st, StreamDeleter> stream_;
-  std::unique_ptr<cublasContext, CublasDeleter> cublas_;
+  // Created in this order, destroyed in reverse (engine/cuda/cuda_stage.h).
+  StreamHandle stream_;
+  CublasHandle cublas_;
   DeviceBuffer weights_, kv_, workspace_;
   PinnedBuffer io_;
   std::unique_ptr<Model> model_;  // views into weights_ (device pointers)
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Layout> layout_;
-  std::vector<std::unique_ptr<CUgraphExec_st, GraphDeleter>> decode_graphs_;
-  // BATON_DS4_PROFILE=1: sequence 0's decode graph kept for a node-by-node
-  // profile (engine/cuda/graph_profile.h) after 10+ decode steps.
+  std::vector<GraphExecHandle> decode_graphs_;
+  // set_stage_profiling(true): sequence 0's decode graph kept for a
+  // node-by-node profile (engine/cuda/graph_profile.h) after 10+ decode steps.
   CUgraph_st* profile_graph_ = nullptr;
-  // Decode fusions (norm + RoPE, the indexer weights' scale); BATON_DS4_FUSE=0
-  // turns them off, the A/B switch of the profile.
-  bool fuse_ = true;
-  // Integer-dot routed experts (moe_xq.cuh) in decode; BATON_DS4_MOE_XQ=0: the float moe_decode.
-  bool moe_xq_ = true;
   int64_t profile_steps_ = 0;
 
   std::vector<int64_t> length_;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/cuda/ds4_stage.h"
 #include "engine/cuda/ds4_stage_impl.h"
 #include "engine/cuda/stage_ops.cuh"
@@ -48,17 +49,10 @@ cuda::Ds4HcShape hc_shape(const Deepseek4Shape& s) {
 }
 
 // Long batches run the attention and the indexer scores on the tensor cores
-// (ds4_attn_tc.cuh, ds4_indexer_tc.cuh) unless BATON_DS4_TC=0 (the float
-// kernels, for comparisons).
-bool tc_prefill(int64_t n) {
-  static const bool on = [] {
-    const char* v = std::getenv("BATON_DS4_TC");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on && n > cuda::kMatvecMaxTokens;
-}
+// (ds4_attn_tc.cuh, ds4_indexer_tc.cuh) where the shape allows.
+bool tc_prefill(int64_t n) { return n > cuda::kMatvecMaxTokens; }
 
-// BATON_DS4_PROFILE=1: the GPU time of each phase of a prefill forward
+// set_stage_profiling(true) (`baton bench --profile`): the GPU time of each phase of a prefill forward
 // (batches over 8 tokens) on stderr, from events recorded between the
 // phases; the forward then waits for the GPU. A diagnostic (the events are
 // created once and kept); off, a phase boundary costs one branch.
@@ -95,12 +89,8 @@ struct PhaseTimer {
   }
 };
 PhaseTimer& timer() {
-  static PhaseTimer t = [] {
-    PhaseTimer pt;
-    const char* v = std::getenv("BATON_DS4_PROFILE");
-    pt.on = v != nullptr && std::string(v) == "1";
-    return pt;
-  }();
+  static PhaseTimer t;
+  t.on = stage_profiling();
   return t;
 }
 void mark(cudaStream_t st, int64_t n, int p) {
@@ -152,6 +142,14 @@ void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
     BATON_CUDA_CHECK(cudaMemcpyAsync(x, io + L.h_in, uint64_t(n * L.HC) * 4, cudaMemcpyHostToDevice, st));
   }
   auto hc_pre = [&](const Weights::Layer& w, int k) {
+    if (n <= cuda::kMatvecMaxTokens && cuda::ds4_hc_pre_split_supported(w.hc_fn[k].w.type) &&
+        cuda::ds4_hc_pre_split_workspace_bytes(hs, n) <= uint64_t(L.B * L.HC) * sizeof(float)) {
+      // The mix product split over ~width / 128 blocks (partials in flat,
+      // unused by a decode step otherwise), then the weights and h.
+      cuda::ds4_hc_pre_split(hs, w.hc_fn[k].w, x, n, w.hc_scale[k], w.hc_base[k], w.norm[k], mix, h, flat,
+                             uint64_t(L.B * L.HC) * sizeof(float), st);
+      return;
+    }
     if (n <= cuda::kMatvecMaxTokens) {
       // Float matvec on the raw state; the weights kernel applies the RMS.
       project(w.hc_fn[k], x, nullptr, n, L.HC, mix, L.MIX);
@@ -249,7 +247,7 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     cuda::rmsnorm(q_lat, QR, w.qa_norm, q_lat, QR, n, QR, eps, st);
   }
   project(w.qb, q_lat, xl, n, QR, q, HD);
-  const bool fuse = n <= cuda::kMatvecMaxTokens && fuse_;  // decode: norm + RoPE in one launch
+  const bool fuse = n <= cuda::kMatvecMaxTokens;  // decode: norm + RoPE in one launch
   if (fuse) {
     cuda::ds4_norm_rope(q, n, HD, int(L.H), int(hd), int(rd), nullptr, eps, d_pos, freqs, st);
   } else {
@@ -373,16 +371,13 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   // Grouped output: group g's heads through its o_lora_rank rows of output_a.
   const int64_t gw = HD / L.G, GO = L.G * L.OR;
   float* o_lat = f(L.o_lat);
-  if (n == 1 && w.out_a[0].xq && gw % 32 == 0 && L.G <= cuda::kMatvecMaxTokens && L.G * GO <= L.B * HD) {
-    // One token: its G slices quantized as G rows and multiplied by all of
-    // output_a in one launch (the weights are read once whatever the rows);
-    // group g's product is block g of row g, copied out with one 2D copy.
+  if (n == 1 && w.out_a_all.xq && gw % 32 == 0 && cuda::ds4_grouped_matvec_xq_supported(w.out_a_all.w, L.G)) {
+    // One token: its G slices quantized as G rows; each group's rows of
+    // output_a against its own slice, all groups in one launch, written
+    // straight into o_lat (group g at g * OR).
     uint8_t* xq = ws + L.xq;
     cuda::quantize_xq(att, gw, L.G, gw, xq, st);
-    float* all = att;  // consumed by the quantization
-    cuda::matvec_xq(w.out_a_all.w, xq, L.G, all, GO, st);
-    BATON_CUDA_CHECK(cudaMemcpy2DAsync(o_lat, uint64_t(L.OR) * 4, all, uint64_t(GO + L.OR) * 4, uint64_t(L.OR) * 4,
-                                       uint64_t(L.G), cudaMemcpyDeviceToDevice, st));
+    cuda::ds4_grouped_matvec_xq(w.out_a_all.w, L.G, xq, o_lat, st);
   } else if (n == 1 && w.out_a[0].xq && gw % 32 == 0) {
     uint8_t* xq = ws + L.xq;
     cuda::quantize_xq(att, gw, L.G, gw, xq, st);
@@ -423,7 +418,7 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
   }
   cuda::ds4_router(rp, router, n, ids, wts, st);
 
-  if (n <= cuda::kMatvecMaxTokens && moe_xq_ && cuda::moe_xq_supported(w.moe) && E % 32 == 0 &&
+  if (n <= cuda::kMatvecMaxTokens && cuda::moe_xq_supported(w.moe) && E % 32 == 0 &&
       L.moe_bytes >= cuda::moe_xq_workspace_bytes(w.moe, n, int(L.K))) {
     // Integer-dot experts on the quantized h (the shared expert's, when there is one).
     const void* xe = xh;
@@ -459,7 +454,7 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
     project(w.sh_gate, h, xh, n, E, sg, SF);
     project(w.sh_up, h, xh, n, E, su, SF);
   }
-  const bool fuse = fuse_ && n <= cuda::kMatvecMaxTokens;  // decode: fewer launches, same arithmetic
+  const bool fuse = n <= cuda::kMatvecMaxTokens;  // decode: fewer launches, same arithmetic
   const void* xs = nullptr;
   if (fuse && w.sh_down.xq && SF % 32 == 0) {
     // The activation and its quantization in one launch (gate and up rows

@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/matvec_xq_impl.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/xq.cuh"
@@ -702,6 +703,199 @@ __global__ void head_input_kernel(const float* __restrict__ mix, int64_t mix_str
   for (int64_t d = threadIdx.x; d < E; d += blockDim.x) ht[d] = ht[d] * sc * norm[d];
 }
 
+// --- decode HC-pre split over the columns -------------------------------------------
+// A decode step's mix product (n_hc * (n_hc + 2) rows of n_hc * n_embd F16
+// weights, 768 KiB for Flash) on one matvec of a few blocks ran at 20 us.
+// Here block p takes columns [p * kHcMixCols, +kHcMixCols) of every row for
+// every token and writes the partial dot products plus the partial sum of
+// squares of x (for the RMS); the weights kernel adds the partials in a fixed
+// order, so the result does not depend on scheduling.
+constexpr int kHcMixCols = 128;
+constexpr int kHcMixThreads = 256;
+constexpr int kHcMixWarps = kHcMixThreads / 32;
+constexpr int kHcMixPer = kHcMixCols / 32;
+constexpr int kHcMixRowsPerWarp = (kMaxHc * (kMaxHc + 2) + kHcMixWarps - 1) / kHcMixWarps;
+
+__device__ __forceinline__ float weight_to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float weight_to_float(float v) { return v; }
+
+// part[(p * n + t) * (mixw + 1) + r]: row r's partial for token t; entry
+// mixw holds the partial sum of squares of x[t].
+template <class W>
+__global__ void __launch_bounds__(kHcMixThreads)
+    hc_mix_partial_kernel(const W* __restrict__ fn, int64_t fn_stride, int mixw, int64_t K, const float* x, int n,
+                          float* part) {
+  pdl_trigger();
+  __shared__ float xs[kMatvecMaxTokens][kHcMixCols];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c0 = int64_t(blockIdx.x) * kHcMixCols;
+  // The weights first: no kernel of the stream writes them, so these loads
+  // overlap the end of the kernel before (pdl.cuh).
+  float wv[kHcMixRowsPerWarp][kHcMixPer];
+#pragma unroll
+  for (int i = 0; i < kHcMixRowsPerWarp; ++i) {
+    const int r = warp + i * kHcMixWarps;
+#pragma unroll
+    for (int j = 0; j < kHcMixPer; ++j) {
+      const int64_t c = c0 + j * 32 + lane;
+      wv[i][j] = r < mixw && c < K ? weight_to_float(fn[int64_t(r) * fn_stride + c]) : 0.0f;
+    }
+  }
+  pdl_wait();
+  for (int i = threadIdx.x; i < n * kHcMixCols; i += blockDim.x) {
+    const int t = i / kHcMixCols, cc = i % kHcMixCols;
+    xs[t][cc] = c0 + cc < K ? x[int64_t(t) * K + c0 + cc] : 0.0f;
+  }
+  __syncthreads();
+  float* pb = part + int64_t(blockIdx.x) * n * (mixw + 1);
+  if (warp < n) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kHcMixPer; ++j) ss = fmaf(xs[warp][j * 32 + lane], xs[warp][j * 32 + lane], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) pb[int64_t(warp) * (mixw + 1) + mixw] = ss;
+  }
+#pragma unroll
+  for (int i = 0; i < kHcMixRowsPerWarp; ++i) {
+    const int r = warp + i * kHcMixWarps;
+    if (r >= mixw) break;
+    for (int t = 0; t < n; ++t) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kHcMixPer; ++j) acc = fmaf(wv[i][j], xs[t][j * 32 + lane], acc);
+      acc = warp_sum(acc);
+      if (lane == 0) pb[int64_t(t) * (mixw + 1) + r] = acc;
+    }
+  }
+}
+
+// Block t: mix = (sum of the partials) / RMS(flat x[t]), then warp 0 turns
+// mix into the HC weights while the other warps form h[t] = RMSNorm(sum_s
+// pre[s] x[t][s]) * norm: h needs only the pre weights, which every thread
+// computes itself with the same expression as the weights code.
+__global__ void hc_weights_split_kernel(const float* part, int P, float* mix, const float* __restrict__ x, int n_tok,
+                                        int n, int64_t E, int iters, float hc_eps, float rms_eps,
+                                        const float* __restrict__ scale, const float* __restrict__ base,
+                                        const float* __restrict__ norm, float* __restrict__ h) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float red[32];
+  __shared__ float w[kMaxHc * (kMaxHc + 2) + 1];  // the summed partials, read by every warp
+  __shared__ float wk[kMaxHc * (kMaxHc + 2)];     // warp 0's copy, scaled, for the weights
+  const int t = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int mixw = n * (n + 2);
+  for (int i = warp; i <= mixw; i += nw) {
+    float a = 0.0f;
+    for (int p = lane; p < P; p += 32) a += part[(int64_t(p) * n_tok + t) * (mixw + 1) + i];
+    a = warp_sum(a);
+    if (lane == 0) w[i] = a;
+  }
+  __syncthreads();
+  const float inv = float(1.0 / sqrt(double(w[mixw]) / double(int64_t(n) * E) + double(rms_eps)));
+  const float* xt = x + int64_t(t) * n * E;
+  float* ht = h + int64_t(t) * E;
+  if (warp == 0) {
+    for (int i = lane; i < mixw; i += 32) wk[i] = w[i] * inv;
+    __syncwarp();
+    if (n * n <= 32) {
+      hc_weights_warp(wk, n, scale, base, iters, hc_eps);
+    } else if (lane == 0) {
+      hc_weights_serial(wk, n, scale, base, iters, hc_eps);
+    }
+    __syncwarp();
+    float* mt = mix + int64_t(t) * mixw;
+    for (int i = lane; i < mixw; i += 32) mt[i] = wk[i];
+  } else {
+    float pre[kMaxHc];
+#pragma unroll
+    for (int s = 0; s < kMaxHc; ++s) {
+      pre[s] = s < n ? sigmoid_f(__fmul_rn(w[s] * inv, scale[0]) + base[s]) + hc_eps : 0.0f;
+    }
+    float ss = 0.0f;
+    for (int64_t d = threadIdx.x - 32; d < E; d += blockDim.x - 32) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kMaxHc; ++s) {  // unrolled so that pre stays in registers
+        if (s < n) acc += pre[s] * xt[int64_t(s) * E + d];
+      }
+      ht[d] = acc;
+      ss = fmaf(acc, acc, ss);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
+  __syncthreads();
+  if (warp == 0) return;
+  float tot = 0.0f;
+  for (int i = 1; i < nw; ++i) tot += red[i];
+  const float sc = float(1.0 / sqrt(double(tot) / double(E) + double(rms_eps)));
+  // Each thread rescales only the elements it wrote.
+  for (int64_t d = threadIdx.x - 32; d < E; d += blockDim.x - 32) ht[d] = ht[d] * sc * norm[d];
+}
+
+// --- grouped output projection ----------------------------------------------------
+// One token's grouped product: row r belongs to group r / group_rows and is
+// dotted with that group's quantized slice only (block-diagonal), so each
+// weight is read once and takes one dot product. The loop is
+// matvec_xq_kernel's for one token (matvec_xq_impl.cuh), software-pipelined;
+// group_rows is a multiple of R, so a block's rows share one slice.
+template <class K, int R>
+__global__ void __launch_bounds__(kXqThreads, K::kLanes == 2 ? 8 : 4)  // Q4_K's pipelined registers: 4 blocks
+    grouped_matvec_xq_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
+                             int64_t group_rows, const uint8_t* __restrict__ xq, uint64_t xq_stride,
+                             float* __restrict__ out) {
+  const int64_t row0 = int64_t(blockIdx.x) * R;
+  const XqRow xr = xq_row(xq + uint64_t(row0 / group_rows) * xq_stride, cols);
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = w + uint64_t(min(row0 + r, rows - 1)) * row_bytes;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  const int c = int(threadIdx.x) % K::kLanes;
+  const int64_t n_blocks = cols / K::kQK;
+  const int64_t step = blockDim.x / K::kLanes;
+  int64_t b = threadIdx.x / K::kLanes;
+  // Weights before pdl_wait(): no kernel of the forward writes them.
+  typename K::W wv[R];
+  if (b < n_blocks) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) wv[r] = K::load_w(wr[r] + uint64_t(b) * K::kBytes, c);
+  }
+  pdl_trigger();
+  pdl_wait();
+  while (b < n_blocks) {
+    const int64_t nb = b + step;
+    typename K::W wn[R];
+    if (nb < n_blocks) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) wn[r] = K::load_w(wr[r] + uint64_t(nb) * K::kBytes, c);
+    }
+    const typename K::X xv = K::load_x(xr, b, c);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] += K::dot(wv[r], xv, c);
+#pragma unroll
+    for (int r = 0; r < R; ++r) wv[r] = wn[r];
+    b = nb;
+  }
+  __shared__ float partial[kXqThreads / 32][R];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) partial[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < R) {
+    float v = 0.0f;
+    for (int k = 0; k < int(blockDim.x >> 5); ++k) v += partial[k][threadIdx.x];
+    if (row0 + threadIdx.x < rows) out[row0 + threadIdx.x] = v;
+  }
+}
+
+constexpr int kGroupedRows = 2;
+
 void require(bool ok, const char* who, const char* what) {
   if (!ok) throw std::invalid_argument(std::string(who) + ": " + what);
 }
@@ -737,6 +931,70 @@ void ds4_hc_weights_input_raw(const Ds4HcShape& s, float* mix, const float* x, i
   launch_pdl("hc_weights_input_kernel", hc_weights_input_kernel, dim3(unsigned(n_tokens)), dim3(hc_threads(n_tokens)),
              0, stream, mix, x, s.n_hc, s.n_embd, s.sinkhorn_iters, s.hc_eps, s.rms_eps, scale, base, norm, h, true);
   check_launch("hc_weights_input_kernel (raw)");
+}
+
+bool ds4_grouped_matvec_xq_supported(const MatrixView& w, int64_t groups) {
+  return (w.type == DType::Q8_0 || w.type == DType::Q4_K) && groups >= 1 && w.rows % groups == 0 &&
+         (w.rows / groups) % kGroupedRows == 0 && w.cols % (w.type == DType::Q8_0 ? 32 : 256) == 0;
+}
+
+void ds4_grouped_matvec_xq(const MatrixView& w, int64_t groups, const void* xq, float* out, cudaStream_t stream) {
+  const char* who = "ds4_grouped_matvec_xq";
+  validate_matrix(w, who);
+  require(ds4_grouped_matvec_xq_supported(w, groups), who,
+          "needs Q8_0 or Q4_K rows, an even number of rows per group, whole blocks per row");
+  require(xq && out && reinterpret_cast<uintptr_t>(xq) % 16 == 0, who, "null buffer or xq not 16-byte aligned");
+  // As matvec_xq: Q8_0 blocks are read as 2-byte aligned words, Q4_K's with 16-byte loads.
+  require(reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % (w.type == DType::Q8_0 ? 2 : 16) == 0, who,
+          "rows need 16-byte aligned data and an aligned row stride");
+  const int64_t blocks = w.rows / kGroupedRows;
+  const int threads = int(std::clamp<int64_t>(
+      (w.cols / (w.type == DType::Q8_0 ? 32 : 256) * (w.type == DType::Q8_0 ? 2 : 8) + 31) / 32 * 32, 32, kXqThreads));
+  const auto* wd = static_cast<const uint8_t*>(w.data);
+  const auto* xd = static_cast<const uint8_t*>(xq);
+  if (w.type == DType::Q8_0) {
+    launch_pdl("grouped_matvec_xq_kernel", grouped_matvec_xq_kernel<XqQ8_0, kGroupedRows>, dim3(unsigned(blocks)),
+               dim3(threads), 0, stream, wd, w.row_bytes, w.rows, w.cols, w.rows / groups, xd, xq_row_bytes(w.cols),
+               out);
+  } else {
+    launch_pdl("grouped_matvec_xq_kernel", grouped_matvec_xq_kernel<XqQ4_K, kGroupedRows>, dim3(unsigned(blocks)),
+               dim3(threads), 0, stream, wd, w.row_bytes, w.rows, w.cols, w.rows / groups, xd, xq_row_bytes(w.cols),
+               out);
+  }
+}
+
+size_t ds4_hc_pre_split_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens) {
+  const int64_t blocks = (s.width() + kHcMixCols - 1) / kHcMixCols;
+  return size_t(blocks * std::max<int64_t>(n_tokens, 0) * (s.mix() + 1)) * sizeof(float);
+}
+
+void ds4_hc_pre_split(const Ds4HcShape& s, const MatrixView& hc_fn, const float* x, int64_t n_tokens,
+                      const float* scale, const float* base, const float* norm, float* mix, float* h, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream) {
+  const char* who = "ds4_hc_pre_split";
+  validate_hc(s, n_tokens, who);
+  require(n_tokens <= kMatvecMaxTokens, who, "at most kMatvecMaxTokens tokens");
+  require(mix && x && scale && base && norm && h && hc_fn.data, who, "null buffer");
+  require(ds4_hc_pre_split_supported(hc_fn.type), who, "hc_fn must be F16 or F32");
+  const uint64_t esize = hc_fn.type == DType::F16 ? 2 : 4;
+  require(hc_fn.rows == s.mix() && hc_fn.cols == s.width() && hc_fn.row_bytes >= uint64_t(s.width()) * esize &&
+              hc_fn.row_bytes % esize == 0 && reinterpret_cast<uintptr_t>(hc_fn.data) % esize == 0,
+          who, "hc_fn must be [n_hc * n_embd, mix] with aligned rows");
+  require(workspace != nullptr && workspace_bytes >= ds4_hc_pre_split_workspace_bytes(s, n_tokens), who,
+          "workspace smaller than ds4_hc_pre_split_workspace_bytes");
+  const int blocks = int((s.width() + kHcMixCols - 1) / kHcMixCols);
+  float* part = static_cast<float*>(workspace);
+  const int64_t stride = int64_t(hc_fn.row_bytes / esize);
+  if (hc_fn.type == DType::F16) {
+    launch_pdl("hc_mix_partial_kernel", hc_mix_partial_kernel<__half>, dim3(unsigned(blocks)), dim3(kHcMixThreads), 0,
+               stream, static_cast<const __half*>(hc_fn.data), stride, s.mix(), s.width(), x, int(n_tokens), part);
+  } else {
+    launch_pdl("hc_mix_partial_kernel", hc_mix_partial_kernel<float>, dim3(unsigned(blocks)), dim3(kHcMixThreads), 0,
+               stream, static_cast<const float*>(hc_fn.data), stride, s.mix(), s.width(), x, int(n_tokens), part);
+  }
+  launch_pdl("hc_weights_split_kernel", hc_weights_split_kernel, dim3(unsigned(n_tokens)), dim3(1024), 0, stream,
+             static_cast<const float*>(part), blocks, mix, x, int(n_tokens), s.n_hc, s.n_embd, s.sinkhorn_iters,
+             s.hc_eps, s.rms_eps, scale, base, norm, h);
 }
 
 size_t ds4_hc_pre_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens) {

@@ -46,6 +46,25 @@ void ds4_hc_weights_input(const Ds4HcShape& s, float* mix, const float* x, int64
 void ds4_hc_weights_input_raw(const Ds4HcShape& s, float* mix, const float* x, int64_t n_tokens, const float* scale,
                               const float* base, const float* norm, float* h, cudaStream_t stream);
 
+// Decode (up to kMatvecMaxTokens tokens) HC-pre from the raw state in two
+// launches: the mix product split over the columns into partial sums (and
+// partial sums of squares of x) on about width / 128 blocks, then
+// ds4_hc_weights_input_raw's work with the partials added in a fixed order,
+// h formed while one warp runs the Sinkhorn rounds. hc_fn: F16 or F32.
+// workspace: ds4_hc_pre_split_workspace_bytes, 4-byte aligned.
+inline bool ds4_hc_pre_split_supported(DType t) { return t == DType::F16 || t == DType::F32; }
+size_t ds4_hc_pre_split_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens);
+void ds4_hc_pre_split(const Ds4HcShape& s, const MatrixView& hc_fn, const float* x, int64_t n_tokens,
+                      const float* scale, const float* base, const float* norm, float* mix, float* h, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream);
+
+// One token's grouped projection (output_a): w has groups * k rows; row r
+// is dotted with quantized row r / k of xq (quantize_xq rows of w.cols
+// values) and written to out[r]. The G per-group products in one launch,
+// each weight read once. Q8_0 or Q4_K; k even.
+bool ds4_grouped_matvec_xq_supported(const MatrixView& w, int64_t groups);
+void ds4_grouped_matvec_xq(const MatrixView& w, int64_t groups, const void* xq, float* out, cudaStream_t stream);
+
 // Workspace of ds4_hc_pre: the normalised flat state of n_tokens tokens.
 size_t ds4_hc_pre_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens);
 
