@@ -6,10 +6,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "engine/gguf.h"
 #include "engine/synth.h"
 #include "tests/test_util.h"
 
@@ -87,6 +90,49 @@ TEST(CliBench, CudaIsRefusedByNameOrMatchesCpu) {
   const auto a = nlohmann::json::parse(cpu.out), b = nlohmann::json::parse(gpu.out);
   EXPECT_EQ(b["backend"], "cuda");
   EXPECT_EQ(a["tokens"], b["tokens"]);
+}
+
+// --load-only measures a split part (a stage without the head) and stops;
+// --mem-limit refuses a plan larger than the cap before anything loads.
+TEST(CliBench, LoadOnlyTakesASplitPartAndMemLimitRefuses) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  SynthConfig sc;
+  sc.seed = seed;
+  write_synthetic_model(dir.file("m.gguf"), sc);
+  auto split_run = test::run_command({test::baton_binary(), "split", dir.file("m.gguf"), "--layers", "0:0,1:output",
+                                      "-o", dir.file("parts")});
+  ASSERT_EQ(split_run.exit_code, 0) << split_run.err;
+  std::vector<std::string> parts;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("parts"))) parts.push_back(e.path().string());
+  std::sort(parts.begin(), parts.end());
+  ASSERT_EQ(parts.size(), 2u);
+  const std::vector<std::string> common = {"--backend", "cpu", "--threads", "1", "--copy-mb", "16", "--read-mb", "1"};
+  auto bench = [&](const std::string& model, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {test::baton_binary(), "bench", "-m", model};
+    argv.insert(argv.end(), common.begin(), common.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return test::run_command(argv);
+  };
+  auto r = bench(parts[0], {"--load-only", "--load-csv", dir.file("load.csv")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "") << "no sweep after --load-only";
+  const auto bytes = test::read_file(dir.file("load.csv"));
+  const auto rows = split(std::string(bytes.begin(), bytes.end()), '\n');
+  ASSERT_EQ(rows.size(), 2u);
+  uint64_t part_bytes = 0;
+  const GgufFile part = GgufFile::open(parts[0]);
+  for (const auto& t : part.tensors()) part_bytes += t.nbytes;
+  EXPECT_EQ(std::stoull(split(rows[1], ',')[2]), part_bytes) << "weights_bytes is the part's tensors";
+
+  r = bench(parts[0], {});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("only --load-only can measure it"), std::string::npos) << r.err;
+  r = bench(dir.file("m.gguf"), {"--load-only", "--mem-limit", "4KiB"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--mem-limit allows 4.00 KiB"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("loaded"), std::string::npos) << "refused before loading: " << r.err;
 }
 
 TEST(CliBench, BadBackendIsAnError) {

@@ -242,6 +242,30 @@ TEST(ClusterRun, LocalLoopbackConfigRunsTheCluster) {
   EXPECT_EQ(j.at("workers"), 2);
 }
 
+// --mem-limit caps the stage's plan in process and each worker's with
+// --workers; a local config gives each worker its [[node]] memory.
+TEST(ClusterRun, MemLimitCapsTheStageAndEachWorker) {
+  const std::vector<int32_t> reference = run_tokens({"-n", "12", "--temp", "0"});
+  EXPECT_EQ(run_tokens({"-n", "12", "--temp", "0", "--workers", "2", "--mem-limit", "1GiB"}), reference);
+  auto refused = [](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {test::baton_binary(), "run", "-m", test::model_path("stories260K.gguf"),
+                                     "-p", "Once", "-n", "2", "-t", "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const test::CommandResult r = test::run_command(argv);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("--mem-limit allows 4.00 KiB"), std::string::npos) << r.err;
+  };
+  refused({"--mem-limit", "4KiB"});
+  refused({"--workers", "2", "--mem-limit", "4KiB"});
+  test::TempDir dir;
+  const std::string cfg = dir.file("c.toml");
+  const std::string text = "[model]\npath = \"" + test::model_path("stories260K.gguf") +
+                           "\"\n[cluster]\nworkers = 2\nlocal = true\n"
+                           "[[node]]\nname = \"a\"\nmemory = \"1GiB\"\n[[node]]\nname = \"b\"\nmemory = \"4KiB\"\n";
+  test::write_file(cfg, std::vector<uint8_t>(text.begin(), text.end()));
+  refused({"--config", cfg});
+}
+
 TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
   for (const auto& e : std::filesystem::directory_iterator(repo_file("configs"))) {
     if (e.path().extension() != ".toml") continue;
