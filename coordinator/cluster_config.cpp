@@ -6,6 +6,7 @@
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <stdexcept>
@@ -123,10 +124,12 @@ ClusterConfig load_cluster_config(const std::string& path) {
   if (const toml::node* nodes = root.get("node")) {
     const toml::array* arr = nodes->as_array();
     if (!arr) fail(path, "node must be an array of tables: [[node]]");
+    bool all_named = !arr->empty();
     for (const toml::node& n : *arr) {
       const toml::table* t = n.as_table();
       if (!t) fail(path, "node must be an array of tables: [[node]]");
       only_keys(path, *t, "[[node]]", {"name", "backend", "memory", "unified"});
+      all_named = all_named && t->contains("backend");
       NodeSpec s;
       s.name = get<std::string>(path, *t, "node", "name", "");
       const std::string backend = get<std::string>(path, *t, "node", "backend", "cuda");
@@ -142,6 +145,10 @@ ClusterConfig load_cluster_config(const std::string& path) {
       }
       s.unified = get<bool>(path, *t, "node", "unified", false);
       c.nodes.push_back(std::move(s));
+    }
+    if (all_named && std::all_of(c.nodes.begin(), c.nodes.end(),
+                                 [&](const NodeSpec& s) { return s.backend == c.nodes.front().backend; })) {
+      c.node_backend = c.nodes.front().backend;
     }
   }
   return c;

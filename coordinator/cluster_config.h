@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct ClusterConfig {
   int threads_per_worker = 0;          // local workers; 0: cores / workers
   std::string link = "auto";           // stage links: auto, tcp or nccl (net/link_choice.h)
   std::vector<NodeSpec> nodes;      // [[node]]: for `baton plan`, and the reader
+  // The backend every [[node]] names explicitly, when they all name the same
+  // one: a local cluster's workers run on it unless --backend is given.
+  std::optional<Backend> node_backend;
 };
 
 // Reads and checks a config file. Throws std::runtime_error naming the file,

@@ -227,6 +227,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
     if (c.nodes.size() == size_t(r.workers)) {
       for (const NodeSpec& n : c.nodes) r.worker_mem_limits.push_back(n.memory_bytes);
     }
+    if (c.node_backend && vm["backend"].defaulted()) backend = backend_name(*c.node_backend);
   }
   if (!mem_limit.empty()) r.mem_limit = parse_size(mem_limit);
   if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");

@@ -266,6 +266,22 @@ TEST(ClusterRun, MemLimitCapsTheStageAndEachWorker) {
   refused({"--config", cfg});
 }
 
+TEST(ClusterRun, ConfigNodesNameTheWorkersBackendOnlyWhenAllAgree) {
+  test::TempDir dir;
+  auto load = [&](const std::string& nodes) {
+    const std::string p = dir.file("n.toml");
+    const std::string text = "[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 2\n" + nodes;
+    test::write_file(p, std::vector<uint8_t>(text.begin(), text.end()));
+    return load_cluster_config(p);
+  };
+  EXPECT_EQ(load("[[node]]\nbackend = \"cpu\"\n[[node]]\nbackend = \"cpu\"\n").node_backend, Backend::Cpu);
+  EXPECT_EQ(load("[[node]]\nbackend = \"cuda\"\n[[node]]\nbackend = \"cuda\"\n").node_backend, Backend::Cuda);
+  EXPECT_FALSE(load("[[node]]\nbackend = \"cuda\"\n[[node]]\nmemory = \"1GiB\"\n").node_backend)
+      << "a node without the key keeps the command's --backend";
+  EXPECT_FALSE(load("[[node]]\nbackend = \"cpu\"\n[[node]]\nbackend = \"cuda\"\n").node_backend);
+  EXPECT_FALSE(load("").node_backend);
+}
+
 TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
   for (const auto& e : std::filesystem::directory_iterator(repo_file("configs"))) {
     if (e.path().extension() != ".toml") continue;
