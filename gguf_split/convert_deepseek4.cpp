@@ -17,6 +17,7 @@
 #include "engine/deepseek4_shape.h"
 #include "engine/gguf.h"
 #include "engine/safetensors.h"
+#include "gguf_split/convert_rows.h"
 #include "gguf_split/convert_tokenizer.h"
 
 namespace baton {
@@ -439,21 +440,6 @@ struct Planned {
   const Entry* table = nullptr;  // tid2eid: read whole, converted to I32
 };
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-void convert_row(DType from, const uint8_t* src, DType to, uint8_t* dst, int64_t n, std::vector<float>& tmp) {
-  if (from == to) {
-    std::memcpy(dst, src, size_t(n) * dtype_info(from).block_bytes);
-    return;
-  }
-  tmp.resize(size_t(n));
-  dequantize_row(from, src, tmp.data(), n);
-  quantize_row(to, tmp.data(), dst, n);
-}
 
 // A tensor's output bytes in consecutive pieces (GgufWriter's ChunkFill),
 // from groups of source rows that never cross a segment.

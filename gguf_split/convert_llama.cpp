@@ -16,6 +16,7 @@
 
 #include "engine/gguf.h"
 #include "engine/safetensors.h"
+#include "gguf_split/convert_rows.h"
 #include "gguf_split/convert_tokenizer.h"
 
 namespace baton {
@@ -225,22 +226,6 @@ struct Planned {
   int64_t permute_head_dim = 0;  // > 0: q/k rows (or bias elements) reordered per head
 };
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-// Converts one row of n elements between the three float formats (or copies).
-void convert_row(DType from, const uint8_t* src, DType to, uint8_t* dst, int64_t n, std::vector<float>& tmp) {
-  if (from == to) {
-    std::memcpy(dst, src, size_t(n) * dtype_info(from).block_bytes);
-    return;
-  }
-  tmp.resize(size_t(n));
-  dequantize_row(from, src, tmp.data(), n);
-  quantize_row(to, tmp.data(), dst, n);
-}
 
 // Produces a matrix's output bytes in consecutive pieces, as GgufWriter's
 // ChunkFill asks, from groups of source rows read with pread.
