@@ -17,6 +17,7 @@
 #include "engine/deepseek4_shape.h"
 #include "engine/gguf.h"
 #include "engine/safetensors.h"
+#include "gguf_split/checkpoint_config.h"
 #include "gguf_split/convert_rows.h"
 #include "gguf_split/convert_tokenizer.h"
 
@@ -31,79 +32,6 @@ using Entry = SafetensorsCheckpoint::Entry;
 constexpr uint64_t kGroupBytes = uint64_t(4) << 20;
 constexpr int64_t kMaxDim = int64_t(1) << 24;
 
-// ---- config.json ----
-
-class Config {
- public:
-  explicit Config(const std::string& dir) : path_((fs::path(dir) / "config.json").string()) {
-    std::ifstream in(path_);
-    if (!in) throw std::runtime_error("cannot read " + path_);
-    try {
-      j_ = json::parse(in);
-    } catch (const json::exception& e) {
-      throw std::runtime_error(path_ + ": does not parse: " + e.what());
-    }
-    if (!j_.is_object()) throw std::runtime_error(path_ + ": not a JSON object");
-  }
-  [[noreturn]] void refuse(const std::string& what) const { throw std::runtime_error(path_ + ": " + what); }
-  const json& root() const { return j_; }
-  // A field of `obj` (the root by default); nullptr when absent or null.
-  const json* find(const char* key, const json* obj = nullptr) const {
-    const json& o = obj ? *obj : j_;
-    auto it = o.find(key);
-    return it == o.end() || it->is_null() ? nullptr : &*it;
-  }
-  const json* object(const char* key, const json* obj = nullptr, const std::string& where = "") const {
-    const json* v = find(key, obj);
-    if (v && !v->is_object()) refuse(fmt::format("field '{}{}' is not an object", where, key));
-    return v;
-  }
-  int64_t integer(const char* key, std::optional<int64_t> def = {}) const {
-    const json* v = find(key);
-    if (!v) {
-      if (def) return *def;
-      refuse(fmt::format("missing field '{}'", key));
-    }
-    if (!v->is_number_integer()) refuse(fmt::format("field '{}' is not an integer", key));
-    return v->get<int64_t>();
-  }
-  int64_t dim(const char* key, std::optional<int64_t> def = {}) const {
-    const int64_t v = integer(key, def);
-    if (v < 1 || v > kMaxDim) refuse(fmt::format("field '{}' = {} is out of range (1..2^24)", key, v));
-    return v;
-  }
-  double number(const char* key, double def, const json* obj = nullptr, const std::string& where = "") const {
-    const json* v = find(key, obj);
-    if (!v) return def;
-    if (!v->is_number()) refuse(fmt::format("field '{}{}' is not a number", where, key));
-    return v->get<double>();
-  }
-  bool boolean(const char* key, bool def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (!v->is_boolean()) refuse(fmt::format("field '{}' is not true or false", key));
-    return v->get<bool>();
-  }
-  std::string string(const char* key, const std::string& def, const json* obj = nullptr,
-                     const std::string& where = "") const {
-    const json* v = find(key, obj);
-    if (!v) return def;
-    if (!v->is_string()) refuse(fmt::format("field '{}{}' is not a string", where, key));
-    return v->get<std::string>();
-  }
-  // A token id: an integer, the first of a list, or -1 when absent.
-  int64_t token_id(const char* key) const {
-    const json* v = find(key);
-    if (v && v->is_array() && !v->empty()) v = &(*v)[0];
-    if (!v || v->is_null()) return -1;
-    if (!v->is_number_integer()) refuse(fmt::format("field '{}' is not a token id", key));
-    return v->get<int64_t>();
-  }
-
- private:
-  std::string path_;
-  json j_;
-};
 
 struct Hparams {
   Deepseek4Shape s;
@@ -114,7 +42,7 @@ struct Hparams {
 // The attention kind of each layer, as compress ratios (0: sliding only).
 // transformers writes `layer_types` and `compress_rates`; older configs (and
 // DeepSeek's own) write per-layer `compress_ratios`.
-std::vector<int> read_ratios(const Config& c, int n_layer) {
+std::vector<int> read_ratios(const CheckpointConfig& c, int n_layer) {
   std::vector<int> ratios;
   if (const json* types = c.find("layer_types")) {
     if (!types->is_array()) c.refuse("field 'layer_types' is not a list");
@@ -168,7 +96,7 @@ std::vector<int> read_ratios(const Config& c, int n_layer) {
 
 // Hash-routed layers must come first (the engine routes layers
 // 0..hash_layer_count-1 by token id).
-int read_hash_layers(const Config& c, int n_layer) {
+int read_hash_layers(const CheckpointConfig& c, int n_layer) {
   if (const json* types = c.find("mlp_layer_types")) {
     if (!types->is_array() || int(types->size()) < n_layer) {
       c.refuse(fmt::format("field 'mlp_layer_types' must list the {} layers", n_layer));
@@ -192,7 +120,7 @@ int read_hash_layers(const Config& c, int n_layer) {
   return int(std::min<int64_t>(n, n_layer));
 }
 
-void read_rope(const Config& c, Deepseek4Shape& s) {
+void read_rope(const CheckpointConfig& c, Deepseek4Shape& s) {
   const json* rp = c.object("rope_parameters");
   const json* main = rp ? c.object("main", rp, "rope_parameters.") : nullptr;
   const json* comp = rp ? c.object("compress", rp, "rope_parameters.") : nullptr;
@@ -235,7 +163,7 @@ void read_rope(const Config& c, Deepseek4Shape& s) {
   }
 }
 
-Hparams read_config(const Config& c) {
+Hparams read_config(const CheckpointConfig& c) {
   const std::string model_type = c.string("model_type", "");
   if (model_type != "deepseek_v4") c.refuse("field 'model_type' = '" + model_type + "' is not deepseek_v4");
   if (c.find("quantization_config")) {
@@ -729,7 +657,7 @@ std::string deepseek4_gguf_name(std::string_view n, int* expert) {
 }
 
 ConvertResult convert_hf_deepseek4(const ConvertOptions& o, std::optional<DType> expert_type) {
-  const Config config(o.from_dir);
+  const CheckpointConfig config(o.from_dir);
   const Hparams h = read_config(config);
   const Deepseek4Shape& s = h.s;
   for (const auto& t : {o.type, expert_type}) {

@@ -16,6 +16,7 @@
 
 #include "engine/gguf.h"
 #include "engine/safetensors.h"
+#include "gguf_split/checkpoint_config.h"
 #include "gguf_split/convert_rows.h"
 #include "gguf_split/convert_tokenizer.h"
 
@@ -28,67 +29,6 @@ using json = nlohmann::json;
 // Rows are read and converted in groups of about this many source bytes.
 constexpr uint64_t kGroupBytes = uint64_t(4) << 20;
 
-// ---- config.json ----
-
-class Config {
- public:
-  explicit Config(const std::string& dir) : path_((fs::path(dir) / "config.json").string()) {
-    std::ifstream in(path_);
-    if (!in) throw std::runtime_error("cannot read " + path_);
-    try {
-      j_ = json::parse(in);
-    } catch (const json::exception& e) {
-      throw std::runtime_error(path_ + ": does not parse: " + e.what());
-    }
-    if (!j_.is_object()) throw std::runtime_error(path_ + ": not a JSON object");
-  }
-
-  const json* find(const char* key) const {
-    auto it = j_.find(key);
-    return it == j_.end() || it->is_null() ? nullptr : &*it;
-  }
-  int64_t integer(const char* key) const {
-    const json* v = find(key);
-    if (!v) throw std::runtime_error(fmt::format("{}: missing field '{}'", path_, key));
-    if (!v->is_number_integer()) throw std::runtime_error(fmt::format("{}: field '{}' is not an integer", path_, key));
-    return v->get<int64_t>();
-  }
-  int64_t integer(const char* key, int64_t def) const { return find(key) ? integer(key) : def; }
-  double number(const json& obj, const char* key, double def, const std::string& where) const {
-    auto it = obj.find(key);
-    if (it == obj.end() || it->is_null()) return def;
-    if (!it->is_number()) throw std::runtime_error(fmt::format("{}: field '{}{}' is not a number", path_, where, key));
-    return it->get<double>();
-  }
-  double number(const char* key, double def) const { return number(j_, key, def, ""); }
-  bool boolean(const char* key, bool def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (!v->is_boolean()) throw std::runtime_error(fmt::format("{}: field '{}' is not true or false", path_, key));
-    return v->get<bool>();
-  }
-  std::string string(const char* key, const std::string& def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (!v->is_string()) throw std::runtime_error(fmt::format("{}: field '{}' is not a string", path_, key));
-    return v->get<std::string>();
-  }
-  // A special token id: an integer, the first of a list (llama 3.1 lists
-  // several EOS ids), or -1 when absent.
-  int64_t token_id(const char* key) const {
-    const json* v = find(key);
-    if (v && v->is_array() && !v->empty()) v = &(*v)[0];
-    if (!v || v->is_null()) return -1;
-    if (!v->is_number_integer()) throw std::runtime_error(fmt::format("{}: field '{}' is not a token id", path_, key));
-    return v->get<int64_t>();
-  }
-  [[noreturn]] void refuse(const std::string& what) const { throw std::runtime_error(path_ + ": " + what); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  json j_;
-};
 
 struct Hparams {
   std::string arch;  // "llama" or "qwen2"
@@ -102,12 +42,7 @@ struct Hparams {
   int64_t bos = -1, eos = -1;  // -1: absent
 };
 
-int64_t positive(const Config& c, const char* key, int64_t v) {
-  if (v < 1 || v > (int64_t(1) << 24)) c.refuse(fmt::format("field '{}' = {} is out of range (1..2^24)", key, v));
-  return v;
-}
-
-Hparams read_config(const Config& c) {
+Hparams read_config(const CheckpointConfig& c) {
   Hparams h;
   std::string arch_name;
   if (const json* a = c.find("architectures"); a && a->is_array() && !a->empty() && (*a)[0].is_string()) {
@@ -123,13 +58,13 @@ Hparams read_config(const Config& c) {
                          "supported: LlamaForCausalLM, Qwen2ForCausalLM",
                          arch_name, model_type));
   }
-  h.n_embd = positive(c, "hidden_size", c.integer("hidden_size"));
-  h.n_ff = positive(c, "intermediate_size", c.integer("intermediate_size"));
-  h.n_layer = int(positive(c, "num_hidden_layers", c.integer("num_hidden_layers")));
-  h.n_head = int(positive(c, "num_attention_heads", c.integer("num_attention_heads")));
-  h.n_head_kv = int(positive(c, "num_key_value_heads", c.integer("num_key_value_heads", h.n_head)));
-  h.n_vocab = positive(c, "vocab_size", c.integer("vocab_size"));
-  h.n_ctx = positive(c, "max_position_embeddings", c.integer("max_position_embeddings", 2048));
+  h.n_embd = c.dim("hidden_size");
+  h.n_ff = c.dim("intermediate_size");
+  h.n_layer = int(c.dim("num_hidden_layers"));
+  h.n_head = int(c.dim("num_attention_heads"));
+  h.n_head_kv = int(c.dim("num_key_value_heads", h.n_head));
+  h.n_vocab = c.dim("vocab_size");
+  h.n_ctx = c.dim("max_position_embeddings", 2048);
   if (h.n_head % h.n_head_kv != 0) {
     c.refuse(fmt::format("field 'num_attention_heads' = {} is not a multiple of 'num_key_value_heads' = {}", h.n_head,
                          h.n_head_kv));
@@ -138,7 +73,7 @@ Hparams read_config(const Config& c) {
     c.refuse(fmt::format("field 'hidden_size' = {} is not a multiple of 'num_attention_heads' = {} (and no 'head_dim')",
                          h.n_embd, h.n_head));
   }
-  h.head_dim = int(positive(c, "head_dim", c.integer("head_dim", h.n_embd / h.n_head)));
+  h.head_dim = int(c.dim("head_dim", h.n_embd / h.n_head));
   if (h.head_dim % 2 != 0) c.refuse(fmt::format("field 'head_dim' = {} is odd; rope needs pairs", h.head_dim));
   h.rms_eps = c.number("rms_norm_eps", 1e-6);
   if (!(h.rms_eps > 0)) c.refuse("field 'rms_norm_eps' must be > 0");
@@ -157,11 +92,9 @@ Hparams read_config(const Config& c) {
   }
   // Rope: transformers up to 4.x writes rope_theta and rope_scaling; later
   // versions write both inside rope_parameters.
-  const json* rope = c.find("rope_parameters");
-  if (rope && !rope->is_object()) c.refuse("field 'rope_parameters' is not an object");
-  const json* scaling = c.find("rope_scaling");
-  if (scaling && !scaling->is_object()) c.refuse("field 'rope_scaling' is not an object");
-  h.rope_theta = rope ? c.number(*rope, "rope_theta", c.number("rope_theta", 10000.0), "rope_parameters.")
+  const json* rope = c.object("rope_parameters");
+  const json* scaling = c.object("rope_scaling");
+  h.rope_theta = rope ? c.number("rope_theta", c.number("rope_theta", 10000.0), rope, "rope_parameters.")
                       : c.number("rope_theta", 10000.0);
   if (!(h.rope_theta > 1.0)) c.refuse("field 'rope_theta' must be > 1");
   const json* sc = scaling ? scaling : rope;
@@ -176,13 +109,13 @@ Hparams read_config(const Config& c) {
     }
     if (type == "linear") {
       h.rope_scaling = "linear";
-      h.rope_factor = c.number(*sc, "factor", 1.0, where);
+      h.rope_factor = c.number("factor", 1.0, sc, where);
     } else if (type == "llama3" && h.arch == "llama") {
       h.rope_scaling = "llama3";
-      h.rope_factor = c.number(*sc, "factor", 8.0, where);
-      h.llama3_low = c.number(*sc, "low_freq_factor", 1.0, where);
-      h.llama3_high = c.number(*sc, "high_freq_factor", 4.0, where);
-      h.llama3_orig_ctx = c.number(*sc, "original_max_position_embeddings", 8192, where);
+      h.rope_factor = c.number("factor", 8.0, sc, where);
+      h.llama3_low = c.number("low_freq_factor", 1.0, sc, where);
+      h.llama3_high = c.number("high_freq_factor", 4.0, sc, where);
+      h.llama3_orig_ctx = c.number("original_max_position_embeddings", 8192, sc, where);
       if (!(h.llama3_high > h.llama3_low)) c.refuse("field '" + where + "high_freq_factor' must exceed low_freq_factor");
     } else if (type != "default") {
       c.refuse("field '" + where + "rope_type' = '" + type + "' is not supported (default, linear, llama3)");
@@ -298,7 +231,7 @@ int64_t llama_qk_source_row(int64_t r, int64_t head_dim) {
 }
 
 ConvertResult convert_hf_llama(const ConvertOptions& o) {
-  const Config config(o.from_dir);
+  const CheckpointConfig config(o.from_dir);
   const Hparams h = read_config(config);
   const SafetensorsCheckpoint ckpt = SafetensorsCheckpoint::open(o.from_dir);
   if (o.type && !dtype_info(*o.type).quantize) {
