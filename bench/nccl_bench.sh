@@ -37,7 +37,10 @@ done
 baton=$(realpath "$build/baton")
 mkdir -p "$out"
 out=$(realpath "$out")
-export NCCL_NVLS_ENABLE=0  # the project's rule, also for anything this script starts
+# Library paths as the other GPU scripts set them; also NCCL_NVLS_ENABLE=0,
+# the project's rule, for anything this script starts.
+bin=$build work=$out
+source "$(dirname "$0")/gpu_env.sh"
 
 gpus=$(nvidia-smi -L | wc -l)
 if (( gpus < 2 )); then
