@@ -8,6 +8,9 @@
 # when it is not one already, since such machines have more memory than disk.
 # STEPS (default "tests q2 split limit96 oracle q4") picks the steps:
 #   tests    the deepseek4 CUDA suites (test_cuda_ds4_*, test_cuda_moe*)
+#   kernels  bench_cuda_kernels' xq and ds4 sections (full-shape decode kernels), and
+#            when ncu is there, its counters for each ds4 decode kernel run once
+#   profile  synth q2, then baton bench --profile at ctx 2048 (decode time per graph node)
 #   oracle   bench/ds4_oracle/oracle.py against transformers (CPU, CUDA, 2 workers)
 #   q2       synth deepseek4-flash q2 (alias data), baton bench at ctx 2048/8192/32768,
 #            prefill in batches of 8192
@@ -36,16 +39,30 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$log
 clean() { tr '\r' '\n' < "$1" | grep -v "ETA" ; }
 
 if has tests; then
-  say "CUDA test suites: deepseek4, experts, the llama stage (device boundary rows)"
-  for t in "$bin"/tests/test_cuda_ds4_* "$bin"/tests/test_cuda_moe* "$bin"/tests/test_cuda_stage; do
+  say "CUDA test suites"
+  for t in "$bin"/tests/test_cuda_*; do
     [ -x "$t" ] || continue
-    timeout 60 "$t" --gtest_brief=1 > "$work/$(basename "$t").log" 2>&1 || { status=1; grep -E "Failure|FAILED|error" "$work/$(basename "$t").log" | head -n 10 | tee -a "$log"; }
+    timeout 150 "$t" --gtest_brief=1 > "$work/$(basename "$t").log" 2>&1 || { status=1; grep -E "Failure|FAILED|error" "$work/$(basename "$t").log" | head -n 10 | tee -a "$log"; }
     echo "$(basename "$t"): $(grep -E '^\[  (PASSED|FAILED)  \]' "$work/$(basename "$t").log" | tr '\n' ' ')" | tee -a "$log"
   done
 fi
 
+if has kernels && [ -x "$bin/bench/bench_cuda_kernels" ]; then
+  say "kernel tables: integer-dot matvec shapes and the DeepSeek decode kernels"
+  timeout 240 "$bin/bench/bench_cuda_kernels" xq > "$out/kernels_xq.log" 2>&1 || status=1
+  timeout 120 "$bin/bench/bench_cuda_kernels" ds4 2>&1 | tee "$out/kernels_ds4.log" | tee -a "$log" || status=1
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -n "$ncu" ]; then
+    timeout 240 "$ncu" --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      "$bin/bench/bench_cuda_kernels" ds4 once > "$out/ncu_ds4.log" 2>&1 || echo "ncu failed" | tee -a "$log"
+    grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
+      "$out/ncu_ds4.log" | head -n 150 > "$work/ncu_short.log"; cat "$work/ncu_short.log" >> "$log"
+  fi
+fi
+
 q2="$ram/flash-q2.gguf"
-if has q2 || has limit96 || has split; then
+if has q2 || has limit96 || has split || has profile; then
   if ! mountpoint -q "$ram"; then mount -t tmpfs -o size=100G tmpfs "$ram" || echo "no tmpfs at $ram" | tee -a "$log"; fi
   df -h "$ram" | tail -n 1 | tee -a "$log"
   say "synth deepseek4-flash q2 (alias data) into $ram"
@@ -60,6 +77,16 @@ if has q2; then
     --gen-tokens 64 --batch 8192 --load-csv "$out/load_flash_q2.csv" > "$out/bench_flash_q2.csv" 2> "$work/bench.err" || status=1
   clean "$work/bench.err" | tail -n 25 | tee -a "$log"
   cat "$out/bench_flash_q2.csv" "$out/load_flash_q2.csv" 2>/dev/null | tee -a "$log"
+fi
+
+if has profile; then
+  say "bench flash q2 --profile at ctx 2048: decode time per graph node"
+  timeout 240 "$B" bench -m "$q2" --backend cuda --csv --ctx-start 2048 --ctx-max 2048 --gen-tokens 64 --batch 2048 \
+    --read-mb 0 --profile > "$out/bench_profile.csv" 2> "$work/profile.err" || status=1
+  clean "$work/profile.err" > "$out/profile.log"
+  grep -E "graph profile|graph replay|decode" "$out/profile.log" | tee -a "$log"
+  grep -A 40 "graph profile" "$out/profile.log" | head -n 42 | tee -a "$log"
+  cat "$out/bench_profile.csv" | tee -a "$log"
 fi
 
 prompt="The history of the river begins in the mountains, where snow melts every spring and"
