@@ -8,8 +8,9 @@
 # when it is not one already, since such machines have more memory than disk.
 # STEPS (default "tests q2 split limit96 oracle q4") picks the steps:
 #   tests    the deepseek4 CUDA suites (test_cuda_ds4_*, test_cuda_moe*)
-#   kernels  bench_cuda_kernels' xq and ds4 sections (full-shape decode kernels), and
-#            when ncu is there, its counters for each ds4 decode kernel run once
+#   kernels  bench_cuda_kernels' ds4 section (the full-shape decode kernels)
+#   xq       bench_cuda_kernels' xq section (integer-dot matvec shapes and variants)
+#   ncu      ncu's counters for each ds4 decode kernel, run once
 #   profile  synth q2, then baton bench --profile at ctx 2048 (decode time per graph node)
 #   oracle   bench/ds4_oracle/oracle.py against transformers (CPU, CUDA, 2 workers)
 #   q2       synth deepseek4-flash q2 (alias data), baton bench at ctx 2048/8192/32768,
@@ -47,10 +48,15 @@ if has tests; then
   done
 fi
 
-if has kernels && [ -x "$bin/bench/bench_cuda_kernels" ]; then
-  say "kernel tables: integer-dot matvec shapes and the DeepSeek decode kernels"
+if has xq && [ -x "$bin/bench/bench_cuda_kernels" ]; then
+  say "kernel table: integer-dot matvec shapes and variants"
   timeout 240 "$bin/bench/bench_cuda_kernels" xq > "$out/kernels_xq.log" 2>&1 || status=1
+fi
+if has kernels && [ -x "$bin/bench/bench_cuda_kernels" ]; then
+  say "kernel table: the DeepSeek decode kernels"
   timeout 120 "$bin/bench/bench_cuda_kernels" ds4 2>&1 | tee "$out/kernels_ds4.log" | tee -a "$log" || status=1
+fi
+if has ncu && [ -x "$bin/bench/bench_cuda_kernels" ]; then
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [ -n "$ncu" ]; then
     timeout 240 "$ncu" --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \

@@ -48,6 +48,16 @@ import sys
 import tempfile
 
 LIMITS = {"cpu": 1e-3, "cuda": 2e-2}
+# Runs on float32 arithmetic end to end: the CPU, and CUDA in forwards of at
+# most 8 tokens (float matvec and float attention for F32 weights; the
+# pipeline steps one token at a time) are held to the CPU's limit on every
+# row. CUDA's long forwards round activations to F16 for cuBLAS and the
+# tensor-core attention and indexer: a near-tie in a discrete choice (the
+# indexer's top-k rows, the router's experts) can flip on a few rows, so that
+# run is held to its limit on 99% of the rows (p99) and on the share of rows
+# over it (at most 1%), with the maximum reported.
+EXACT_LIMIT = 1e-3
+MAX_ROWS_OVER = 0.01
 VOCAB = 64  # the pipeline returns at most 64 log-probabilities per position
 
 # The small DeepseekV4Config; rope parameters flat, as transformers' own tests
@@ -68,8 +78,8 @@ CONFIG = dict(
     index_n_heads=16, index_head_dim=32, index_topk=8, rms_norm_eps=1e-6, tie_word_embeddings=False,
 )
 
-HEADER = ["run", "backend", "compared", "max_abs_diff", "max_abs_ref", "max_rel_err", "limit", "argmax_agree",
-          "result"]
+HEADER = ["run", "backend", "compared", "max_abs_diff", "max_abs_ref", "max_rel_err", "p99_rel_err", "rows_over",
+          "limit", "argmax_agree", "result"]
 
 
 # ---- helpers without torch (checked by --self-test) ----
@@ -102,20 +112,25 @@ def parse_args(argv):
 
 
 def runs(backends, workers):
-    """The baton runs: (name, backend, workers); 0 workers is one process."""
+    """The baton runs: (name, backend, workers, batch, exact); 0 workers is one
+    process, batch None is baton's default, exact runs are float32 throughout."""
     out = []
     for b in backends:
-        out.append(("single", b, 0))
+        out.append(("single", b, 0, None, b == "cpu"))
+        if b == "cuda":
+            out.append(("single, batch 8", b, 0, 8, True))
         if workers:
-            out.append((f"workers={workers}", b, workers))
+            out.append((f"workers={workers}", b, workers, None, True))
     return out
 
 
-def logits_command(baton, gguf, tokens, out, backend, workers, threads):
+def logits_command(baton, gguf, tokens, out, backend, workers, threads, batch=None):
     cmd = [baton, "logits", "-m", gguf, "--tokens", ",".join(map(str, tokens)), "-o", out,
            "--backend", backend, "-t", str(threads)]
     if workers:
         cmd += ["--workers", str(workers)]
+    if batch:
+        cmd += ["--batch", str(batch)]
     return cmd
 
 
@@ -138,6 +153,27 @@ def measure(got, ref):
     scale = max(abs(b) for r in ref for b in r)
     agree = sum(1 for g, r in zip(got, ref) if g.index(max(g)) == r.index(max(r))) / len(ref)
     return diff, scale, diff / scale if scale > 0 else float("inf"), agree
+
+
+def row_errors(got, ref):
+    """Per row: max |got - ref| over the row / max |ref| over all rows."""
+    scale = max(abs(b) for r in ref for b in r)
+    return [max(abs(a - b) for a, b in zip(g, r)) / scale if scale > 0 else float("inf") for g, r in zip(got, ref)]
+
+
+def percentile(values, q):
+    """The q-quantile (0..1) by the nearest rank."""
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+
+
+def verdict(rel, errors, limit, exact):
+    """ok or FAIL: exact runs on their worst row, the others on the 99th
+    percentile row and the share of rows over the limit."""
+    if exact:
+        return rel <= limit
+    over = sum(1 for e in errors if e > limit) / len(errors)
+    return percentile(errors, 0.99) <= limit and over <= MAX_ROWS_OVER
 
 
 def log_softmax(row):
@@ -187,10 +223,17 @@ def run(cmd):
 def self_test(args):
     a = parse_args([args.baton, "--backends", "cpu", "--workers", "0"])
     assert a.backends == ["cpu"] and a.workers == 0
-    assert runs(["cpu", "cuda"], 2) == [("single", "cpu", 0), ("workers=2", "cpu", 2), ("single", "cuda", 0),
-                                        ("workers=2", "cuda", 2)]
+    assert runs(["cpu", "cuda"], 2) == [("single", "cpu", 0, None, True), ("workers=2", "cpu", 2, None, True),
+                                        ("single", "cuda", 0, None, False), ("single, batch 8", "cuda", 0, 8, True),
+                                        ("workers=2", "cuda", 2, None, True)]
     cmd = logits_command("b", "m.gguf", [1, 2], "o.f32", "cuda", 2, 4)
     assert cmd[-2:] == ["--workers", "2"] and "--backend" in cmd and "1,2" in cmd
+    assert logits_command("b", "m.gguf", [1], "o", "cuda", 0, 4, 8)[-2:] == ["--batch", "8"]
+    errs = row_errors([[1.0, 2.0], [0.0, 1.5]], [[1.0, 2.0], [0.0, 1.0]])
+    assert errs == [0.0, 0.25] and percentile(list(range(1, 101)), 0.99) == 99
+    assert verdict(0.25, errs, 0.3, True) and not verdict(0.25, errs, 0.2, True)
+    assert not verdict(0.25, errs, 0.2, False)  # half the rows over
+    assert verdict(0.5, [0.0] * 199 + [0.5], 0.2, False)  # one row in 200 over: p99 and share pass
     assert classify(2, "x\nno GPU\n", "cuda", False) == ("skipped", "no GPU")
     assert classify(2, "no GPU", "cuda", True)[0] == "FAIL"
     assert classify(1, "boom", "cpu", False) == ("FAIL", "boom")
@@ -200,7 +243,7 @@ def self_test(args):
     assert abs(sum(2.718281828459045 ** v for v in lsm) - 1) < 1e-12
     ids = distinct_ids(100, 6, 2, 1)
     assert all(len(set(r)) == 2 and all(0 <= e < 6 for e in r) for r in ids)
-    assert table([["single", "cpu", "logits", "1e-6", "2", "5e-7", 1e-3, "1.0000", "ok"]]).count("\n") == 1
+    assert table([["single", "cpu", "logits", "1e-6", "2", "5e-7", "5e-7", "0", 1e-3, "1.0000", "ok"]]).count("\n") == 1
     # The binary has what the oracle calls.
     for sub, flags in (("convert", ["--from", "--type"]), ("logits", ["--workers", "--backend", "--tokens"])):
         rc, out = run([args.baton, sub, "--help"])
@@ -301,22 +344,30 @@ def main(argv):
     ref_lsm = torch.log_softmax(ref_t, dim=-1).tolist()
 
     rows, failed = [], False
-    for name, backend, workers in runs(args.backends, args.workers):
-        out_path = os.path.join(work, f"logits-{backend}-{workers}.f32")
+    for name, backend, workers, batch, exact in runs(args.backends, args.workers):
+        out_path = os.path.join(work, f"logits-{backend}-{workers}-{batch or 0}.f32")
         compared = "log-softmax" if workers else "logits"
-        rc, out = run(logits_command(args.baton, gguf, tokens, out_path, backend, workers, args.threads))
+        limit = EXACT_LIMIT if exact else LIMITS[backend]
+        rc, out = run(logits_command(args.baton, gguf, tokens, out_path, backend, workers, args.threads, batch))
         if rc != 0:
             status, note = classify(rc, out, backend, args.require_cuda)
             print(f"{name}/{backend}: {status}: {note}", file=sys.stderr)
-            rows.append([name, backend, compared, "", "", "", LIMITS[backend], "", status])
+            rows.append([name, backend, compared, "", "", "", "", "", limit, "", status])
             failed = failed or status == "FAIL"
             continue
         got = read_f32_rows(out_path, len(tokens), VOCAB)
-        diff, scale, rel, agree = measure(got, ref_lsm if workers else ref)
-        ok = rel <= LIMITS[backend]
+        want = ref_lsm if workers else ref
+        diff, scale, rel, agree = measure(got, want)
+        errors = row_errors(got, want)
+        ok = verdict(rel, errors, limit, exact)
         failed = failed or not ok
-        rows.append([name, backend, compared, f"{diff:.3e}", f"{scale:.3f}", f"{rel:.3e}", LIMITS[backend],
-                     f"{agree:.4f}", "ok" if ok else "FAIL"])
+        over = sum(1 for e in errors if e > limit)
+        worst = max(range(len(errors)), key=errors.__getitem__)
+        if not exact and over:
+            print(f"{name}/{backend}: {over} of {len(errors)} rows over {limit} (worst: position {worst}, "
+                  f"{errors[worst]:.3e}); median row {percentile(errors, 0.5):.3e}", flush=True)
+        rows.append([name, backend, compared, f"{diff:.3e}", f"{scale:.3f}", f"{rel:.3e}",
+                     f"{percentile(errors, 0.99):.3e}", str(over), limit, f"{agree:.4f}", "ok" if ok else "FAIL"])
 
     print(table(rows))
     if args.csv:

@@ -142,7 +142,7 @@ void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
     BATON_CUDA_CHECK(cudaMemcpyAsync(x, io + L.h_in, uint64_t(n * L.HC) * 4, cudaMemcpyHostToDevice, st));
   }
   auto hc_pre = [&](const Weights::Layer& w, int k) {
-    if (n <= cuda::kMatvecMaxTokens && cuda::ds4_hc_pre_split_supported(w.hc_fn[k].w.type) &&
+    if (n <= cuda::kMatvecMaxTokens && cuda::ds4_hc_pre_split_supported(w.hc_fn[k].w.type, hs.n_embd) &&
         cuda::ds4_hc_pre_split_workspace_bytes(hs, n) <= uint64_t(L.B * L.HC) * sizeof(float)) {
       // The mix product split over ~width / 128 blocks (partials in flat,
       // unused by a decode step otherwise), then the weights and h.
@@ -247,17 +247,22 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     cuda::rmsnorm(q_lat, QR, w.qa_norm, q_lat, QR, n, QR, eps, st);
   }
   project(w.qb, q_lat, xl, n, QR, q, HD);
+  float* ring = kv_stream(l, seq, A::kWindow);
+  const int64_t window = layout_->kv[size_t(l - config_.first_layer)].rows[A::kWindow];
   const bool fuse = n <= cuda::kMatvecMaxTokens;  // decode: norm + RoPE in one launch
   if (fuse) {
-    cuda::ds4_norm_rope(q, n, HD, int(L.H), int(hd), int(rd), nullptr, eps, d_pos, freqs, st);
+    // Query heads and the shared K = V row in one launch; one token also
+    // stores its row into the window ring there (the slot it takes has left
+    // the window).
+    cuda::Ds4NormRopeRows qr, kr;
+    qr.x = q, qr.token_stride = HD, qr.n_heads = int(L.H);
+    kr.x = kv_new, kr.token_stride = hd, kr.n_heads = 1, kr.w = w.kv_norm;
+    if (n == 1) kr.ring = ring, kr.window = window;
+    cuda::ds4_norm_rope2(qr, kr, n, int(hd), int(rd), eps, d_pos, freqs, st);
   } else {
     cuda::rmsnorm(q, hd, nullptr, q, hd, n * L.H, hd, eps, st);
     cuda::rope(q + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
-  }
-  // The shared K = V row.
-  if (fuse) {
-    cuda::ds4_norm_rope(kv_new, n, hd, 1, int(hd), int(rd), w.kv_norm, eps, d_pos, freqs, st);
-  } else {
+    // The shared K = V row.
     cuda::rmsnorm(kv_new, hd, w.kv_norm, kv_new, hd, n, hd, eps, st);
     cuda::rope(kv_new + hd - rd, n, hd, 1, int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
   }
@@ -333,8 +338,6 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   mark(st, n, kIndexer);
 
   // Attention over the window rows and the visible compressed rows.
-  float* ring = kv_stream(l, seq, A::kWindow);
-  const int64_t window = layout_->kv[size_t(l - config_.first_layer)].rows[A::kWindow];
   cuda::Ds4AttentionParams ap;
   ap.n_head = int(L.H);
   ap.head_dim = int(hd);
@@ -354,18 +357,26 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   ap.out = att;
   ap.out_stride = HD;
   ap.pos0_dev = P;
-  if (tc_prefill(n) && cuda::ds4_attention_tc_supported(ap)) {
+  const bool tc = tc_prefill(n) && cuda::ds4_attention_tc_supported(ap);
+  if (tc) {
     cuda::ds4_attention_tc(ap, st);  // long batches: per-token products on the tensor cores
   } else {
+    // V carried the keys' rotation: undone at the query's position by the
+    // kernel that writes the output.
+    ap.rope_pos = d_neg;
+    ap.rope_freq = freqs;
+    ap.rope_dim = int(rd);
     cuda::ds4_attention(ap, ws + L.attn, L.attn_bytes, st);
   }
-  if (graph) {
+  if (n == 1 && fuse) {
+    // Stored by the norm + RoPE launch above.
+  } else if (graph) {
     cuda::ds4_window_store(kv_new, n, hd, d_pos0, ring, window, st);
   } else {
     cuda::ds4_window_store(kv_new, n, hd, pos0, ring, window, st);
   }
   // V carried the keys' rotation: undo it at the query's position.
-  cuda::rope(att + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_neg, freqs, RopeMode::Normal, st);
+  if (tc) cuda::rope(att + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_neg, freqs, RopeMode::Normal, st);
   mark(st, n, kAttn);
 
   // Grouped output: group g's heads through its o_lora_rank rows of output_a.

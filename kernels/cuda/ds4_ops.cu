@@ -30,6 +30,7 @@ constexpr int kMaxHeadDim = 512;  // attention and indexer rows: 16 floats per l
 constexpr int kPerLane = kMaxHeadDim / 32;
 constexpr int kAttnWarps = 8;
 constexpr int kTopkThreads = 1024;
+constexpr int kMaxSplitsDevice = 256;  // attention splits per (token, head)
 
 unsigned grid_for(int64_t work, int threads) {
   return unsigned(std::clamp<int64_t>((work + threads - 1) / threads, 1, int64_t(sm_count()) * 32));
@@ -45,7 +46,12 @@ __device__ __forceinline__ float sigmoid_f(float v) { return 1.0f / (1.0f + expf
 // shuffles and one division per round instead of n * n serial divisions.
 // Needs n * n <= 32. The products are rounded before the additions
 // (__fmul_rn) as on the CPU, rather than fused.
-__device__ void hc_weights_warp(float* mix, int n, const float* scale, const float* base, int iters, float eps) {
+// N > 0 fixes n at compile time (DeepSeek's 4 streams): the loops unroll, so
+// each sum's shuffles issue together and a Sinkhorn round costs two short
+// dependent chains instead of eight round trips.
+template <int N>
+__device__ void hc_weights_warp_n(float* mix, int n_rt, const float* scale, const float* base, int iters, float eps) {
+  const int n = N > 0 ? N : n_rt;
   const int lane = threadIdx.x & 31;
   if (lane < n) {
     mix[lane] = sigmoid_f(__fmul_rn(mix[lane], scale[0]) + base[lane]) + eps;
@@ -72,6 +78,14 @@ __device__ void hc_weights_warp(float* mix, int n, const float* scale, const flo
     v /= s + eps;
   }
   if (own) mix[2 * n + lane] = v;
+}
+
+__device__ void hc_weights_warp(float* mix, int n, const float* scale, const float* base, int iters, float eps) {
+  if (n == 4) {
+    hc_weights_warp_n<4>(mix, n, scale, base, iters, eps);
+  } else {
+    hc_weights_warp_n<0>(mix, n, scale, base, iters, eps);
+  }
 }
 
 // The same by one thread, for n * n > 32.
@@ -259,10 +273,32 @@ __device__ __forceinline__ float ape_at(const MatrixView& a, int64_t r, int64_t 
   return reinterpret_cast<const float*>(row)[f];
 }
 
+// Token t's state rows (kv and gate + ape) at slot pos % R, from thread
+// threadIdx.x on (the store of compress_store_kernel).
+__device__ __forceinline__ void compress_store_token(const Ds4CompressParams& p, int64_t t) {
+  const int64_t pos = p.pos0 + t;
+  const int64_t W = int64_t(p.lanes) * p.dim, R = int64_t(p.lanes) * p.ratio;
+  const int64_t sl = pos % R;
+  float* kv_ring = p.state + sl * W;
+  float* gate_ring = p.state + (R + sl) * W;
+  for (int64_t f = threadIdx.x; f < W; f += blockDim.x) {
+    kv_ring[f] = p.kv[t * p.stride + f];
+    gate_ring[f] = ape_at(p.ape, pos % p.ratio, f) + p.gate[t * p.stride + f];
+  }
+}
+
+// Slots of a feature kept in registers by the pooling (two lanes of ratio 4
+// take 8); longer windows (ratio 128, once every 128 tokens) read twice.
+constexpr int kPoolSlots = 16;
+
 // Block: window w = w_lo + blockIdx.x, complete within this batch.
 // With pos0_dev the grid covers the most windows a batch of n_tokens can
-// complete and blocks past the real ones return.
-__global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo) {
+// complete and blocks past the real ones return. store_token (decode, one
+// token): the block first writes that token's state rows, which no window
+// of this batch reads from the state (the token itself is read from the
+// batch, and the 2 * ratio positions a window reads are distinct slots), so
+// one launch does what compress_store_kernel would do after it.
+__global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo, bool store_token) {
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // before any read: every input may come from the kernel before
   extern __shared__ float row[];  // dim floats
@@ -271,6 +307,7 @@ __global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo) {
     p.pos0 = *p.pos0_dev;
     w_lo = p.pos0 / p.ratio;
   }
+  if (store_token) compress_store_token(p, 0);
   const int64_t w = w_lo + blockIdx.x;
   if (w >= (p.pos0 + p.n_tokens) / p.ratio) return;  // whole block: before any barrier
   const int64_t W = int64_t(p.lanes) * p.dim, R = int64_t(p.lanes) * p.ratio;
@@ -288,27 +325,51 @@ __global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo) {
       g = gate_ring[sl * W + f];
     }
   };
-  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
-    // The slots feeding feature d, in the CPU's order.
-    auto slots = [&](auto&& fn) {
-      float g, k;
-      if (p.lanes == 2) {
-        if (w > 0) {
-          for (int64_t i = 0; i < p.ratio; ++i) slot((w - 1) * p.ratio + i, d, g, k), fn(g, k);
-        }
-        for (int64_t i = 0; i < p.ratio; ++i) slot(w * p.ratio + i, p.dim + d, g, k), fn(g, k);
+  // The slots feeding feature d, in the CPU's order: slot i of n_slots.
+  const int64_t n_slots = (p.lanes == 2 && w > 0 ? 2 : 1) * int64_t(p.ratio);
+  auto slot_i = [&](int64_t i, int64_t d, float& g, float& k) {
+    if (p.lanes == 2) {
+      if (w > 0 && i < p.ratio) {
+        slot((w - 1) * p.ratio + i, d, g, k);
       } else {
-        for (int64_t i = 0; i < p.ratio; ++i) slot(w * p.ratio + i, d, g, k), fn(g, k);
+        const int64_t j = w > 0 ? i - p.ratio : i;
+        slot(w * p.ratio + j, p.dim + d, g, k);
       }
-    };
-    float mx = -INFINITY;
-    slots([&](float g, float) { mx = fmaxf(mx, g); });
-    float sum = 0.0f, acc = 0.0f;
-    slots([&](float g, float k) {
-      const float e = expf(g - mx);
-      sum += e;
-      acc += e * k;
-    });
+    } else {
+      slot(w * p.ratio + i, d, g, k);
+    }
+  };
+  for (int64_t d = threadIdx.x; d < p.dim; d += blockDim.x) {
+    float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+    if (n_slots <= kPoolSlots) {
+      float gs[kPoolSlots], ks[kPoolSlots];
+#pragma unroll
+      for (int i = 0; i < kPoolSlots; ++i) {  // every load issued before the first use
+        gs[i] = -INFINITY, ks[i] = 0.0f;
+        if (i < n_slots) slot_i(i, d, gs[i], ks[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kPoolSlots; ++i) {
+        if (i < n_slots) mx = fmaxf(mx, gs[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kPoolSlots; ++i) {
+        if (i < n_slots) {
+          const float e = expf(gs[i] - mx);
+          sum += e;
+          acc += e * ks[i];
+        }
+      }
+    } else {
+      float g, k;
+      for (int64_t i = 0; i < n_slots; ++i) slot_i(i, d, g, k), mx = fmaxf(mx, g);
+      for (int64_t i = 0; i < n_slots; ++i) {
+        slot_i(i, d, g, k);
+        const float e = expf(g - mx);
+        sum += e;
+        acc += e * k;
+      }
+    }
     row[d] = acc / sum;
   }
   float ss = 0.0f;
@@ -338,16 +399,7 @@ __global__ void compress_store_kernel(Ds4CompressParams p, int64_t n_store) {
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // before any read: every input may come from the kernel before
   if (p.pos0_dev) p.pos0 = *p.pos0_dev;
-  const int64_t t = p.n_tokens - n_store + blockIdx.x;
-  const int64_t pos = p.pos0 + t;
-  const int64_t W = int64_t(p.lanes) * p.dim, R = int64_t(p.lanes) * p.ratio;
-  const int64_t sl = pos % R;
-  float* kv_ring = p.state + sl * W;
-  float* gate_ring = p.state + (R + sl) * W;
-  for (int64_t f = threadIdx.x; f < W; f += blockDim.x) {
-    kv_ring[f] = p.kv[t * p.stride + f];
-    gate_ring[f] = ape_at(p.ape, pos % p.ratio, f) + p.gate[t * p.stride + f];
-  }
+  compress_store_token(p, p.n_tokens - n_store + blockIdx.x);
 }
 
 // --- indexer ------------------------------------------------------------------------
@@ -365,7 +417,12 @@ __global__ void indexer_score_kernel(Ds4IndexerParams p) {
   const int hd = p.head_dim, per = hd / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = int(blockDim.x >> 5);
   float* ws = qs + p.n_head * hd;
-  for (int i = threadIdx.x; i < p.n_head * hd; i += blockDim.x) qs[i] = p.q[t * p.n_head * hd + i];
+  // The token's queries as float4 (head_dim % 32 == 0), 8 loads in flight
+  // per thread rather than one loop step per load.
+  const float4* q4 = reinterpret_cast<const float4*>(p.q + t * p.n_head * hd);
+  float4* qs4 = reinterpret_cast<float4*>(qs);
+#pragma unroll 8
+  for (int i = threadIdx.x; i < p.n_head * hd / 4; i += blockDim.x) qs4[i] = __ldg(q4 + i);
   for (int i = threadIdx.x; i < p.n_head; i += blockDim.x) ws[i] = p.w[t * p.n_head + i] * p.w_scale;
   __syncthreads();
   float* out = p.scores + t * p.score_stride;
@@ -442,15 +499,26 @@ __global__ void __launch_bounds__(kTopkThreads)
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int above = 0;
-      for (int dg = 255; dg >= 0; --dg) {
-        if (above + hist[dg] >= remaining) {
-          sh_prefix = prefix | (uint32_t(dg) << shift);
-          sh_remaining = remaining - above;
-          break;
-        }
-        above += hist[dg];
+    // The digit: the largest dg with (count of digits above it) < remaining
+    // <= (that count + hist[dg]). Thread i < 256 holds digit 255 - i, so an
+    // inclusive scan in thread order counts the digits from the top; the
+    // one thread whose scan crosses `remaining` there writes the result
+    // (one scan instead of one thread's walk over 256 bins per pass).
+    if (threadIdx.x < 256) {
+      const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+      const int dg = 255 - int(threadIdx.x), c = hist[dg];
+      int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(kFullMask, incl, o);
+        if (lane >= o) incl += v;
+      }
+      if (lane == 31) warp_cnt[warp] = incl;
+      asm volatile("bar.sync 1, 256;" ::: "memory");  // the first 256 threads only
+      for (int k = 0; k < warp; ++k) incl += warp_cnt[k];
+      if (incl >= remaining && incl - c < remaining) {
+        sh_prefix = prefix | (uint32_t(dg) << shift);
+        sh_remaining = remaining - (incl - c);
       }
     }
     __syncthreads();
@@ -476,6 +544,18 @@ __global__ void __launch_bounds__(kTopkThreads)
 }
 
 // --- attention ------------------------------------------------------------------
+
+// The inverse RoPE of Ds4AttentionParams::rope_pos on the output pair
+// (x0, x1) of dims (d, d + 1), d even: rope_kernel's arithmetic (a double
+// angle, float rotation), so folding it into the attention changes nothing.
+__device__ __forceinline__ bool out_rope_angle(const Ds4AttentionParams& p, int64_t t, int d, float& c, float& sn) {
+  const int lo = p.head_dim - p.rope_dim;
+  if (p.rope_pos == nullptr || d < lo) return false;
+  double sd, cd;
+  sincos(double(p.rope_pos[t]) * double(p.rope_freq[(d - lo) / 2]), &sd, &cd);
+  c = float(cd), sn = float(sd);
+  return true;
+}
 
 // Warp: head blockIdx.x * kAttnWarps + warp of token blockIdx.y; lane l holds
 // dims l, l + 32, ... Online softmax over the token's visible list (window
@@ -509,13 +589,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
     acc[i] = 0.0f;
   }
   float m = kSplit ? -INFINITY : p.sinks[h], s = kSplit ? 0.0f : 1.0f;
-  auto visit = [&](const float* row) {
-    float v[kPerLane], d = 0.0f;
+  auto visit = [&](const float (&v)[kPerLane]) {
+    float d = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      v[i] = i < per ? row[lane + 32 * i] : 0.0f;
-      d = fmaf(qv[i], v[i], d);
-    }
+    for (int i = 0; i < kPerLane; ++i) d = fmaf(qv[i], v[i], d);
     const float sc = p.scale * warp_sum(d);
     if (sc > m) {
       const float corr = expf(m - sc);  // 0 while m is -inf
@@ -535,19 +612,35 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
   const int64_t n = n_win + n_comp;
   const int64_t k0 = kSplit ? int64_t(blockIdx.z) * chunk : 0, k1 = kSplit ? min(n, k0 + chunk) : n;
   bool bad = false;
-  for (int64_t k = k0; k < k1; ++k) {
+  // Row k of the visible list, or null for a refused compressed id.
+  auto row_of = [&](int64_t k) -> const float* {
     if (k < n_win) {
       const int64_t j = lo + k;
-      visit(j >= p.pos0 ? p.kv_new + (j - p.pos0) * hd : p.ring + (j % p.window) * hd);
-      continue;
+      return j >= p.pos0 ? p.kv_new + (j - p.pos0) * hd : p.ring + (j % p.window) * hd;
     }
     const int64_t c = k - n_win;
     const int64_t idx = p.itop ? int64_t(p.itop[t * p.top_k + c]) : c;
-    if (idx < 0 || idx >= nv) {  // not a complete row: refuse rather than read it
+    return idx < 0 || idx >= nv ? nullptr : p.comp_rows + idx * hd;  // not a complete row: refuse, not read
+  };
+  // One row ahead: the next row's values are loaded while this one's score
+  // is reduced (a warp's rows were one memory round trip each).
+  float nxt[kPerLane];
+  const float* r_next = k0 < k1 ? row_of(k0) : nullptr;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) nxt[i] = r_next && i < per ? r_next[lane + 32 * i] : 0.0f;
+  for (int64_t k = k0; k < k1; ++k) {
+    const bool ok = r_next != nullptr;
+    float cur[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) cur[i] = nxt[i];
+    r_next = k + 1 < k1 ? row_of(k + 1) : nullptr;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) nxt[i] = r_next && i < per ? r_next[lane + 32 * i] : 0.0f;
+    if (!ok) {
       bad = true;
       continue;
     }
-    visit(p.comp_rows + idx * hd);
+    visit(cur);
   }
   if constexpr (kSplit) {
     float* rec = part + ((t * p.n_head + h) * int64_t(gridDim.z) + blockIdx.z) * int64_t(hd + 32);
@@ -561,43 +654,76 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
     float* o = p.out + t * p.out_stride + int64_t(h) * hd;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      if (i < per) o[lane + 32 * i] = acc[i] * inv;
+      float v = acc[i] * inv;
+      // Pairs (d, d + 1) sit in lanes (2m, 2m + 1): the partner by a shuffle.
+      const float other = __shfl_xor_sync(kFullMask, v, 1);
+      float cs, sn;
+      const int d = lane + 32 * i;
+      if (i < per && out_rope_angle(p, t, d & ~1, cs, sn)) {
+        v = (lane & 1) ? other * sn + v * cs : v * cs - other * sn;
+      }
+      if (i < per) o[d] = v;
     }
   }
 }
 
-// Warp per (token, head): merges the splits' partials with the sink.
-__global__ void __launch_bounds__(kAttnWarps * 32) attention_merge_kernel(Ds4AttentionParams p, int splits,
-                                                                          const float* __restrict__ part) {
+// Block (head, token), thread c: dims 4c .. 4c + 3 of the output. Warp 0
+// turns the splits' maxima into weights (shared memory) and the sum with the
+// sink into 1 / sum; then every thread adds its four dims of all splits'
+// partials, loads unrolled so that many are in flight (the partials were
+// one thread's serial loop of `splits` dependent loads before), and with
+// rope_pos rotates its pairs back.
+constexpr int kMergeThreads = kMaxHeadDim / 4;
+__global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(Ds4AttentionParams p, int splits,
+                                                                        const float* __restrict__ part) {
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // before any read: every input may come from the kernel before
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int h = int(blockIdx.x) * kAttnWarps + warp;
-  if (h >= p.n_head) return;
+  __shared__ float f[kMaxSplitsDevice], g[kMaxSplitsDevice];
+  __shared__ float sh_inv;
+  const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
-  const int hd = p.head_dim, per = hd / 32;
-  const int64_t rec_floats = hd + 32;
-  const float* rec = part + (t * p.n_head + h) * splits * rec_floats;
-  float mx = p.sinks[h];
-  for (int z = 0; z < splits; ++z) mx = fmaxf(mx, rec[z * rec_floats]);
-  float sum = expf(p.sinks[h] - mx), acc[kPerLane];
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) acc[i] = 0.0f;
-  for (int z = 0; z < splits; ++z) {
-    const float* r = rec + z * rec_floats;
-    const float f = expf(r[0] - mx);  // 0 for an empty split (m = -inf)
-    sum += r[1] * f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (i < per) acc[i] = fmaf(f, r[32 + lane + 32 * i], acc[i]);
+  const int hd = p.head_dim;
+  const int64_t rf = hd + 32;
+  const float* rec = part + (t * p.n_head + h) * int64_t(splits) * rf;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float mx = p.sinks[h];
+    for (int z = lane; z < splits; z += 32) mx = fmaxf(mx, rec[z * rf]);
+    mx = warp_max(mx);
+    for (int z = lane; z < splits; z += 32) {
+      f[z] = expf(rec[z * rf] - mx);  // 0 for an empty split (m = -inf)
+      g[z] = rec[z * rf + 1];
+    }
+    __syncwarp();
+    if (lane == 0) {
+      float sum = expf(p.sinks[h] - mx);
+      for (int z = 0; z < splits; ++z) sum += g[z] * f[z];
+      sh_inv = 1.0f / sum;
     }
   }
-  const float inv = 1.0f / sum;
-  float* o = p.out + t * p.out_stride + int64_t(h) * hd;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    if (i < per) o[lane + 32 * i] = acc[i] * inv;
+  __syncthreads();
+  const int c = threadIdx.x;
+  if (4 * c >= hd) return;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+  for (int z = 0; z < splits; ++z) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(rec + z * rf + 32) + c);
+    const float fz = f[z];
+    acc.x = fmaf(fz, v.x, acc.x), acc.y = fmaf(fz, v.y, acc.y), acc.z = fmaf(fz, v.z, acc.z);
+    acc.w = fmaf(fz, v.w, acc.w);
   }
+  const float inv = sh_inv;
+  float o[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
+#pragma unroll
+  for (int k = 0; k < 4; k += 2) {
+    float cs, sn;
+    if (out_rope_angle(p, t, 4 * c + k, cs, sn)) {
+      const float x0 = o[k], x1 = o[k + 1];
+      o[k] = x0 * cs - x1 * sn;
+      o[k + 1] = x0 * sn + x1 * cs;
+    }
+  }
+  *reinterpret_cast<float4*>(p.out + t * p.out_stride + int64_t(h) * hd + 4 * c) = make_float4(o[0], o[1], o[2], o[3]);
 }
 
 __global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_tokens, int64_t n_store, int64_t hd,
@@ -625,12 +751,17 @@ constexpr int kNormRopeThreads = 256;  // = kRowThreads of kernels/cuda/ops.cu
 constexpr int kMaxRopeHalf = 64;
 
 __global__ void __launch_bounds__(kNormRopeThreads)
-    norm_rope_kernel(float* x, int64_t token_stride, int head_dim, int rot_dim, const float* __restrict__ w,
-                     float eps, const int32_t* __restrict__ positions, const float* __restrict__ inv_freq) {
+    norm_rope_kernel(Ds4NormRopeRows a, Ds4NormRopeRows b, int head_dim, int rot_dim, float eps,
+                     const int32_t* __restrict__ positions, const float* __restrict__ inv_freq) {
   __shared__ float red[32];
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // before any read: every input may come from the kernel before
-  float* xr = x + int64_t(blockIdx.y) * token_stride + int64_t(blockIdx.x) * head_dim;
+  // Blocks past a's heads take b's (the query heads and the K = V row in one launch).
+  const bool in_a = int(blockIdx.x) < a.n_heads;
+  const Ds4NormRopeRows& r = in_a ? a : b;
+  const int head = in_a ? int(blockIdx.x) : int(blockIdx.x) - a.n_heads;
+  const float* __restrict__ w = r.w;
+  float* xr = r.x + int64_t(blockIdx.y) * r.token_stride + int64_t(head) * head_dim;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < head_dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
   ss = block_sum(ss, red);
@@ -652,6 +783,13 @@ __global__ void __launch_bounds__(kNormRopeThreads)
     v[2 * i] = x0 * c - x1 * s;
     v[2 * i + 1] = x0 * s + x1 * c;
   }
+  if (r.ring == nullptr) return;
+  // Decode (one token): the finished row is also the window ring's row of
+  // its position (ds4_window_store); attention reads this position from
+  // the batch, and the slot it overwrites left the window.
+  __syncthreads();
+  float* dst = r.ring + (int64_t(positions[blockIdx.y]) % r.window) * head_dim;
+  for (int i = threadIdx.x; i < head_dim; i += blockDim.x) dst[i] = xr[i];
 }
 
 // One warp per run of 32 of the n_rows * n values (grid-stride): the clamped
@@ -773,10 +911,16 @@ __global__ void __launch_bounds__(kHcMixThreads)
 // mix into the HC weights while the other warps form h[t] = RMSNorm(sum_s
 // pre[s] x[t][s]) * norm: h needs only the pre weights, which every thread
 // computes itself with the same expression as the weights code.
-__global__ void hc_weights_split_kernel(const float* part, int P, float* mix, const float* __restrict__ x, int n_tok,
-                                        int n, int64_t E, int iters, float hc_eps, float rms_eps,
-                                        const float* __restrict__ scale, const float* __restrict__ base,
-                                        const float* __restrict__ norm, float* __restrict__ h) {
+// Every loop has its loads issued together (a fixed number per thread,
+// unrolled), so the kernel waits for memory about three times (partials,
+// x, the read-back of h) rather than once per loop step. Needs E % 4 == 0.
+constexpr int kHcSplitThreads = 1024;
+constexpr int kHcSplitParts = 4;  // partials per lane in one go (P <= 128 in one step)
+__global__ void __launch_bounds__(kHcSplitThreads)
+    hc_weights_split_kernel(const float* part, int P, float* mix, const float* __restrict__ x, int n_tok, int n,
+                            int64_t E, int iters, float hc_eps, float rms_eps, const float* __restrict__ scale,
+                            const float* __restrict__ base, const float* __restrict__ norm,
+                            float* __restrict__ h) {
   pdl_trigger();
   pdl_wait();
   __shared__ float red[32];
@@ -785,16 +929,29 @@ __global__ void hc_weights_split_kernel(const float* part, int P, float* mix, co
   const int t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int mixw = n * (n + 2);
+  const int64_t rec = int64_t(n_tok) * (mixw + 1);
   for (int i = warp; i <= mixw; i += nw) {
+    // Lane p adds partials p, p + 32, ... in that order (a fixed order).
     float a = 0.0f;
-    for (int p = lane; p < P; p += 32) a += part[(int64_t(p) * n_tok + t) * (mixw + 1) + i];
+    for (int p0 = 0; p0 < P; p0 += 32 * kHcSplitParts) {
+      float v[kHcSplitParts];
+#pragma unroll
+      for (int j = 0; j < kHcSplitParts; ++j) {
+        const int p = p0 + 32 * j + lane;
+        v[j] = p < P ? part[int64_t(p) * rec + int64_t(t) * (mixw + 1) + i] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kHcSplitParts; ++j) a += v[j];
+    }
     a = warp_sum(a);
     if (lane == 0) w[i] = a;
   }
   __syncthreads();
   const float inv = float(1.0 / sqrt(double(w[mixw]) / double(int64_t(n) * E) + double(rms_eps)));
-  const float* xt = x + int64_t(t) * n * E;
-  float* ht = h + int64_t(t) * E;
+  const float4* xt = reinterpret_cast<const float4*>(x + int64_t(t) * n * E);
+  float4* ht = reinterpret_cast<float4*>(h + int64_t(t) * E);
+  const float4* nv = reinterpret_cast<const float4*>(norm);
+  const int64_t E4 = E / 4;
   if (warp == 0) {
     for (int i = lane; i < mixw; i += 32) wk[i] = w[i] * inv;
     __syncwarp();
@@ -813,14 +970,20 @@ __global__ void hc_weights_split_kernel(const float* part, int P, float* mix, co
       pre[s] = s < n ? sigmoid_f(__fmul_rn(w[s] * inv, scale[0]) + base[s]) + hc_eps : 0.0f;
     }
     float ss = 0.0f;
-    for (int64_t d = threadIdx.x - 32; d < E; d += blockDim.x - 32) {
-      float acc = 0.0f;
+    const int64_t step = blockDim.x - 32;
+#pragma unroll 2
+    for (int64_t c = threadIdx.x - 32; c < E4; c += step) {
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int s = 0; s < kMaxHc; ++s) {  // unrolled so that pre stays in registers
-        if (s < n) acc += pre[s] * xt[int64_t(s) * E + d];
+        if (s < n) {
+          const float4 v = xt[int64_t(s) * E4 + c];
+          acc.x += pre[s] * v.x, acc.y += pre[s] * v.y, acc.z += pre[s] * v.z, acc.w += pre[s] * v.w;
+        }
       }
-      ht[d] = acc;
-      ss = fmaf(acc, acc, ss);
+      ht[c] = acc;
+      ss = fmaf(acc.x, acc.x, ss), ss = fmaf(acc.y, acc.y, ss), ss = fmaf(acc.z, acc.z, ss);
+      ss = fmaf(acc.w, acc.w, ss);
     }
     ss = warp_sum(ss);
     if (lane == 0) red[warp] = ss;
@@ -831,7 +994,13 @@ __global__ void hc_weights_split_kernel(const float* part, int P, float* mix, co
   for (int i = 1; i < nw; ++i) tot += red[i];
   const float sc = float(1.0 / sqrt(double(tot) / double(E) + double(rms_eps)));
   // Each thread rescales only the elements it wrote.
-  for (int64_t d = threadIdx.x - 32; d < E; d += blockDim.x - 32) ht[d] = ht[d] * sc * norm[d];
+#pragma unroll 2
+  for (int64_t c = threadIdx.x - 32; c < E4; c += blockDim.x - 32) {
+    float4 v = ht[c];
+    const float4 g = __ldg(nv + c);
+    v.x = v.x * sc * g.x, v.y = v.y * sc * g.y, v.z = v.z * sc * g.z, v.w = v.w * sc * g.w;
+    ht[c] = v;
+  }
 }
 
 // --- grouped output projection ----------------------------------------------------
@@ -975,7 +1144,10 @@ void ds4_hc_pre_split(const Ds4HcShape& s, const MatrixView& hc_fn, const float*
   validate_hc(s, n_tokens, who);
   require(n_tokens <= kMatvecMaxTokens, who, "at most kMatvecMaxTokens tokens");
   require(mix && x && scale && base && norm && h && hc_fn.data, who, "null buffer");
-  require(ds4_hc_pre_split_supported(hc_fn.type), who, "hc_fn must be F16 or F32");
+  require(ds4_hc_pre_split_supported(hc_fn.type, s.n_embd), who, "hc_fn must be F16 or F32 and n_embd a multiple of 4");
+  require(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(norm) % 16 == 0,
+          who, "x, h and norm must be 16-byte aligned");
   const uint64_t esize = hc_fn.type == DType::F16 ? 2 : 4;
   require(hc_fn.rows == s.mix() && hc_fn.cols == s.width() && hc_fn.row_bytes >= uint64_t(s.width()) * esize &&
               hc_fn.row_bytes % esize == 0 && reinterpret_cast<uintptr_t>(hc_fn.data) % esize == 0,
@@ -992,7 +1164,8 @@ void ds4_hc_pre_split(const Ds4HcShape& s, const MatrixView& hc_fn, const float*
     launch_pdl("hc_mix_partial_kernel", hc_mix_partial_kernel<float>, dim3(unsigned(blocks)), dim3(kHcMixThreads), 0,
                stream, static_cast<const float*>(hc_fn.data), stride, s.mix(), s.width(), x, int(n_tokens), part);
   }
-  launch_pdl("hc_weights_split_kernel", hc_weights_split_kernel, dim3(unsigned(n_tokens)), dim3(1024), 0, stream,
+  launch_pdl("hc_weights_split_kernel", hc_weights_split_kernel, dim3(unsigned(n_tokens)), dim3(kHcSplitThreads), 0,
+             stream,
              static_cast<const float*>(part), blocks, mix, x, int(n_tokens), s.n_hc, s.n_embd, s.sinkhorn_iters,
              s.hc_eps, s.rms_eps, scale, base, norm, h);
 }
@@ -1061,12 +1234,19 @@ void ds4_compress(const Ds4CompressParams& p, cudaStream_t stream) {
               p.ape.cols == p.lanes * p.dim && p.ape.row_bytes >= uint64_t(p.ape.cols) * dtype_info(p.ape.type).block_bytes,
           who, "ape must be F32 or F16 with ratio rows of lanes * dim");
   const int64_t w_lo = p.pos0 / p.ratio, w_hi = (p.pos0 + p.n_tokens) / p.ratio;
+  // A thread per feature (dim <= 1024).
+  const unsigned threads = unsigned(std::max<int64_t>(64, (p.dim + 31) / 32 * 32));
+  if (p.n_tokens == 1) {
+    // Decode: the store and the pooling (when the token completes a window) in one launch.
+    launch_pdl("compress_pool_kernel", compress_pool_kernel, dim3(1), dim3(threads), size_t(p.dim) * sizeof(float),
+               stream, p, w_lo, true);
+    return;
+  }
   // Device position: the most windows n_tokens consecutive tokens complete.
   const int64_t blocks = p.pos0_dev ? (p.n_tokens - 1) / p.ratio + 1 : w_hi - w_lo;
   if (blocks > 0) {
-    launch_pdl("compress_pool_kernel", compress_pool_kernel, dim3(unsigned(blocks)), dim3(256),
-               size_t(p.dim) * sizeof(float), stream, p, w_lo);
-    check_launch("compress_pool_kernel");
+    launch_pdl("compress_pool_kernel", compress_pool_kernel, dim3(unsigned(blocks)), dim3(threads),
+               size_t(p.dim) * sizeof(float), stream, p, w_lo, false);
   }
   // After the pooling, which still reads the state rows of earlier positions.
   const int64_t n_store = std::min<int64_t>(p.n_tokens, int64_t(p.lanes) * p.ratio);
@@ -1081,6 +1261,7 @@ void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream) {
   require(p.ratio >= 1 && p.top_k >= 1, who, "ratio and top_k must be positive");
   require(p.n_tokens >= 1 && p.n_tokens <= 65535 && p.pos0 >= 0, who, "1..65535 tokens");
   require(p.q && p.w && p.rows && p.scores && p.itop, who, "null buffer");
+  require(reinterpret_cast<uintptr_t>(p.q) % 16 == 0, who, "q must be 16-byte aligned");
   const int64_t max_nv = (p.pos0 + p.n_tokens) / p.ratio;
   require(p.score_stride >= max_nv, who, "score_stride below the number of rows");
   if (max_nv > p.top_k) {
@@ -1123,7 +1304,7 @@ int64_t max_visible(const Ds4AttentionParams& p) {
 
 // Splits per (token, head): enough blocks for about two per multiprocessor,
 // at least kMinSplitRows rows each, at most kMaxSplits.
-constexpr int64_t kMinSplitRows = 16, kMaxSplits = 256;
+constexpr int64_t kMinSplitRows = 16, kMaxSplits = kMaxSplitsDevice;
 int64_t attention_splits(const Ds4AttentionParams& p) {
   const int64_t blocks = (p.n_head + kAttnWarps - 1) / kAttnWarps * p.n_tokens;
   const int64_t want = (2 * int64_t(sm_count()) + blocks - 1) / blocks;
@@ -1142,6 +1323,11 @@ void validate_attention(const Ds4AttentionParams& p) {
           "strides below n_head * head_dim");
   require(p.ratio == 0 || (p.ratio > 0 && p.comp_rows != nullptr), who, "compressed rows need comp_rows");
   require(p.itop == nullptr || (p.ratio > 0 && p.top_k >= 1), who, "itop needs a ratio and top_k");
+  require(p.rope_pos == nullptr || (p.rope_freq != nullptr && p.rope_dim >= 2 && p.rope_dim % 2 == 0 &&
+                                    p.rope_dim <= p.head_dim),
+          who, "rope_pos needs rope_freq and an even rope_dim up to head_dim");
+  require(reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_stride % 4 == 0, who,
+          "out must be 16-byte aligned with a stride that is a multiple of 4");
 }
 
 }  // namespace
@@ -1165,8 +1351,8 @@ void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspac
                dim3(dim3(head_blocks, unsigned(p.n_tokens), unsigned(splits))), dim3(kAttnWarps * 32), 0, stream, p,
                chunk, part);
     check_launch("ds4_attention_kernel (split)");
-    launch_pdl("attention_merge_kernel", attention_merge_kernel, dim3(dim3(head_blocks, unsigned(p.n_tokens))),
-               dim3(kAttnWarps * 32), 0, stream, p, int(splits), part);
+    launch_pdl("attention_merge_kernel", attention_merge_kernel, dim3(dim3(unsigned(p.n_head), unsigned(p.n_tokens))),
+               dim3(unsigned(std::max(32, (p.head_dim / 4 + 31) / 32 * 32))), 0, stream, p, int(splits), part);
     check_launch("attention_merge_kernel");
     return;
   }
@@ -1195,16 +1381,28 @@ void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, c
   check_launch("window_store_kernel");
 }
 
-void ds4_norm_rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
-                   const float* w, float eps, const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
+void ds4_norm_rope2(const Ds4NormRopeRows& a, const Ds4NormRopeRows& b, int64_t n_tokens, int head_dim, int rot_dim,
+                    float eps, const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
   const char* who = "ds4_norm_rope";
-  require(x && positions && inv_freq && n_tokens >= 1 && n_tokens <= 65535 && n_heads >= 1 && head_dim >= 1, who,
-          "bad arguments");
+  require(positions && inv_freq && n_tokens >= 1 && n_tokens <= 65535 && head_dim >= 1, who, "bad arguments");
   require(rot_dim >= 2 && rot_dim % 2 == 0 && rot_dim <= head_dim && rot_dim / 2 <= kMaxRopeHalf, who,
           "rot_dim must be even, 2..head_dim and at most 128");
-  require(n_tokens == 1 || token_stride >= int64_t(n_heads) * head_dim, who, "token_stride below n_heads * head_dim");
-  launch_pdl("norm_rope_kernel", norm_rope_kernel, dim3(unsigned(n_heads), unsigned(n_tokens)),
-             dim3(kNormRopeThreads), 0, stream, x, token_stride, head_dim, rot_dim, w, eps, positions, inv_freq);
+  for (const Ds4NormRopeRows* r : {&a, &b}) {
+    require(r->n_heads == 0 || r->x != nullptr, who, "null rows");
+    require(r->n_heads >= 0 && (n_tokens == 1 || r->n_heads == 0 || r->token_stride >= int64_t(r->n_heads) * head_dim),
+            who, "token_stride below n_heads * head_dim");
+    require(r->ring == nullptr || (n_tokens == 1 && r->window >= 1), who, "the ring store is for one token");
+  }
+  require(a.n_heads + b.n_heads >= 1, who, "no heads");
+  launch_pdl("norm_rope_kernel", norm_rope_kernel, dim3(unsigned(a.n_heads + b.n_heads), unsigned(n_tokens)),
+             dim3(kNormRopeThreads), 0, stream, a, b, head_dim, rot_dim, eps, positions, inv_freq);
+}
+
+void ds4_norm_rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
+                   const float* w, float eps, const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
+  Ds4NormRopeRows a;
+  a.x = x, a.token_stride = token_stride, a.n_heads = n_heads, a.w = w;
+  ds4_norm_rope2(a, Ds4NormRopeRows{}, n_tokens, head_dim, rot_dim, eps, positions, inv_freq, stream);
 }
 
 void ds4_swiglu_xq_clamped(const float* gate, const float* up, float* out, int64_t n, int64_t n_rows, float clamp,

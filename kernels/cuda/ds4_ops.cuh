@@ -50,9 +50,12 @@ void ds4_hc_weights_input_raw(const Ds4HcShape& s, float* mix, const float* x, i
 // launches: the mix product split over the columns into partial sums (and
 // partial sums of squares of x) on about width / 128 blocks, then
 // ds4_hc_weights_input_raw's work with the partials added in a fixed order,
-// h formed while one warp runs the Sinkhorn rounds. hc_fn: F16 or F32.
+// h formed while one warp runs the Sinkhorn rounds. hc_fn: F16 or F32;
+// n_embd a multiple of 4, x, h and norm 16-byte aligned.
 // workspace: ds4_hc_pre_split_workspace_bytes, 4-byte aligned.
-inline bool ds4_hc_pre_split_supported(DType t) { return t == DType::F16 || t == DType::F32; }
+inline bool ds4_hc_pre_split_supported(DType t, int64_t n_embd) {
+  return (t == DType::F16 || t == DType::F32) && n_embd % 4 == 0;
+}
 size_t ds4_hc_pre_split_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens);
 void ds4_hc_pre_split(const Ds4HcShape& s, const MatrixView& hc_fn, const float* x, int64_t n_tokens,
                       const float* scale, const float* base, const float* norm, float* mix, float* h, void* workspace,
@@ -202,6 +205,13 @@ struct Ds4AttentionParams {
   // As in Ds4CompressParams: the splits are sized for pos0 (the upper bound)
   // and each split's share of the rows follows the real position.
   const int32_t* pos0_dev = nullptr;
+  // Optional: RoPE (adjacent pairs, as `rope` with RopeMode::Normal) of each
+  // head's last rope_dim output dims at positions rope_pos[t] (the caller
+  // passes -p to undo the keys' rotation), folded into the kernel that
+  // writes the output; rope_freq: rope_dim / 2 inverse frequencies.
+  const int32_t* rope_pos = nullptr;
+  const float* rope_freq = nullptr;
+  int rope_dim = 0;
 };
 // Decode and short batches split each (token, head)'s rows across blocks
 // when given a workspace of ds4_attention_workspace_bytes (0 when splitting
@@ -236,6 +246,21 @@ void ds4_swiglu_xq_clamped(const float* gate, const float* up, float* out, int64
 
 void ds4_norm_rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
                    const float* w, float eps, const int32_t* positions, const float* inv_freq, cudaStream_t stream);
+
+// Two sets of heads in one launch (decode: the query heads and the shared
+// K = V row), each as ds4_norm_rope with its own rows, stride and weight.
+// With ring set (one token only), the finished rows of that set are also
+// stored as window ring row positions[0] % window (ds4_window_store).
+struct Ds4NormRopeRows {
+  float* x = nullptr;
+  int64_t token_stride = 0;
+  int n_heads = 0;
+  const float* w = nullptr;
+  float* ring = nullptr;
+  int64_t window = 0;
+};
+void ds4_norm_rope2(const Ds4NormRopeRows& a, const Ds4NormRopeRows& b, int64_t n_tokens, int head_dim, int rot_dim,
+                    float eps, const int32_t* positions, const float* inv_freq, cudaStream_t stream);
 
 // The output head's stream weights as HC-pre computes them for a sublayer,
 // for the head: h[t] = RMSNorm(sum_s w[s] x[t][s]) * norm with

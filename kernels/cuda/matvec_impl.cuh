@@ -27,6 +27,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace baton::cuda::detail {
 
@@ -37,6 +38,10 @@ __global__ void __launch_bounds__(kMatvecMaxThreads)
     matvec_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
                   const float* __restrict__ x, int64_t x_stride, int n_tokens, float* __restrict__ out,
                   int64_t out_stride) {
+  // Programmatic dependent launch (pdl.cuh): the next kernel may become
+  // resident now; x comes from the kernel before.
+  pdl_trigger();
+  pdl_wait();
   constexpr int E = kWide ? Q::kStep : 8;
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Rows past the end and tokens past n_tokens repeat the last valid one, so
@@ -155,9 +160,9 @@ void launch_matvec(const MatrixView& w, const float* x, int n_tokens, int64_t x_
   const int64_t blocks = (w.rows + R - 1) / R;
   const int64_t steps = w.cols / (kWide ? Q::kStep : 8);
   const int threads = int(std::clamp<int64_t>((steps + 31) / 32 * 32, 32, kMatvecMaxThreads));
-  matvec_kernel<Q, T, R, kWide, kRowsFirst, kFactored><<<unsigned(blocks), threads, 0, stream>>>(
-      static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, x, x_stride, n_tokens, out, out_stride);
-  check_launch("matvec_kernel");
+  launch_pdl("matvec_kernel", matvec_kernel<Q, T, R, kWide, kRowsFirst, kFactored>, dim3(unsigned(blocks)),
+             dim3(threads), 0, stream, static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, x, x_stride,
+             n_tokens, out, out_stride);
 }
 
 }  // namespace baton::cuda::detail

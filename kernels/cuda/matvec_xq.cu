@@ -17,6 +17,8 @@ using namespace detail;
 // One warp per run of 32 values, grid-stride over all runs of all tokens.
 __global__ void quantize_xq_kernel(const float* __restrict__ x, int64_t n, int64_t n_tokens, int64_t x_stride,
                                    uint8_t* __restrict__ xq, uint64_t xq_stride) {
+  pdl_trigger();  // the matvec after it may become resident and load its weights (pdl.cuh)
+  pdl_wait();     // x comes from the kernel before
   const int lane = threadIdx.x & 31;
   const int64_t runs = n / 32, total = runs * n_tokens;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
@@ -26,16 +28,25 @@ __global__ void quantize_xq_kernel(const float* __restrict__ x, int64_t n, int64
   }
 }
 
-// Rows per block, from the sweep on the H200 (docs/CUDA.md): 2 rows keep
-// enough blocks in flight for the 4096- and 6144-row matrices of an 8B
-// model; Q4_K's tall matrices (gate|up, the head) prefer 8, whose x loads
-// are shared by more rows. More tokens: 2 rows, to bound registers.
+// Rows per block, from the sweep on the H200 (docs/CUDA.md,
+// bench/results/kernels_xq_ds4_h200.log). A one-token launch is bound by
+// how many blocks the GPU must schedule as much as by bytes (a 32768-row
+// matrix of 2-row blocks runs at 40% of copy, of 8-row blocks at 78%), so
+// taller matrices take more rows per block: Q8_0 4 from 2048 rows, 8 for
+// 16384+ rows of at most 2048 columns (DeepSeek's q_b); Q4_K, whose
+// threads already carry 16 bytes of each of R rows, 8 for 16384+ rows or
+// rows of 8192+ columns. More tokens: 2 rows, to bound registers.
 template <class K, int T>
 void launch(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out, int64_t out_stride,
             cudaStream_t stream) {
-  if constexpr (T == 1 && K::kType == DType::Q4_K) {
-    if (w.rows >= 16384) {
+  if constexpr (T == 1) {
+    const bool q4 = K::kType == DType::Q4_K;
+    if ((q4 && (w.rows >= 16384 || w.cols >= 8192)) || (!q4 && w.rows >= 16384 && w.cols <= 2048)) {
       launch_matvec_xq<K, 8, 1>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
+      return;
+    }
+    if (!q4 && w.rows > 2048) {
+      launch_matvec_xq<K, 4, 1>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
       return;
     }
   }
@@ -54,9 +65,8 @@ void quantize_xq(const float* x, int64_t n, int64_t n_tokens, int64_t x_stride, 
   const int64_t warps = n / 32 * n_tokens;
   const int threads = 256;
   const int64_t blocks = std::clamp<int64_t>((warps * 32 + threads - 1) / threads, 1, int64_t(sm_count()) * 8);
-  quantize_xq_kernel<<<unsigned(blocks), threads, 0, stream>>>(x, n, n_tokens, x_stride, static_cast<uint8_t*>(xq),
-                                                               xq_row_bytes(n));
-  check_launch("quantize_xq_kernel");
+  launch_pdl("quantize_xq_kernel", quantize_xq_kernel, dim3(unsigned(blocks)), dim3(threads), 0, stream, x, n,
+             n_tokens, x_stride, static_cast<uint8_t*>(xq), xq_row_bytes(n));
 }
 
 bool matvec_xq_supported(DType t) { return t == DType::Q8_0 || t == DType::Q4_K; }

@@ -19,9 +19,10 @@ namespace {
 
 using namespace detail;
 
-constexpr int kWarps = 8;
-constexpr int kGuRows = 4;    // gate/up: rows per warp (so a block makes one run of 32 activations)
-constexpr int kDownRows = 2;  // down: output rows per warp
+constexpr int kGuWarps = 16;
+constexpr int kGuRows = 2;    // gate/up: rows per warp (so a block makes one run of 32 activations)
+constexpr int kDownRows = 4;  // down: output rows per block, each warp one expert's share
+constexpr int kDownWarps = 8; // experts worked on at once; slot j goes to warp j % 8
 constexpr uint32_t kOnes = 0x01010101u;
 
 __device__ __forceinline__ float clamped_act(float g, float u, float c) {
@@ -30,15 +31,36 @@ __device__ __forceinline__ float clamped_act(float g, float u, float c) {
   return g / (1.0f + expf(-g)) * u;  // silu(g) * u, as moe.cu and kernels/cpu_ops.h
 }
 
-// Four sign bits (bit i: byte i negative) as a byte mask, 0xff per negative byte.
-__device__ __forceinline__ uint32_t sign_mask4(uint32_t bits4) {
-  return ((bits4 * 0x00204081u) & kOnes) * 0xffu;
+// The IQ2_XXS tables in shared memory, built by each block before its
+// pdl_wait() (they depend on nothing): the grid, and for each 7-bit sign
+// field the 8-byte mask (0xff where the value is negative, the eighth sign
+// the field's parity).
+struct Iq2Tables {
+  uint2 grid[256];
+  uint2 sign[128];
+};
+__device__ __forceinline__ void build_iq2_tables(Iq2Tables& t) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    const uint64_t g = kIq2xxsGridDevice[i];
+    t.grid[i] = make_uint2(uint32_t(g), uint32_t(g >> 32));
+  }
+  for (int i = threadIdx.x; i < 128; i += blockDim.x) {
+    const uint32_t signs = uint32_t(i) | ((__popc(i) & 1u) << 7);
+    uint32_t m[2] = {0u, 0u};
+#pragma unroll
+    for (int b = 0; b < 8; ++b) m[b >> 2] |= ((signs >> b) & 1u) ? 0xffu << (8 * (b & 3)) : 0u;
+    t.sign[i] = make_uint2(m[0], m[1]);
+  }
 }
+
+// Four magnitude bytes (each 8..43) negated where the mask byte is 0xff:
+// (g ^ 0xff) + 1 = 256 - g per byte, never carrying into the next byte.
+__device__ __forceinline__ int apply_signs(uint32_t g, uint32_t m) { return int((g ^ m) + (m & kOnes)); }
 
 // Run r (32 values) of an IQ2_XXS row against the 16-bit activations of the
 // same run: db * (256 * sum v hi + sum v lo), v the signed grid values.
-__device__ __forceinline__ float iq2xxs_run_dot(const uint8_t* row, int r, const uint32_t (&hi)[8],
-                                                const uint32_t (&lo)[8]) {
+__device__ __forceinline__ float iq2xxs_run_dot(const Iq2Tables& tb, const uint8_t* row, int r,
+                                                const uint32_t (&hi)[8], const uint32_t (&lo)[8]) {
   const uint8_t* sb = row + uint64_t(r >> 3) * 66;
   uint32_t grp[2];
   ld_words_a2<2>(sb + 2 + 8 * (r & 7), grp);
@@ -46,11 +68,9 @@ __device__ __forceinline__ float iq2xxs_run_dot(const uint8_t* row, int r, const
   int sh = 0, sl = 0;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint64_t g = __ldg(reinterpret_cast<const unsigned long long*>(&kIq2xxsGridDevice[(grp[0] >> (8 * q)) & 0xffu]));
-    const uint32_t s7 = (aux >> (7 * q)) & 127u;
-    const uint32_t signs = s7 | ((__popc(s7) & 1u) << 7);
-    const uint32_t m0 = sign_mask4(signs & 15u), m1 = sign_mask4(signs >> 4);
-    const int v0 = int(__vsub4(uint32_t(g) ^ m0, m0)), v1 = int(__vsub4(uint32_t(g >> 32) ^ m1, m1));
+    const uint2 g = tb.grid[(grp[0] >> (8 * q)) & 0xffu];
+    const uint2 m = tb.sign[(aux >> (7 * q)) & 127u];
+    const int v0 = apply_signs(g.x, m.x), v1 = apply_signs(g.y, m.y);
     sh = __dp4a(v0, int(hi[2 * q]), sh);
     sh = __dp4a(v1, int(hi[2 * q + 1]), sh);
     sl = __dp4a(v0, int(lo[2 * q]), sl);
@@ -62,26 +82,32 @@ __device__ __forceinline__ float iq2xxs_run_dot(const uint8_t* row, int r, const
 
 // Block (x: 32 rows of n_ff, y: pair): the clamped SwiGLU of gate and up rows
 // of expert ids[pair] with token pair / k's quantized x, then those 32
-// activations quantized as run blockIdx.x of the pair's act row.
-__global__ void __launch_bounds__(kWarps * 32)
+// activations quantized as run blockIdx.x of the pair's act row. 16 warps of
+// 2 rows (gate and up each) keep more rows' loads in flight per SM than 8
+// warps of 4, and each lane's runs are unrolled by two.
+__global__ void __launch_bounds__(kGuWarps * 32)
     xq_gate_up_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, uint64_t row_bytes,
                       int64_t ff, int64_t cols, int64_t n_expert, const uint8_t* __restrict__ xq, uint64_t xq_bytes,
                       const int32_t* __restrict__ ids, int k, float clamp, uint8_t* __restrict__ act,
                       uint64_t act_bytes) {
-  __shared__ float acts[kWarps * kGuRows];
+  __shared__ float acts[kGuWarps * kGuRows];
+  __shared__ Iq2Tables tb;
+  build_iq2_tables(tb);  // constants: before the wait, overlapping the kernel before
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // ids and x come from the kernels before
+  __syncthreads();  // the tables
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t pair = blockIdx.y;
   const int32_t e = ids[pair];
   const bool bad = e < 0 || int64_t(e) >= n_expert;  // uniform over the block
   if (!bad) {
     const XqRow x = xq_row(xq + uint64_t(pair / k) * xq_bytes, cols);
-    const int64_t row0 = int64_t(blockIdx.x) * (kWarps * kGuRows) + warp * kGuRows;
+    const int64_t row0 = int64_t(blockIdx.x) * (kGuWarps * kGuRows) + warp * kGuRows;
     const uint8_t* g_rows = gate + (uint64_t(e) * uint64_t(ff) + uint64_t(row0)) * row_bytes;
     const uint8_t* u_rows = up + (uint64_t(e) * uint64_t(ff) + uint64_t(row0)) * row_bytes;
     float acc[2 * kGuRows] = {};
     const int runs = int(cols / 32);
+#pragma unroll 2
     for (int r = lane; r < runs; r += 32) {
       uint32_t hi[8], lo[8];
       const uint4* h4 = reinterpret_cast<const uint4*>(x.hi + 32 * r);
@@ -95,8 +121,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const float dx = __ldg(&x.ds[r].x);
 #pragma unroll
       for (int j = 0; j < kGuRows; ++j) {
-        acc[j] += dx * iq2xxs_run_dot(g_rows + j * row_bytes, r, hi, lo);
-        acc[kGuRows + j] += dx * iq2xxs_run_dot(u_rows + j * row_bytes, r, hi, lo);
+        acc[j] += dx * iq2xxs_run_dot(tb, g_rows + j * row_bytes, r, hi, lo);
+        acc[kGuRows + j] += dx * iq2xxs_run_dot(tb, u_rows + j * row_bytes, r, hi, lo);
       }
     }
 #pragma unroll
@@ -118,30 +144,34 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Block (x: kWarps * kDownRows rows of n_embd, y: token t): out[t][r] =
-// sum_j w_j * (Q2_K down row r of expert ids[t*k + j]) . act[t*k + j], in
-// slot order. Lane c of a warp reads 16-byte chunks c, c + 32, ... of each
-// row's quants: chunk c of a super-block holds elements 128 * (c / 2) + 32 *
-// s + 16 * (c % 2) + b for shift s in 0..3 and byte b in 0..15, so it meets
-// four sub-blocks (scale bytes 8 * (c / 2) + 2 * s + c % 2).
-__global__ void __launch_bounds__(kWarps * 32)
+// Block (x: kDownRows rows of n_embd, y: token t): out[t][r] = sum_j w_j *
+// (Q2_K down row r of expert ids[t*k + j]) . act[t*k + j], in slot order.
+// Warp w takes slots w, w + 8, ...: the experts' loads are in flight together
+// (one warp walking all k experts waited for memory k times); each slot's
+// weighted sum goes to shared memory and the slots are added in order, so
+// the result is the same as one warp's running sum. Lane c of a warp reads
+// 16-byte chunks c, c + 32, ... of each row's quants: chunk c of a
+// super-block holds elements 128 * (c / 2) + 32 * s + 16 * (c % 2) + b for
+// shift s in 0..3 and byte b in 0..15, so it meets four sub-blocks (scale
+// bytes 8 * (c / 2) + 2 * s + c % 2).
+__global__ void __launch_bounds__(kDownWarps * 32)
     xq_down_kernel(const uint8_t* __restrict__ down, uint64_t row_bytes, int64_t n_out, int64_t ff,
                    int64_t n_expert, const uint8_t* __restrict__ act, uint64_t act_bytes,
                    const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
                    float* __restrict__ out, int64_t out_stride) {
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // the activations come from the gate/up kernel
+  __shared__ float slot_sum[32][kDownRows];  // k <= 32
+  __shared__ int slot_bad[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.y;
-  const int64_t row0 = int64_t(blockIdx.x) * (kWarps * kDownRows) + warp * kDownRows;
+  const int64_t row0 = int64_t(blockIdx.x) * kDownRows;
   const int chunks = int(ff / 256) * 4;
-  float total[kDownRows] = {};
-  bool bad = false;
-  for (int j = 0; j < k; ++j) {
+  for (int j = warp; j < k; j += kDownWarps) {
     const int64_t pair = t * k + j;
     const int32_t e = ids[pair];
     if (e < 0 || int64_t(e) >= n_expert) {
-      bad = true;
+      if (lane == 0) slot_bad[j] = 1;
       continue;
     }
     const XqRow a = xq_row(act + uint64_t(pair) * act_bytes, ff);
@@ -191,11 +221,24 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 #pragma unroll
-    for (int i = 0; i < kDownRows; ++i) total[i] += weights[pair] * warp_sum(acc[i]);
+    for (int i = 0; i < kDownRows; ++i) {
+      const float v = weights[pair] * warp_sum(acc[i]);
+      if (lane == 0) slot_sum[j][i] = v;
+    }
+    if (lane == 0) slot_bad[j] = 0;
   }
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < kDownRows; ++i) out[t * out_stride + row0 + i] = bad ? NAN : total[i];
+  __syncthreads();
+  if (threadIdx.x < kDownRows) {
+    float total = 0.0f;
+    bool bad = false;
+    for (int j = 0; j < k; ++j) {
+      if (slot_bad[j]) {
+        bad = true;
+        continue;
+      }
+      total += slot_sum[j][threadIdx.x];
+    }
+    out[t * out_stride + row0 + threadIdx.x] = bad ? NAN : total;
   }
 }
 
@@ -221,7 +264,7 @@ void moe_decode_xq(const MoeWeights& m, const void* xq, int64_t n_tokens, const 
   if (!moe_xq_supported(m)) throw std::invalid_argument(std::string(who) + ": needs IQ2_XXS gate/up, Q2_K down");
   const int64_t ff = m.gate.rows_per_expert(), n_embd = m.gate.w.cols;
   if (xq == nullptr || ids == nullptr || weights == nullptr || out == nullptr || workspace == nullptr ||
-      n_tokens < 1 || n_tokens > 65535 || k < 1 || n_tokens * k > 65535 || (n_tokens > 1 && out_stride < n_embd)) {
+      n_tokens < 1 || n_tokens > 65535 || k < 1 || k > 32 || n_tokens * k > 65535 || (n_tokens > 1 && out_stride < n_embd)) {
     throw std::invalid_argument(std::string(who) + ": bad buffers, token count, k or stride");
   }
   if (workspace_bytes < moe_xq_workspace_bytes(m, n_tokens, k) || reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
@@ -231,12 +274,12 @@ void moe_decode_xq(const MoeWeights& m, const void* xq, int64_t n_tokens, const 
   auto* act = static_cast<uint8_t*>(workspace);
   const uint64_t act_bytes = xq_row_bytes(ff);
   launch_pdl("xq_gate_up_kernel", xq_gate_up_kernel,
-             dim3(unsigned(ff / (kWarps * kGuRows)), unsigned(n_tokens * k)), dim3(kWarps * 32), 0, stream,
+             dim3(unsigned(ff / (kGuWarps * kGuRows)), unsigned(n_tokens * k)), dim3(kGuWarps * 32), 0, stream,
              static_cast<const uint8_t*>(m.gate.w.data), static_cast<const uint8_t*>(m.up.w.data),
              m.gate.w.row_bytes, ff, n_embd, m.gate.n_expert, static_cast<const uint8_t*>(xq),
              xq_row_bytes(n_embd), ids, k, m.clamp, act, act_bytes);
-  launch_pdl("xq_down_kernel", xq_down_kernel, dim3(unsigned(n_embd / (kWarps * kDownRows)), unsigned(n_tokens)),
-             dim3(kWarps * 32), 0, stream, static_cast<const uint8_t*>(m.down.w.data), m.down.w.row_bytes, n_embd,
+  launch_pdl("xq_down_kernel", xq_down_kernel, dim3(unsigned(n_embd / kDownRows), unsigned(n_tokens)),
+             dim3(unsigned(std::min(k, kDownWarps) * 32)), 0, stream, static_cast<const uint8_t*>(m.down.w.data), m.down.w.row_bytes, n_embd,
              ff, m.down.n_expert, static_cast<const uint8_t*>(act), act_bytes, ids, weights, k, out, out_stride);
 }
 
