@@ -32,6 +32,7 @@
 #include "kernels/cuda/ds4_ops.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/moe_xq.cuh"
+#include "kernels/cuda/moe_xq_impl.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/matvec_impl.cuh"
@@ -469,6 +470,35 @@ void bench_ds4_ops(cudaStream_t s, const Ceilings& c) {
       moe_decode_xq(m, xq.p, 1, idsets.as<int32_t>() + (i % 4) * K, wts.as<float>(), int(K), out.as<float>(), E, mws.p,
                     wsb, s);
     }), bytes);
+    // The gate/up configurations (warps x rows, grid and sign lookups), each
+    // checked against moe_decode_xq's output.
+    std::vector<float> want(static_cast<size_t>(E)), got(static_cast<size_t>(E));
+    moe_decode_xq(m, xq.p, 1, idsets.as<int32_t>(), wts.as<float>(), int(K), out.as<float>(), E, mws.p, wsb, s);
+    BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+    BATON_CUDA_CHECK(cudaMemcpy(want.data(), out.p, want.size() * 4, cudaMemcpyDeviceToHost));
+    using MoeFn = void (*)(const MoeWeights&, const void*, int64_t, const int32_t*, const float*, int, float*, int64_t,
+                           void*, cudaStream_t);
+    using namespace detail;
+    const std::pair<const char*, MoeFn> moe_variants[] = {
+        {"  16 warps x 2, shared grid + sign table", &launch_moe_decode_xq<16, 2, Iq2Lookup<true, true>>},
+        {"  16 warps x 2, shared grid, signs computed", &launch_moe_decode_xq<16, 2, Iq2Lookup<true, false>>},
+        {"  8 warps x 4, shared grid + sign table", &launch_moe_decode_xq<8, 4, Iq2Lookup<true, true>>},
+        {"  8 warps x 4, shared grid, signs computed", &launch_moe_decode_xq<8, 4, Iq2Lookup<true, false>>},
+        {"  8 warps x 4, cached grid, signs computed", &launch_moe_decode_xq<8, 4, Iq2Lookup<false, false>>},
+        {"  4 warps x 8, cached grid, signs computed", &launch_moe_decode_xq<4, 8, Iq2Lookup<false, false>>},
+        {"  16 warps x 2, cached grid, signs computed", &launch_moe_decode_xq<16, 2, Iq2Lookup<false, false>>},
+    };
+    for (const auto& [name, fn] : moe_variants) {
+      fn(m, xq.p, 1, idsets.as<int32_t>(), wts.as<float>(), int(K), out.as<float>(), E, mws.p, s);
+      BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+      BATON_CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 4, cudaMemcpyDeviceToHost));
+      bool same = true;
+      for (size_t i = 0; i < got.size(); ++i) same = same && got[i] == want[i];
+      std::string label = std::string(name) + (same ? "" : " DIFFERS");
+      line(label.c_str(), time_graph(s, 64, 9, [&](int i) {
+        fn(m, xq.p, 1, idsets.as<int32_t>() + (i % 4) * K, wts.as<float>(), int(K), out.as<float>(), E, mws.p, s);
+      }), bytes);
+    }
   }
   // Compressor (ratio 4, two lanes of 512) at a position that completes a
   // window, and the indexer's (two lanes of 128).

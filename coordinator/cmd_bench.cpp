@@ -199,6 +199,7 @@ struct Row {
 };
 
 int bench(const BenchOptions& o) {
+  const uint64_t rss_start = current_rss_bytes();  // before any device work
   if (std::string why = backend_unavailable(o.backend); !why.empty()) throw BackendRefused(why);
   if (o.no_pdl) set_programmatic_launch(false);
   if (o.profile) set_stage_profiling(true);
@@ -234,7 +235,7 @@ int bench(const BenchOptions& o) {
   // sees only the stage.
   DeviceCeilings ceil;
   if (o.backend == Backend::Cuda) {
-    ceil = measure_device_ceilings(o.copy_mb << 20);
+    ceil = measure_device_ceilings(o.copy_mb << 20, !o.load_only);
   } else {
     ceil.device = "cpu";
     ceil.copy_bytes_per_s = host_copy_bandwidth(std::min<uint64_t>(o.copy_mb, 1024) << 20);
@@ -242,12 +243,18 @@ int bench(const BenchOptions& o) {
   double read_bps = 0;
   bool read_direct = false;
   if (o.read_mb > 0) read_bps = measure_file_read(o.model, o.read_mb << 20, load.slot_bytes, &read_direct);
+  const std::string gemm = ceil.bf16_flops_per_s > 0 ? fmt::format("{:.0f} TFLOP/s", ceil.bf16_flops_per_s / 1e12)
+                                                     : std::string("not measured (--load-only)");
   std::fprintf(stderr,
-               "ceilings on %s: copy %.0f GB/s (read + write), host-to-device %.1f GB/s, bf16 GEMM %.0f TFLOP/s, "
+               "ceilings on %s: copy %.0f GB/s (read + write), host-to-device %.1f GB/s, bf16 GEMM %s, "
                "file read %.2f GB/s%s\n",
-               ceil.device.c_str(), ceil.copy_bytes_per_s / 1e9, ceil.h2d_bytes_per_s / 1e9,
-               ceil.bf16_flops_per_s / 1e12, read_bps / 1e9, read_direct ? " (O_DIRECT)" : "");
+               ceil.device.c_str(), ceil.copy_bytes_per_s / 1e9, ceil.h2d_bytes_per_s / 1e9, gemm.c_str(),
+               read_bps / 1e9, read_direct ? " (O_DIRECT)" : "");
 
+  // Where the process's host memory stands before the stage exists (the
+  // CUDA context and libraries are most of it on a GPU).
+  std::fprintf(stderr, "host RSS: %.0f MiB at start, %.0f MiB after the ceilings (the %s backend's runtime)\n",
+               double(rss_start) / 1048576.0, double(current_rss_bytes()) / 1048576.0, backend_name(o.backend));
   load.progress = stderr_load_progress(o.model);
   std::unique_ptr<StageRunner> runner = make_stage_runner(o.backend, file, sc, load);
   StageRunner& r = *runner;

@@ -136,12 +136,12 @@ std::atomic<bool> g_stage_profiling{false};
 void set_stage_profiling(bool on) { g_stage_profiling.store(on); }
 bool stage_profiling() { return g_stage_profiling.load(); }
 
-DeviceCeilings measure_device_ceilings(uint64_t copy_bytes) {
+DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm) {
   if (std::string why = backend_unavailable(Backend::Cuda); !why.empty()) throw std::runtime_error(why);
 #ifdef BATON_HAVE_CUDA
-  return measure_cuda_ceilings(copy_bytes);
+  return measure_cuda_ceilings(copy_bytes, gemm);
 #else
-  (void)copy_bytes;
+  (void)copy_bytes, (void)gemm;
   throw std::logic_error("unreachable: cuda without CUDA");
 #endif
 }

@@ -139,9 +139,12 @@ struct DeviceCeilings {
   double bf16_flops_per_s = 0;   // dense bf16 GEMM through cuBLAS (fp32 accumulation)
 };
 // copy_bytes: size of the copied buffer (1-2 GiB keeps the L2 out of it).
-// Allocates its buffers for the measurement and frees them. Throws for the
-// CPU backend or without a device.
-DeviceCeilings measure_device_ceilings(uint64_t copy_bytes);
+// gemm false skips the GEMM (bf16_flops_per_s stays 0) and with it cuBLAS,
+// whose libraries then never enter the process's host memory (`bench
+// --load-only`, which measures the load's peak RSS). Allocates its buffers
+// for the measurement and frees them. Throws for the CPU backend or without
+// a device.
+DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm = true);
 
 // Programmatic dependent launch of the CUDA decode kernels (kernels/cuda/pdl.cuh):
 // on by default where the device has it; off for A/B measurements

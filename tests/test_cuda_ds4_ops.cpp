@@ -212,6 +212,17 @@ TEST(CudaDs4Ops, HcPreSplitMatchesCpuAndRepeatsExactly) {
         ASSERT_EQ(0, std::memcmp(h.data(), first_h.data(), h.size() * 4));
       }
     }
+    // The comb weights deferred to ds4_hc_comb (decode runs it on a second
+    // stream): the same mix and h, bit for bit.
+    if (cuda::ds4_hc_comb_deferrable(s)) {
+      dmix.poison();
+      dh.poison();
+      cuda::ds4_hc_pre_split(s, fn_view, dx.get(), B, dscale.get(), dbase.get(), dnorm.get(), dmix.get(), dh.get(),
+                             ws.get(), ws_bytes, nullptr, /*defer_comb=*/true);
+      ASSERT_EQ(0, std::memcmp(dh.download().data(), first_h.data(), first_h.size() * 4));
+      cuda::ds4_hc_comb(s, dmix.get(), B, dscale.get(), dbase.get(), nullptr);
+      ASSERT_EQ(0, std::memcmp(dmix.download().data(), first_mix.data(), first_mix.size() * 4));
+    }
     // More tokens than a decode step takes: refused.
     EXPECT_THROW(cuda::ds4_hc_pre_split(s, fn_view, dx.get(), 9, dscale.get(), dbase.get(), dnorm.get(), dmix.get(),
                                         dh.get(), ws.get(), ws_bytes, nullptr),
@@ -811,6 +822,15 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   const size_t ws_bytes = cuda::ds4_attention_workspace_bytes(p);
   EXPECT_EQ(ws_bytes > 0, c.expect_split);
   DeviceArray<uint8_t> ws(std::max<size_t>(ws_bytes, 1));
+  // The inverse RoPE folded into the output (rope_pos = -p, the last rd
+  // dims of every head): the plain output rotated on the host.
+  const int rd = std::min(64, c.head_dim / 2);
+  std::vector<int32_t> neg(static_cast<size_t>(B));
+  for (int64_t t = 0; t < B; ++t) neg[size_t(t)] = -int32_t(c.pos0 + t);
+  std::vector<float> freq(size_t(rd / 2));
+  for (int i = 0; i < rd / 2; ++i) freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rd));
+  DeviceArray<int32_t> dneg(neg);
+  DeviceArray<float> dfreq(freq);
   for (bool split : {false, true}) {
     SCOPED_TRACE(split ? "split" : "unsplit");
     dout.poison();
@@ -825,6 +845,31 @@ void check_attention(const AttnCase& c, uint64_t seed) {
         }
         ASSERT_NEAR(v, want[size_t(t * HD + i)], 2e-5) << "token " << t << " head " << i / hd << " dim " << i % hd;
       }
+    }
+    cuda::Ds4AttentionParams pr = p;
+    pr.rope_pos = dneg.get();
+    pr.rope_freq = dfreq.get();
+    pr.rope_dim = rd;
+    dout.poison();
+    cuda::ds4_attention(pr, split ? ws.get() : nullptr, split ? ws_bytes : 0, nullptr);
+    const std::vector<float> rot = dout.download();
+    for (int64_t t = 0; t < B; ++t) {
+      for (int h = 0; h < c.n_head; ++h) {
+        const float* a = out.data() + t * out_stride + h * hd;
+        const float* b = rot.data() + t * out_stride + h * hd;
+        for (int64_t i = 0; i < hd; i += 2) {
+          double x0 = a[i], x1 = a[i + 1];
+          if (i >= hd - rd) {
+            const double ang = double(neg[size_t(t)]) * double(freq[size_t((i - (hd - rd)) / 2)]);
+            const double cs = std::cos(ang), sn = std::sin(ang);
+            const double r0 = x0 * cs - x1 * sn, r1 = x0 * sn + x1 * cs;
+            x0 = r0, x1 = r1;
+          }
+          ASSERT_NEAR(b[i], x0, 1e-6 * (1.0 + std::fabs(x0))) << "token " << t << " head " << h << " dim " << i;
+          ASSERT_NEAR(b[i + 1], x1, 1e-6 * (1.0 + std::fabs(x1))) << "token " << t << " head " << h << " dim " << i + 1;
+        }
+      }
+      ASSERT_TRUE(is_poison(rot[size_t(t * out_stride + HD)])) << "rotated past the row at token " << t;
     }
   }
 }
@@ -947,6 +992,40 @@ TEST(CudaDs4Ops, NormRopeEqualsNormThenRope) {
       }
     }
   }
+}
+
+// ds4_norm_rope2 (decode: the query heads and the K = V row in one launch,
+// the row also stored into the window ring) against two ds4_norm_rope calls
+// and ds4_window_store: the same floats.
+TEST(CudaDs4Ops, NormRope2EqualsTwoLaunchesAndTheWindowStore) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 73);
+  const int hd = 512, rd = 64, heads = 8;
+  const int64_t window = 16;
+  const std::vector<int32_t> pos = {37};
+  std::vector<float> freq(size_t(rd / 2));
+  for (int i = 0; i < rd / 2; ++i) freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rd));
+  DeviceArray<int32_t> dpos(pos);
+  DeviceArray<float> dfreq(freq);
+  const std::vector<float> q = test::random_floats(rng, size_t(heads * hd), 3.0f);
+  const std::vector<float> kv = test::random_floats(rng, size_t(hd), 3.0f);
+  const std::vector<float> w = test::random_floats(rng, size_t(hd));
+  const std::vector<float> ring = test::random_floats(rng, size_t(window * hd));
+  DeviceArray<float> dw(w), q1(q), q2(q), kv1(kv), kv2(kv), ring1(ring), ring2(ring);
+  cuda::Ds4NormRopeRows a, b;
+  a.x = q1.get(), a.token_stride = heads * hd, a.n_heads = heads;
+  b.x = kv1.get(), b.token_stride = hd, b.n_heads = 1, b.w = dw.get(), b.ring = ring1.get(), b.window = window;
+  cuda::ds4_norm_rope2(a, b, 1, hd, rd, 1e-6f, dpos.get(), dfreq.get(), nullptr);
+  cuda::ds4_norm_rope(q2.get(), 1, heads * hd, heads, hd, rd, nullptr, 1e-6f, dpos.get(), dfreq.get(), nullptr);
+  cuda::ds4_norm_rope(kv2.get(), 1, hd, 1, hd, rd, dw.get(), 1e-6f, dpos.get(), dfreq.get(), nullptr);
+  cuda::ds4_window_store(kv2.get(), 1, hd, int64_t(pos[0]), ring2.get(), window, nullptr);
+  ASSERT_EQ(q1.download(), q2.download());
+  ASSERT_EQ(kv1.download(), kv2.download());
+  ASSERT_EQ(ring1.download(), ring2.download());
+  // The ring store is for one token only.
+  EXPECT_THROW(cuda::ds4_norm_rope2(a, b, 2, hd, rd, 1e-6f, dpos.get(), dfreq.get(), nullptr), std::invalid_argument);
 }
 
 TEST(CudaDs4Ops, LaunchersRefuseBadShapes) {

@@ -456,6 +456,13 @@ MemoryPlan CudaStage::plan(const GgufFile& f, const StageConfig& config, const L
 
 void StreamDeleter::operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
 void CublasDeleter::operator()(cublasContext* h) const { cublasDestroy(h); }
+void EventDeleter::operator()(CUevent_st* e) const { cudaEventDestroy(e); }
+
+EventHandle make_stage_event() {
+  cudaEvent_t e = nullptr;
+  BATON_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return EventHandle(e);
+}
 void GraphExecDeleter::operator()(CUgraphExec_st* g) const { cudaGraphExecDestroy(g); }
 
 StreamHandle make_stage_stream() {
@@ -522,7 +529,6 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
   if (std::string why = cuda_unavailable_reason(); !why.empty()) throw std::runtime_error(why);
 
   stream_ = make_stage_stream();
-  if (layout_->cublas_bytes > 0) cublas_ = make_stage_cublas();
   StageDeviceLines lines = allocate_stage_lines(plan_, wl.bytes, layout_->kv_bytes, layout_->bytes);
   weights_ = std::move(lines.weights);
   kv_ = std::move(lines.kv);
@@ -530,6 +536,7 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
   memory_ = lines.report;
   io_ = PinnedBuffer(layout_->io_bytes, "the step parameters");
   load_stats_ = load_stage_weights(f, wl, weights_, load);
+  if (layout_->cublas_bytes > 0) cublas_ = make_stage_cublas();  // after the load: make_stage_stream's comment
   model_ = std::make_unique<Model>(wl, weights_.data());
   w_ = std::make_unique<Weights>(Weights::collect(*model_, hp, config_));
 

@@ -48,7 +48,7 @@ std::string cuda_unavailable_reason();
 
 // Device-to-device copy, pinned host-to-device copy and bf16 GEMM rates,
 // measured on the current device now (engine/cuda/probe.cu).
-DeviceCeilings measure_cuda_ceilings(uint64_t copy_bytes);
+DeviceCeilings measure_cuda_ceilings(uint64_t copy_bytes, bool gemm);
 
 // One cudaMalloc of an exact size; freed on destruction.
 class DeviceBuffer {
@@ -118,17 +118,23 @@ struct CublasDeleter {
 struct GraphExecDeleter {
   void operator()(CUgraphExec_st* g) const;
 };
+struct EventDeleter {
+  void operator()(CUevent_st* e) const;
+};
 using StreamHandle = std::unique_ptr<CUstream_st, StreamDeleter>;
+using EventHandle = std::unique_ptr<CUevent_st, EventDeleter>;
 using CublasHandle = std::unique_ptr<cublasContext, CublasDeleter>;
 using GraphExecHandle = std::unique_ptr<CUgraphExec_st, GraphExecDeleter>;
 
-// What every CUDA stage sets up the same way, in this order: the context, a
-// non-blocking stream and (when a projection needs one) the cuBLAS handle, so
-// that the free-memory reading around the allocations sees only the stage's
-// own; then the three device lines of the plan ("weights", "kv cache",
-// "workspace") at exactly their sizes, measured with cudaMemGetInfo; then the
-// weights, through the pinned staging ring, into their planned places.
+// What every CUDA stage sets up the same way, in this order: the context and
+// a non-blocking stream; then the three device lines of the plan ("weights",
+// "kv cache", "workspace") at exactly their sizes, measured with
+// cudaMemGetInfo around them; then the weights, through the pinned staging
+// ring, into their planned places; then (when a projection needs one) the
+// cuBLAS handle, whose libraries' host memory thus never sits beside the ring.
 StreamHandle make_stage_stream();
+// An event for ordering only (no timing), for a stage's fork and join.
+EventHandle make_stage_event();
 CublasHandle make_stage_cublas();
 struct StageDeviceLines {
   DeviceBuffer weights, kv, workspace;

@@ -428,7 +428,11 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   if (std::string why = cuda_unavailable_reason(); !why.empty()) throw std::runtime_error(why);
 
   stream_ = make_stage_stream();
-  if (layout_->cublas_bytes > 0) cublas_ = make_stage_cublas();
+  cudaStream_t side = nullptr;
+  BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  side_.reset(side);
+  fork_ = make_stage_event();
+  join_ = make_stage_event();
   StageDeviceLines lines = allocate_stage_lines(plan_, wl.bytes, layout_->kv_bytes, layout_->bytes);
   weights_ = std::move(lines.weights);
   kv_ = std::move(lines.kv);
@@ -436,6 +440,7 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   memory_ = lines.report;
   io_ = PinnedBuffer(layout_->io_bytes, "the step parameters");
   load_stats_ = load_stage_weights(f, wl, weights_, load);
+  if (layout_->cublas_bytes > 0) cublas_ = make_stage_cublas();  // after the load: make_stage_stream's comment
   model_ = std::make_unique<Model>(wl, weights_.data());
   w_ = std::make_unique<Weights>(Weights::collect(*model_, s, config_));
 

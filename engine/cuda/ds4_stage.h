@@ -104,6 +104,10 @@ class CudaDs4Stage final : public StageRunner {
 
   // Created in this order, destroyed in reverse (engine/cuda/cuda_stage.h).
   StreamHandle stream_;
+  // Decode: the HC comb weights (ds4_hc_comb) run on side_ beside the
+  // sublayer, forked after the HC-pre and joined before the HC-post.
+  StreamHandle side_;
+  EventHandle fork_, join_;
   CublasHandle cublas_;
   DeviceBuffer weights_, kv_, workspace_;
   PinnedBuffer io_;

@@ -141,37 +141,54 @@ void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
   } else {
     BATON_CUDA_CHECK(cudaMemcpyAsync(x, io + L.h_in, uint64_t(n * L.HC) * 4, cudaMemcpyHostToDevice, st));
   }
-  auto hc_pre = [&](const Weights::Layer& w, int k) {
+  // Returns whether the comb weights were forked onto side_ (joined by
+  // join_comb before the HC-post reads them).
+  auto hc_pre = [&](const Weights::Layer& w, int k) -> bool {
     if (n <= cuda::kMatvecMaxTokens && cuda::ds4_hc_pre_split_supported(w.hc_fn[k].w.type, hs.n_embd) &&
         cuda::ds4_hc_pre_split_workspace_bytes(hs, n) <= uint64_t(L.B * L.HC) * sizeof(float)) {
       // The mix product split over ~width / 128 blocks (partials in flat,
-      // unused by a decode step otherwise), then the weights and h.
+      // unused by a decode step otherwise), then the weights and h; the
+      // Sinkhorn rounds of the comb weights (one warp's dependent chain)
+      // run on the side stream while the sublayer, which needs only h, runs.
+      const bool defer = cuda::ds4_hc_comb_deferrable(hs);
       cuda::ds4_hc_pre_split(hs, w.hc_fn[k].w, x, n, w.hc_scale[k], w.hc_base[k], w.norm[k], mix, h, flat,
-                             uint64_t(L.B * L.HC) * sizeof(float), st);
-      return;
+                             uint64_t(L.B * L.HC) * sizeof(float), st, defer);
+      if (defer) {
+        BATON_CUDA_CHECK(cudaEventRecord(fork_.get(), st));
+        BATON_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_.get(), 0));
+        cuda::ds4_hc_comb(hs, mix, n, w.hc_scale[k], w.hc_base[k], side_.get());
+        BATON_CUDA_CHECK(cudaEventRecord(join_.get(), side_.get()));
+      }
+      return defer;
     }
     if (n <= cuda::kMatvecMaxTokens) {
       // Float matvec on the raw state; the weights kernel applies the RMS.
       project(w.hc_fn[k], x, nullptr, n, L.HC, mix, L.MIX);
       cuda::ds4_hc_weights_input_raw(hs, mix, x, n, w.hc_scale[k], w.hc_base[k], w.norm[k], h, st);
-      return;
+      return false;
     }
     // cuBLAS rounds its input to F16: give it the normalised state.
     cuda::rmsnorm(x, L.HC, nullptr, flat, L.HC, n, L.HC, eps, st);
     project(w.hc_fn[k], flat, nullptr, n, L.HC, mix, L.MIX);
     cuda::ds4_hc_weights_input(hs, mix, x, n, w.hc_scale[k], w.hc_base[k], w.norm[k], h, st);
+    return false;
+  };
+  auto join_comb = [&](bool forked) {
+    if (forked) BATON_CUDA_CHECK(cudaStreamWaitEvent(st, join_.get(), 0));
   };
   mark(st, n, kHead);
   for (int l = config_.first_layer; l <= config_.last_layer; ++l) {
     const Weights::Layer& w = W.layers[size_t(l - config_.first_layer)];
-    hc_pre(w, 0);
+    const bool forked_a = hc_pre(w, 0);
     mark(st, n, kHc);
     attention(seq, l, n, pos0, graph);
+    join_comb(forked_a);
     cuda::ds4_hc_post(hs, x, f(L.y), mix, n, x, st);
-    hc_pre(w, 1);
+    const bool forked_f = hc_pre(w, 1);
     mark(st, n, kHc);
     const float* shared = moe(l, n);  // the shared expert's output when not yet added
     mark(st, n, kShared);
+    join_comb(forked_f);
     if (shared) {
       cuda::ds4_hc_post_add(hs, x, f(L.moe_out), shared, mix, n, x, st);
     } else {

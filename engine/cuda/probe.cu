@@ -88,7 +88,7 @@ void cublas_ok(cublasStatus_t st, const char* what) {
 
 }  // namespace
 
-DeviceCeilings measure_cuda_ceilings(uint64_t copy_bytes) {
+DeviceCeilings measure_cuda_ceilings(uint64_t copy_bytes, bool gemm) {
   if (std::string why = cuda_unavailable_reason(); !why.empty()) throw std::runtime_error(why);
   DeviceCeilings c;
   int dev = 0;
@@ -121,6 +121,7 @@ DeviceCeilings measure_cuda_ceilings(uint64_t copy_bytes) {
   });
   c.h2d_bytes_per_s = double(h2d_bytes) / t_h2d;
 
+  if (!gemm) return c;
   // Dense bf16 GEMM, 8192 cubed, fp32 accumulation, bf16 output.
   const int n = 8192;
   const uint64_t elems = uint64_t(n) * n;

@@ -50,16 +50,12 @@ __device__ __forceinline__ float sigmoid_f(float v) { return 1.0f / (1.0f + expf
 // each sum's shuffles issue together and a Sinkhorn round costs two short
 // dependent chains instead of eight round trips.
 template <int N>
-__device__ void hc_weights_warp_n(float* mix, int n_rt, const float* scale, const float* base, int iters, float eps) {
+__device__ void hc_comb_warp_n(float* comb, int n_rt, const float* scale, const float* base, int iters, float eps) {
   const int n = N > 0 ? N : n_rt;
   const int lane = threadIdx.x & 31;
-  if (lane < n) {
-    mix[lane] = sigmoid_f(__fmul_rn(mix[lane], scale[0]) + base[lane]) + eps;
-    mix[n + lane] = 2.0f * sigmoid_f(__fmul_rn(mix[n + lane], scale[1]) + base[n + lane]);
-  }
   const bool own = lane < n * n;
   const int j = lane / n, k = lane % n;
-  float v = own ? __fmul_rn(mix[2 * n + lane], scale[2]) + base[2 * n + lane] : 0.0f;
+  float v = own ? __fmul_rn(comb[lane], scale[2]) + base[lane] : 0.0f;
   auto at = [&](float x, int jj, int kk) { return __shfl_sync(kFullMask, x, (jj * n + kk) & 31); };
   float mx = -INFINITY;
   for (int kk = 0; kk < n; ++kk) mx = fmaxf(mx, at(v, j, kk));
@@ -77,15 +73,34 @@ __device__ void hc_weights_warp_n(float* mix, int n_rt, const float* scale, cons
     for (int jj = 0; jj < n; ++jj) s += at(v, jj, k);
     v /= s + eps;
   }
-  if (own) mix[2 * n + lane] = v;
+  if (own) comb[lane] = v;
+}
+
+// The pre and post weights of a mix row (lanes < n).
+__device__ __forceinline__ void hc_pre_post_warp(float* mix, int n, const float* scale, const float* base, float eps) {
+  const int lane = threadIdx.x & 31;
+  if (lane < n) {
+    mix[lane] = sigmoid_f(__fmul_rn(mix[lane], scale[0]) + base[lane]) + eps;
+    mix[n + lane] = 2.0f * sigmoid_f(__fmul_rn(mix[n + lane], scale[1]) + base[n + lane]);
+  }
+}
+
+// The comb weights (mix[2n ..]) by arithmetic whose n is fixed for
+// DeepSeek's 4 streams: the loops unroll, so each sum's shuffles issue
+// together. The rounds are still one warp's dependent chain (about 9 us for
+// 20 rounds on the H200), which is why decode runs it beside the sublayer
+// (ds4_hc_comb) rather than in the HC-pre kernel.
+__device__ void hc_comb_warp(float* comb, int n, const float* scale, const float* base, int iters, float eps) {
+  if (n == 4) {
+    hc_comb_warp_n<4>(comb, n, scale, base, iters, eps);
+  } else {
+    hc_comb_warp_n<0>(comb, n, scale, base, iters, eps);
+  }
 }
 
 __device__ void hc_weights_warp(float* mix, int n, const float* scale, const float* base, int iters, float eps) {
-  if (n == 4) {
-    hc_weights_warp_n<4>(mix, n, scale, base, iters, eps);
-  } else {
-    hc_weights_warp_n<0>(mix, n, scale, base, iters, eps);
-  }
+  hc_pre_post_warp(mix, n, scale, base, eps);
+  hc_comb_warp(mix + 2 * n, n, scale, base + 2 * n, iters, eps);
 }
 
 // The same by one thread, for n * n > 32.
@@ -920,7 +935,7 @@ __global__ void __launch_bounds__(kHcSplitThreads)
     hc_weights_split_kernel(const float* part, int P, float* mix, const float* __restrict__ x, int n_tok, int n,
                             int64_t E, int iters, float hc_eps, float rms_eps, const float* __restrict__ scale,
                             const float* __restrict__ base, const float* __restrict__ norm,
-                            float* __restrict__ h) {
+                            float* __restrict__ h, bool defer_comb) {
   pdl_trigger();
   pdl_wait();
   __shared__ float red[32];
@@ -955,7 +970,9 @@ __global__ void __launch_bounds__(kHcSplitThreads)
   if (warp == 0) {
     for (int i = lane; i < mixw; i += 32) wk[i] = w[i] * inv;
     __syncwarp();
-    if (n * n <= 32) {
+    if (defer_comb) {
+      hc_pre_post_warp(wk, n, scale, base, hc_eps);  // comb stays raw for ds4_hc_comb
+    } else if (n * n <= 32) {
       hc_weights_warp(wk, n, scale, base, iters, hc_eps);
     } else if (lane == 0) {
       hc_weights_serial(wk, n, scale, base, iters, hc_eps);
@@ -1001,6 +1018,14 @@ __global__ void __launch_bounds__(kHcSplitThreads)
     v.x = v.x * sc * g.x, v.y = v.y * sc * g.y, v.z = v.z * sc * g.z, v.w = v.w * sc * g.w;
     ht[c] = v;
   }
+}
+
+// Block t (one warp): the comb weights of token t's mix row from the raw
+// (scaled) values the HC-pre kernel left there.
+__global__ void hc_comb_kernel(float* mix, int n, int iters, float hc_eps, const float* __restrict__ scale,
+                               const float* __restrict__ base) {
+  float* comb = mix + int64_t(blockIdx.x) * n * (n + 2) + 2 * n;
+  hc_comb_warp(comb, n, scale, base + 2 * n, iters, hc_eps);
 }
 
 // --- grouped output projection ----------------------------------------------------
@@ -1137,9 +1162,17 @@ size_t ds4_hc_pre_split_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens) {
   return size_t(blocks * std::max<int64_t>(n_tokens, 0) * (s.mix() + 1)) * sizeof(float);
 }
 
+void ds4_hc_comb(const Ds4HcShape& s, float* mix, int64_t n_tokens, const float* scale, const float* base,
+                 cudaStream_t stream) {
+  validate_hc(s, n_tokens, "ds4_hc_comb");
+  require(ds4_hc_comb_deferrable(s) && mix && scale && base, "ds4_hc_comb", "needs n_hc * n_hc <= 32 and buffers");
+  hc_comb_kernel<<<unsigned(n_tokens), 32, 0, stream>>>(mix, s.n_hc, s.sinkhorn_iters, s.hc_eps, scale, base);
+  check_launch("hc_comb_kernel");
+}
+
 void ds4_hc_pre_split(const Ds4HcShape& s, const MatrixView& hc_fn, const float* x, int64_t n_tokens,
                       const float* scale, const float* base, const float* norm, float* mix, float* h, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream) {
+                      size_t workspace_bytes, cudaStream_t stream, bool defer_comb) {
   const char* who = "ds4_hc_pre_split";
   validate_hc(s, n_tokens, who);
   require(n_tokens <= kMatvecMaxTokens, who, "at most kMatvecMaxTokens tokens");
@@ -1167,7 +1200,7 @@ void ds4_hc_pre_split(const Ds4HcShape& s, const MatrixView& hc_fn, const float*
   launch_pdl("hc_weights_split_kernel", hc_weights_split_kernel, dim3(unsigned(n_tokens)), dim3(kHcSplitThreads), 0,
              stream,
              static_cast<const float*>(part), blocks, mix, x, int(n_tokens), s.n_hc, s.n_embd, s.sinkhorn_iters,
-             s.hc_eps, s.rms_eps, scale, base, norm, h);
+             s.hc_eps, s.rms_eps, scale, base, norm, h, defer_comb);
 }
 
 size_t ds4_hc_pre_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens) {

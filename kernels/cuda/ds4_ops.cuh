@@ -57,9 +57,16 @@ inline bool ds4_hc_pre_split_supported(DType t, int64_t n_embd) {
   return (t == DType::F16 || t == DType::F32) && n_embd % 4 == 0;
 }
 size_t ds4_hc_pre_split_workspace_bytes(const Ds4HcShape& s, int64_t n_tokens);
+// defer_comb (needs ds4_hc_comb_deferrable): pre, post and h as above, but
+// the comb entries of mix stay raw until ds4_hc_comb turns them into the
+// Sinkhorn weights; h does not need them, so a decode step runs that launch
+// on a second stream beside the sublayer, joined before the HC-post.
 void ds4_hc_pre_split(const Ds4HcShape& s, const MatrixView& hc_fn, const float* x, int64_t n_tokens,
                       const float* scale, const float* base, const float* norm, float* mix, float* h, void* workspace,
-                      size_t workspace_bytes, cudaStream_t stream);
+                      size_t workspace_bytes, cudaStream_t stream, bool defer_comb = false);
+inline bool ds4_hc_comb_deferrable(const Ds4HcShape& s) { return s.n_hc * s.n_hc <= 32; }
+void ds4_hc_comb(const Ds4HcShape& s, float* mix, int64_t n_tokens, const float* scale, const float* base,
+                 cudaStream_t stream);
 
 // One token's grouped projection (output_a): w has groups * k rows; row r
 // is dotted with quantized row r / k of xq (quantize_xq rows of w.cols
