@@ -15,14 +15,16 @@ random prompt (300 tokens by default: 75 ratio-4 rows, more than the indexer's
 top-k, and 2 ratio-128 rows) goes through `baton logits`:
 
   single process, --backend cpu and cuda   compared with transformers' logits
+  single process, cuda, --batch 8          the same, on the float32 decode kernels
   --workers 2, --backend cpu and cuda      log-probabilities (what the pipeline's
                                            RESULT carries), compared with
                                            transformers' log-softmax
 
-Error measure: max |baton - transformers| / max |transformers| over every
-position and vocabulary entry. Limits: 1e-3 on the CPU (float32 everywhere;
-the exact mode agrees to ~1e-6), 2e-2 on CUDA (16-bit activations and weight
-tiles in the matrix products). A CUDA run refused with exit status 2 (no GPU,
+Error measure per row: max |baton - transformers| over the row / max
+|transformers| over all rows. Limits (EXACT_LIMIT, LIMITS below): the float32
+runs (CPU, CUDA --batch 8, the pipeline) 1e-3 on every row; CUDA's 64-token
+forwards (16-bit GEMM inputs, tensor-core attention) 2e-2 on the 99th
+percentile row with at most 1% of rows over it. A CUDA run refused with exit status 2 (no GPU,
 or a build without CUDA) is reported as skipped unless --require-cuda; any
 other failure (for instance a build whose CUDA backend does not run deepseek4
 yet) is reported with its message and fails the run. Prints a table (and
