@@ -4,8 +4,9 @@
 // ratio-4 rows (the indexer keeps 8 of them) and 2 ratio-128 rows; its
 // logits are compared at every position (prefill: cuBLAS GEMMs and grouped
 // experts), then token-by-token decode (the captured graph), a 5-token
-// batch (matvec and moe_decode), two stages passing the HC state, a Q4 file
-// and greedy tokens through the backend seam. The plan test runs without a
+// batch (matvec and moe_decode), two stages passing the HC state, a Q4 file,
+// a file whose expert types differ by layer, and greedy tokens through the
+// backend seam. The plan test runs without a
 // GPU; the rest skip.
 //
 // Tolerance, per logit row, relative to its max |logit|: the CPU is exact
@@ -56,6 +57,36 @@ std::string write_tiny(const test::TempDir& dir, const std::string& type, uint64
   o.seed = seed;
   const std::string path = dir.file("tiny-" + type + ".gguf");
   write_synth_model(path, o);
+  return path;
+}
+
+// A file whose expert types differ by layer, as users' mixed files do:
+// the Q2 tiny model with the routed experts of layers 2 and 4 taken from its
+// Q4 twin; CPU and GPU run the same spliced file. The CUDA
+// stage picks the integer-dot expert kernels per layer (IQ2_XXS / Q2_K) and
+// the dequantizing ones for Q4_K.
+std::string write_mixed(const test::TempDir& dir, uint64_t seed) {
+  const GgufFile q2 = GgufFile::open(write_tiny(dir, "q2", seed));
+  const GgufFile q4 = GgufFile::open(write_tiny(dir, "q4", seed));
+  GgufWriter w;
+  for (const auto& [key, value] : q2.metadata()) w.set(key, value);
+  auto from_q4 = [](const std::string& name) {
+    for (const char* l : {"blk.2.", "blk.4."}) {
+      if (name.rfind(l, 0) == 0 && name.find("_exps.") != std::string::npos) return true;
+    }
+    return false;
+  };
+  int swapped = 0;
+  for (const GgufTensorInfo& t : q2.tensors()) {
+    const GgufFile& src = from_q4(t.name) ? q4 : q2;
+    const GgufTensorInfo& st = *src.find_tensor(t.name);
+    swapped += &src == &q4;
+    std::vector<int64_t> ne(st.ne, st.ne + st.n_dims);
+    w.add_tensor(st.name, st.type, ne, [&src, &st](uint8_t* dst, uint64_t) { src.read_tensor(st, dst); });
+  }
+  EXPECT_EQ(swapped, 6);  // gate, up and down of two layers
+  const std::string path = dir.file("tiny-mixed.gguf");
+  w.write(path);
   return path;
 }
 
@@ -128,7 +159,13 @@ void compare_with_cpu(const std::string& type) {
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + ", " + type);
   test::TempDir dir;
-  const GgufFile f = GgufFile::open(write_tiny(dir, type, seed));
+  const GgufFile f = GgufFile::open(type == "mixed" ? write_mixed(dir, seed) : write_tiny(dir, type, seed));
+  if (type == "mixed") {
+    ASSERT_EQ(f.find_tensor("blk.1.ffn_gate_exps.weight")->type, DType::IQ2_XXS);
+    ASSERT_EQ(f.find_tensor("blk.2.ffn_gate_exps.weight")->type, DType::Q4_K);
+    ASSERT_EQ(f.find_tensor("blk.4.ffn_down_exps.weight")->type, DType::Q4_K);
+    ASSERT_EQ(f.find_tensor("blk.3.ffn_down_exps.weight")->type, DType::Q2_K);
+  }
   Stage cpu(f, config(kPrompt, true));
   CudaDs4Stage gpu(f, config(kPrompt, true));
   const int64_t V = cpu.n_vocab();
@@ -171,6 +208,11 @@ void compare_with_cpu(const std::string& type) {
 TEST(CudaDs4Stage, Q2MatchesCpu) {
   BATON_REQUIRE_CUDA();
   compare_with_cpu("q2");
+}
+
+TEST(CudaDs4Stage, MixedExpertTypesMatchCpu) {
+  BATON_REQUIRE_CUDA();
+  compare_with_cpu("mixed");
 }
 
 TEST(CudaDs4Stage, Q4MatchesCpu) {
