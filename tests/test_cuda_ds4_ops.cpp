@@ -714,6 +714,13 @@ TEST(CudaDs4Ops, IndexerWeightScaleEqualsPrescaledWeights) {
   ASSERT_EQ(picks[0], picks[1]);
 }
 
+// RoPE inverse frequencies base 10000 for rd rotated dims (rd / 2 of them).
+std::vector<float> rope_freqs(int rd) {
+  std::vector<float> f(size_t(rd / 2));
+  for (int i = 0; i < rd / 2; ++i) f[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rd));
+  return f;
+}
+
 // --- attention ------------------------------------------------------------------
 
 struct AttnCase {
@@ -827,8 +834,7 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   const int rd = std::min(64, c.head_dim / 2);
   std::vector<int32_t> neg(static_cast<size_t>(B));
   for (int64_t t = 0; t < B; ++t) neg[size_t(t)] = -int32_t(c.pos0 + t);
-  std::vector<float> freq(size_t(rd / 2));
-  for (int i = 0; i < rd / 2; ++i) freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rd));
+  const std::vector<float> freq = rope_freqs(rd);
   DeviceArray<int32_t> dneg(neg);
   DeviceArray<float> dfreq(freq);
   for (bool split : {false, true}) {
@@ -963,8 +969,7 @@ TEST(CudaDs4Ops, NormRopeEqualsNormThenRope) {
   const int hd = 512, rd = 64;
   const std::vector<int32_t> pos = {0, 7, 5000, 131071};
   const int64_t n = int64_t(pos.size());
-  std::vector<float> freq(size_t(rd / 2));
-  for (int i = 0; i < rd / 2; ++i) freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rd));
+  const std::vector<float> freq = rope_freqs(rd);
   DeviceArray<int32_t> dpos(pos);
   DeviceArray<float> dfreq(freq);
   for (int heads : {1, 4}) {
@@ -1005,8 +1010,7 @@ TEST(CudaDs4Ops, NormRope2EqualsTwoLaunchesAndTheWindowStore) {
   const int hd = 512, rd = 64, heads = 8;
   const int64_t window = 16;
   const std::vector<int32_t> pos = {37};
-  std::vector<float> freq(size_t(rd / 2));
-  for (int i = 0; i < rd / 2; ++i) freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rd));
+  const std::vector<float> freq = rope_freqs(rd);
   DeviceArray<int32_t> dpos(pos);
   DeviceArray<float> dfreq(freq);
   const std::vector<float> q = test::random_floats(rng, size_t(heads * hd), 3.0f);

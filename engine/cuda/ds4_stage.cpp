@@ -428,9 +428,7 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   if (std::string why = cuda_unavailable_reason(); !why.empty()) throw std::runtime_error(why);
 
   stream_ = make_stage_stream();
-  cudaStream_t side = nullptr;
-  BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  side_.reset(side);
+  side_ = make_stage_stream();
   fork_ = make_stage_event();
   join_ = make_stage_event();
   StageDeviceLines lines = allocate_stage_lines(plan_, wl.bytes, layout_->kv_bytes, layout_->bytes);

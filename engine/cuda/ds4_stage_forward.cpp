@@ -385,13 +385,8 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     ap.rope_dim = int(rd);
     cuda::ds4_attention(ap, ws + L.attn, L.attn_bytes, st);
   }
-  if (n == 1 && fuse) {
-    // Stored by the norm + RoPE launch above.
-  } else if (graph) {
-    cuda::ds4_window_store(kv_new, n, hd, d_pos0, ring, window, st);
-  } else {
-    cuda::ds4_window_store(kv_new, n, hd, pos0, ring, window, st);
-  }
+  // One token (every decode graph) was stored by the norm + RoPE launch.
+  if (n > 1) cuda::ds4_window_store(kv_new, n, hd, pos0, ring, window, st);
   // V carried the keys' rotation: undo it at the query's position.
   if (tc) cuda::rope(att + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_neg, freqs, RopeMode::Normal, st);
   mark(st, n, kAttn);

@@ -85,9 +85,8 @@ __device__ __forceinline__ void hc_pre_post_warp(float* mix, int n, const float*
   }
 }
 
-// The comb weights (mix[2n ..]) by arithmetic whose n is fixed for
-// DeepSeek's 4 streams: the loops unroll, so each sum's shuffles issue
-// together. The rounds are still one warp's dependent chain (hc_comb_kernel
+// The comb weights (mix[2n ..]), n fixed at 4 for DeepSeek's streams where
+// it is. The rounds are still one warp's dependent chain (hc_comb_kernel
 // alone: 6.8 us a launch in the H200's node-by-node profile, launch
 // included), which is why decode runs it beside the sublayer (ds4_hc_comb)
 // rather than in the HC-pre kernel.
@@ -743,11 +742,9 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(Ds4Atten
 }
 
 __global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_tokens, int64_t n_store, int64_t hd,
-                                    int64_t pos0, float* __restrict__ ring, int64_t window,
-                                    const int32_t* __restrict__ pos0_dev) {
+                                    int64_t pos0, float* __restrict__ ring, int64_t window) {
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // before any read: every input may come from the kernel before
-  if (pos0_dev) pos0 = *pos0_dev;
   const int64_t t = n_tokens - n_store + blockIdx.x;
   float* dst = ring + ((pos0 + t) % window) * hd;
   for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kv_new[t * hd + i];
@@ -1401,17 +1398,7 @@ void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, i
           "bad arguments");
   const int64_t n_store = std::min(n_tokens, window);
   launch_pdl("window_store_kernel", window_store_kernel, dim3(unsigned(n_store)), dim3(256), 0, stream, kv_new,
-             n_tokens, n_store, head_dim, pos0, ring, window, nullptr);
-  check_launch("window_store_kernel");
-}
-
-void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, const int32_t* pos0_dev, float* ring,
-                      int64_t window, cudaStream_t stream) {
-  require(kv_new && ring && pos0_dev && n_tokens >= 1 && head_dim >= 1 && window >= 1, "ds4_window_store",
-          "bad arguments");
-  const int64_t n_store = std::min(n_tokens, window);
-  launch_pdl("window_store_kernel", window_store_kernel, dim3(unsigned(n_store)), dim3(256), 0, stream, kv_new,
-             n_tokens, n_store, head_dim, 0, ring, window, pos0_dev);
+             n_tokens, n_store, head_dim, pos0, ring, window);
   check_launch("window_store_kernel");
 }
 

@@ -229,11 +229,9 @@ size_t ds4_attention_workspace_bytes(const Ds4AttentionParams& p);
 void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // After attention: ring row (pos0 + t) % window = kv_new[t] for the last
-// min(n_tokens, window) tokens of the batch.
+// min(n_tokens, window) tokens of the batch. (A decode graph's one token is
+// stored by ds4_norm_rope2, which reads its position from device memory.)
 void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, int64_t pos0, float* ring,
-                      int64_t window, cudaStream_t stream);
-// The same with the first position read from device memory (decode graphs).
-void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, const int32_t* pos0_dev, float* ring,
                       int64_t window, cudaStream_t stream);
 
 // x[i] *= s for i < n (the indexer's head weights).
