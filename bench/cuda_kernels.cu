@@ -36,6 +36,7 @@
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/matvec_impl.cuh"
+#include "kernels/cuda/matvec_stream_impl.cuh"
 #include "kernels/cuda/matvec_xq_impl.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
@@ -293,6 +294,41 @@ void bench_xq(cudaStream_t s, const Ceilings& c) {
       detail::set_pdl_enabled(false);
       line("matvec_xq no PDL", time_graph(s, 64, 9, [&](int i) { matvec_xq(view(i), xq.p, 1, out.as<float>(), sh.rows, s); }), diff);
       detail::set_pdl_enabled(true);
+      set_matvec_streaming(false);
+      matvec_xq(view(0), xq.p, 1, out.as<float>(), sh.rows, s);
+      diff_of(diff);
+      line("no stream", time_graph(s, 64, 9, [&](int i) { matvec_xq(view(i), xq.p, 1, out.as<float>(), sh.rows, s); }), diff);
+      set_matvec_streaming(true);
+      // The streamed kernel's tunables (matvec_stream_impl.cuh): rows per
+      // group, warps, columns per segment, buffers per warp; the first is the default.
+      struct StreamVariant {
+        const char* name;
+        int rows;
+        detail::StreamConfig cfg;
+      };
+      const StreamVariant stream_cfgs[] = {
+          {"st G2 8w 4096 x3", 2, {8, 4096, 3}},  {"st G2 8w 2048 x3", 2, {8, 2048, 3}},
+          {"st G2 8w 2048 x4", 2, {8, 2048, 4}},  {"st G2 16w 2048 x2", 2, {16, 2048, 2}},
+          {"st G2 4w 4096 x4", 2, {4, 4096, 4}},  {"st G4 8w 2048 x3", 4, {8, 2048, 3}},
+          {"st G4 8w 1024 x4", 4, {8, 1024, 4}},  {"st G4 16w 1024 x3", 4, {16, 1024, 3}},
+          {"st G2 12w 2048 x3", 2, {12, 2048, 3}}};
+      for (const auto& [name, rows_g, cfg] : stream_cfgs) {
+        auto fn = [&, rows_g = rows_g, cfg = cfg](int i) {
+          using namespace detail;
+          if (t == DType::Q8_0) {
+            return rows_g == 2 ? launch_matvec_stream<XqQ8_0, 2, false>(view(i), xq.p, out.as<float>(), {}, s, cfg)
+                               : launch_matvec_stream<XqQ8_0, 4, false>(view(i), xq.p, out.as<float>(), {}, s, cfg);
+          }
+          return rows_g == 2 ? launch_matvec_stream<XqQ4_K, 2, false>(view(i), xq.p, out.as<float>(), {}, s, cfg)
+                             : launch_matvec_stream<XqQ4_K, 4, false>(view(i), xq.p, out.as<float>(), {}, s, cfg);
+        };
+        if (!fn(0)) {
+          std::printf("%-6s %-24s %-16s %9s\n", dtype_name(t), sh.name, name, "n/a");
+          continue;
+        }
+        diff_of(diff);
+        line(name, time_graph(s, 64, 9, [&](int i) { fn(i); }), diff);
+      }
       auto variants = t == DType::Q8_0 ? xq_variants<detail::XqQ8_0>() : xq_variants<detail::XqQ4_K>();
       for (const auto& [name, fn] : variants) {
         fn(view(0), xq.p, xq_row_bytes(sh.cols), 1, out.as<float>(), sh.rows, s);

@@ -57,9 +57,30 @@ struct XqQ8_0 {
     w.d = ld_u16(b);
     return w;
   }
+  // The same from shared memory (the streamed kernel, matvec_stream_impl.cuh):
+  // five aligned words realigned; the buffer has 16 bytes of padding, so the
+  // last word may lie past the block.
+  __device__ static W load_w_shared(const uint8_t* b, int c) {
+    const uint8_t* p = b + 2 + 16 * c;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
+    const unsigned shift = unsigned(a & 2u) * 8u;
+    uint32_t v[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) v[i] = base[i];
+    W w;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w.q[i] = __funnelshift_r(v[i], v[i + 1], shift);
+    w.d = *reinterpret_cast<const unsigned short*>(b);
+    return w;
+  }
   __device__ static X load_x(const XqRow& x, int64_t blk, int c) {
     const int64_t e = blk * 32 + 16 * c;
     return {ld_x128(x.hi + e), ld_x128(x.lo + e), x.ds[blk].x};
+  }
+  __device__ static X load_x_shared(const XqRow& x, int64_t blk, int c) {
+    const int64_t e = blk * 32 + 16 * c;
+    return {*reinterpret_cast<const uint4*>(x.hi + e), *reinterpret_cast<const uint4*>(x.lo + e), x.ds[blk].x};
   }
   __device__ static float dot(const W& w, const X& x, int) {
     const int t = dot16(w.q, x.h) * 256 + dot16(w.q, x.l);
@@ -85,11 +106,20 @@ struct XqQ4_K {
     float2 da, db;
   };
   __device__ static W load_w(const uint8_t* b, int c) { return {ld_u128(b), ld_u128(b + 16 + 16 * c)}; }
+  __device__ static W load_w_shared(const uint8_t* b, int c) {
+    return {*reinterpret_cast<const uint4*>(b), *reinterpret_cast<const uint4*>(b + 16 + 16 * c)};
+  }
   __device__ static X load_x(const XqRow& x, int64_t blk, int c) {
     const int64_t sa = blk * 8 + 2 * (c >> 1);
     const int64_t e = sa * 32 + 16 * (c & 1);
     return {ld_x128(x.hi + e), ld_x128(x.lo + e), ld_x128(x.hi + e + 32), ld_x128(x.lo + e + 32),
             __ldg(x.ds + sa), __ldg(x.ds + sa + 1)};
+  }
+  __device__ static X load_x_shared(const XqRow& x, int64_t blk, int c) {
+    const int64_t sa = blk * 8 + 2 * (c >> 1);
+    const int64_t e = sa * 32 + 16 * (c & 1);
+    auto v = [](const int8_t* p) { return *reinterpret_cast<const uint4*>(p); };
+    return {v(x.hi + e), v(x.lo + e), v(x.hi + e + 32), v(x.lo + e + 32), x.ds[sa], x.ds[sa + 1]};
   }
   // 6-bit scale and min of sub-block j from the packed words at bytes 4-15.
   __device__ static void scale_min(const uint4& hdr, int j, int& sc, int& m) {
@@ -113,6 +143,47 @@ struct XqQ4_K {
     scale_min(w.hdr, j + 1, scb, mb);
     const float d = half_bits_to_float(w.hdr.x & 0xffffu), dmin = half_bits_to_float(w.hdr.x >> 16);
     const float mins = (c & 1) ? float(mb) * x.db.y : float(ma) * x.da.y;
+    return fmaf(d, fmaf(float(sca * ta), x.da.x, float(scb * tb) * x.db.x), -dmin * mins);
+  }
+};
+
+// Q4_K with four threads per block: thread c owns qs[32c, 32c + 32), the
+// whole of sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles), so the
+// header's scales, the conversions and the minimum terms are paid once per
+// 32 bytes of quants instead of once per 16 (XqQ4_K), at the price of twice
+// the registers per row.
+struct XqQ4_K32 {
+  static constexpr DType kType = DType::Q4_K;
+  static constexpr int kQK = 256, kBytes = 144, kLanes = 4;
+  struct W {
+    uint4 hdr, q0, q1;
+  };
+  struct X {
+    uint4 ha0, ha1, la0, la1, hb0, hb1, lb0, lb1;
+    float2 da, db;
+  };
+  __device__ static W load_w(const uint8_t* b, int c) {
+    return {ld_u128(b), ld_u128(b + 16 + 32 * c), ld_u128(b + 32 + 32 * c)};
+  }
+  __device__ static X load_x(const XqRow& x, int64_t blk, int c) {
+    const int64_t sa = blk * 8 + 2 * c;
+    const int64_t e = sa * 32;
+    return {ld_x128(x.hi + e),      ld_x128(x.hi + e + 16), ld_x128(x.lo + e),      ld_x128(x.lo + e + 16),
+            ld_x128(x.hi + e + 32), ld_x128(x.hi + e + 48), ld_x128(x.lo + e + 32), ld_x128(x.lo + e + 48),
+            __ldg(x.ds + sa),       __ldg(x.ds + sa + 1)};
+  }
+  __device__ static float dot(const W& w, const X& x, int c) {
+    const uint32_t q[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) lo[i] = q[i] & 0x0f0f0f0fu, hi[i] = (q[i] >> 4) & 0x0f0f0f0fu;
+    const int ta = (dot16(lo, x.ha0) + dot16(lo + 4, x.ha1)) * 256 + dot16(lo, x.la0) + dot16(lo + 4, x.la1);
+    const int tb = (dot16(hi, x.hb0) + dot16(hi + 4, x.hb1)) * 256 + dot16(hi, x.lb0) + dot16(hi + 4, x.lb1);
+    int sca, ma, scb, mb;
+    XqQ4_K::scale_min(w.hdr, 2 * c, sca, ma);
+    XqQ4_K::scale_min(w.hdr, 2 * c + 1, scb, mb);
+    const float d = half_bits_to_float(w.hdr.x & 0xffffu), dmin = half_bits_to_float(w.hdr.x >> 16);
+    const float mins = fmaf(float(ma), x.da.y, float(mb) * x.db.y);
     return fmaf(d, fmaf(float(sca * ta), x.da.x, float(scb * tb) * x.db.x), -dmin * mins);
   }
 };
