@@ -36,7 +36,6 @@
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/matvec_impl.cuh"
-#include "kernels/cuda/matvec_stream_impl.cuh"
 #include "kernels/cuda/matvec_xq_impl.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
@@ -237,6 +236,17 @@ std::vector<std::pair<const char*, XqLaunchFn>> xq_variants() {
           {"xq R2 unpiped", &launch_matvec_xq_unpiped<K, 2, 1>}};
 }
 
+// Q4_K with 32 bytes of quants per thread (XqQ4_K32) against the default 16.
+std::vector<std::pair<const char*, XqLaunchFn>> q4k32_variants() {
+  using namespace detail;
+  using K = XqQ4_K32;
+  return {{"q4k32 R1", &launch_matvec_xq<K, 1, 1>},
+          {"q4k32 R2", &launch_matvec_xq<K, 2, 1>},
+          {"q4k32 R4", &launch_matvec_xq<K, 4, 1>},
+          {"q4k32 R8", &launch_matvec_xq<K, 8, 1>},
+          {"q4k32 R2 unpiped", &launch_matvec_xq_unpiped<K, 2, 1>}};
+}
+
 // One token: the float matvec, quantize_xq alone, matvec_xq (the default)
 // and its rows-per-block variants, each checked against the float result.
 void bench_xq(cudaStream_t s, const Ceilings& c) {
@@ -294,42 +304,11 @@ void bench_xq(cudaStream_t s, const Ceilings& c) {
       detail::set_pdl_enabled(false);
       line("matvec_xq no PDL", time_graph(s, 64, 9, [&](int i) { matvec_xq(view(i), xq.p, 1, out.as<float>(), sh.rows, s); }), diff);
       detail::set_pdl_enabled(true);
-      set_matvec_streaming(false);
-      matvec_xq(view(0), xq.p, 1, out.as<float>(), sh.rows, s);
-      diff_of(diff);
-      line("no stream", time_graph(s, 64, 9, [&](int i) { matvec_xq(view(i), xq.p, 1, out.as<float>(), sh.rows, s); }), diff);
-      set_matvec_streaming(true);
-      // The streamed kernel's tunables (matvec_stream_impl.cuh): rows per
-      // group, warps, columns per segment, buffers per warp; the first is the default.
-      struct StreamVariant {
-        const char* name;
-        int rows;
-        detail::StreamConfig cfg;
-      };
-      const StreamVariant stream_cfgs[] = {
-          {"st G2 8w 4096 x3", 2, {8, 4096, 3}},  {"st G2 8w 2048 x3", 2, {8, 2048, 3}},
-          {"st G2 8w 2048 x4", 2, {8, 2048, 4}},  {"st G2 16w 2048 x2", 2, {16, 2048, 2}},
-          {"st G2 4w 4096 x4", 2, {4, 4096, 4}},  {"st G4 8w 2048 x3", 4, {8, 2048, 3}},
-          {"st G4 8w 1024 x4", 4, {8, 1024, 4}},  {"st G4 16w 1024 x3", 4, {16, 1024, 3}},
-          {"st G2 12w 2048 x3", 2, {12, 2048, 3}}};
-      for (const auto& [name, rows_g, cfg] : stream_cfgs) {
-        auto fn = [&, rows_g = rows_g, cfg = cfg](int i) {
-          using namespace detail;
-          if (t == DType::Q8_0) {
-            return rows_g == 2 ? launch_matvec_stream<XqQ8_0, 2, false>(view(i), xq.p, out.as<float>(), {}, s, cfg)
-                               : launch_matvec_stream<XqQ8_0, 4, false>(view(i), xq.p, out.as<float>(), {}, s, cfg);
-          }
-          return rows_g == 2 ? launch_matvec_stream<XqQ4_K, 2, false>(view(i), xq.p, out.as<float>(), {}, s, cfg)
-                             : launch_matvec_stream<XqQ4_K, 4, false>(view(i), xq.p, out.as<float>(), {}, s, cfg);
-        };
-        if (!fn(0)) {
-          std::printf("%-6s %-24s %-16s %9s\n", dtype_name(t), sh.name, name, "n/a");
-          continue;
-        }
-        diff_of(diff);
-        line(name, time_graph(s, 64, 9, [&](int i) { fn(i); }), diff);
-      }
       auto variants = t == DType::Q8_0 ? xq_variants<detail::XqQ8_0>() : xq_variants<detail::XqQ4_K>();
+      if (t == DType::Q4_K) {
+        const auto wide = q4k32_variants();
+        variants.insert(variants.end(), wide.begin(), wide.end());
+      }
       for (const auto& [name, fn] : variants) {
         fn(view(0), xq.p, xq_row_bytes(sh.cols), 1, out.as<float>(), sh.rows, s);
         diff_of(diff);

@@ -151,11 +151,6 @@ DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm = true);
 // (`baton bench --no-pdl`). No effect without CUDA.
 void set_programmatic_launch(bool on);
 
-// The streamed one-token integer-dot matvec (kernels/cuda/matvec.cuh,
-// set_matvec_streaming): on by default where the device has bulk copies;
-// off for A/B measurements (`baton bench --no-stream`). No effect without CUDA.
-void set_streamed_matvec(bool on);
-
 // Process-wide diagnostics of the CUDA deepseek4 stage (`baton bench
 // --profile`): the GPU time per phase of each prefill forward, and a
 // per-kernel table of a decode step (with a replay without programmatic

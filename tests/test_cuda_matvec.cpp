@@ -154,33 +154,19 @@ TEST(CudaMatvec, IntegerDotPathMatchesReference) {
     int64_t rows, cols;
     uint64_t pad;
   };
-  // 16500 rows: Q4_K's tall-matrix configuration (8 rows per block). One
-  // token runs the streamed kernel where the shape fits it (matvec.cuh) and
-  // once more with streaming off: 37 x 512 (Q8_0: fewer rows than blocks,
-  // an odd count), 1000 x 4096, 300 x 4096 with padded rows, 20000 x 1024
-  // (more buffers per block than the ring holds, a partial last buffer),
-  // 300 x 14336 (Q8_0: two units per thread), 260 x 32768 (Q4_K: two).
-  const Shape shapes[] = {{37, 512, 0},     {37, 2304, 32},    {1000, 4096, 0}, {16500, 256, 0},
-                          {300, 4096, 16},  {20000, 1024, 0},  {300, 14336, 0}, {260, 32768, 0}};
+  // 16500 rows: Q4_K's tall-matrix configuration (8 rows per block).
+  // 4102 x 4096: Q4_K's four-threads-per-block kernel (4 rows per block,
+  // a partial last block), one and two tokens.
+  const Shape shapes[] = {{37, 512, 0}, {37, 2304, 32}, {1000, 4096, 0}, {16500, 256, 0}, {4102, 4096, 16}};
   for (DType t : {DType::Q8_0, DType::Q4_K}) {
     ASSERT_TRUE(cuda::matvec_xq_supported(t));
     for (const Shape& s : shapes) {
       const HostMatrix m = random_matrix(t, s.rows, s.cols, s.pad, rng());
       DeviceArray<uint8_t> dw(m.bytes);
-      struct Run {
-        int64_t n_tokens;
-        bool stream;
-      };
-      for (const Run run : {Run{1, true}, Run{1, false}, Run{2, false}, Run{3, false}, Run{5, false}, Run{8, false},
-                            Run{13, false}}) {
-        const int64_t n_tokens = run.n_tokens;
+      for (int64_t n_tokens : {1, 2, 3, 5, 8, 13}) {
         if (s.rows >= 1000 && n_tokens > 2) continue;
-        if ((s.rows == 300 || s.rows == 260) && n_tokens > 1) continue;
-        cuda::set_matvec_streaming(run.stream);
-        const bool stream = cuda::matvec_streaming();
         const std::string what = std::string(dtype_name(t)) + " xq " + std::to_string(s.rows) + "x" +
-                                 std::to_string(s.cols) + " tokens " + std::to_string(n_tokens) +
-                                 (stream ? " streamed" : "");
+                                 std::to_string(s.cols) + " tokens " + std::to_string(n_tokens);
         SCOPED_TRACE(what);
         const int64_t x_stride = s.cols + 4, out_stride = s.rows + 3;
         std::vector<float> x = test::random_floats(rng, size_t(n_tokens * x_stride));
@@ -250,7 +236,6 @@ TEST(CudaMatvec, IntegerDotPathMatchesReference) {
       }
     }
   }
-  cuda::set_matvec_streaming(true);
   // Refused up front: a dtype without the kernel, a row length off the grid.
   DeviceArray<uint8_t> w(1 << 16), xq(1 << 16);
   DeviceArray<float> x(4096), out(4096);
@@ -273,23 +258,26 @@ TEST(CudaMatvec, QkvRopeEpilogueMatchesRopeKernel) {
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed + 11);
-  // 1024 columns: both dtypes fit the streamed kernel, run on and off.
-  const int n_head = 4, n_kv = 2, hd = 64, rot = 48, cols = 1024, ctx = 40, pos = 37;
-  const int64_t qw = n_head * hd, kw = n_kv * hd, vw = n_kv * hd, width = qw + kw + vw;
-  std::vector<float> inv_freq(rot / 2);
-  rope_inv_freq(inv_freq.data(), rot, 10000.0);
-  DeviceArray<float> dfreq(inv_freq);
+  struct Config {
+    int n_head, n_kv, hd, rot, cols;
+  };
+  // The second is llama-8b's shape, where Q4_K takes four rows per block.
+  const int ctx = 40, pos = 37;
   DeviceArray<int32_t> dpos(std::vector<int32_t>{pos});
+  for (const Config cfg : {Config{4, 2, 64, 48, 512}, Config{32, 8, 128, 128, 4096}}) {
   for (DType t : {DType::Q8_0, DType::Q4_K}) {
+    const int n_head = cfg.n_head, n_kv = cfg.n_kv, hd = cfg.hd, rot = cfg.rot, cols = cfg.cols;
+    const int64_t qw = n_head * hd, kw = n_kv * hd, vw = n_kv * hd, width = qw + kw + vw;
+    std::vector<float> inv_freq(rot / 2);
+    rope_inv_freq(inv_freq.data(), rot, 10000.0);
+    DeviceArray<float> dfreq(inv_freq);
     const HostMatrix m = random_matrix(t, width, cols, 0, rng());
     DeviceArray<uint8_t> dw(m.bytes);
     std::vector<float> x = test::random_floats(rng, size_t(cols));
     DeviceArray<float> dx(x);
     DeviceArray<uint8_t> dxq(size_t(cuda::xq_row_bytes(cols)));
     cuda::quantize_xq(dx.get(), cols, 1, cols, dxq.get(), nullptr);
-    // The reference: matvec_xq (the block kernel), then rope over Q and K
-    // heads with the append.
-    cuda::set_matvec_streaming(false);
+    // The reference: matvec_xq, then rope over Q and K heads with the append.
     DeviceArray<float> ref{static_cast<size_t>(width)}, kref{static_cast<size_t>(ctx * kw)}, vref{static_cast<size_t>(ctx * vw)};
     kref.poison(), vref.poison();
     cuda::matvec_xq(view(m, dw), dxq.get(), 1, ref.get(), width, nullptr);
@@ -300,11 +288,8 @@ TEST(CudaMatvec, QkvRopeEpilogueMatchesRopeKernel) {
     const std::vector<float> want = ref.download(), kwant = kref.download(), vwant = vref.download();
     float scale = 0;
     for (float v : want) scale = std::max(scale, std::fabs(v));
-    for (int pass = 0; pass < 4; ++pass) {
-      const bool split = pass % 2 == 1;
-      cuda::set_matvec_streaming(pass < 2);
-      SCOPED_TRACE(std::string(dtype_name(t)) + (split ? " Q, K, V apart" : " fused Q|K|V") +
-                   (cuda::matvec_streaming() ? " streamed" : ""));
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + (split ? " Q, K, V apart" : " fused Q|K|V"));
       DeviceArray<float> out{static_cast<size_t>(width)}, kc{static_cast<size_t>(ctx * kw)}, vc{static_cast<size_t>(ctx * vw)};
       out.poison(), kc.poison(), vc.poison();
       cuda::QkvRope r;
@@ -335,12 +320,14 @@ TEST(CudaMatvec, QkvRopeEpilogueMatchesRopeKernel) {
         if (is_poison(vwant[i])) {
           ASSERT_TRUE(is_poison(vgot[i])) << "V cache written outside the row, float " << i;
         } else {
-          ASSERT_EQ(vgot[i], vwant[i]) << "V cache float " << i;
+          // Not bit-equal: a V matrix of its own may take another kernel
+          // configuration (summation order) than the fused reference.
+          ASSERT_NEAR(vgot[i], vwant[i], 1e-6 * scale) << "V cache float " << i;
         }
       }
     }
   }
-  cuda::set_matvec_streaming(true);
+  }
   // Refused: an odd row split, NEOX-style widths that do not pair up.
   DeviceArray<uint8_t> w(1 << 16), xq(1 << 16);
   DeviceArray<float> out(1024), cache(1024);

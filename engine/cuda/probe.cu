@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "engine/cuda/cuda_stage.h"
-#include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace baton {
@@ -146,7 +145,5 @@ DeviceCeilings measure_cuda_ceilings(uint64_t copy_bytes, bool gemm) {
 }
 
 void set_programmatic_launch(bool on) { cuda::detail::set_pdl_enabled(on); }
-
-void set_streamed_matvec(bool on) { cuda::set_matvec_streaming(on); }
 
 }  // namespace baton

@@ -31,6 +31,17 @@ constexpr int64_t kMaxSplitRows = 256;   // n_tokens * n_head up to this may spl
 constexpr int64_t kMinSplitPositions = 16;
 constexpr int kMergeWarps = 4;
 
+// Positions per split. With the position read at run time (a captured
+// decode graph sized for the whole context) the positions seen now are shared
+// among the splits, at least kMinSplitPositions each, so a short context
+// runs few splits and the merge reads only theirs.
+__device__ __forceinline__ int64_t split_chunk(const int32_t* pos0_device, int64_t n_tokens, int n_splits,
+                                               int64_t static_chunk) {
+  if (!pos0_device) return static_chunk;
+  const int64_t n_pos = int64_t(*pos0_device) + n_tokens;
+  return max(kMinSplitPositions, (n_pos + n_splits - 1) / n_splits);
+}
+
 struct KernelArgs {
   AttentionParams p;
   int group;              // query heads per KV head
@@ -240,9 +251,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   WarpRows<N> rows;
   const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
   rows.init(a, kvh, wg % a.groups_per_kv, lane, pos0);
-  // A run-time position shares the positions seen now among the splits.
-  const int64_t chunk = a.p.pos0_device ? (pos0 + a.p.n_tokens + a.n_splits - 1) / a.n_splits : a.chunk;
+  const int64_t chunk = split_chunk(a.p.pos0_device, a.p.n_tokens, a.n_splits, a.chunk);
   const int64_t p_begin = int64_t(blockIdx.y) * chunk;
+  // A split past every row's last position is not read by the merge.
+  if (a.p.pos0_device && p_begin >= pos0 + a.p.n_tokens) return;
   const int64_t p_end = min(p_begin + chunk, rows.last + 1);
   for (int64_t p = p_begin; p < p_end; p += U) {
     rows.template step<U>(a, lane, kb + p * k_row, k_row, vb + p * v_row, v_row, p, int(min(int64_t(U), p_end - p)));
@@ -257,12 +269,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
 // splits of their 32 dims and meet in shared memory.
 __global__ void __launch_bounds__(kMergeWarps * 32)
     attention_merge_kernel(const float* __restrict__ partial, int n_splits, int64_t n_rows, int n_head, int dv,
-                           float* out, int64_t out_stride, uint8_t* xq, uint64_t xq_stride) {
+                           float* out, int64_t out_stride, uint8_t* xq, uint64_t xq_stride,
+                           const int32_t* pos0_device, int64_t n_tokens, int64_t static_chunk) {
   __shared__ float wts[kMaxSplits];
   __shared__ float red[32];
   __shared__ float part[kMergeWarps][32];
   pdl_trigger();
   pdl_wait();  // the partials of the split kernel (pdl.cuh)
+  // Splits past the last position wrote nothing this time (the split
+  // kernel's chunk); those before it all did.
+  if (pos0_device) {
+    const int64_t chunk = split_chunk(pos0_device, n_tokens, n_splits, static_chunk);
+    n_splits = int(min(int64_t(n_splits), (int64_t(*pos0_device) + n_tokens + chunk - 1) / chunk));
+  }
   const int64_t row = blockIdx.x;
   const int64_t split_stride = n_rows * (dv + 2);
   const float* base = partial + row * (dv + 2);
@@ -299,10 +318,17 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   }
 }
 
+// The split kernel is launched in full stream order, not early: an early
+// launch places its few hundred blocks on whichever SMs have room while the
+// kernel before drains, packing them onto some SMs, and made attention +
+// merge 1.2x (position 511) to 1.6x (position 4095) slower in the decode-step
+// table (docs/CUDA.md). Its pdl_wait() is then a no-op; the merge after it
+// still launches early.
 template <int N>
 void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
-  launch_pdl("attention_kernel", attention_kernel<N>, grid, dim3(kWarpsPerBlock * 32), 0, stream, a);
+  attention_kernel<N><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
+  check_launch("attention_kernel");
 }
 
 }  // namespace
@@ -367,9 +393,10 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
   }
   if (a.n_splits > 1) {
     const dim3 grid(unsigned(rows), unsigned((p.head_dim_v + 31) / 32));
-    launch_pdl("attention_merge_kernel", attention_merge_kernel, grid, dim3(kMergeWarps * 32), 0, stream,
-               static_cast<const float*>(a.partial), a.n_splits, rows, p.n_head, p.head_dim_v, p.out, p.out_stride,
-               static_cast<uint8_t*>(p.xq), a.xq_stride);
+    attention_merge_kernel<<<grid, dim3(kMergeWarps * 32), 0, stream>>>(
+        static_cast<const float*>(a.partial), a.n_splits, rows, p.n_head, p.head_dim_v, p.out, p.out_stride,
+        static_cast<uint8_t*>(p.xq), a.xq_stride, p.pos0_device, p.n_tokens, a.chunk);
+    check_launch("attention_merge_kernel");
   }
 }
 

@@ -42,14 +42,6 @@ uint64_t xq_row_bytes(int64_t n);
 // rows xq_row_bytes(n) apart. n must be a multiple of 32; xq 16-byte aligned.
 void quantize_xq(const float* x, int64_t n, int64_t n_tokens, int64_t x_stride, void* xq, cudaStream_t stream);
 
-// One token of matvec_xq (and matvec_xq_rope) streams each block's rows
-// through shared memory with bulk copies (matvec_stream_impl.cuh) where the
-// device has them (sm_90+) and the shape fits; off, or on a device without
-// them, the block-per-rows kernel runs. Process-wide; `baton bench
-// --no-stream` is the A/B switch.
-void set_matvec_streaming(bool on);
-bool matvec_streaming();
-
 // Whether matvec_xq takes weights of this dtype (Q8_0 and Q4_K for now).
 bool matvec_xq_supported(DType t);
 

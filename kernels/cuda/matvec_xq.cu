@@ -6,7 +6,6 @@
 #include <string>
 
 #include "kernels/cuda/matvec.cuh"
-#include "kernels/cuda/matvec_stream_impl.cuh"
 #include "kernels/cuda/matvec_xq_impl.cuh"
 #include "kernels/cuda/xq.cuh"
 
@@ -29,24 +28,6 @@ __global__ void quantize_xq_kernel(const float* __restrict__ x, int64_t n, int64
   }
 }
 
-// -1: not decided yet (on where the device has bulk copies, sm_90+).
-int& streaming_state() {
-  static int state = -1;
-  return state;
-}
-
-bool has_bulk_copies() {
-  static const bool capable = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-  }();
-  return capable;
-}
-
-// Rows per group of the streamed kernel (its G).
-constexpr int kStreamRows = 2;
-
 // Rows per block, from the sweep on the H200 (docs/CUDA.md,
 // bench/results/kernels_xq_ds4_h200.log). A one-token launch is bound by
 // how many blocks the GPU must schedule as much as by bytes (a 32768-row
@@ -55,12 +36,19 @@ constexpr int kStreamRows = 2;
 // 16384+ rows of at most 2048 columns (DeepSeek's q_b); Q4_K, whose
 // threads already carry 16 bytes of each of R rows, 8 for 16384+ rows or
 // rows of 8192+ columns. More tokens: 2 rows, to bound registers.
+// Q4_K one-token launches of at least 4096 x 4096 take four threads per
+// weight block (XqQ4_K32: scales and minimum terms once per 32 bytes of
+// quants) and 4 rows per block: 3-6% faster than the best XqQ4_K
+// configuration on llama-8b's matrices, slower on smaller or narrower ones
+// (bench/results/kernels_xq_q4k32_h200.log).
+bool use_q4k32(const MatrixView& w) { return w.type == DType::Q4_K && w.rows >= 4096 && w.cols >= 4096; }
+
 template <class K, int T>
 void launch(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out, int64_t out_stride,
             cudaStream_t stream) {
   if constexpr (T == 1) {
-    if (matvec_streaming() &&
-        launch_matvec_stream<K, kStreamRows, false>(w, xq, out, QkvRope{}, stream, StreamConfig{})) {
+    if (use_q4k32(w)) {
+      launch_matvec_xq<XqQ4_K32, 4, 1>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
       return;
     }
     const bool q4 = K::kType == DType::Q4_K;
@@ -90,14 +78,6 @@ void quantize_xq(const float* x, int64_t n, int64_t n_tokens, int64_t x_stride, 
   const int64_t blocks = std::clamp<int64_t>((warps * 32 + threads - 1) / threads, 1, int64_t(sm_count()) * 8);
   launch_pdl("quantize_xq_kernel", quantize_xq_kernel, dim3(unsigned(blocks)), dim3(threads), 0, stream, x, n,
              n_tokens, x_stride, static_cast<uint8_t*>(xq), xq_row_bytes(n));
-}
-
-void set_matvec_streaming(bool on) { streaming_state() = on && has_bulk_copies() ? 1 : 0; }
-
-bool matvec_streaming() {
-  int& state = streaming_state();
-  if (state < 0) state = has_bulk_copies() ? 1 : 0;
-  return state == 1;
 }
 
 bool matvec_xq_supported(DType t) { return t == DType::Q8_0 || t == DType::Q4_K; }
@@ -157,15 +137,10 @@ void matvec_xq_rope(const MatrixView& w, const void* xq, float* out, const QkvRo
   }
   if (w.rows > int64_t(0x7fffffff)) throw std::invalid_argument("matvec_xq_rope: too many rows for one launch");
   const uint64_t stride = xq_row_bytes(w.cols);
-  if (matvec_streaming() && rope.rot_dim / 2 <= kStreamRopePairs) {
-    const bool done =
-        w.type == DType::Q8_0
-            ? launch_matvec_stream<XqQ8_0, kStreamRows, true>(w, xq, out, rope, stream, StreamConfig{})
-            : launch_matvec_stream<XqQ4_K, kStreamRows, true>(w, xq, out, rope, stream, StreamConfig{});
-    if (done) return;
-  }
   if (w.type == DType::Q8_0) {
     launch_matvec_xq_epilogue<XqQ8_0, 2, 1, true>(w, xq, stride, 1, out, w.rows, stream, rope);
+  } else if (use_q4k32(w)) {
+    launch_matvec_xq_epilogue<XqQ4_K32, 4, 1, true>(w, xq, stride, 1, out, w.rows, stream, rope);
   } else {
     launch_matvec_xq_epilogue<XqQ4_K, 2, 1, true>(w, xq, stride, 1, out, w.rows, stream, rope);
   }

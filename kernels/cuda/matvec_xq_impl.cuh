@@ -57,30 +57,9 @@ struct XqQ8_0 {
     w.d = ld_u16(b);
     return w;
   }
-  // The same from shared memory (the streamed kernel, matvec_stream_impl.cuh):
-  // five aligned words realigned; the buffer has 16 bytes of padding, so the
-  // last word may lie past the block.
-  __device__ static W load_w_shared(const uint8_t* b, int c) {
-    const uint8_t* p = b + 2 + 16 * c;
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
-    const unsigned shift = unsigned(a & 2u) * 8u;
-    uint32_t v[5];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) v[i] = base[i];
-    W w;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) w.q[i] = __funnelshift_r(v[i], v[i + 1], shift);
-    w.d = *reinterpret_cast<const unsigned short*>(b);
-    return w;
-  }
   __device__ static X load_x(const XqRow& x, int64_t blk, int c) {
     const int64_t e = blk * 32 + 16 * c;
     return {ld_x128(x.hi + e), ld_x128(x.lo + e), x.ds[blk].x};
-  }
-  __device__ static X load_x_shared(const XqRow& x, int64_t blk, int c) {
-    const int64_t e = blk * 32 + 16 * c;
-    return {*reinterpret_cast<const uint4*>(x.hi + e), *reinterpret_cast<const uint4*>(x.lo + e), x.ds[blk].x};
   }
   __device__ static float dot(const W& w, const X& x, int) {
     const int t = dot16(w.q, x.h) * 256 + dot16(w.q, x.l);
@@ -106,20 +85,11 @@ struct XqQ4_K {
     float2 da, db;
   };
   __device__ static W load_w(const uint8_t* b, int c) { return {ld_u128(b), ld_u128(b + 16 + 16 * c)}; }
-  __device__ static W load_w_shared(const uint8_t* b, int c) {
-    return {*reinterpret_cast<const uint4*>(b), *reinterpret_cast<const uint4*>(b + 16 + 16 * c)};
-  }
   __device__ static X load_x(const XqRow& x, int64_t blk, int c) {
     const int64_t sa = blk * 8 + 2 * (c >> 1);
     const int64_t e = sa * 32 + 16 * (c & 1);
     return {ld_x128(x.hi + e), ld_x128(x.lo + e), ld_x128(x.hi + e + 32), ld_x128(x.lo + e + 32),
             __ldg(x.ds + sa), __ldg(x.ds + sa + 1)};
-  }
-  __device__ static X load_x_shared(const XqRow& x, int64_t blk, int c) {
-    const int64_t sa = blk * 8 + 2 * (c >> 1);
-    const int64_t e = sa * 32 + 16 * (c & 1);
-    auto v = [](const int8_t* p) { return *reinterpret_cast<const uint4*>(p); };
-    return {v(x.hi + e), v(x.lo + e), v(x.hi + e + 32), v(x.lo + e + 32), x.ds[sa], x.ds[sa + 1]};
   }
   // 6-bit scale and min of sub-block j from the packed words at bytes 4-15.
   __device__ static void scale_min(const uint4& hdr, int j, int& sc, int& m) {
@@ -230,7 +200,7 @@ __global__ void __launch_bounds__(kXqThreads, R * T <= 2 ? 8 : 1)
     matvec_xq_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
                      const uint8_t* __restrict__ xq, uint64_t xq_stride, int n_tokens, float* __restrict__ out,
                      int64_t out_stride, QkvRope rope) {
-  static_assert(!kRope || (R == 2 && T == 1), "the RoPE epilogue takes pairs of rows of one token");
+  static_assert(!kRope || (R % 2 == 0 && T == 1), "the RoPE epilogue takes pairs of rows of one token");
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Rows past the end and tokens past n_tokens repeat the last valid one;
   // their results are not written.
@@ -262,15 +232,17 @@ __global__ void __launch_bounds__(kXqThreads, R * T <= 2 ? 8 : 1)
   }
   pdl_trigger();
   pdl_wait();
-  // The RoPE angle of the block's pair (a double sincos, hundreds of cycles)
-  // on the last warp while the loads of the others are in flight, rather
-  // than after the reduction where it would hold the block's slot longer.
-  __shared__ float rope_cs[3];
+  // The RoPE angles of the block's pairs (a double sincos each, hundreds of
+  // cycles) on the last warp while the loads of the others are in flight,
+  // rather than after the reduction where they would hold the block's slot
+  // longer.
+  __shared__ float rope_cs[kRope ? R / 2 : 1][3];
   if constexpr (kRope) {
-    if (threadIdx.x == blockDim.x - 32) {
+    const int p = int(threadIdx.x) - int(blockDim.x - 32);
+    if (p >= 0 && p < R / 2) {
       float cs = 1.0f, sn = 0.0f;
-      const bool rotate = qkv_rope_angle(rope, rope.first_row + row0, cs, sn);
-      rope_cs[0] = rotate ? 1.0f : 0.0f, rope_cs[1] = cs, rope_cs[2] = sn;
+      const bool rotate = qkv_rope_angle(rope, rope.first_row + row0 + 2 * p, cs, sn);
+      rope_cs[p][0] = rotate ? 1.0f : 0.0f, rope_cs[p][1] = cs, rope_cs[p][2] = sn;
     }
   }
   // Rows of several steps per thread (kPipe): the next step's weights are
@@ -321,10 +293,11 @@ __global__ void __launch_bounds__(kXqThreads, R * T <= 2 ? 8 : 1)
   }
   __syncthreads();
   if constexpr (kRope) {
-    if (threadIdx.x == 0) {
+    const int p = int(threadIdx.x);
+    if (p < R / 2 && row0 + 2 * p < rows) {  // rows is even
       float v0 = 0.0f, v1 = 0.0f;
-      for (int k = 0; k < int(blockDim.x >> 5); ++k) v0 += partial[k][0], v1 += partial[k][1];
-      qkv_rope_pair(rope, row0, v0, v1, rope_cs[0] != 0.0f, rope_cs[1], rope_cs[2], out);  // rows is even
+      for (int k = 0; k < int(blockDim.x >> 5); ++k) v0 += partial[k][2 * p], v1 += partial[k][2 * p + 1];
+      qkv_rope_pair(rope, row0 + 2 * p, v0, v1, rope_cs[p][0] != 0.0f, rope_cs[p][1], rope_cs[p][2], out);
     }
     return;
   }
