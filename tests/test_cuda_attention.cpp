@@ -112,6 +112,50 @@ TEST(CudaAttention, MatchesCpuReference) {
   }
 }
 
+// Decode with the position read from device memory at run time (one graph
+// for every step): the splits are sized for an upper bound and share the
+// positions seen at run time, at least min_split_positions each; the merge
+// reads only the splits that ran. Rows past the position hold junk.
+TEST(CudaAttention, RunTimePositionMatchesCpuReference) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 3);
+  const int n_head = 32, n_kv = 8, d = 128;
+  const int64_t bound = 2048, q_stride = int64_t(n_head) * d, out_stride = q_stride;
+  const std::vector<float> q = test::random_floats(rng, size_t(q_stride), 3.0f);
+  const std::vector<float> k = test::random_floats(rng, size_t(bound * n_kv * d));
+  const std::vector<float> v = test::random_floats(rng, size_t(bound * n_kv * d));
+  DeviceArray<float> dq(q), dk(k), dv(v), dout(static_cast<size_t>(out_stride));
+  const size_t ws_bytes = cuda::attention_workspace_bytes(1, n_head, d);
+  DeviceArray<uint8_t> ws(ws_bytes);
+  for (const int64_t min_pos : {int64_t(1), int64_t(16), int64_t(64)}) {
+    for (const int32_t pos : {0, 15, 16, 700, 2047}) {
+      SCOPED_TRACE("splits of " + std::to_string(min_pos) + "+, position " + std::to_string(pos));
+      DeviceArray<int32_t> dpos(std::vector<int32_t>{pos});
+      dout.poison();
+      cuda::AttentionParams p;
+      p.n_head = n_head, p.n_head_kv = n_kv, p.head_dim_k = p.head_dim_v = d;
+      p.scale = 1.0f / std::sqrt(float(d));
+      p.q = dq.get(), p.q_stride = q_stride, p.n_tokens = 1;
+      p.pos0 = bound - 1, p.pos0_device = dpos.get(), p.min_split_positions = min_pos;
+      p.k_cache = dk.get(), p.v_cache = dv.get(), p.out = dout.get(), p.out_stride = out_stride;
+      cuda::attention(p, ws.get(), ws_bytes, nullptr);
+      const std::vector<float> got = dout.download();
+
+      ThreadPool pool(1);
+      std::vector<float> want(static_cast<size_t>(out_stride)), scratch(static_cast<size_t>(bound));
+      AttentionArgs a;
+      a.n_head = n_head, a.n_head_kv = n_kv, a.head_dim_k = a.head_dim_v = d, a.scale = p.scale;
+      a.q = q.data(), a.q_stride = q_stride, a.n_tokens = 1, a.pos0 = pos;
+      a.k_cache = k.data(), a.v_cache = v.data(), a.out = want.data(), a.out_stride = out_stride;
+      a.scratch = scratch.data();
+      attention(a, pool);
+      for (int64_t i = 0; i < out_stride; ++i) ASSERT_NEAR(got[size_t(i)], want[size_t(i)], 2e-5) << "element " << i;
+    }
+  }
+}
+
 TEST(CudaAttention, RejectsBadShapes) {
   BATON_REQUIRE_CUDA();
   DeviceArray<float> buf(4096);

@@ -33,13 +33,12 @@ constexpr int kMergeWarps = 4;
 
 // Positions per split. With the position read at run time (a captured
 // decode graph sized for the whole context) the positions seen now are shared
-// among the splits, at least kMinSplitPositions each, so a short context
-// runs few splits and the merge reads only theirs.
+// among the splits, at least min_positions each.
 __device__ __forceinline__ int64_t split_chunk(const int32_t* pos0_device, int64_t n_tokens, int n_splits,
-                                               int64_t static_chunk) {
+                                               int64_t static_chunk, int64_t min_positions) {
   if (!pos0_device) return static_chunk;
   const int64_t n_pos = int64_t(*pos0_device) + n_tokens;
-  return max(kMinSplitPositions, (n_pos + n_splits - 1) / n_splits);
+  return max(min_positions, (n_pos + n_splits - 1) / n_splits);
 }
 
 struct KernelArgs {
@@ -251,7 +250,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   WarpRows<N> rows;
   const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
   rows.init(a, kvh, wg % a.groups_per_kv, lane, pos0);
-  const int64_t chunk = split_chunk(a.p.pos0_device, a.p.n_tokens, a.n_splits, a.chunk);
+  const int64_t chunk = split_chunk(a.p.pos0_device, a.p.n_tokens, a.n_splits, a.chunk, a.p.min_split_positions);
   const int64_t p_begin = int64_t(blockIdx.y) * chunk;
   // A split past every row's last position is not read by the merge.
   if (a.p.pos0_device && p_begin >= pos0 + a.p.n_tokens) return;
@@ -270,7 +269,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
 __global__ void __launch_bounds__(kMergeWarps * 32)
     attention_merge_kernel(const float* __restrict__ partial, int n_splits, int64_t n_rows, int n_head, int dv,
                            float* out, int64_t out_stride, uint8_t* xq, uint64_t xq_stride,
-                           const int32_t* pos0_device, int64_t n_tokens, int64_t static_chunk) {
+                           const int32_t* pos0_device, int64_t n_tokens, int64_t static_chunk,
+                           int64_t min_positions) {
   __shared__ float wts[kMaxSplits];
   __shared__ float red[32];
   __shared__ float part[kMergeWarps][32];
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   // Splits past the last position wrote nothing this time (the split
   // kernel's chunk); those before it all did.
   if (pos0_device) {
-    const int64_t chunk = split_chunk(pos0_device, n_tokens, n_splits, static_chunk);
+    const int64_t chunk = split_chunk(pos0_device, n_tokens, n_splits, static_chunk, min_positions);
     n_splits = int(min(int64_t(n_splits), (int64_t(*pos0_device) + n_tokens + chunk - 1) / chunk));
   }
   const int64_t row = blockIdx.x;
@@ -359,6 +359,7 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
   }
   KernelArgs a{};
   a.p = p;
+  a.p.min_split_positions = std::max<int64_t>(1, p.min_split_positions);
   a.xq_stride = p.xq ? xq_row_bytes(int64_t(p.n_head) * p.head_dim_v) : 0;
   a.group = p.n_head / p.n_head_kv;
   a.groups_per_kv = (p.n_tokens * a.group + kRowsPerWarp - 1) / kRowsPerWarp;
@@ -395,7 +396,7 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
     const dim3 grid(unsigned(rows), unsigned((p.head_dim_v + 31) / 32));
     attention_merge_kernel<<<grid, dim3(kMergeWarps * 32), 0, stream>>>(
         static_cast<const float*>(a.partial), a.n_splits, rows, p.n_head, p.head_dim_v, p.out, p.out_stride,
-        static_cast<uint8_t*>(p.xq), a.xq_stride, p.pos0_device, p.n_tokens, a.chunk);
+        static_cast<uint8_t*>(p.xq), a.xq_stride, p.pos0_device, p.n_tokens, a.chunk, std::max<int64_t>(1, p.min_split_positions));
     check_launch("attention_merge_kernel");
   }
 }
