@@ -265,68 +265,68 @@ TEST(CudaMatvec, QkvRopeEpilogueMatchesRopeKernel) {
   const int ctx = 40, pos = 37;
   DeviceArray<int32_t> dpos(std::vector<int32_t>{pos});
   for (const Config cfg : {Config{4, 2, 64, 48, 512}, Config{32, 8, 128, 128, 4096}}) {
-  for (DType t : {DType::Q8_0, DType::Q4_K}) {
-    const int n_head = cfg.n_head, n_kv = cfg.n_kv, hd = cfg.hd, rot = cfg.rot, cols = cfg.cols;
-    const int64_t qw = n_head * hd, kw = n_kv * hd, vw = n_kv * hd, width = qw + kw + vw;
-    std::vector<float> inv_freq(rot / 2);
-    rope_inv_freq(inv_freq.data(), rot, 10000.0);
-    DeviceArray<float> dfreq(inv_freq);
-    const HostMatrix m = random_matrix(t, width, cols, 0, rng());
-    DeviceArray<uint8_t> dw(m.bytes);
-    std::vector<float> x = test::random_floats(rng, size_t(cols));
-    DeviceArray<float> dx(x);
-    DeviceArray<uint8_t> dxq(size_t(cuda::xq_row_bytes(cols)));
-    cuda::quantize_xq(dx.get(), cols, 1, cols, dxq.get(), nullptr);
-    // The reference: matvec_xq, then rope over Q and K heads with the append.
-    DeviceArray<float> ref{static_cast<size_t>(width)}, kref{static_cast<size_t>(ctx * kw)}, vref{static_cast<size_t>(ctx * vw)};
-    kref.poison(), vref.poison();
-    cuda::matvec_xq(view(m, dw), dxq.get(), 1, ref.get(), width, nullptr);
-    cuda::RopeAppend app;
-    app.first_k_head = n_head, app.v = ref.get() + qw + kw, app.vw = vw;
-    app.k_cache = kref.get(), app.v_cache = vref.get(), app.pos0 = dpos.get();
-    cuda::rope(ref.get(), 1, width, n_head + n_kv, hd, rot, dpos.get(), dfreq.get(), RopeMode::Normal, app, nullptr);
-    const std::vector<float> want = ref.download(), kwant = kref.download(), vwant = vref.download();
-    float scale = 0;
-    for (float v : want) scale = std::max(scale, std::fabs(v));
-    for (bool split : {false, true}) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + (split ? " Q, K, V apart" : " fused Q|K|V"));
-      DeviceArray<float> out{static_cast<size_t>(width)}, kc{static_cast<size_t>(ctx * kw)}, vc{static_cast<size_t>(ctx * vw)};
-      out.poison(), kc.poison(), vc.poison();
-      cuda::QkvRope r;
-      r.q_rows = qw, r.k_rows = kw, r.v_rows = vw, r.head_dim = hd, r.rot_dim = rot;
-      r.inv_freq = dfreq.get(), r.pos = dpos.get(), r.cache_pos = dpos.get();
-      r.k_cache = kc.get(), r.v_cache = vc.get();
-      using Part = std::array<int64_t, 2>;  // first row, rows
-      const std::vector<Part> parts = split ? std::vector<Part>{{0, qw}, {qw, kw}, {qw + kw, vw}} : std::vector<Part>{{0, width}};
-      for (const Part& part : parts) {
-        cuda::MatrixView w = view(m, dw);
-        w.data = dw.get() + uint64_t(part[0]) * m.row_bytes;
-        w.rows = part[1];
-        r.first_row = part[0];
-        cuda::matvec_xq_rope(w, dxq.get(), out.get() + part[0], r, nullptr);
-      }
-      const std::vector<float> got = out.download(), kgot = kc.download(), vgot = vc.download();
-      for (int64_t i = 0; i < width; ++i) {
-        ASSERT_NEAR(got[size_t(i)], want[size_t(i)], 1e-6 * scale) << "column " << i;
-      }
-      for (size_t i = 0; i < kgot.size(); ++i) {
-        if (is_poison(kwant[i])) {
-          ASSERT_TRUE(is_poison(kgot[i])) << "K cache written outside the row, float " << i;
-        } else {
-          ASSERT_NEAR(kgot[i], kwant[i], 1e-6 * scale) << "K cache float " << i;
+    for (DType t : {DType::Q8_0, DType::Q4_K}) {
+      const int n_head = cfg.n_head, n_kv = cfg.n_kv, hd = cfg.hd, rot = cfg.rot, cols = cfg.cols;
+      const int64_t qw = n_head * hd, kw = n_kv * hd, vw = n_kv * hd, width = qw + kw + vw;
+      std::vector<float> inv_freq(rot / 2);
+      rope_inv_freq(inv_freq.data(), rot, 10000.0);
+      DeviceArray<float> dfreq(inv_freq);
+      const HostMatrix m = random_matrix(t, width, cols, 0, rng());
+      DeviceArray<uint8_t> dw(m.bytes);
+      std::vector<float> x = test::random_floats(rng, size_t(cols));
+      DeviceArray<float> dx(x);
+      DeviceArray<uint8_t> dxq(size_t(cuda::xq_row_bytes(cols)));
+      cuda::quantize_xq(dx.get(), cols, 1, cols, dxq.get(), nullptr);
+      // The reference: matvec_xq, then rope over Q and K heads with the append.
+      DeviceArray<float> ref{static_cast<size_t>(width)}, kref{static_cast<size_t>(ctx * kw)}, vref{static_cast<size_t>(ctx * vw)};
+      kref.poison(), vref.poison();
+      cuda::matvec_xq(view(m, dw), dxq.get(), 1, ref.get(), width, nullptr);
+      cuda::RopeAppend app;
+      app.first_k_head = n_head, app.v = ref.get() + qw + kw, app.vw = vw;
+      app.k_cache = kref.get(), app.v_cache = vref.get(), app.pos0 = dpos.get();
+      cuda::rope(ref.get(), 1, width, n_head + n_kv, hd, rot, dpos.get(), dfreq.get(), RopeMode::Normal, app, nullptr);
+      const std::vector<float> want = ref.download(), kwant = kref.download(), vwant = vref.download();
+      float scale = 0;
+      for (float v : want) scale = std::max(scale, std::fabs(v));
+      for (bool split : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + (split ? " Q, K, V apart" : " fused Q|K|V"));
+        DeviceArray<float> out{static_cast<size_t>(width)}, kc{static_cast<size_t>(ctx * kw)}, vc{static_cast<size_t>(ctx * vw)};
+        out.poison(), kc.poison(), vc.poison();
+        cuda::QkvRope r;
+        r.q_rows = qw, r.k_rows = kw, r.v_rows = vw, r.head_dim = hd, r.rot_dim = rot;
+        r.inv_freq = dfreq.get(), r.pos = dpos.get(), r.cache_pos = dpos.get();
+        r.k_cache = kc.get(), r.v_cache = vc.get();
+        using Part = std::array<int64_t, 2>;  // first row, rows
+        const std::vector<Part> parts = split ? std::vector<Part>{{0, qw}, {qw, kw}, {qw + kw, vw}} : std::vector<Part>{{0, width}};
+        for (const Part& part : parts) {
+          cuda::MatrixView w = view(m, dw);
+          w.data = dw.get() + uint64_t(part[0]) * m.row_bytes;
+          w.rows = part[1];
+          r.first_row = part[0];
+          cuda::matvec_xq_rope(w, dxq.get(), out.get() + part[0], r, nullptr);
         }
-      }
-      for (size_t i = 0; i < vgot.size(); ++i) {
-        if (is_poison(vwant[i])) {
-          ASSERT_TRUE(is_poison(vgot[i])) << "V cache written outside the row, float " << i;
-        } else {
-          // Not bit-equal: a V matrix of its own may take another kernel
-          // configuration (summation order) than the fused reference.
-          ASSERT_NEAR(vgot[i], vwant[i], 1e-6 * scale) << "V cache float " << i;
+        const std::vector<float> got = out.download(), kgot = kc.download(), vgot = vc.download();
+        for (int64_t i = 0; i < width; ++i) {
+          ASSERT_NEAR(got[size_t(i)], want[size_t(i)], 1e-6 * scale) << "column " << i;
+        }
+        for (size_t i = 0; i < kgot.size(); ++i) {
+          if (is_poison(kwant[i])) {
+            ASSERT_TRUE(is_poison(kgot[i])) << "K cache written outside the row, float " << i;
+          } else {
+            ASSERT_NEAR(kgot[i], kwant[i], 1e-6 * scale) << "K cache float " << i;
+          }
+        }
+        for (size_t i = 0; i < vgot.size(); ++i) {
+          if (is_poison(vwant[i])) {
+            ASSERT_TRUE(is_poison(vgot[i])) << "V cache written outside the row, float " << i;
+          } else {
+            // Not bit-equal: a V matrix of its own may take another kernel
+            // configuration (summation order) than the fused reference.
+            ASSERT_NEAR(vgot[i], vwant[i], 1e-6 * scale) << "V cache float " << i;
+          }
         }
       }
     }
-  }
   }
   // Refused: an odd row split, NEOX-style widths that do not pair up.
   DeviceArray<uint8_t> w(1 << 16), xq(1 << 16);
