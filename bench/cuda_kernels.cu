@@ -233,7 +233,15 @@ std::vector<std::pair<const char*, XqLaunchFn>> xq_variants() {
           {"xq R4", &launch_matvec_xq<K, 4, 1>},
           {"xq R8", &launch_matvec_xq<K, 8, 1>},
           {"xq R1 unpiped", &launch_matvec_xq_unpiped<K, 1, 1>},
-          {"xq R2 unpiped", &launch_matvec_xq_unpiped<K, 2, 1>}};
+          {"xq R2 unpiped", &launch_matvec_xq_unpiped<K, 2, 1>},
+          {"xq R4 piped", &launch_matvec_xq_bounded<K, 4, true, 0>},
+          {"xq R4 piped mb4", &launch_matvec_xq_bounded<K, 4, true, 4>},
+          {"xq R4 piped mb6", &launch_matvec_xq_bounded<K, 4, true, 6>},
+          {"xq R4 mb8", &launch_matvec_xq_bounded<K, 4, false, 8>},
+          {"xq R4 mb6", &launch_matvec_xq_bounded<K, 4, false, 6>},
+          {"xq R8 piped", &launch_matvec_xq_bounded<K, 8, true, 0>},
+          {"xq R8 piped mb3", &launch_matvec_xq_bounded<K, 8, true, 3>},
+          {"xq R8 mb4", &launch_matvec_xq_bounded<K, 8, false, 4>}};
 }
 
 // Q4_K with 32 bytes of quants per thread (XqQ4_K32) against the default 16.

@@ -151,10 +151,10 @@ DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm = true);
 // (`baton bench --no-pdl`). No effect without CUDA.
 void set_programmatic_launch(bool on);
 
-// Process-wide diagnostics of the CUDA deepseek4 stage (`baton bench
-// --profile`): the GPU time per phase of each prefill forward, and a
+// Process-wide diagnostics of the CUDA stages (`baton bench --profile`): a
 // per-kernel table of a decode step (with a replay without programmatic
-// launch) at the next reset after 10+ decode steps, all on stderr. Read when
+// launch) at the next reset after 10+ decode steps, and for deepseek4 the GPU
+// time per phase of each prefill forward, all on stderr. Read when
 // a stage is built and as it runs; off by default. No effect without CUDA.
 void set_stage_profiling(bool on);
 bool stage_profiling();

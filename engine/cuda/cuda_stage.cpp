@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -569,6 +570,11 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
 
 CudaStage::~CudaStage() {
   if (stream_) cudaStreamSynchronize(stream_.get());
+  try {
+    profile_decode();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode profile: %s\n", e.what());
+  }
 }
 
 void CudaStage::sync() { BATON_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
@@ -586,7 +592,14 @@ int64_t CudaStage::position(int seq) const {
 
 void CudaStage::reset(int seq) {
   check_seq(seq);
+  if (seq == 0) profile_decode();
   length_[size_t(seq)] = 0;
+}
+
+// set_stage_profiling(true): sequence 0's decode profile (graph_profile.h).
+void CudaStage::profile_decode() {
+  if (decode_graphs_.empty()) return;
+  profiler_.report(decode_graphs_[0].get(), stream_.get(), length_[0] - 1, [&] { enqueue(0, 1, 0, /*graph=*/true); });
 }
 
 float* CudaStage::kv_stream(int layer, int seq, int s) const {
@@ -745,6 +758,7 @@ void CudaStage::capture_decode_graphs() {
       throw;
     }
     BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
+    if (seq == 0) profiler_.keep(g);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
     cudaGraphDestroy(g);
@@ -783,6 +797,7 @@ void CudaStage::run(int seq, const int32_t* tokens, const float* activations, in
   }
   if (n == 1) {
     BATON_CUDA_CHECK(cudaGraphLaunch(decode_graphs_[size_t(seq)].get(), stream_.get()));
+    if (seq == 0) profiler_.count_step();
   } else {
     enqueue(seq, n, pos0, /*graph=*/false);
   }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/cuda/graph_profile.h"
 #include "engine/llama_family.h"
 #include "engine/model.h"
 #include "kernels/cuda/common.cuh"
@@ -210,6 +211,7 @@ class CudaStage final : public StageRunner {
   void project(const Proj& p, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
                int64_t out_stride);
   void capture_decode_graphs();
+  void profile_decode();
   void sync();
   float* kv_stream(int layer, int seq, int s) const;
 
@@ -231,6 +233,7 @@ class CudaStage final : public StageRunner {
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Layout> layout_;
   std::vector<GraphExecHandle> decode_graphs_;  // one per sequence slot
+  cuda::DecodeProfiler profiler_;               // set_stage_profiling(true): sequence 0's decode
 
   std::vector<int64_t> length_;  // positions filled per sequence
   int64_t last_rows_ = 0;        // output rows of the last forward

@@ -466,14 +466,11 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
 
 CudaDs4Stage::~CudaDs4Stage() {
   if (stream_) cudaStreamSynchronize(stream_.get());
-  if (profile_graph_ && profile_steps_ >= 10) {
-    try {
-      profile_decode();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "decode profile: %s\n", e.what());
-    }
+  try {
+    profile_decode();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode profile: %s\n", e.what());
   }
-  if (profile_graph_) cudaGraphDestroy(profile_graph_);
 }
 
 void CudaDs4Stage::sync() { BATON_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
@@ -494,40 +491,14 @@ int64_t CudaDs4Stage::position(int seq) const {
 // is a full reset.
 void CudaDs4Stage::reset(int seq) {
   check_seq(seq);
-  if (seq == 0 && profile_steps_ >= 10) profile_decode();
-  profile_steps_ = 0;
+  if (seq == 0) profile_decode();
   length_[size_t(seq)] = 0;
 }
 
-// set_stage_profiling(true): the per-kernel table of sequence 0's last decode
-// step and the replay time of the step re-captured without programmatic launch. Runs at a
-// reset (or the end) after 10+ decode steps, outside any timed region. The
-// params in the pinned io still hold the last step: the same token at the
-// same position, so every pass recomputes the same state.
+// set_stage_profiling(true): sequence 0's decode profile (graph_profile.h).
 void CudaDs4Stage::profile_decode() {
-  profile_steps_ = 0;
-  sync();
-  const std::string table =
-      cuda::profile_graph(profile_graph_, decode_graphs_[0].get(), stream_.get(), /*passes=*/5);
-  std::fprintf(stderr, "== decode at position %lld\n%s", (long long)(length_[0] - 1), table.c_str());
-  // A/B in this process: the same step re-captured without programmatic
-  // launch, then with it again.
-  for (const bool pdl : {false, true}) {
-    set_programmatic_launch(pdl);
-    cudaGraph_t g = nullptr;
-    BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-    enqueue(0, 1, 0, /*graph=*/true);
-    BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
-    set_programmatic_launch(true);
-    cudaGraphExec_t exec = nullptr;
-    BATON_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    size_t nodes = 0;
-    BATON_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
-    cudaGraphDestroy(g);
-    const std::string t = cuda::profile_graph(nullptr, exec, stream_.get(), 0);
-    cudaGraphExecDestroy(exec);
-    std::fprintf(stderr, "variant pdl=%d (%zu nodes): %s", int(pdl), nodes, t.c_str());
-  }
+  if (decode_graphs_.empty()) return;
+  profiler_.report(decode_graphs_[0].get(), stream_.get(), length_[0] - 1, [&] { enqueue(0, 1, 0, /*graph=*/true); });
 }
 
 float* CudaDs4Stage::kv_stream(int layer, int seq, int s) const {
@@ -549,9 +520,7 @@ void CudaDs4Stage::capture_decode_graphs() {
       throw;
     }
     BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
-    if (seq == 0 && stage_profiling() && !profile_graph_) {
-      BATON_CUDA_CHECK(cudaGraphClone(&profile_graph_, g));
-    }
+    if (seq == 0) profiler_.keep(g);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
     cudaGraphDestroy(g);
@@ -584,7 +553,7 @@ void CudaDs4Stage::run(int seq, const int32_t* tokens, const float* activations,
   if (activations) std::memcpy(io_.data() + L.h_in, activations, uint64_t(n * L.HC) * sizeof(float));
   if (n == 1) {
     BATON_CUDA_CHECK(cudaGraphLaunch(decode_graphs_[size_t(seq)].get(), stream_.get()));
-    if (seq == 0 && profile_graph_) ++profile_steps_;
+    if (seq == 0) profiler_.count_step();
   } else {
     enqueue(seq, n, pos0, /*graph=*/false);
   }

@@ -35,6 +35,7 @@
 #include "engine/arch_deepseek4.h"
 #include "engine/backend.h"
 #include "engine/cuda/cuda_stage.h"
+#include "engine/cuda/graph_profile.h"
 #include "engine/model.h"
 
 namespace baton {
@@ -115,10 +116,8 @@ class CudaDs4Stage final : public StageRunner {
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Layout> layout_;
   std::vector<GraphExecHandle> decode_graphs_;
-  // set_stage_profiling(true): sequence 0's decode graph kept for a
-  // node-by-node profile (engine/cuda/graph_profile.h) after 10+ decode steps.
-  CUgraph_st* profile_graph_ = nullptr;
-  int64_t profile_steps_ = 0;
+  // set_stage_profiling(true): sequence 0's decode profile.
+  cuda::DecodeProfiler profiler_;
 
   std::vector<int64_t> length_;
   int64_t last_rows_ = 0;

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <map>
 #include <thread>
 #include <vector>
 
+#include "engine/backend.h"
 #include "kernels/cuda/common.cuh"
 
 namespace baton::cuda {
@@ -182,6 +184,51 @@ std::string profile_graph(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t 
     cudaEventDestroy(b);
   }
   return s;
+}
+
+DecodeProfiler::~DecodeProfiler() {
+  if (graph_) cudaGraphDestroy(graph_);
+}
+
+void DecodeProfiler::keep(cudaGraph_t graph) {
+  if (!stage_profiling() || graph_) return;
+  BATON_CUDA_CHECK(cudaGraphClone(&graph_, graph));
+}
+
+void DecodeProfiler::report(cudaGraphExec_t exec, cudaStream_t stream, int64_t position,
+                            const std::function<void()>& enqueue_step) {
+  const bool due = graph_ && steps_ >= 10;
+  steps_ = 0;
+  if (!due) return;
+  BATON_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::string table = profile_graph(graph_, exec, stream, /*passes=*/5);
+  std::fprintf(stderr, "== decode at position %lld\n%s", static_cast<long long>(position), table.c_str());
+  // A/B in this process: the same step re-captured without programmatic
+  // launch, then with it again.
+  for (const bool pdl : {false, true}) {
+    set_programmatic_launch(pdl);
+    cudaGraph_t g = nullptr;
+    BATON_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_step();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &g);
+      if (g) cudaGraphDestroy(g);
+      set_programmatic_launch(true);
+      throw;
+    }
+    BATON_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    set_programmatic_launch(true);
+    cudaGraphExec_t variant = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&variant, g, 0);
+    size_t nodes = 0;
+    if (err == cudaSuccess) BATON_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+    cudaGraphDestroy(g);
+    BATON_CUDA_CHECK(err);
+    const std::string t = profile_graph(nullptr, variant, stream, 0);
+    cudaGraphExecDestroy(variant);
+    std::fprintf(stderr, "variant pdl=%d (%zu nodes): %s", int(pdl), nodes, t.c_str());
+  }
 }
 
 }  // namespace baton::cuda

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace baton::cuda {
@@ -17,5 +19,34 @@ namespace baton::cuda {
 // kernel, launches, median-pass total us, share; then the sum, and the
 // replay time of `exec` (ms per replay, median of 20) when it is given.
 std::string profile_graph(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t stream, int passes);
+
+// The decode profile of a stage under set_stage_profiling(true) (`baton
+// bench --profile`): keeps a copy of sequence 0's decode graph, counts its
+// replays, and after 10 or more prints to stderr the per-kernel table of the
+// last step and the replay time of the step re-captured with and without
+// programmatic launch. The stage calls report() at a reset and at its end,
+// outside any timed region; the pinned parameters then still hold the last
+// step, so every pass recomputes the same state.
+class DecodeProfiler {
+ public:
+  DecodeProfiler() = default;
+  DecodeProfiler(const DecodeProfiler&) = delete;
+  DecodeProfiler& operator=(const DecodeProfiler&) = delete;
+  ~DecodeProfiler();
+
+  // At the capture of sequence 0's graph: a copy when profiling is on.
+  void keep(cudaGraph_t graph);
+  void count_step() {
+    if (graph_) ++steps_;
+  }
+  // After 10+ counted steps: the tables for the step at `position`, where
+  // `enqueue_step` enqueues one decode step on `stream` (captured twice, with
+  // and without programmatic launch). The count restarts either way.
+  void report(cudaGraphExec_t exec, cudaStream_t stream, int64_t position, const std::function<void()>& enqueue_step);
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  int64_t steps_ = 0;
+};
 
 }  // namespace baton::cuda

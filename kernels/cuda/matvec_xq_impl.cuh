@@ -195,8 +195,9 @@ __device__ __forceinline__ void qkv_rope_pair(const QkvRope& e, int64_t row0, fl
 
 // One-token kernels of two rows keep 8 blocks of 128 threads per SM (at
 // most 64 registers): a 4096-row matrix is then one wave of 2048 blocks.
-template <class K, int R, int T, bool kRope, bool kPipe>
-__global__ void __launch_bounds__(kXqThreads, R * T <= 2 ? 8 : 1)
+// kMinBlocks > 0 sets that bound instead (the micro-benchmark's sweep).
+template <class K, int R, int T, bool kRope, bool kPipe, int kMinBlocks = 0>
+__global__ void __launch_bounds__(kXqThreads, kMinBlocks > 0 ? kMinBlocks : (R * T <= 2 ? 8 : 1))
     matvec_xq_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
                      const uint8_t* __restrict__ xq, uint64_t xq_stride, int n_tokens, float* __restrict__ out,
                      int64_t out_stride, QkvRope rope) {
@@ -317,12 +318,12 @@ int xq_threads(const MatrixView& w) {
   return int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, kXqThreads));
 }
 
-template <class K, int R, int T, bool kRope, bool kPipe>
+template <class K, int R, int T, bool kRope, bool kPipe, int kMinBlocks = 0>
 void launch_xq_kernel(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
                       int64_t out_stride, cudaStream_t stream, const QkvRope& rope) {
   static_assert(R * T <= 32, "the reduction's last step runs on one warp");
   const int64_t blocks = (w.rows + R - 1) / R;
-  launch_pdl("matvec_xq_kernel", matvec_xq_kernel<K, R, T, kRope, kPipe>, dim3(unsigned(blocks)),
+  launch_pdl("matvec_xq_kernel", matvec_xq_kernel<K, R, T, kRope, kPipe, kMinBlocks>, dim3(unsigned(blocks)),
              dim3(xq_threads<K>(w)), 0, stream, static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols,
              static_cast<const uint8_t*>(xq), xq_stride, n_tokens, out, out_stride, rope);
 }
@@ -353,6 +354,13 @@ template <class K, int R, int T>
 void launch_matvec_xq_unpiped(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
                               int64_t out_stride, cudaStream_t stream) {
   launch_xq_kernel<K, R, T, false, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
+}
+
+// One token with a chosen pipelining and register bound (the micro-benchmark).
+template <class K, int R, bool kPipe, int kMinBlocks>
+void launch_matvec_xq_bounded(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
+                              int64_t out_stride, cudaStream_t stream) {
+  launch_xq_kernel<K, R, 1, false, kPipe, kMinBlocks>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
 }
 
 }  // namespace baton::cuda::detail
