@@ -252,7 +252,13 @@ std::vector<std::pair<const char*, XqLaunchFn>> q4k32_variants() {
           {"q4k32 R2", &launch_matvec_xq<K, 2, 1>},
           {"q4k32 R4", &launch_matvec_xq<K, 4, 1>},
           {"q4k32 R8", &launch_matvec_xq<K, 8, 1>},
-          {"q4k32 R2 unpiped", &launch_matvec_xq_unpiped<K, 2, 1>}};
+          {"q4k32 R2 unpiped", &launch_matvec_xq_unpiped<K, 2, 1>},
+          {"q4k32 R2 piped mb4", &launch_matvec_xq_bounded<K, 2, true, 4>},
+          {"q4k32 R2 mb4", &launch_matvec_xq_bounded<K, 2, false, 4>},
+          {"q4k32 R4 piped", &launch_matvec_xq_bounded<K, 4, true, 0>},
+          {"q4k32 R4 piped mb2", &launch_matvec_xq_bounded<K, 4, true, 2>},
+          {"q4k32 R4 mb4", &launch_matvec_xq_bounded<K, 4, false, 4>},
+          {"q4k32 R8 mb2", &launch_matvec_xq_bounded<K, 8, false, 2>}};
 }
 
 // One token: the float matvec, quantize_xq alone, matvec_xq (the default)
