@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   __shared__ float red[32];
   __shared__ float part[kMergeWarps][32];
   pdl_trigger();
-  pdl_wait();  // the partials of the split kernel (pdl.cuh)
+  pdl_wait();  // the partials of the split kernel (a no-op in stream order, kept for launch_pdl)
   // Splits past the last position wrote nothing this time (the split
   // kernel's chunk); those before it all did.
   if (pos0_device) {
@@ -322,8 +322,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 // launch places its few hundred blocks on whichever SMs have room while the
 // kernel before drains, packing them onto some SMs, and made attention +
 // merge 1.2x (position 511) to 1.6x (position 4095) slower in the decode-step
-// table (docs/CUDA.md). Its pdl_wait() is then a no-op; the merge after it
-// still launches early.
+// table (docs/CUDA.md). So is the merge after it. Their pdl_wait() is then
+// a no-op; their pdl_trigger() still lets a kernel after them that launches
+// early (the output projection) start as they run.
 template <int N>
 void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
@@ -396,7 +397,7 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
     const dim3 grid(unsigned(rows), unsigned((p.head_dim_v + 31) / 32));
     attention_merge_kernel<<<grid, dim3(kMergeWarps * 32), 0, stream>>>(
         static_cast<const float*>(a.partial), a.n_splits, rows, p.n_head, p.head_dim_v, p.out, p.out_stride,
-        static_cast<uint8_t*>(p.xq), a.xq_stride, p.pos0_device, p.n_tokens, a.chunk, std::max<int64_t>(1, p.min_split_positions));
+        static_cast<uint8_t*>(p.xq), a.xq_stride, p.pos0_device, p.n_tokens, a.chunk, a.p.min_split_positions);
     check_launch("attention_merge_kernel");
   }
 }

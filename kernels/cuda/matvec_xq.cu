@@ -28,14 +28,6 @@ __global__ void quantize_xq_kernel(const float* __restrict__ x, int64_t n, int64
   }
 }
 
-// Rows per block, from the sweep on the H200 (docs/CUDA.md,
-// bench/results/kernels_xq_ds4_h200.log). A one-token launch is bound by
-// how many blocks the GPU must schedule as much as by bytes (a 32768-row
-// matrix of 2-row blocks runs at 40% of copy, of 8-row blocks at 78%), so
-// taller matrices take more rows per block: Q8_0 4 from 2048 rows, 8 for
-// 16384+ rows of at most 2048 columns (DeepSeek's q_b); Q4_K, whose
-// threads already carry 16 bytes of each of R rows, 8 for 16384+ rows or
-// rows of 8192+ columns. More tokens: 2 rows, to bound registers.
 // Q4_K one-token launches of at least 4096 x 4096 take four threads per
 // weight block (XqQ4_K32: scales and minimum terms once per 32 bytes of
 // quants) and 4 rows per block: 3-6% faster than the best XqQ4_K
@@ -43,6 +35,15 @@ __global__ void quantize_xq_kernel(const float* __restrict__ x, int64_t n, int64
 // (bench/results/kernels_xq_q4k32_h200.log).
 bool use_q4k32(const MatrixView& w) { return w.type == DType::Q4_K && w.rows >= 4096 && w.cols >= 4096; }
 
+// Rows per block, from the sweep on the H200 (docs/CUDA.md,
+// bench/results/kernels_xq_ds4_h200.log). A one-token launch is bound by
+// how many blocks the GPU must schedule as much as by bytes (a 32768-row
+// matrix of 2-row blocks runs at 40% of copy, of 8-row blocks at 78%), so
+// taller matrices take more rows per block: Q8_0 4 from 2048 rows, 8 for
+// 16384+ rows of at most 2048 columns (DeepSeek's q_b); Q4_K below the
+// XqQ4_K32 sizes, whose threads already carry 16 bytes of each of R rows,
+// 8 for 16384+ rows or rows of 8192+ columns. More tokens: 2 rows, to bound
+// registers.
 template <class K, int T>
 void launch(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out, int64_t out_stride,
             cudaStream_t stream) {

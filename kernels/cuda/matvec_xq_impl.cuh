@@ -349,14 +349,8 @@ void launch_matvec_xq(const MatrixView& w, const void* xq, uint64_t xq_stride, i
   launch_matvec_xq_epilogue<K, R, T, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
 }
 
-// The same without software pipelining (the micro-benchmark's comparison).
-template <class K, int R, int T>
-void launch_matvec_xq_unpiped(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
-                              int64_t out_stride, cudaStream_t stream) {
-  launch_xq_kernel<K, R, T, false, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
-}
-
-// One token with a chosen pipelining and register bound (the micro-benchmark).
+// One token with a chosen pipelining and register bound (kMinBlocks 0: the
+// default bound), the micro-benchmark's comparisons.
 template <class K, int R, bool kPipe, int kMinBlocks>
 void launch_matvec_xq_bounded(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
                               int64_t out_stride, cudaStream_t stream) {
