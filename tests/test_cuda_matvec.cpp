@@ -342,6 +342,125 @@ TEST(CudaMatvec, QkvRopeEpilogueMatchesRopeKernel) {
   test::sync_device();
 }
 
+// The RMSNorm folded into the projections around it (matvec.cuh:
+// ResidualNorm, NormScale): a producer adds into the residual bit for bit as
+// matvec_xq plus one float addition; its norm output and a consumer's scaled
+// result match the CPU's rmsnorm then matvec within the 16-bit quantization;
+// norm_xq on the same row writes the same bytes; the arrival counters are
+// left zero, so a second launch gives the same result.
+TEST(CudaMatvec, FoldedNormMatchesReference) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 13);
+  struct Shape {
+    int64_t e, a_cols, c_rows;
+  };
+  // llama-8b's width: four rows per block for both dtypes (Q4_K four threads
+  // per weight block); 256: two rows per block, 16 blocks per run.
+  const float eps = 1e-5f;
+  for (const Shape sh : {Shape{256, 512, 96}, Shape{4096, 4096, 300}}) {
+    for (DType t : {DType::Q8_0, DType::Q4_K}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " E " + std::to_string(sh.e));
+      const int64_t E = sh.e, runs = E / 32;
+      const HostMatrix wp = random_matrix(t, E, sh.a_cols, 0, rng());
+      const HostMatrix wc = random_matrix(t, sh.c_rows, E, 0, rng());
+      DeviceArray<uint8_t> dwp(wp.bytes), dwc(wc.bytes);
+      const std::vector<float> a = test::random_floats(rng, size_t(sh.a_cols));
+      const std::vector<float> x0 = test::random_floats(rng, size_t(E));
+      std::vector<float> g = test::random_floats(rng, size_t(E));
+      for (float& v : g) v = 1.0f + 0.5f * v;
+      DeviceArray<float> da(a), dg(g), dx(x0);
+      DeviceArray<uint8_t> dxa(size_t(cuda::xq_row_bytes(sh.a_cols)));
+      cuda::quantize_xq(da.get(), sh.a_cols, 1, sh.a_cols, dxa.get(), nullptr);
+      // The plain projection, for the bit-exact residual.
+      DeviceArray<float> dproj(static_cast<size_t>(E));
+      cuda::matvec_xq(view(wp, dwp), dxa.get(), 1, dproj.get(), E, nullptr);
+      const std::vector<float> proj = dproj.download();
+
+      DeviceArray<uint8_t> dxn(size_t(cuda::xq_row_bytes(E)));
+      DeviceArray<float> dss(static_cast<size_t>(runs));
+      DeviceArray<uint32_t> dcount(std::vector<uint32_t>(size_t(runs), 0));
+      dxn.poison(), dss.poison();
+      cuda::ResidualNorm rn;
+      rn.x = dx.get(), rn.norm_w = dg.get(), rn.xq = dxn.get(), rn.run_sumsq = dss.get(), rn.arrivals = dcount.get();
+      cuda::matvec_xq_residual(view(wp, dwp), dxa.get(), rn, nullptr);
+      const std::vector<float> x1 = dx.download();
+      for (int64_t i = 0; i < E; ++i) ASSERT_EQ(x1[size_t(i)], x0[size_t(i)] + proj[size_t(i)]) << "row " << i;
+      for (uint32_t c : dcount.download()) ASSERT_EQ(c, 0u);
+      const std::vector<float> ss = dss.download();
+      double total = 0;
+      for (int64_t r = 0; r < runs; ++r) {
+        double want = 0;
+        for (int64_t k = 0; k < 32; ++k) want += double(x1[size_t(r * 32 + k)]) * x1[size_t(r * 32 + k)];
+        ASSERT_NEAR(ss[size_t(r)], want, 1e-5 * want) << "run " << r;
+        total += want;
+      }
+      // The consumer against the CPU: rmsnorm in double, then the matvec.
+      const double inv_rms = 1.0 / std::sqrt(total / double(E) + double(eps));
+      std::vector<float> xn(static_cast<size_t>(E));
+      for (int64_t i = 0; i < E; ++i) xn[size_t(i)] = float(double(x1[size_t(i)]) * inv_rms * g[size_t(i)]);
+      const cuda::NormScale in{dss.get(), eps};
+      DeviceArray<float> dout(static_cast<size_t>(sh.c_rows + 3));
+      dout.poison();
+      cuda::matvec_xq(view(wc, dwc), dxn.get(), 1, dout.get(), sh.c_rows, nullptr, in);
+      const std::vector<float> out = dout.download();
+      std::vector<double> ref, mag;
+      reference(wc, xn, 1, E, ref, mag);
+      for (int64_t r = 0; r < sh.c_rows; ++r) {
+        double bound = 0;  // half a quantization step of each normed value
+        for (int64_t c = 0; c < E; ++c) {
+          double amax = 0;
+          for (int64_t k = c / 32 * 32; k < c / 32 * 32 + 32; ++k) amax = std::max(amax, std::fabs(double(xn[size_t(k)])));
+          bound += std::fabs(double(wc.values[size_t(r * E + c)])) * 0.51 * amax / 32512.0;
+        }
+        const double tol = bound + 1e-5 * mag[size_t(r)] + 1e-30;
+        ASSERT_NEAR(out[size_t(r)], ref[size_t(r)], tol) << "row " << r;
+      }
+      for (int64_t r = sh.c_rows; r < sh.c_rows + 3; ++r) ASSERT_TRUE(is_poison(out[size_t(r)])) << "wrote past the rows";
+
+      // norm_xq on the finished row: the same bytes and sums.
+      DeviceArray<uint8_t> dxn2(size_t(cuda::xq_row_bytes(E)));
+      DeviceArray<float> dss2(static_cast<size_t>(runs));
+      cuda::norm_xq(dx.get(), E, dg.get(), dxn2.get(), dss2.get(), nullptr);
+      EXPECT_EQ(dxn2.download(), dxn.download());
+      EXPECT_EQ(dss2.download(), ss);
+
+      // Again from x0: the counters were left ready, the result is the same.
+      dx.upload(x0);
+      cuda::matvec_xq_residual(view(wp, dwp), dxa.get(), rn, nullptr);
+      EXPECT_EQ(dx.download(), x1);
+      EXPECT_EQ(dxn.download(), dxn2.download());
+      // Without a norm weight: the residual add only; xq and the sums untouched.
+      dx.upload(x0);
+      dxn.poison();
+      rn.norm_w = nullptr;
+      cuda::matvec_xq_residual(view(wp, dwp), dxa.get(), rn, nullptr);
+      EXPECT_EQ(dx.download(), x1);
+      for (uint8_t b : dxn.download()) ASSERT_EQ(b, 0xff);
+    }
+  }
+  // Refused: rows off the run grid, the norm output over the input, a norm
+  // without its buffers, a scale with several tokens.
+  DeviceArray<uint8_t> w(1 << 20), xq(1 << 16);
+  DeviceArray<float> x(4096), sums(128);
+  DeviceArray<uint32_t> count(128);
+  cuda::ResidualNorm rn;
+  rn.x = x.get(), rn.norm_w = x.get(), rn.xq = xq.get(), rn.run_sumsq = sums.get(), rn.arrivals = count.get();
+  EXPECT_THROW(cuda::matvec_xq_residual({DType::Q8_0, w.get(), 48, 256, 272}, xq.get() + 4096, rn, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::matvec_xq_residual({DType::Q8_0, w.get(), 64, 256, 272}, xq.get(), rn, nullptr),
+               std::invalid_argument);
+  rn.arrivals = nullptr;
+  EXPECT_THROW(cuda::matvec_xq_residual({DType::Q8_0, w.get(), 64, 256, 272}, xq.get() + 4096, rn, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::matvec_xq({DType::Q8_0, w.get(), 64, 256, 272}, xq.get(), 2, x.get(), 64, nullptr,
+                               cuda::NormScale{sums.get(), 1e-5f}),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::norm_xq(x.get(), 48, x.get(), xq.get(), sums.get(), nullptr), std::invalid_argument);
+  test::sync_device();
+}
+
 TEST(CudaMatvec, RejectsBadArguments) {
   BATON_REQUIRE_CUDA();
   DeviceArray<uint8_t> w(1 << 16);

@@ -49,6 +49,10 @@ std::string kernel_name(const void* func) {
   return s;
 }
 
+std::string kernel_node_name(const cudaKernelNodeParams& p) {
+  return fmt::format("{} [{}x{}x{} x {}]", kernel_name(p.func), p.gridDim.x, p.gridDim.y, p.gridDim.z, p.blockDim.x);
+}
+
 // The nodes in an order that respects every edge (Kahn's algorithm).
 std::vector<cudaGraphNode_t> ordered_nodes(cudaGraph_t g) {
   size_t n = 0;
@@ -83,6 +87,31 @@ std::vector<cudaGraphNode_t> ordered_nodes(cudaGraph_t g) {
   return order;
 }
 
+// Median replay time of `exec` over 20 launches (after one warm-up), with
+// the minimum and maximum.
+struct Replay {
+  float median = 0, min = 0, max = 0;
+};
+Replay time_replay(cudaGraphExec_t exec, cudaStream_t stream) {
+  cudaEvent_t a, b;
+  BATON_CUDA_CHECK(cudaEventCreate(&a));
+  BATON_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int r = 0; r < 21; ++r) {
+    BATON_CUDA_CHECK(cudaEventRecord(a, stream));
+    BATON_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    BATON_CUDA_CHECK(cudaEventRecord(b, stream));
+    BATON_CUDA_CHECK(cudaStreamSynchronize(stream));
+    float ms = 0;
+    BATON_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r > 0) t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], t.front(), t.back()};
+}
+
 void hold_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
 
 }  // namespace
@@ -99,8 +128,7 @@ std::string profile_graph(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t 
     BATON_CUDA_CHECK(cudaGraphNodeGetType(order[i], &types[i]));
     if (types[i] == cudaGraphNodeTypeKernel) {
       BATON_CUDA_CHECK(cudaGraphKernelNodeGetParams(order[i], &kp[i]));
-      names[i] = fmt::format("{} [{}x{}x{} x {}]", kernel_name(kp[i].func), kp[i].gridDim.x, kp[i].gridDim.y,
-                             kp[i].gridDim.z, kp[i].blockDim.x);
+      names[i] = kernel_node_name(kp[i]);
     } else if (types[i] == cudaGraphNodeTypeMemcpy) {
       BATON_CUDA_CHECK(cudaGraphMemcpyNodeGetParams(order[i], &cp[i]));
       names[i] = "memcpy";
@@ -164,25 +192,42 @@ std::string profile_graph(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t 
   }
   for (auto& e : ev) cudaEventDestroy(e);
   if (exec) {
-    cudaEvent_t a, b;
-    BATON_CUDA_CHECK(cudaEventCreate(&a));
-    BATON_CUDA_CHECK(cudaEventCreate(&b));
-    std::vector<float> t;
-    for (int r = 0; r < 21; ++r) {
-      BATON_CUDA_CHECK(cudaEventRecord(a, stream));
-      BATON_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      BATON_CUDA_CHECK(cudaEventRecord(b, stream));
-      BATON_CUDA_CHECK(cudaStreamSynchronize(stream));
-      float ms = 0;
-      BATON_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-      if (r > 0) t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    s += fmt::format("graph replay: median {:.3f} ms (min {:.3f}, max {:.3f}) over 20\n", t[t.size() / 2], t.front(),
-                     t.back());
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+    const Replay r = time_replay(exec, stream);
+    s += fmt::format("graph replay: median {:.3f} ms (min {:.3f}, max {:.3f}) over 20\n", r.median, r.min, r.max);
   }
+  return s;
+}
+
+std::string marginal_costs(cudaGraph_t graph, cudaStream_t stream) {
+  size_t n = 0;
+  BATON_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  BATON_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  std::map<std::string, std::vector<cudaGraphNode_t>> by_name;
+  for (cudaGraphNode_t v : nodes) {
+    cudaGraphNodeType type;
+    BATON_CUDA_CHECK(cudaGraphNodeGetType(v, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaKernelNodeParams p;
+    BATON_CUDA_CHECK(cudaGraphKernelNodeGetParams(v, &p));
+    by_name[kernel_node_name(p)].push_back(v);
+  }
+  cudaGraphExec_t exec = nullptr;
+  BATON_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const float base = time_replay(exec, stream).median;
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [name, vs] : by_name) {
+    for (cudaGraphNode_t v : vs) BATON_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, v, 0));
+    const float without = time_replay(exec, stream).median;
+    for (cudaGraphNode_t v : vs) BATON_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, v, 1));
+    const double saved = 1000.0 * (base - without);
+    rows.emplace_back(saved, fmt::format("{:9.1f} {:6d} {:8.2f}  {}\n", saved, vs.size(), saved / double(vs.size()), name));
+  }
+  cudaGraphExecDestroy(exec);
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string s = fmt::format("marginal cost in the replay ({:.3f} ms): the replay with one kernel's nodes disabled\n", base);
+  s += fmt::format("{:>9} {:>6} {:>8}  {}\n", "saved_us", "count", "per_us", "kernel [grid x threads]");
+  for (const auto& r : rows) s += r.second;
   return s;
 }
 
@@ -203,10 +248,17 @@ void DecodeProfiler::report(cudaGraphExec_t exec, cudaStream_t stream, int64_t p
   BATON_CUDA_CHECK(cudaStreamSynchronize(stream));
   const std::string table = profile_graph(graph_, exec, stream, /*passes=*/5);
   std::fprintf(stderr, "== decode at position %lld\n%s", static_cast<long long>(position), table.c_str());
+  std::fprintf(stderr, "%s", marginal_costs(graph_, stream).c_str());
   // A/B in this process: the same step re-captured without programmatic
-  // launch, then with it again.
-  for (const bool pdl : {false, true}) {
-    set_programmatic_launch(pdl);
+  // launch, without the folded norms, then as it runs.
+  struct Variant {
+    bool pdl, fold;
+  };
+  const bool fold_was = fold_norms();
+  for (const Variant v : {Variant{false, fold_was}, Variant{true, false}, Variant{true, true}}) {
+    if (v.fold && !fold_was) continue;
+    set_programmatic_launch(v.pdl);
+    set_fold_norms(v.fold);
     cudaGraph_t g = nullptr;
     BATON_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {
@@ -215,10 +267,12 @@ void DecodeProfiler::report(cudaGraphExec_t exec, cudaStream_t stream, int64_t p
       cudaStreamEndCapture(stream, &g);
       if (g) cudaGraphDestroy(g);
       set_programmatic_launch(true);
+      set_fold_norms(fold_was);
       throw;
     }
     BATON_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
     set_programmatic_launch(true);
+    set_fold_norms(fold_was);
     cudaGraphExec_t variant = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&variant, g, 0);
     size_t nodes = 0;
@@ -227,7 +281,7 @@ void DecodeProfiler::report(cudaGraphExec_t exec, cudaStream_t stream, int64_t p
     BATON_CUDA_CHECK(err);
     const std::string t = profile_graph(nullptr, variant, stream, 0);
     cudaGraphExecDestroy(variant);
-    std::fprintf(stderr, "variant pdl=%d (%zu nodes): %s", int(pdl), nodes, t.c_str());
+    std::fprintf(stderr, "variant pdl=%d fold_norms=%d (%zu nodes): %s", int(v.pdl), int(v.fold), nodes, t.c_str());
   }
 }
 

@@ -20,11 +20,21 @@ namespace baton::cuda {
 // replay time of `exec` (ms per replay, median of 20) when it is given.
 std::string profile_graph(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t stream, int passes);
 
+// What each kernel costs inside the replay: `graph` instantiated once, then
+// replayed with all nodes of one kernel (name and launch shape) disabled, for
+// each kernel in turn. The difference to the full replay is the time the
+// chain would save without that kernel: its work plus its handoffs, less
+// what overlapped. The disabled replays compute garbage; the state they
+// leave is recomputed by the next full step.
+std::string marginal_costs(cudaGraph_t graph, cudaStream_t stream);
+
 // The decode profile of a stage under set_stage_profiling(true) (`baton
 // bench --profile`): keeps a copy of sequence 0's decode graph, counts its
 // replays, and after 10 or more prints to stderr the per-kernel table of the
-// last step and the replay time of the step re-captured with and without
-// programmatic launch. The stage calls report() at a reset and at its end,
+// last step, the marginal cost of each kernel, and the replay time of the
+// step re-captured without programmatic launch, without folded norms
+// (set_fold_norms; the llama stage's, the same graph for deepseek4) and as
+// it runs. The stage calls report() at a reset and at its end,
 // outside any timed region; the pinned parameters then still hold the last
 // step, so every pass recomputes the same state.
 class DecodeProfiler {
@@ -40,8 +50,8 @@ class DecodeProfiler {
     if (graph_) ++steps_;
   }
   // After 10+ counted steps: the tables for the step at `position`, where
-  // `enqueue_step` enqueues one decode step on `stream` (captured twice, with
-  // and without programmatic launch). The count restarts either way.
+  // `enqueue_step` enqueues one decode step on `stream` (captured once per
+  // variant). The count restarts either way.
   void report(cudaGraphExec_t exec, cudaStream_t stream, int64_t position, const std::function<void()>& enqueue_step);
 
  private:
