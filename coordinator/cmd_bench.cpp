@@ -66,7 +66,6 @@ struct BenchOptions {
   uint64_t mem_limit = 0;  // 0: none
   bool load_only = false;
   bool no_pdl = false;
-  bool no_fold_norms = false;
   bool profile = false;
 };
 
@@ -109,8 +108,6 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
       ("load-csv", po::value<std::string>(&o.load_csv), "also write the load measurements as a one-row CSV to this file")
       ("no-pdl", po::bool_switch(&o.no_pdl),
        "CUDA: launch the decode kernels without programmatic dependent launch (A/B measurement)")
-      ("no-fold-norms", po::bool_switch(&o.no_fold_norms),
-       "CUDA: run each decode RMSNorm as a kernel of its own instead of folding it into the projections (A/B)")
       ("profile", po::bool_switch(&o.profile),
        "CUDA: a per-kernel table of a decode step on stderr (and for deepseek4 the GPU time per prefill phase)")
       ("load-only", po::bool_switch(&o.load_only), "measure the ceilings and the load, then exit (no prefill or decode)")
@@ -205,7 +202,6 @@ int bench(const BenchOptions& o) {
   const uint64_t rss_start = current_rss_bytes();  // before any device work
   if (std::string why = backend_unavailable(o.backend); !why.empty()) throw BackendRefused(why);
   if (o.no_pdl) set_programmatic_launch(false);
-  if (o.no_fold_norms) set_fold_norms(false);
   if (o.profile) set_stage_profiling(true);
   GgufFile file = GgufFile::open(o.model);
   StageConfig sc;

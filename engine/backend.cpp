@@ -132,12 +132,9 @@ void set_programmatic_launch(bool) {}
 
 namespace {
 std::atomic<bool> g_stage_profiling{false};
-std::atomic<bool> g_fold_norms{true};
 }  // namespace
 void set_stage_profiling(bool on) { g_stage_profiling.store(on); }
 bool stage_profiling() { return g_stage_profiling.load(); }
-void set_fold_norms(bool on) { g_fold_norms.store(on); }
-bool fold_norms() { return g_fold_norms.load(); }
 
 DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm) {
   if (std::string why = backend_unavailable(Backend::Cuda); !why.empty()) throw std::runtime_error(why);

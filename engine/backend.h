@@ -151,13 +151,6 @@ DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm = true);
 // (`baton bench --no-pdl`). No effect without CUDA.
 void set_programmatic_launch(bool on);
 
-// The RMSNorms of a CUDA llama decode token folded into the projections
-// around them (kernels/cuda/matvec.cuh: ResidualNorm): on by default; off
-// for A/B measurements (`baton bench --no-fold-norms`). Read when a stage
-// captures its decode graphs.
-void set_fold_norms(bool on);
-bool fold_norms();
-
 // Process-wide diagnostics of the CUDA stages (`baton bench --profile`): a
 // per-kernel table of a decode step (with a replay without programmatic
 // launch) at the next reset after 10+ decode steps, and for deepseek4 the GPU

@@ -304,12 +304,6 @@ struct CudaStage::Layout {
   uint64_t x = 0, y = 0, xn = 0, qkv = 0, att = 0, gu = 0, ffh = 0, logits = 0, freqs = 0, params = 0, ids = 0;
   uint64_t attn = 0, attn_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
   uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kMatvecMaxTokens rows (matvec_xq)
-  uint64_t xq_stride = 0;          // bytes per xq row
-  // A decode token folds the RMSNorms into the projections (matvec.cuh:
-  // ResidualNorm) when every projection is integer-dot: then the norm output
-  // is xq's second row, and this section holds the per-run sums of squares
-  // (E / 32 floats) and the arrival counters (E / 32 uint32, zero).
-  uint64_t fold = 0, fold_bytes = 0;
   uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0
   // Pinned host io sections.
   uint64_t h_params = 0, h_ids = 0, h_out = 0, h_in = 0, io_bytes = 0;
@@ -377,27 +371,18 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.mm = take(L.mm_bytes);
   // One buffer serves every projection input in turn (norm output, attention
   // output, SwiGLU output): each is consumed before the next is written.
-  bool any_xq = false, all_xq = true;
-  auto note = [&](const Proj& p) {
-    any_xq = any_xq || p.xq;
-    all_xq = all_xq && p.xq;
-  };
+  bool any_xq = false;
   for (const auto& l : w.layers) {
-    for (const auto& p : l.qkv) note(p);
-    for (const auto& p : l.gate_up) note(p);
-    note(l.wo);
-    note(l.down);
+    for (const auto& p : l.qkv) any_xq = any_xq || p.xq;
+    for (const auto& p : l.gate_up) any_xq = any_xq || p.xq;
+    any_xq = any_xq || l.wo.xq || l.down.xq;
   }
-  if (c.head) note(w.output);
-  const bool fold = all_xq && !w.layers.empty();
+  any_xq = any_xq || (c.head && w.output.xq);
   if (any_xq && L.E % 32 == 0 && L.ow % 32 == 0 && L.F % 32 == 0) {
     const int64_t rows = std::min<int64_t>(L.B, cuda::kMatvecMaxTokens);
-    L.xq_stride = cuda::xq_row_bytes(std::max({L.E, L.ow, L.F}));
-    L.xq_bytes = uint64_t(fold ? std::max<int64_t>(rows, 2) : rows) * L.xq_stride;
-    L.fold_bytes = fold ? uint64_t(L.E / 32) * (sizeof(float) + sizeof(uint32_t)) : 0;
+    L.xq_bytes = uint64_t(rows) * cuda::xq_row_bytes(std::max({L.E, L.ow, L.F}));
   }
   L.xq = take(L.xq_bytes);
-  L.fold = take(L.fold_bytes);
   L.cublas_bytes = L.B > cuda::kMatvecMaxTokens || w.any_cublas_f32 ? kCublasWorkspace : 0;
   L.cublas = take(L.cublas_bytes);
   L.bytes = at;
@@ -626,11 +611,11 @@ float* CudaStage::kv_stream(int layer, int seq, int s) const {
 }
 
 void CudaStage::project(const Proj& p, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
-                        int64_t out_stride, const cuda::NormScale& in) {
+                        int64_t out_stride) {
   const Layout& L = *layout_;
   float* o = out + p.out_col;
   if (xq && p.xq && n <= cuda::kMatvecMaxTokens) {
-    cuda::matvec_xq(p.w, xq, n, o, out_stride, stream_.get(), in);
+    cuda::matvec_xq(p.w, xq, n, o, out_stride, stream_.get());
   } else if (p.cublas_f32) {
     const float one = 1.0f, zero = 0.0f;
     check_cublas(cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, int(p.w.rows), int(n), int(p.w.cols), &one,
@@ -666,22 +651,6 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
   auto xq_for = [&](const Proj* ps, size_t count) -> uint8_t* {
     return std::any_of(ps, ps + count, [](const Proj& p) { return p.xq; }) ? xq_buf : nullptr;
   };
-  // One decode token folds each RMSNorm into the projections around it
-  // (Layout::fold): the output and down projections add into x and write
-  // the next norm's quantized x * w to xq_norm with the per-run sums of
-  // squares; the projections after it scale by 1 / rms (`normed`).
-  const bool fold = n == 1 && xq_buf && L.fold_bytes > 0 && fold_norms();
-  uint8_t* xq_norm = fold ? xq_buf + L.xq_stride : nullptr;
-  cuda::NormScale normed;
-  cuda::ResidualNorm rn;
-  if (fold) {
-    normed.run_sumsq = f(L.fold);
-    normed.eps = eps;
-    rn.x = x;
-    rn.xq = xq_norm;
-    rn.run_sumsq = f(L.fold);
-    rn.arrivals = reinterpret_cast<uint32_t*>(ws + L.fold + uint64_t(E / 32) * sizeof(float));
-  }
 
   BATON_CUDA_CHECK(cudaMemcpyAsync(d_tokens, io + L.h_params, L.params_bytes, cudaMemcpyHostToDevice, s));
   // Without the embedding the input rows are already in x: run() copies host
@@ -693,14 +662,7 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
     const Weights::Layer& w = W.layers[i];
     const int layer = config_.first_layer + int(i);
     uint8_t* xq = xq_for(w.qkv.data(), w.qkv.size());
-    if (fold) {
-      // The first layer's norm: a whole row (the embedding or the stage input).
-      if (i == 0) cuda::norm_xq(x, E, w.attn_norm, xq_norm, rn.run_sumsq, s);
-      xq = xq_norm;
-    } else {
-      cuda::add_rmsnorm(x, E, pending, E, w.attn_norm, xn, E, n, E, eps, s, xq);
-    }
-    const cuda::NormScale qkv_in = fold ? normed : cuda::NormScale{};
+    cuda::add_rmsnorm(x, E, pending, E, w.attn_norm, xn, E, n, E, eps, s, xq);
     float* kc = kv_stream(layer, seq, 0);
     float* vc = kv_stream(layer, seq, 1);
     // One decode token of a plain llama layer (no biases or q/k norms,
@@ -717,10 +679,10 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
       r.k_cache = kc, r.v_cache = vc;
       for (const Proj& p : w.qkv) {
         r.first_row = p.out_col;
-        cuda::matvec_xq_rope(p.w, xq, qkv + p.out_col, r, s, qkv_in);
+        cuda::matvec_xq_rope(p.w, xq, qkv + p.out_col, r, s);
       }
     } else {
-      for (const Proj& p : w.qkv) project(p, xn, xq, n, E, qkv, L.qkvw, qkv_in);
+      for (const Proj& p : w.qkv) project(p, xn, xq, n, E, qkv, L.qkvw);
       if (w.bq) cuda::add_bias_rows(qkv, n, L.qkvw, w.bq, L.qw, s);
       if (w.bk) cuda::add_bias_rows(qkv + L.qw, n, L.qkvw, w.bk, L.kw, s);
       if (w.bv) cuda::add_bias_rows(qkv + L.qw + L.kw, n, L.qkvw, w.bv, L.vw, s);
@@ -758,43 +720,26 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
     xq = hp.head_dim_v % 32 == 0 ? xq_for(&w.wo, 1) : nullptr;
     ap.xq = xq;
     cuda::attention(ap, ws + L.attn, L.attn_bytes, s);
-    if (fold) {
-      rn.norm_w = w.ffn_norm;
-      cuda::matvec_xq_residual(w.wo.w, xq, rn, s);
-      for (const Proj& p : w.gate_up) project(p, xn, xq_norm, n, E, gu, 2 * F, normed);
-    } else {
-      project(w.wo, att, xq, n, L.ow, y, E);
-      xq = xq_for(w.gate_up.data(), w.gate_up.size());
-      cuda::add_rmsnorm(x, E, y, E, w.ffn_norm, xn, E, n, E, eps, s, xq);
-      for (const Proj& p : w.gate_up) project(p, xn, xq, n, E, gu, 2 * F);
-    }
+    project(w.wo, att, xq, n, L.ow, y, E);
+    xq = xq_for(w.gate_up.data(), w.gate_up.size());
+    cuda::add_rmsnorm(x, E, y, E, w.ffn_norm, xn, E, n, E, eps, s, xq);
+    for (const Proj& p : w.gate_up) project(p, xn, xq, n, E, gu, 2 * F);
     xq = xq_for(&w.down, 1);
     cuda::swiglu_rows(gu, gu + F, 2 * F, ffh, n, F, s, xq);
-    if (fold) {
-      // The next norm: the next layer's, the head's, or none (the stage's
-      // output is x itself).
-      rn.norm_w = i + 1 < W.layers.size() ? W.layers[i + 1].attn_norm : config_.head ? W.output_norm : nullptr;
-      cuda::matvec_xq_residual(w.down.w, xq, rn, s);
-    } else {
-      project(w.down, ffh, xq, n, F, y, E);
-      pending = y;
-    }
+    project(w.down, ffh, xq, n, F, y, E);
+    pending = y;
   }
   if (config_.head) {
     const int64_t rows = config_.all_logits ? n : 1;
     float* logits = f(L.logits);
     int32_t* ids = reinterpret_cast<int32_t*>(ws + L.ids);
-    if (fold) {
-      project(W.output, xn, xq_norm, 1, E, logits, L.V, normed);
-    } else {
-      uint8_t* xq = xq_for(&W.output, 1);
-      cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, xq);
-      project(W.output, xn + (n - rows) * E, xq ? xq + uint64_t(n - rows) * cuda::xq_row_bytes(E) : nullptr, rows,
-              E, logits, L.V);
-    }
+    uint8_t* xq = xq_for(&W.output, 1);
+    cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, xq);
+    project(W.output, xn + (n - rows) * E, xq ? xq + uint64_t(n - rows) * cuda::xq_row_bytes(E) : nullptr, rows, E,
+            logits, L.V);
     cuda::argmax(logits, rows, L.V, L.V, ids, s);
     BATON_CUDA_CHECK(cudaMemcpyAsync(io + L.h_ids, ids, uint64_t(rows) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-  } else if (!fold) {
+  } else {
     cuda::add_inplace(x, pending, n * E, s);
   }
 }

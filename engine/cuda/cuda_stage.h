@@ -41,7 +41,6 @@
 #include "engine/llama_family.h"
 #include "engine/model.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/matvec.cuh"
 
 namespace baton {
 
@@ -208,10 +207,9 @@ class CudaStage final : public StageRunner {
   void run(int seq, const int32_t* tokens, const float* activations, int64_t n);
   // Copies the last forward's output rows to the pinned io and synchronizes.
   std::span<const float> output_to_host();
-  // x: n rows of floats; xq: the same rows quantized for matvec_xq, or null;
-  // `in`: the folded norm's scale (matvec_xq only, one token).
+  // x: n rows of floats; xq: the same rows quantized for matvec_xq, or null.
   void project(const Proj& p, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
-               int64_t out_stride, const cuda::NormScale& in = {});
+               int64_t out_stride);
   void capture_decode_graphs();
   void profile_decode();
   void sync();

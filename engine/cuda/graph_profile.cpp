@@ -250,15 +250,9 @@ void DecodeProfiler::report(cudaGraphExec_t exec, cudaStream_t stream, int64_t p
   std::fprintf(stderr, "== decode at position %lld\n%s", static_cast<long long>(position), table.c_str());
   std::fprintf(stderr, "%s", marginal_costs(graph_, stream).c_str());
   // A/B in this process: the same step re-captured without programmatic
-  // launch, without the folded norms, then as it runs.
-  struct Variant {
-    bool pdl, fold;
-  };
-  const bool fold_was = fold_norms();
-  for (const Variant v : {Variant{false, fold_was}, Variant{true, false}, Variant{true, true}}) {
-    if (v.fold && !fold_was) continue;
-    set_programmatic_launch(v.pdl);
-    set_fold_norms(v.fold);
+  // launch, then with it again.
+  for (const bool pdl : {false, true}) {
+    set_programmatic_launch(pdl);
     cudaGraph_t g = nullptr;
     BATON_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {
@@ -267,12 +261,10 @@ void DecodeProfiler::report(cudaGraphExec_t exec, cudaStream_t stream, int64_t p
       cudaStreamEndCapture(stream, &g);
       if (g) cudaGraphDestroy(g);
       set_programmatic_launch(true);
-      set_fold_norms(fold_was);
       throw;
     }
     BATON_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
     set_programmatic_launch(true);
-    set_fold_norms(fold_was);
     cudaGraphExec_t variant = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&variant, g, 0);
     size_t nodes = 0;
@@ -281,7 +273,7 @@ void DecodeProfiler::report(cudaGraphExec_t exec, cudaStream_t stream, int64_t p
     BATON_CUDA_CHECK(err);
     const std::string t = profile_graph(nullptr, variant, stream, 0);
     cudaGraphExecDestroy(variant);
-    std::fprintf(stderr, "variant pdl=%d fold_norms=%d (%zu nodes): %s", int(v.pdl), int(v.fold), nodes, t.c_str());
+    std::fprintf(stderr, "variant pdl=%d (%zu nodes): %s", int(pdl), nodes, t.c_str());
   }
 }
 

@@ -108,25 +108,6 @@ __device__ __forceinline__ void bytes_to_floats(uint32_t word, float bias, float
   out[3] = byte_to_float<3>(word, bias);
 }
 
-// A 4-byte copy from global to shared memory that does not hold the thread
-// (cp.async, sm_80+; a plain load and store before): values needed only at
-// the end of a kernel are fetched while it computes. cp_async_wait() makes
-// the thread's copies complete; other threads then need a barrier.
-__device__ __forceinline__ void cp_async4(float* smem, const float* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *smem = *gmem;
-#endif
-}
-
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
 constexpr float kMagic = 8388608.0f;  // 2^23: bytes_to_floats(w, kMagic) gives the plain byte values
 
 }  // namespace baton::cuda::detail

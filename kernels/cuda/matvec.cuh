@@ -42,43 +42,6 @@ uint64_t xq_row_bytes(int64_t n);
 // rows xq_row_bytes(n) apart. n must be a multiple of 32; xq 16-byte aligned.
 void quantize_xq(const float* x, int64_t n, int64_t n_tokens, int64_t x_stride, void* xq, cudaStream_t stream);
 
-// --- the RMSNorm between two one-token projections, folded into them ------
-// A decode layer's RMSNorm reads the whole residual row, so it was a kernel
-// of its own between the producer of the row (the output and down
-// projections) and its consumers (Q|K|V, gate|up, the head): a one-block
-// kernel the chain waits for, 65 of them per llama-8b token. Folded, the
-// producer adds its results into the residual x and the last block of each
-// run of 32 rows quantizes that run of x * norm_w (ResidualNorm), which
-// needs no row-wide sum; the row-wide 1 / rms is a scalar that the consumer
-// applies to its results (NormScale), each block summing the producer's
-// per-run sums of squares. Integer-dot dot products are linear in x, so
-// this is the norm's result up to the rounding of the quantization.
-
-// The consumer side: results multiplied by 1 / sqrt(sum(x^2) / cols + eps),
-// the sum taken over run_sumsq[cols / 32]. Default: no scale.
-struct NormScale {
-  const float* run_sumsq = nullptr;  // device, written by the producer's ResidualNorm
-  float eps = 0.0f;
-};
-
-// The producer side, for a matrix of `rows` outputs (rows a multiple of 32):
-// x[r] += result r; then, when norm_w is set, xq (xq_row_bytes(rows) bytes)
-// gets the quantized row x * norm_w and run_sumsq[rows / 32] the per-run sums
-// of x^2. arrivals (rows / 32 counters) must be zero before the first launch
-// and are left zero by each. xq must not be the launch's own input.
-struct ResidualNorm {
-  float* x = nullptr;
-  const float* norm_w = nullptr;
-  void* xq = nullptr;
-  float* run_sumsq = nullptr;
-  uint32_t* arrivals = nullptr;
-};
-
-// The ResidualNorm norm output of a row that is already whole (a stage's
-// first layer): xq and run_sumsq from x (n values) and norm_w, bit for bit
-// what a producer's epilogue would have written for the same x.
-void norm_xq(const float* x, int64_t n, const float* norm_w, void* xq, float* run_sumsq, cudaStream_t stream);
-
 // Whether matvec_xq takes weights of this dtype (Q8_0 and Q4_K for now).
 bool matvec_xq_supported(DType t);
 
@@ -88,15 +51,8 @@ bool matvec_xq_supported(DType t);
 // (more in chunks). Launched with programmatic dependent launch (pdl.cuh):
 // the first weights are read before waiting for the previous kernel, so W
 // must not be written by kernels of the same stream (xq and out may be).
-// With `in` set, n_tokens must be 1 (NormScale).
 void matvec_xq(const MatrixView& w, const void* xq, int64_t n_tokens, float* out, int64_t out_stride,
-               cudaStream_t stream, const NormScale& in = {});
-
-// One token of matvec_xq whose results go into the residual with the
-// ResidualNorm epilogue (the output and down projections of a decode step)
-// instead of to an output row. Needs w.rows a multiple of 32; e.x, and with
-// e.norm_w also e.xq, e.run_sumsq and e.arrivals, set.
-void matvec_xq_residual(const MatrixView& w, const void* xq, const ResidualNorm& e, cudaStream_t stream);
+               cudaStream_t stream);
 
 // The decode epilogue of a Q|K|V projection (matvec_xq_rope): rows [0,
 // q_rows) of the output row are Q heads, [q_rows, q_rows + k_rows) K heads,
@@ -124,7 +80,6 @@ struct QkvRope {
 // head_dim even, rot_dim even and <= head_dim, q_rows and k_rows multiples
 // of head_dim; out is the output row's column first_row (out[r] for r <
 // w.rows).
-void matvec_xq_rope(const MatrixView& w, const void* xq, float* out, const QkvRope& rope, cudaStream_t stream,
-                    const NormScale& in = {});
+void matvec_xq_rope(const MatrixView& w, const void* xq, float* out, const QkvRope& rope, cudaStream_t stream);
 
 }  // namespace baton::cuda

@@ -28,23 +28,6 @@ __global__ void quantize_xq_kernel(const float* __restrict__ x, int64_t n, int64
   }
 }
 
-// One warp per run of 32 of a whole row: the ResidualNorm norm output
-// (matvec.cuh: norm_xq), the same operations as xq_residual_norm's last block.
-__global__ void norm_xq_kernel(const float* __restrict__ x, int64_t n, const float* __restrict__ norm_w,
-                               uint8_t* __restrict__ xq, float* __restrict__ run_sumsq) {
-  pdl_trigger();
-  pdl_wait();  // x comes from the kernel or copy before
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t run = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); run < n / 32; run += warps) {
-    const int64_t i = run * 32 + lane;
-    const float xv = x[i];
-    const float ss = warp_sum(xv * xv);
-    xq_store_run(xv * norm_w[i], lane, xq, n, run);
-    if (lane == 0) run_sumsq[run] = ss;
-  }
-}
-
 // Q4_K one-token launches of at least 4096 x 4096 take four threads per
 // weight block (XqQ4_K32: scales and minimum terms once per 32 bytes of
 // quants) and 4 rows per block: 3-6% faster than the best XqQ4_K
@@ -61,36 +44,25 @@ bool use_q4k32(const MatrixView& w) { return w.type == DType::Q4_K && w.rows >= 
 // XqQ4_K32 sizes, whose threads already carry 16 bytes of each of R rows,
 // 8 for 16384+ rows or rows of 8192+ columns. More tokens: 2 rows, to bound
 // registers.
-template <class K, int T, XqEpi kEpi = XqEpi::kStore>
+template <class K, int T>
 void launch(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out, int64_t out_stride,
-            cudaStream_t stream, const XqEpilogue& ep) {
+            cudaStream_t stream) {
   if constexpr (T == 1) {
     if (use_q4k32(w)) {
-      launch_matvec_xq_epilogue<XqQ4_K32, 4, 1, kEpi>(w, xq, xq_stride, n_tokens, out, out_stride, stream, ep);
+      launch_matvec_xq<XqQ4_K32, 4, 1>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
       return;
     }
     const bool q4 = K::kType == DType::Q4_K;
     if ((q4 && (w.rows >= 16384 || w.cols >= 8192)) || (!q4 && w.rows >= 16384 && w.cols <= 2048)) {
-      launch_matvec_xq_epilogue<K, 8, 1, kEpi>(w, xq, xq_stride, n_tokens, out, out_stride, stream, ep);
+      launch_matvec_xq<K, 8, 1>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
       return;
     }
     if (!q4 && w.rows > 2048) {
-      launch_matvec_xq_epilogue<K, 4, 1, kEpi>(w, xq, xq_stride, n_tokens, out, out_stride, stream, ep);
+      launch_matvec_xq<K, 4, 1>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
       return;
     }
   }
-  launch_matvec_xq_epilogue<K, 2, T, kEpi>(w, xq, xq_stride, n_tokens, out, out_stride, stream, ep);
-}
-
-void check_xq_matrix(const MatrixView& w, const void* xq, const char* what) {
-  validate_matrix(w, what);
-  if (!matvec_xq_supported(w.type)) {
-    throw std::invalid_argument(std::string(what) + ": dtype " + dtype_name(w.type) + " has no integer-dot kernel");
-  }
-  if (xq == nullptr || reinterpret_cast<uintptr_t>(xq) % 16 != 0) {
-    throw std::invalid_argument(std::string(what) + ": xq must be 16-byte aligned");
-  }
-  if (w.rows > int64_t(0x7fffffff)) throw std::invalid_argument(std::string(what) + ": too many rows for one launch");
+  launch_matvec_xq<K, 2, T>(w, xq, xq_stride, n_tokens, out, out_stride, stream);
 }
 
 }  // namespace
@@ -109,28 +81,22 @@ void quantize_xq(const float* x, int64_t n, int64_t n_tokens, int64_t x_stride, 
              n_tokens, x_stride, static_cast<uint8_t*>(xq), xq_row_bytes(n));
 }
 
-void norm_xq(const float* x, int64_t n, const float* norm_w, void* xq, float* run_sumsq, cudaStream_t stream) {
-  if (!x || !norm_w || !xq || !run_sumsq || n <= 0 || n % 32 != 0 || reinterpret_cast<uintptr_t>(xq) % 16 != 0) {
-    throw std::invalid_argument("norm_xq: need a positive multiple of 32 values, xq 16-byte aligned, no null");
-  }
-  const int threads = 256;
-  const int64_t blocks = std::clamp<int64_t>((n / 32 * 32 + threads - 1) / threads, 1, int64_t(sm_count()) * 8);
-  launch_pdl("norm_xq_kernel", norm_xq_kernel, dim3(unsigned(blocks)), dim3(threads), 0, stream, x, n, norm_w,
-             static_cast<uint8_t*>(xq), run_sumsq);
-}
-
 bool matvec_xq_supported(DType t) { return t == DType::Q8_0 || t == DType::Q4_K; }
 
 void matvec_xq(const MatrixView& w, const void* xq, int64_t n_tokens, float* out, int64_t out_stride,
-               cudaStream_t stream, const NormScale& in) {
-  check_xq_matrix(w, xq, "matvec_xq");
+               cudaStream_t stream) {
+  validate_matrix(w, "matvec_xq");
+  if (!matvec_xq_supported(w.type)) {
+    throw std::invalid_argument(std::string("matvec_xq: dtype ") + dtype_name(w.type) + " has no integer-dot kernel");
+  }
   if (n_tokens < 1) throw std::invalid_argument("matvec_xq: n_tokens must be at least 1");
-  if (in.run_sumsq && n_tokens != 1) throw std::invalid_argument("matvec_xq: a norm scale takes one token");
+  if (xq == nullptr || reinterpret_cast<uintptr_t>(xq) % 16 != 0) {
+    throw std::invalid_argument("matvec_xq: xq must be 16-byte aligned");
+  }
   if (out == nullptr || (n_tokens > 1 && out_stride < w.rows)) {
     throw std::invalid_argument("matvec_xq: out needs a stride of at least rows");
   }
-  XqEpilogue ep;
-  ep.in = in;
+  if (w.rows > int64_t(0x7fffffff)) throw std::invalid_argument("matvec_xq: too many rows for one launch");
   const uint64_t stride = xq_row_bytes(w.cols);
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMatvecMaxTokens) {
     const int nt = int(std::min<int64_t>(kMatvecMaxTokens, n_tokens - t0));
@@ -139,13 +105,13 @@ void matvec_xq(const MatrixView& w, const void* xq, int64_t n_tokens, float* out
     auto go = [&](auto k) {
       using K = decltype(k);
       if (nt == 1) {
-        launch<K, 1>(w, xc, stride, nt, oc, out_stride, stream, ep);
+        launch<K, 1>(w, xc, stride, nt, oc, out_stride, stream);
       } else if (nt == 2) {
-        launch<K, 2>(w, xc, stride, nt, oc, out_stride, stream, ep);
+        launch<K, 2>(w, xc, stride, nt, oc, out_stride, stream);
       } else if (nt <= 4) {
-        launch<K, 4>(w, xc, stride, nt, oc, out_stride, stream, ep);
+        launch<K, 4>(w, xc, stride, nt, oc, out_stride, stream);
       } else {
-        launch<K, 8>(w, xc, stride, nt, oc, out_stride, stream, ep);
+        launch<K, 8>(w, xc, stride, nt, oc, out_stride, stream);
       }
     };
     if (w.type == DType::Q8_0) go(XqQ8_0{});
@@ -153,10 +119,14 @@ void matvec_xq(const MatrixView& w, const void* xq, int64_t n_tokens, float* out
   }
 }
 
-void matvec_xq_rope(const MatrixView& w, const void* xq, float* out, const QkvRope& rope, cudaStream_t stream,
-                    const NormScale& in) {
-  check_xq_matrix(w, xq, "matvec_xq_rope");
-  if (out == nullptr) throw std::invalid_argument("matvec_xq_rope: null output");
+void matvec_xq_rope(const MatrixView& w, const void* xq, float* out, const QkvRope& rope, cudaStream_t stream) {
+  validate_matrix(w, "matvec_xq_rope");
+  if (!matvec_xq_supported(w.type)) {
+    throw std::invalid_argument(std::string("matvec_xq_rope: dtype ") + dtype_name(w.type) + " has no integer-dot kernel");
+  }
+  if (xq == nullptr || reinterpret_cast<uintptr_t>(xq) % 16 != 0 || out == nullptr) {
+    throw std::invalid_argument("matvec_xq_rope: null output or xq not 16-byte aligned");
+  }
   const bool shape_ok = w.rows % 2 == 0 && rope.first_row % 2 == 0 && rope.first_row >= 0 && rope.head_dim > 0 &&
                         rope.head_dim % 2 == 0 && rope.rot_dim >= 2 && rope.rot_dim % 2 == 0 &&
                         rope.rot_dim <= rope.head_dim && rope.q_rows % rope.head_dim == 0 && rope.k_rows > 0 &&
@@ -166,34 +136,14 @@ void matvec_xq_rope(const MatrixView& w, const void* xq, float* out, const QkvRo
   if (!rope.inv_freq || !rope.pos || !rope.cache_pos || !rope.k_cache || !rope.v_cache) {
     throw std::invalid_argument("matvec_xq_rope: null inv_freq, position or cache");
   }
-  XqEpilogue ep;
-  ep.rope = rope;
-  ep.in = in;
+  if (w.rows > int64_t(0x7fffffff)) throw std::invalid_argument("matvec_xq_rope: too many rows for one launch");
   const uint64_t stride = xq_row_bytes(w.cols);
   if (w.type == DType::Q8_0) {
-    launch_matvec_xq_epilogue<XqQ8_0, 2, 1, XqEpi::kRope>(w, xq, stride, 1, out, w.rows, stream, ep);
+    launch_matvec_xq_epilogue<XqQ8_0, 2, 1, true>(w, xq, stride, 1, out, w.rows, stream, rope);
   } else if (use_q4k32(w)) {
-    launch_matvec_xq_epilogue<XqQ4_K32, 4, 1, XqEpi::kRope>(w, xq, stride, 1, out, w.rows, stream, ep);
+    launch_matvec_xq_epilogue<XqQ4_K32, 4, 1, true>(w, xq, stride, 1, out, w.rows, stream, rope);
   } else {
-    launch_matvec_xq_epilogue<XqQ4_K, 2, 1, XqEpi::kRope>(w, xq, stride, 1, out, w.rows, stream, ep);
-  }
-}
-
-void matvec_xq_residual(const MatrixView& w, const void* xq, const ResidualNorm& e, cudaStream_t stream) {
-  check_xq_matrix(w, xq, "matvec_xq_residual");
-  if (w.rows % 32 != 0) throw std::invalid_argument("matvec_xq_residual: rows must be a multiple of 32");
-  if (e.x == nullptr) throw std::invalid_argument("matvec_xq_residual: null residual");
-  if (e.norm_w && (!e.xq || !e.run_sumsq || !e.arrivals || reinterpret_cast<uintptr_t>(e.xq) % 16 != 0)) {
-    throw std::invalid_argument("matvec_xq_residual: a norm needs xq (16-byte aligned), run_sumsq and arrivals");
-  }
-  if (e.norm_w && e.xq == xq) throw std::invalid_argument("matvec_xq_residual: the norm output is the input");
-  XqEpilogue ep;
-  ep.rn = e;
-  const uint64_t stride = xq_row_bytes(w.cols);
-  if (w.type == DType::Q8_0) {
-    launch<XqQ8_0, 1, XqEpi::kResidualNorm>(w, xq, stride, 1, nullptr, w.rows, stream, ep);
-  } else {
-    launch<XqQ4_K, 1, XqEpi::kResidualNorm>(w, xq, stride, 1, nullptr, w.rows, stream, ep);
+    launch_matvec_xq_epilogue<XqQ4_K, 2, 1, true>(w, xq, stride, 1, out, w.rows, stream, rope);
   }
 }
 

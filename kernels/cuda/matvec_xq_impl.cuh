@@ -193,95 +193,15 @@ __device__ __forceinline__ void qkv_rope_pair(const QkvRope& e, int64_t row0, fl
   }
 }
 
-// What a launch does with its results: store them (kStore), the QkvRope
-// epilogue (kRope), or the producer side of a folded RMSNorm (kResidualNorm,
-// matvec.cuh: ResidualNorm).
-enum class XqEpi { kStore, kRope, kResidualNorm };
-
-// The run-time arguments of the epilogues, and the consumer-side norm scale
-// that any of them may apply (NormScale).
-struct XqEpilogue {
-  QkvRope rope;
-  ResidualNorm rn;
-  NormScale in;
-};
-
-// The folded norm's operands that a block needs only for its results (the
-// consumer's run sums, the producer's residual rows), fetched by warp 0 into
-// shared memory when the block starts (cp_async4): their L2 latency then
-// hides behind the dot products instead of holding warp 0 before or after.
-// Run sums past kPrefetchRuns (rows wider than 8192) are read at the end.
-constexpr int kPrefetchRuns = 256;
-template <int R>
-struct XqPrefetch {
-  float run_sumsq[kPrefetchRuns];
-  float x[R];
-};
-
-template <int R, bool kResidual>
-__device__ __forceinline__ void xq_prefetch(XqPrefetch<R>& p, const XqEpilogue& ep, int64_t row0, int64_t cols,
-                                            int lane) {
-  if (ep.in.run_sumsq) {
-    const int64_t n = min(cols / 32, int64_t(kPrefetchRuns));
-    for (int64_t g = lane; g < n; g += 32) cp_async4(&p.run_sumsq[g], ep.in.run_sumsq + g);
-  }
-  if (kResidual && lane < R) cp_async4(&p.x[lane], ep.rn.x + row0 + lane);
-}
-
-// 1 / rms of the row (cols values) from the prefetched run sums, as
-// add_rmsnorm computes it up to float rounding; 1 without a NormScale.
-// Every lane of warp 0 calls it, after cp_async_wait() and __syncwarp().
-template <int R>
-__device__ __forceinline__ float xq_norm_scale(const XqPrefetch<R>& p, const NormScale& in, int64_t cols, int lane) {
-  if (!in.run_sumsq) return 1.0f;
-  float ss = 0.0f;
-  for (int64_t g = lane; g < cols / 32; g += 32) ss += g < kPrefetchRuns ? p.run_sumsq[g] : in.run_sumsq[g];
-  ss = warp_sum(ss);
-  return rsqrtf(ss / float(cols) + in.eps);
-}
-
-// The kResidualNorm epilogue of one block (warp 0; lanes < R hold the sums
-// of rows row0 + lane and their old residual values): adds them into the
-// residual, then, with a norm
-// weight, the last block of each run of 32 rows to finish quantizes the
-// run's x * norm_w and stores its sum of squares (threadFenceReduction
-// pattern: each block's residual writes are fenced before its arrival is
-// counted, and the last arrival re-reads the run from L2).
-template <int R>
-__device__ __forceinline__ void xq_residual_norm(const ResidualNorm& e, int64_t row0, int64_t rows, float v,
-                                                 float x_old, int lane) {
-  if (lane < R) e.x[row0 + lane] = x_old + v;
-  if (!e.norm_w) return;
-  __threadfence();
-  __syncwarp();
-  const int64_t run = row0 / 32;
-  unsigned last = 0;
-  if (lane == 0) last = atomicAdd(e.arrivals + run, 1u) == unsigned(32 / R - 1);
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  __threadfence();
-  const int64_t i = run * 32 + lane;
-  const float xv = __ldcg(e.x + i);
-  const float ss = warp_sum(xv * xv);
-  xq_store_run(xv * e.norm_w[i], lane, static_cast<uint8_t*>(e.xq), rows, run);
-  if (lane == 0) {
-    e.run_sumsq[run] = ss;
-    e.arrivals[run] = 0;  // ready for the next launch
-  }
-}
-
 // One-token kernels of two rows keep 8 blocks of 128 threads per SM (at
 // most 64 registers): a 4096-row matrix is then one wave of 2048 blocks.
 // kMinBlocks > 0 sets that bound instead (the micro-benchmark's sweep).
-template <class K, int R, int T, XqEpi kEpi, bool kPipe, int kMinBlocks = 0>
+template <class K, int R, int T, bool kRope, bool kPipe, int kMinBlocks = 0>
 __global__ void __launch_bounds__(kXqThreads, kMinBlocks > 0 ? kMinBlocks : (R * T <= 2 ? 8 : 1))
     matvec_xq_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows, int64_t cols,
                      const uint8_t* __restrict__ xq, uint64_t xq_stride, int n_tokens, float* __restrict__ out,
-                     int64_t out_stride, XqEpilogue ep) {
-  constexpr bool kRope = kEpi == XqEpi::kRope;
+                     int64_t out_stride, QkvRope rope) {
   static_assert(!kRope || (R % 2 == 0 && T == 1), "the RoPE epilogue takes pairs of rows of one token");
-  static_assert(kEpi != XqEpi::kResidualNorm || (32 % R == 0 && T == 1),
-                "the residual-norm epilogue takes one token and blocks within a run of 32 rows");
-  const QkvRope& rope = ep.rope;
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Rows past the end and tokens past n_tokens repeat the last valid one;
   // their results are not written.
@@ -313,11 +233,6 @@ __global__ void __launch_bounds__(kXqThreads, kMinBlocks > 0 ? kMinBlocks : (R *
   }
   pdl_trigger();
   pdl_wait();
-  // Warp 0 writes the results.
-  __shared__ XqPrefetch<R> pre;
-  if (threadIdx.x < 32) {
-    xq_prefetch<R, kEpi == XqEpi::kResidualNorm>(pre, ep, row0, cols, int(threadIdx.x));
-  }
   // The RoPE angles of the block's pairs (a double sincos each, hundreds of
   // cycles) on the last warp while the loads of the others are in flight,
   // rather than after the reduction where they would hold the block's slot
@@ -378,34 +293,20 @@ __global__ void __launch_bounds__(kXqThreads, kMinBlocks > 0 ? kMinBlocks : (R *
     }
   }
   __syncthreads();
-  if (threadIdx.x >= 32) return;
-  cp_async_wait();
-  __syncwarp();
-  const float in_scale = xq_norm_scale(pre, ep.in, cols, int(threadIdx.x));
   if constexpr (kRope) {
     const int p = int(threadIdx.x);
     if (p < R / 2 && row0 + 2 * p < rows) {  // rows is even
       float v0 = 0.0f, v1 = 0.0f;
       for (int k = 0; k < int(blockDim.x >> 5); ++k) v0 += partial[k][2 * p], v1 += partial[k][2 * p + 1];
-      qkv_rope_pair(rope, row0 + 2 * p, v0 * in_scale, v1 * in_scale, rope_cs[p][0] != 0.0f, rope_cs[p][1],
-                    rope_cs[p][2], out);
+      qkv_rope_pair(rope, row0 + 2 * p, v0, v1, rope_cs[p][0] != 0.0f, rope_cs[p][1], rope_cs[p][2], out);
     }
-    return;
-  }
-  if constexpr (kEpi == XqEpi::kResidualNorm) {
-    float v = 0.0f, x_old = 0.0f;
-    if (threadIdx.x < R) {
-      for (int k = 0; k < int(blockDim.x >> 5); ++k) v += partial[k][threadIdx.x];
-      x_old = pre.x[threadIdx.x];
-    }
-    xq_residual_norm<R>(ep.rn, row0, rows, v * in_scale, x_old, int(threadIdx.x));
     return;
   }
   if (threadIdx.x < R * T) {
     const int r = threadIdx.x / T, t = threadIdx.x % T;
     float v = 0.0f;
     for (int k = 0; k < int(blockDim.x >> 5); ++k) v += partial[k][threadIdx.x];
-    if (row0 + r < rows && t < n_tokens) out[int64_t(t) * out_stride + row0 + r] = v * in_scale;
+    if (row0 + r < rows && t < n_tokens) out[int64_t(t) * out_stride + row0 + r] = v;
   }
 }
 
@@ -417,35 +318,35 @@ int xq_threads(const MatrixView& w) {
   return int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, kXqThreads));
 }
 
-template <class K, int R, int T, XqEpi kEpi, bool kPipe, int kMinBlocks = 0>
+template <class K, int R, int T, bool kRope, bool kPipe, int kMinBlocks = 0>
 void launch_xq_kernel(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
-                      int64_t out_stride, cudaStream_t stream, const XqEpilogue& ep) {
+                      int64_t out_stride, cudaStream_t stream, const QkvRope& rope) {
   static_assert(R * T <= 32, "the reduction's last step runs on one warp");
   const int64_t blocks = (w.rows + R - 1) / R;
-  launch_pdl("matvec_xq_kernel", matvec_xq_kernel<K, R, T, kEpi, kPipe, kMinBlocks>, dim3(unsigned(blocks)),
+  launch_pdl("matvec_xq_kernel", matvec_xq_kernel<K, R, T, kRope, kPipe, kMinBlocks>, dim3(unsigned(blocks)),
              dim3(xq_threads<K>(w)), 0, stream, static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols,
-             static_cast<const uint8_t*>(xq), xq_stride, n_tokens, out, out_stride, ep);
+             static_cast<const uint8_t*>(xq), xq_stride, n_tokens, out, out_stride, rope);
 }
 
 // One chunk of n_tokens <= T tokens. Software pipelining only where a
 // thread takes more than one step along the row and the second set of
 // weight registers is affordable (R * sizeof(W) <= 64 bytes); a one-step row
 // would only lose occupancy to it.
-template <class K, int R, int T, XqEpi kEpi>
+template <class K, int R, int T, bool kRope>
 void launch_matvec_xq_epilogue(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
-                               int64_t out_stride, cudaStream_t stream, const XqEpilogue& ep) {
+                               int64_t out_stride, cudaStream_t stream, const QkvRope& rope) {
   constexpr bool kPipeable = R * sizeof(typename K::W) <= 64;
   if (kPipeable && w.cols / K::kQK * K::kLanes > xq_threads<K>(w)) {
-    launch_xq_kernel<K, R, T, kEpi, kPipeable>(w, xq, xq_stride, n_tokens, out, out_stride, stream, ep);
+    launch_xq_kernel<K, R, T, kRope, kPipeable>(w, xq, xq_stride, n_tokens, out, out_stride, stream, rope);
   } else {
-    launch_xq_kernel<K, R, T, kEpi, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, ep);
+    launch_xq_kernel<K, R, T, kRope, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, rope);
   }
 }
 
 template <class K, int R, int T>
 void launch_matvec_xq(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
                       int64_t out_stride, cudaStream_t stream) {
-  launch_matvec_xq_epilogue<K, R, T, XqEpi::kStore>(w, xq, xq_stride, n_tokens, out, out_stride, stream, XqEpilogue{});
+  launch_matvec_xq_epilogue<K, R, T, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
 }
 
 // One token with a chosen pipelining and register bound (kMinBlocks 0: the
@@ -453,8 +354,7 @@ void launch_matvec_xq(const MatrixView& w, const void* xq, uint64_t xq_stride, i
 template <class K, int R, bool kPipe, int kMinBlocks>
 void launch_matvec_xq_bounded(const MatrixView& w, const void* xq, uint64_t xq_stride, int n_tokens, float* out,
                               int64_t out_stride, cudaStream_t stream) {
-  launch_xq_kernel<K, R, 1, XqEpi::kStore, kPipe, kMinBlocks>(w, xq, xq_stride, n_tokens, out, out_stride, stream,
-                                                           XqEpilogue{});
+  launch_xq_kernel<K, R, 1, false, kPipe, kMinBlocks>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
 }
 
 }  // namespace baton::cuda::detail
