@@ -229,9 +229,8 @@ struct WarpRows {
 
 // Decode and short queries: each warp streams K and V rows straight from
 // the cache (read-only path); blocks are independent warps.
-template <int N>
+template <int N, int U = kPositionsPerStep<N>>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelArgs a) {
-  constexpr int U = kPositionsPerStep<N>;
   const int lane = threadIdx.x & 31;
   const int64_t n_groups = int64_t(a.p.n_head_kv) * a.groups_per_kv;
   const int64_t w_in = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -325,9 +324,21 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 // table (docs/CUDA.md). So is the merge after it. Their pdl_wait() is then
 // a no-op; their pdl_trigger() still lets a kernel after them that launches
 // early (the output projection) start as they run.
+//
+// A split grid (decode) has a few warps per SM, each a chain of dependent
+// steps of U positions: heads of up to 128 dims take 8 positions per step
+// there (167 registers, which a split grid's occupancy does not feel),
+// halving the chain; prefill grids keep 4 and their occupancy.
 template <int N>
 void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
+  if constexpr (N <= 4) {
+    if (a.n_splits > 1) {
+      attention_kernel<N, 8><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
+      check_launch("attention_kernel");
+      return;
+    }
+  }
   attention_kernel<N><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
   check_launch("attention_kernel");
 }
