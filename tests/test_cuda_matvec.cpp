@@ -156,8 +156,11 @@ TEST(CudaMatvec, IntegerDotPathMatchesReference) {
   };
   // 16500 rows: Q4_K's tall-matrix configuration (8 rows per block).
   // 4102 x 4096: Q4_K's four-threads-per-block kernel (4 rows per block,
-  // a partial last block), one and two tokens.
-  const Shape shapes[] = {{37, 512, 0}, {37, 2304, 32}, {1000, 4096, 0}, {16500, 256, 0}, {4102, 4096, 16}};
+  // a partial last block), one and two tokens; 4096 x 4352: the same kernel
+  // with two steps along the row per thread, the second partial (17 weight
+  // blocks of 4 threads over 64 threads).
+  const Shape shapes[] = {{37, 512, 0},    {37, 2304, 32},   {1000, 4096, 0},
+                          {16500, 256, 0}, {4102, 4096, 16}, {4096, 4352, 0}};
   for (DType t : {DType::Q8_0, DType::Q4_K}) {
     ASSERT_TRUE(cuda::matvec_xq_supported(t));
     for (const Shape& s : shapes) {

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device_util.cuh"
@@ -315,7 +316,10 @@ __global__ void __launch_bounds__(kXqThreads, kMinBlocks > 0 ? kMinBlocks : (R *
 template <class K>
 int xq_threads(const MatrixView& w) {
   const int64_t units = w.cols / K::kQK * K::kLanes;
-  return int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, kXqThreads));
+  // XqQ4_K32 takes about 128 registers: 64-thread blocks fit 8 per SM, so
+  // that a 1024-block grid (llama-8b's down projection) is one wave.
+  const int64_t cap = std::is_same_v<K, XqQ4_K32> ? 64 : kXqThreads;
+  return int(std::clamp<int64_t>((units + 31) / 32 * 32, 32, cap));
 }
 
 template <class K, int R, int T, bool kRope, bool kPipe, int kMinBlocks = 0>
