@@ -232,12 +232,11 @@ __global__ void __launch_bounds__(kXqThreads, kMinBlocks > 0 ? kMinBlocks : (R *
 #pragma unroll
     for (int r = 0; r < R; ++r) wv[r] = K::load_w(wr[r] + uint64_t(b) * K::kBytes, c);
   }
-  pdl_trigger();
-  pdl_wait();
   // The RoPE angles of the block's pairs (a double sincos each, hundreds of
-  // cycles) on the last warp while the loads of the others are in flight,
-  // rather than after the reduction where they would hold the block's slot
-  // longer.
+  // cycles) on the last warp, before pdl_wait(): they overlap the kernel
+  // before instead of delaying this warp's dot products. The position and
+  // the frequencies are not written by any kernel of the step (the step's
+  // parameter copy completes before its first kernel starts; pdl.cuh).
   __shared__ float rope_cs[kRope ? R / 2 : 1][3];
   if constexpr (kRope) {
     const int p = int(threadIdx.x) - int(blockDim.x - 32);
@@ -247,6 +246,8 @@ __global__ void __launch_bounds__(kXqThreads, kMinBlocks > 0 ? kMinBlocks : (R *
       rope_cs[p][0] = rotate ? 1.0f : 0.0f, rope_cs[p][1] = cs, rope_cs[p][2] = sn;
     }
   }
+  pdl_trigger();
+  pdl_wait();
   // Rows of several steps per thread (kPipe): the next step's weights are
   // loaded before this step's dot products, two steps of loads in flight.
   if constexpr (kPipe) {

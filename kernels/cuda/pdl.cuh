@@ -9,8 +9,10 @@
 // of this one has started, and pdl_wait() before it touches anything an
 // earlier kernel writes, which blocks until the predecessor has finished and
 // its writes are visible. Work before pdl_wait() may only read memory that
-// no kernel of the same stream writes (weights), which is how a matvec loads
-// its first weights while the norm before it still runs.
+// no kernel of the same stream writes (weights, and the step's parameters:
+// the copy that writes them completes before the step's first kernel
+// starts), which is how a matvec loads its first weights, and the Q|K|V
+// projection computes its RoPE angles, while the norm before it still runs.
 //
 // The rule that keeps this correct: every kernel launched with launch_pdl
 // calls pdl_wait() on every path before reading or writing activations, so
