@@ -23,12 +23,16 @@ constexpr int kRowsPerWarp = 4;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxHeadDim = 512;
 // Decode has few warps (one per KV head and 4 query rows): splitting the
-// positions finely is what fills the card. 256 splits of at least 16
-// positions: a 4096-position llama-8b decode runs 8 x 132 warps of 32
-// positions (latency of 8 dependent steps) instead of 8 x 64 of 64.
+// positions finely is what fills the card. Up to 256 splits of at least 8
+// positions (one step of a split grid's loop for llama heads): a
+// 4096-position llama-8b decode runs 8 x 132 warps of 32 positions (4
+// dependent steps), a 640-position graph 80 splits instead of the 40 that
+// 16 gave (+0.5% Q8_0, +0.8% Q4_K decode at ctx 512, docs/PERFORMANCE.md).
+// Prompts of up to 8 positions do not split, so a 3-token chunk still
+// matches the whole prompt bit for bit.
 constexpr int kMaxSplits = 256;
 constexpr int64_t kMaxSplitRows = 256;   // n_tokens * n_head up to this may split
-constexpr int64_t kMinSplitPositions = 16;
+constexpr int64_t kMinSplitPositions = 8;
 constexpr int kMergeWarps = 4;
 
 // Positions per split. With the position read at run time (a captured
