@@ -29,7 +29,7 @@ constexpr int kMaxHeadDim = 512;
 // dependent steps), a 640-position graph 80 splits instead of the 40 that
 // 16 gave (+0.5% Q8_0, +0.8% Q4_K decode at ctx 512, docs/PERFORMANCE.md).
 // Prompts of up to 8 positions do not split, so a 3-token chunk still
-// matches the whole prompt bit for bit.
+// matches the whole 8-token prompt to 1e-5 (test_cuda_stage).
 constexpr int kMaxSplits = 256;
 constexpr int64_t kMaxSplitRows = 256;   // n_tokens * n_head up to this may split
 constexpr int64_t kMinSplitPositions = 8;
