@@ -109,7 +109,8 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
       ("no-pdl", po::bool_switch(&o.no_pdl),
        "CUDA: launch the decode kernels without programmatic dependent launch (A/B measurement)")
       ("profile", po::bool_switch(&o.profile),
-       "CUDA: a per-kernel table of a decode step on stderr (and for deepseek4 the GPU time per prefill phase)")
+       "CUDA: per-kernel tables of a decode step on stderr, node by node and each kernel's marginal cost in the "
+       "replay (and for deepseek4 the GPU time per prefill phase)")
       ("load-only", po::bool_switch(&o.load_only), "measure the ceilings and the load, then exit (no prefill or decode)")
       ("mem-limit", po::value<std::string>(&mem_limit),
        "most memory the stage's plan may use (device lines with --backend cuda), e.g. 128GB: refused before "

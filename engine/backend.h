@@ -152,8 +152,9 @@ DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm = true);
 void set_programmatic_launch(bool on);
 
 // Process-wide diagnostics of the CUDA stages (`baton bench --profile`): a
-// per-kernel table of a decode step (with a replay without programmatic
-// launch) at the next reset after 10+ decode steps, and for deepseek4 the GPU
+// per-kernel table of a decode step (node by node, then each kernel's
+// marginal cost in the replay, then a replay without programmatic launch)
+// at the next reset after 10+ decode steps, and for deepseek4 the GPU
 // time per phase of each prefill forward, all on stderr. Read when
 // a stage is built and as it runs; off by default. No effect without CUDA.
 void set_stage_profiling(bool on);
