@@ -221,11 +221,13 @@ std::string marginal_costs(cudaGraph_t graph, cudaStream_t stream) {
     const float without = time_replay(exec, stream).median;
     for (cudaGraphNode_t v : vs) BATON_CUDA_CHECK(cudaGraphNodeSetEnabled(exec, v, 1));
     const double saved = 1000.0 * (base - without);
-    rows.emplace_back(saved, fmt::format("{:9.1f} {:6d} {:8.2f}  {}\n", saved, vs.size(), saved / double(vs.size()), name));
+    rows.emplace_back(saved,
+                      fmt::format("{:9.1f} {:6d} {:8.2f}  {}\n", saved, vs.size(), saved / double(vs.size()), name));
   }
   cudaGraphExecDestroy(exec);
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::string s = fmt::format("marginal cost in the replay ({:.3f} ms): the replay with one kernel's nodes disabled\n", base);
+  std::string s =
+      fmt::format("marginal cost in the replay ({:.3f} ms): the replay with one kernel's nodes disabled\n", base);
   s += fmt::format("{:>9} {:>6} {:>8}  {}\n", "saved_us", "count", "per_us", "kernel [grid x threads]");
   for (const auto& r : rows) s += r.second;
   return s;

@@ -32,9 +32,10 @@ std::string marginal_costs(cudaGraph_t graph, cudaStream_t stream);
 // bench --profile`): keeps a copy of sequence 0's decode graph, counts its
 // replays, and after 10 or more prints to stderr the per-kernel table of the
 // last step, the marginal cost of each kernel, and the replay time of the
-// step re-captured without and with programmatic launch. The stage calls report() at a reset and at its end,
-// outside any timed region; the pinned parameters then still hold the last
-// step, so every pass recomputes the same state.
+// step re-captured without and with programmatic launch. The stage calls
+// report() at a reset and at its end, outside any timed region; the pinned
+// parameters then still hold the last step, so every pass recomputes the
+// same state.
 class DecodeProfiler {
  public:
   DecodeProfiler() = default;

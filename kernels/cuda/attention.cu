@@ -336,14 +336,11 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 template <int N>
 void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
+  auto* kernel = attention_kernel<N>;
   if constexpr (N <= 4) {
-    if (a.n_splits > 1) {
-      attention_kernel<N, 8><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
-      check_launch("attention_kernel");
-      return;
-    }
+    if (a.n_splits > 1) kernel = attention_kernel<N, 8>;
   }
-  attention_kernel<N><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
+  kernel<<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
   check_launch("attention_kernel");
 }
 
