@@ -86,9 +86,13 @@ __device__ __forceinline__ void warp_sum_all(float (&v)[K], int lane) {
 }
 
 // Positions per step: loading U K rows before the reductions keeps U loads in
-// flight; fewer for wide heads, whose registers are spent on q and o.
+// flight and halves a warp's chain of dependent steps; fewer for wide heads,
+// whose registers are spent on q and o. Heads of up to 128 dims take 8 (167
+// registers, 12 warps per SM instead of 16): a decode split grid has a few
+// warps per SM and does not feel it, and prefill grids measured 6% faster
+// with 8 than with 4 despite the lost occupancy (docs/PERFORMANCE.md).
 template <int N>
-constexpr int kPositionsPerStep = N <= 4 ? 4 : (N == 8 ? 2 : 1);
+constexpr int kPositionsPerStep = N <= 4 ? 8 : (N == 8 ? 2 : 1);
 
 // The 4 query rows of one warp and their running softmax state. Row i of a
 // KV head is token i / group, head i % group of the group. Missing rows (past
@@ -233,8 +237,9 @@ struct WarpRows {
 
 // Decode and short queries: each warp streams K and V rows straight from
 // the cache (read-only path); blocks are independent warps.
-template <int N, int U = kPositionsPerStep<N>>
+template <int N>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelArgs a) {
+  constexpr int U = kPositionsPerStep<N>;
   const int lane = threadIdx.x & 31;
   const int64_t n_groups = int64_t(a.p.n_head_kv) * a.groups_per_kv;
   const int64_t w_in = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -328,19 +333,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 // table (docs/CUDA.md). So is the merge after it. Their pdl_wait() is then
 // a no-op; their pdl_trigger() still lets a kernel after them that launches
 // early (the output projection) start as they run.
-//
-// A split grid (decode) has a few warps per SM, each a chain of dependent
-// steps of U positions: heads of up to 128 dims take 8 positions per step
-// there (167 registers, which a split grid's occupancy does not feel),
-// halving the chain; prefill grids keep 4 and their occupancy.
 template <int N>
 void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
-  auto* kernel = attention_kernel<N>;
-  if constexpr (N <= 4) {
-    if (a.n_splits > 1) kernel = attention_kernel<N, 8>;
-  }
-  kernel<<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
+  attention_kernel<N><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
   check_launch("attention_kernel");
 }
 
