@@ -26,32 +26,50 @@ std::vector<float> tied_logits(std::mt19937_64& rng, size_t n) {
   return v;
 }
 
+// One block per row (no workspace), and rows split over blocks of 2048
+// (with one): the split path is called twice, with the maxima moved, to
+// check that each call leaves its slots zero for the next.
 TEST(CudaSampling, ArgmaxLowestIdOnTies) {
   BATON_REQUIRE_CUDA();
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const int64_t n = 129280, stride = n + 3, n_rows = 4;
+  const int64_t n = 129280, stride = n + 3, n_rows = 5;
   std::vector<float> x = test::random_floats(rng, size_t(n_rows * stride), 20.0f);
-  // Row 1: the maximum twice; row 2: all equal; row 3: coarse ties.
+  // Row 1: the maximum twice; row 2: all equal; row 3: coarse ties; row 4:
+  // the maximum twice in one block of 2048 and once in the next.
   x[size_t(stride + 90000)] = 50.0f;
   x[size_t(stride + 70001)] = 50.0f;
   std::fill(x.begin() + 2 * stride, x.begin() + 2 * stride + n, -3.5f);
   const std::vector<float> tied = tied_logits(rng, size_t(n));
   std::copy(tied.begin(), tied.end(), x.begin() + 3 * stride);
-  DeviceArray<float> dx(x);
-  DeviceArray<int32_t> ids(static_cast<size_t>(n_rows));
-  cuda::argmax(dx.get(), n_rows, n, stride, ids.get(), nullptr);
-  const std::vector<int32_t> got = ids.download();
-  for (int64_t r = 0; r < n_rows; ++r) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; ++i) {
-      if (x[size_t(r * stride + i)] > x[size_t(r * stride + best)]) best = i;
+  for (int64_t i : {int64_t(6000), int64_t(4097), int64_t(4100)}) x[size_t(4 * stride + i)] = 30.0f;
+  const size_t ws_bytes = cuda::argmax_workspace_bytes(n_rows);
+  DeviceArray<uint8_t> ws(ws_bytes);
+  BATON_CUDA_CHECK(cudaMemset(ws.get(), 0, ws_bytes));
+  for (int pass = 0; pass < 3; ++pass) {
+    const bool split = pass > 0;
+    SCOPED_TRACE(std::string(split ? "split" : "one block per row") + " pass " + std::to_string(pass));
+    if (pass == 2) {  // the maxima move: a stale slot would keep the old answer
+      x[size_t(stride + 90000)] = 60.0f;
+      x[size_t(4 * stride + 100)] = 40.0f;
     }
-    EXPECT_EQ(got[size_t(r)], best) << "row " << r;
+    DeviceArray<float> dx(x);
+    DeviceArray<int32_t> ids(static_cast<size_t>(n_rows));
+    ids.poison();
+    cuda::argmax(dx.get(), n_rows, n, stride, ids.get(), nullptr, split ? ws.get() : nullptr, split ? ws_bytes : 0);
+    const std::vector<int32_t> got = ids.download();
+    for (int64_t r = 0; r < n_rows; ++r) {
+      int64_t best = 0;
+      for (int64_t i = 1; i < n; ++i) {
+        if (x[size_t(r * stride + i)] > x[size_t(r * stride + best)]) best = i;
+      }
+      EXPECT_EQ(got[size_t(r)], best) << "row " << r;
+    }
+    EXPECT_EQ(got[1], pass == 2 ? 90000 : 70001);
+    EXPECT_EQ(got[2], 0);
+    EXPECT_EQ(got[4], pass == 2 ? 100 : 4097);
   }
-  EXPECT_EQ(got[1], 70001);
-  EXPECT_EQ(got[2], 0);
 }
 
 TEST(CudaSampling, TopKMatchesSortAndSoftmax) {

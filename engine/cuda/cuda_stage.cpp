@@ -302,6 +302,7 @@ struct CudaStage::Layout {
   int64_t qw = 0, kw = 0, vw = 0, ow = 0, qkvw = 0;
   // Device workspace sections (byte offsets) and sizes.
   uint64_t x = 0, y = 0, xn = 0, qkv = 0, att = 0, gu = 0, ffh = 0, logits = 0, freqs = 0, params = 0, ids = 0;
+  uint64_t argmax = 0, argmax_bytes = 0;  // split argmax slots (zeroed at build, left zero by each call)
   uint64_t attn = 0, attn_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
   uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kMatvecMaxTokens rows (matvec_xq)
   uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0
@@ -346,6 +347,8 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.params_bytes = (2 * B + 1) * sizeof(int32_t);
   L.params = take(L.params_bytes);
   L.ids = take(uint64_t(std::max<int64_t>(L.L, 1)) * sizeof(int32_t));
+  L.argmax_bytes = cuda::argmax_workspace_bytes(L.L);
+  L.argmax = take(L.argmax_bytes);
   // Attention splits positions across blocks (flash-decoding) for up to 256
   // query rows; decode is one token, so this is what makes it fast.
   const int64_t split_tokens = std::min<int64_t>(L.B, 256 / hp.n_head);
@@ -737,7 +740,7 @@ void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
     cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, xq);
     project(W.output, xn + (n - rows) * E, xq ? xq + uint64_t(n - rows) * cuda::xq_row_bytes(E) : nullptr, rows, E,
             logits, L.V);
-    cuda::argmax(logits, rows, L.V, L.V, ids, s);
+    cuda::argmax(logits, rows, L.V, L.V, ids, s, ws + L.argmax, L.argmax_bytes);
     BATON_CUDA_CHECK(cudaMemcpyAsync(io + L.h_ids, ids, uint64_t(rows) * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
   } else {
     cuda::add_inplace(x, pending, n * E, s);

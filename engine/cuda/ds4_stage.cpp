@@ -19,6 +19,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/sampling.cuh"
 
 namespace baton {
 
@@ -272,6 +273,8 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   at = std::max(attention_end, moe_end);
   L.logits = take(uint64_t(L.LR) * L.V * f);
   L.argmax = take(uint64_t(std::max<int64_t>(L.LR, 1)) * 4);
+  L.argmax_ws_bytes = cuda::argmax_workspace_bytes(L.LR);
+  L.argmax_ws = take(L.argmax_ws_bytes);
   // Prefill GEMMs: x rounded to 16 bits plus a dequantized F16 tile.
   auto need = [&](const Mat& m, int64_t n) {
     if (!m.w.data || n <= cuda::kMatvecMaxTokens) return;

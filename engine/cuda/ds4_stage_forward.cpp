@@ -511,7 +511,7 @@ void CudaDs4Stage::head(int64_t n) {
   const void* xq = quantize_for({&W.output}, h, L.E, rows, L.E);
   project(W.output, h, xq, rows, L.E, logits, L.V);
   int32_t* ids = reinterpret_cast<int32_t*>(ws + L.argmax);
-  cuda::argmax(logits, rows, L.V, L.V, ids, st);
+  cuda::argmax(logits, rows, L.V, L.V, ids, st, ws + L.argmax_ws, L.argmax_ws_bytes);
   BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_ids, ids, uint64_t(rows) * 4, cudaMemcpyDeviceToHost, st));
 }
 

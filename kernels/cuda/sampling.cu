@@ -1,5 +1,7 @@
-// argmax: one block per row, each thread scanning a strided part of the row
-// (eight loads in flight) and the block reducing (value, index) pairs.
+// argmax: blocks scan a part of a row each (eight loads in flight per
+// thread) and reduce (value, index) pairs; with a workspace a row of more
+// than 2048 logits is spread over blocks of 2048, which meet through an
+// atomic maximum (a vocabulary of 128k: one round trip instead of 16).
 //
 // top_k: a tree of selection passes. Each pass cuts its input into tiles of
 // 1024 candidates, bitonic-sorts every tile in shared memory (one block per
@@ -8,8 +10,10 @@
 // also writes the scaled logits and the softmax.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/sampling.cuh"
 
+#include <algorithm>
 #include <climits>
 #include <stdexcept>
 #include <string>
@@ -26,29 +30,60 @@ __device__ __forceinline__ bool ranks_before(float va, int32_t ia, float vb, int
   return va > vb || (va == vb && ia < ib);
 }
 
-__global__ void argmax_kernel(const float* __restrict__ logits, int64_t n, int64_t stride, int32_t* ids) {
-  const float* row = logits + int64_t(blockIdx.x) * stride;
+// Per row of a split argmax: the best key so far and the blocks arrived.
+// Zero between calls: the last block of a row resets both.
+struct ArgmaxSlot {
+  unsigned long long key;
+  unsigned int arrived;
+  unsigned int pad;
+};
+
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxUnroll = 8;
+// Logits per block of a split row: one round of eight loads per thread.
+constexpr int64_t kArgmaxSpan = int64_t(kArgmaxThreads) * kArgmaxUnroll;
+
+// (value, id) as one integer that orders like ranks_before: the float's bits
+// made monotonic in the high word (-0 as +0, NaN below every number), the
+// complement of the id in the low word.
+__device__ __forceinline__ unsigned long long rank_key(float v, int32_t id) {
+  const uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
+  const uint32_t ord = v != v ? 0u : ((b & 0x80000000u) ? ~b : (b | 0x80000000u));
+  return (static_cast<unsigned long long>(ord) << 32) | (0xffffffffu - uint32_t(id));
+}
+
+// Block (x, r) scans logits [x * span, (x + 1) * span) of row r. One block
+// per row (slots == nullptr) writes
+// ids[r] itself; a split row (gridDim.x > 1) meets in its slot: each block
+// raises the key with atomicMax, and the last to arrive writes the id and
+// resets the slot for the next call.
+__global__ void __launch_bounds__(1024)
+    argmax_kernel(const float* __restrict__ logits, int64_t n, int64_t stride, int64_t span, int32_t* ids,
+                  ArgmaxSlot* slots) {
+  const float* row = logits + int64_t(blockIdx.y) * stride;
+  const int64_t begin = int64_t(blockIdx.x) * span, end = min(n, begin + span);
+  pdl_trigger();
+  pdl_wait();  // the logits come from the head's matvec
   float best = -INFINITY;
   int32_t best_id = INT_MAX;
   // Increasing indices per thread: a strict > keeps the first of equals.
   // Eight loads are issued before they are compared, so a row of 128k
-  // logits costs 16 round trips to L2 rather than 125.
-  constexpr int kUnroll = 8;
+  // logits costs 16 round trips to L2 in one block, one when split.
   const int64_t bd = blockDim.x;
-  int64_t i = threadIdx.x;
-  for (; i + (kUnroll - 1) * bd < n; i += kUnroll * bd) {
-    float v[kUnroll];
+  int64_t i = begin + threadIdx.x;
+  for (; i + (kArgmaxUnroll - 1) * bd < end; i += kArgmaxUnroll * bd) {
+    float v[kArgmaxUnroll];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) v[k] = row[i + k * bd];
+    for (int k = 0; k < kArgmaxUnroll; ++k) v[k] = row[i + k * bd];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
+    for (int k = 0; k < kArgmaxUnroll; ++k) {
       if (v[k] > best || best_id == INT_MAX) {
         best = v[k];
         best_id = int32_t(i + k * bd);
       }
     }
   }
-  for (; i < n; i += bd) {
+  for (; i < end; i += bd) {
     const float v = row[i];
     if (v > best || best_id == INT_MAX) {
       best = v;
@@ -66,17 +101,29 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int64_t n, int64
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) sv[warp] = best, si[warp] = best_id;
   __syncthreads();
-  if (warp == 0) {
-    const int n_warps = blockDim.x / 32;
-    best = lane < n_warps ? sv[lane] : -INFINITY;
-    best_id = lane < n_warps ? si[lane] : INT_MAX;
+  if (warp != 0) return;
+  const int n_warps = blockDim.x / 32;
+  best = lane < n_warps ? sv[lane] : -INFINITY;
+  best_id = lane < n_warps ? si[lane] : INT_MAX;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float v = __shfl_xor_sync(kFullMask, best, o);
-      const int32_t id = __shfl_xor_sync(kFullMask, best_id, o);
-      if (ranks_before(v, id, best, best_id)) best = v, best_id = id;
-    }
-    if (lane == 0) ids[blockIdx.x] = best_id;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(kFullMask, best, o);
+    const int32_t id = __shfl_xor_sync(kFullMask, best_id, o);
+    if (ranks_before(v, id, best, best_id)) best = v, best_id = id;
+  }
+  if (lane != 0) return;
+  if (gridDim.x == 1) {
+    ids[blockIdx.y] = best_id;
+    return;
+  }
+  ArgmaxSlot& slot = slots[blockIdx.y];
+  atomicMax(&slot.key, rank_key(best, best_id));
+  __threadfence();  // the key before the arrival
+  if (atomicAdd(&slot.arrived, 1u) + 1 == gridDim.x) {
+    __threadfence();  // every block's key is in before it is read
+    const unsigned long long key = atomicExch(&slot.key, 0ull);
+    ids[blockIdx.y] = int32_t(0xffffffffu - uint32_t(key & 0xffffffffull));
+    slot.arrived = 0;
   }
 }
 
@@ -142,13 +189,24 @@ int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
 
 }  // namespace
 
-void argmax(const float* logits, int64_t n_rows, int64_t n, int64_t stride, int32_t* ids, cudaStream_t stream) {
-  if (n <= 0 || n_rows < 0 || (n_rows > 1 && stride < n) || n > INT32_MAX) {
-    throw std::invalid_argument("argmax: bad row length or stride");
+size_t argmax_workspace_bytes(int64_t n_rows) { return size_t(std::max<int64_t>(n_rows, 0)) * sizeof(ArgmaxSlot); }
+
+void argmax(const float* logits, int64_t n_rows, int64_t n, int64_t stride, int32_t* ids, cudaStream_t stream,
+            void* workspace, size_t workspace_bytes) {
+  if (n <= 0 || n_rows < 0 || (n_rows > 1 && stride < n) || n > INT32_MAX || n_rows > 65535) {
+    throw std::invalid_argument("argmax: bad row length, stride or row count");
   }
   if (n_rows == 0) return;
-  argmax_kernel<<<unsigned(n_rows), 1024, 0, stream>>>(logits, n, stride, ids);
-  check_launch("argmax_kernel");
+  auto* slots = static_cast<ArgmaxSlot*>(workspace);
+  const bool split = slots && workspace_bytes >= argmax_workspace_bytes(n_rows) && n > kArgmaxSpan;
+  if (slots && reinterpret_cast<uintptr_t>(slots) % alignof(ArgmaxSlot) != 0) {
+    throw std::invalid_argument("argmax: workspace must be 16-byte aligned");
+  }
+  // Split: one round of loads per thread (a 128k vocabulary takes 63 blocks).
+  const int64_t span = split ? kArgmaxSpan : n;
+  const int64_t blocks = (n + span - 1) / span;
+  launch_pdl("argmax_kernel", argmax_kernel, dim3(unsigned(blocks), unsigned(n_rows)),
+             dim3(split ? kArgmaxThreads : 1024), 0, stream, logits, n, stride, span, ids, split ? slots : nullptr);
 }
 
 size_t top_k_workspace_bytes(int64_t n, int k) {

@@ -18,8 +18,13 @@ namespace baton::cuda {
 constexpr int kTopKMax = 64;
 
 // ids[r] = index of the largest of the n logits of row r (rows `stride`
-// floats apart); ties go to the lowest index, as in the CPU sampler.
-void argmax(const float* logits, int64_t n_rows, int64_t n, int64_t stride, int32_t* ids, cudaStream_t stream);
+// floats apart, n_rows <= 65535); ties go to the lowest index, as in the
+// CPU sampler. With a workspace of argmax_workspace_bytes(n_rows) (16-byte
+// aligned, zero before the first call; every call leaves it zero) a long
+// row is spread over many blocks; without one, one block per row.
+size_t argmax_workspace_bytes(int64_t n_rows);
+void argmax(const float* logits, int64_t n_rows, int64_t n, int64_t stride, int32_t* ids, cudaStream_t stream,
+            void* workspace = nullptr, size_t workspace_bytes = 0);
 
 size_t top_k_workspace_bytes(int64_t n, int k);
 
