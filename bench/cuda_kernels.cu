@@ -48,11 +48,7 @@ constexpr size_t kRotateBytes = size_t(512) << 20;  // > 8x the H200's 60 MB L2
 
 struct Buf {
   void* p = nullptr;
-  // Zeroed: workspaces with counters (attention, argmax) need it.
-  explicit Buf(size_t n) : size(n) {
-    BATON_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1)));
-    BATON_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1)));
-  }
+  explicit Buf(size_t n) : size(n) { BATON_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1))); }
   ~Buf() { cudaFree(p); }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
@@ -413,7 +409,7 @@ void bench_decode_ops(cudaStream_t s) {
     // The default split minimum and two others (AttentionParams::min_split_positions).
     for (const int64_t min_pos : {int64_t(4), int64_t(16), int64_t(64)}) {
       ap.min_split_positions = min_pos;
-      const std::string name = "attention (split), position " + std::to_string(p) +
+      const std::string name = "attention + merge, position " + std::to_string(p) +
                                (min_pos == 4 ? std::string() : ", splits of " + std::to_string(min_pos) + "+");
       line(name.c_str(), [&](int) { attention(ap, aws.p, attention_workspace_bytes(1, n_head, d), s); });
     }

@@ -33,19 +33,26 @@ constexpr int kMaxHeadDim = 512;
 constexpr int kMaxSplits = 256;
 constexpr int64_t kMaxSplitRows = 256;   // n_tokens * n_head up to this may split
 constexpr int64_t kMinSplitPositions = 8;
-// The split kernel's arrival counters, one per row group, at the start of
-// the workspace (a fixed place whatever the call's row count).
-constexpr size_t kCounterBytes = size_t(kMaxSplitRows) * sizeof(unsigned);
+constexpr int kMergeWarps = 4;
+
+// Positions per split. With the position read at run time (a captured
+// decode graph sized for the whole context) the positions seen now are shared
+// among the splits, at least min_positions each.
+__device__ __forceinline__ int64_t split_chunk(const int32_t* pos0_device, int64_t n_tokens, int n_splits,
+                                               int64_t static_chunk, int64_t min_positions) {
+  if (!pos0_device) return static_chunk;
+  const int64_t n_pos = int64_t(*pos0_device) + n_tokens;
+  return max(min_positions, (n_pos + n_splits - 1) / n_splits);
+}
 
 struct KernelArgs {
   AttentionParams p;
   int group;              // query heads per KV head
   int64_t groups_per_kv;  // warps per KV head: ceil(n_tokens * group / 4)
-  int64_t chunk;          // positions per split (block of the split kernel)
+  int64_t chunk;          // positions per split
   int n_splits;
-  float* partial;        // split kernel: n_splits x (n_tokens * n_head) x (head_dim_v + 2)
-  unsigned* counters;    // split kernel: blocks arrived per row group
-  uint64_t xq_stride;    // bytes between quantized output rows (p.xq)
+  float* partial;  // n_splits x (n_tokens * n_head) x (head_dim_v + 2), when n_splits > 1
+  uint64_t xq_stride;  // bytes between quantized output rows (p.xq)
 };
 
 // Sums each of the K values (K = 4, 8 or 16) over the 32 lanes and leaves
@@ -86,17 +93,6 @@ __device__ __forceinline__ void warp_sum_all(float (&v)[K], int lane) {
 // with 8 than with 4 despite the lost occupancy (docs/PERFORMANCE.md).
 template <int N>
 constexpr int kPositionsPerStep = N <= 4 ? 8 : (N == 8 ? 2 : 1);
-
-// Run nn of 32 dims (lane l holds dim 32 nn + l) of the output row of
-// (tok, head), and of its quantized copy when asked. Called by all 32 lanes.
-__device__ __forceinline__ void store_out(const KernelArgs& a, int64_t tok, int head, int nn, int lane, float v) {
-  const int dv = a.p.head_dim_v, d = lane + 32 * nn;
-  if (d < dv) a.p.out[tok * a.p.out_stride + int64_t(head) * dv + d] = v;
-  if (a.p.xq && 32 * nn < dv) {
-    xq_store_run(v, lane, static_cast<uint8_t*>(a.p.xq) + uint64_t(tok) * a.xq_stride, int64_t(a.p.n_head) * dv,
-                 (int64_t(head) * dv + 32 * nn) / 32);
-  }
-}
 
 // The 4 query rows of one warp and their running softmax state. Row i of a
 // KV head is token i / group, head i % group of the group. Missing rows (past
@@ -201,20 +197,46 @@ struct WarpRows {
     }
   }
 
-  // Writes the normalized outputs (the unsplit kernel).
-  __device__ void finish(const KernelArgs& a, int lane) const {
+  // Writes the normalized output (one split) or this split's partial.
+  __device__ void finish(const KernelArgs& a, int lane, int split) const {
+    const int dv = a.p.head_dim_v;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       if (lim[j] < 0) continue;
-      const float inv = 1.0f / l[j];  // position 0 is always visible, so l > 0
+      if (a.n_splits == 1) {
+        // Position 0 is always visible, so l > 0.
+        const float inv = 1.0f / l[j];
+        float* dst = a.p.out + tok[j] * a.p.out_stride + int64_t(head[j]) * dv;
 #pragma unroll
-      for (int nn = 0; nn < N; ++nn) store_out(a, tok[j], head[j], nn, lane, o[j][nn] * inv);
+        for (int nn = 0; nn < N; ++nn) {
+          const int d = lane + 32 * nn;
+          if (d < dv) dst[d] = o[j][nn] * inv;
+          // Lanes hold dims d = lane + 32 nn: one run of 32 per nn.
+          if (a.p.xq && 32 * nn < dv) {
+            const int64_t width = int64_t(a.p.n_head) * dv;
+            xq_store_run(o[j][nn] * inv, lane, static_cast<uint8_t*>(a.p.xq) + uint64_t(tok[j]) * a.xq_stride, width,
+                         (int64_t(head[j]) * dv + 32 * nn) / 32);
+          }
+        }
+      } else {
+        const int64_t row = tok[j] * a.p.n_head + head[j];
+        float* dst = a.partial + (int64_t(split) * a.p.n_tokens * a.p.n_head + row) * (dv + 2);
+#pragma unroll
+        for (int nn = 0; nn < N; ++nn) {
+          const int d = lane + 32 * nn;
+          if (d < dv) dst[d] = o[j][nn];
+        }
+        if (lane == 0) {
+          dst[dv] = m[j];
+          dst[dv + 1] = l[j];
+        }
+      }
     }
   }
 };
 
-// Prefill (unsplit): each warp streams K and V rows straight from the cache
-// (read-only path) for its 4 query rows; blocks are independent warps.
+// Decode and short queries: each warp streams K and V rows straight from
+// the cache (read-only path); blocks are independent warps.
 template <int N>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelArgs a) {
   constexpr int U = kPositionsPerStep<N>;
@@ -236,168 +258,84 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   WarpRows<N> rows;
   const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
   rows.init(a, kvh, wg % a.groups_per_kv, lane, pos0);
-  const int64_t p_end = rows.last + 1;
-  for (int64_t p = 0; p < p_end; p += U) {
-    rows.template step<U>(a, lane, kb + p * k_row, k_row, vb + p * v_row, v_row, p, int(min(int64_t(U), p_end - p)));
-  }
-  rows.finish(a, lane);
-}
-
-// Warps per block of the split kernel: its warps share the block's
-// positions and meet in shared memory (about 16 KB of partials at every
-// width). At 167 registers a 256-thread block fills an SM's register file
-// alone, so a grid of a block per SM lands one block on each.
-template <int N>
-constexpr int kSplitWarps = N <= 4 ? 8 : (N == 8 ? 4 : 2);
-
-// Decode and short batches (flash-decoding in one kernel). Block (g, s)
-// takes row group g (4 query rows of one KV head) over split s of the
-// positions; its warps each take an equal part of the split and meet in
-// shared memory. With one split the block writes the output; otherwise it
-// writes its partial (unnormalized output, max and sum per row) and the
-// last block of the row group to arrive (a counter in the workspace, reset
-// by that block) merges all splits: the splits' weights exp(m_s - M) once
-// per row, then each warp a run of 32 dims over the splits.
-template <int N>
-__global__ void __launch_bounds__(kSplitWarps<N> * 32) attention_split_kernel(KernelArgs a) {
-  constexpr int W = kSplitWarps<N>, J = kRowsPerWarp, U = kPositionsPerStep<N>;
-  __shared__ float so[W][J][32 * N];
-  __shared__ float sw[W][J], sl[W][J];  // each warp's max, then its weight; its sum
-  __shared__ float bl[J];               // the block's sum per row
-  __shared__ float bm[J];               // the block's max per row
-  __shared__ float cw[kMaxSplits][J];   // the last block: weight of each split per row
-  __shared__ float cl[J];               // the last block: the rows' total sums
-  __shared__ int64_t s_row[J];          // token * n_head + head of each row, -1 past the end
-  __shared__ bool last;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t g = blockIdx.x;
-  const int kvh = int(g / a.groups_per_kv);
-  const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
-  const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
-  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
-  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
-  pdl_trigger();
-  pdl_wait();  // q and the cache rows come from the kernels before (pdl.cuh); before any return
-  const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
-  // With the position read at run time (a decode graph sized for the whole
-  // context) the positions seen now are shared among the splits, at least
-  // min_split_positions per warp; the splits past them do not run.
-  int64_t chunk = a.chunk;
-  int n_splits = a.n_splits;
-  if (a.p.pos0_device) {
-    const int64_t n_pos = pos0 + a.p.n_tokens;
-    chunk = max(W * a.p.min_split_positions, (n_pos + a.n_splits - 1) / a.n_splits);
-    n_splits = int((n_pos + chunk - 1) / chunk);
-  }
-  if (int(blockIdx.y) >= n_splits) return;  // whole block
-  WarpRows<N> rows;
-  rows.init(a, kvh, g % a.groups_per_kv, lane, pos0);
-  const int64_t per_warp = (chunk + W - 1) / W, split_begin = int64_t(blockIdx.y) * chunk;
-  const int64_t p_begin = split_begin + warp * per_warp;
-  const int64_t p_end = min(min(split_begin + chunk, p_begin + per_warp), rows.last + 1);
+  const int64_t chunk = split_chunk(a.p.pos0_device, a.p.n_tokens, a.n_splits, a.chunk, a.p.min_split_positions);
+  const int64_t p_begin = int64_t(blockIdx.y) * chunk;
+  // A split past every row's last position is not read by the merge.
+  if (a.p.pos0_device && p_begin >= pos0 + a.p.n_tokens) return;
+  const int64_t p_end = min(p_begin + chunk, rows.last + 1);
   for (int64_t p = p_begin; p < p_end; p += U) {
     rows.template step<U>(a, lane, kb + p * k_row, k_row, vb + p * v_row, v_row, p, int(min(int64_t(U), p_end - p)));
   }
+  rows.finish(a, lane, blockIdx.y);
+}
 
-  // The block's warps meet: per row, weights exp(m_w - M) of the warps that
-  // saw a position (l > 0), M and the sum over them. The rows' identities go
-  // to shared memory too: the loops below index them at run time.
-  if (threadIdx.x == 0) {
+// One block per (token, head) row and 32 output dims: weight each split's
+// partial by w_s = exp(m_s - M) and normalize by sum_s w_s l_s. A split that
+// saw no visible position has l = 0 and m = -inf and drops out. The weights
+// are formed once per block in shared memory; the warps then share the
+// splits of their 32 dims and meet in shared memory.
+__global__ void __launch_bounds__(kMergeWarps * 32)
+    attention_merge_kernel(const float* __restrict__ partial, int n_splits, int64_t n_rows, int n_head, int dv,
+                           float* out, int64_t out_stride, uint8_t* xq, uint64_t xq_stride,
+                           const int32_t* pos0_device, int64_t n_tokens, int64_t static_chunk,
+                           int64_t min_positions) {
+  __shared__ float wts[kMaxSplits];
+  __shared__ float red[32];
+  __shared__ float part[kMergeWarps][32];
+  pdl_trigger();
+  pdl_wait();  // the partials of the split kernel (a no-op in stream order, kept for launch_pdl)
+  // Splits past the last position wrote nothing this time (the split
+  // kernel's chunk); those before it all did.
+  if (pos0_device) {
+    const int64_t chunk = split_chunk(pos0_device, n_tokens, n_splits, static_chunk, min_positions);
+    n_splits = int(min(int64_t(n_splits), (int64_t(*pos0_device) + n_tokens + chunk - 1) / chunk));
+  }
+  const int64_t row = blockIdx.x;
+  const int64_t split_stride = n_rows * (dv + 2);
+  const float* base = partial + row * (dv + 2);
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) mx = fmaxf(mx, base[s * split_stride + dv]);
+  mx = block_max(mx, red);
+  float sum = 0.0f;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const float ls = base[s * split_stride + dv + 1];
+    const float w = ls > 0.0f ? expf(base[s * split_stride + dv] - mx) : 0.0f;
+    wts[s] = w;
+    sum += w * ls;
+  }
+  sum = block_sum(sum, red);  // its barriers also publish wts
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int d = int(blockIdx.y) * 32 + lane;
+  float acc = 0.0f;
+  if (d < dv) {
+    for (int s = warp; s < n_splits; s += kMergeWarps) acc = fmaf(wts[s], base[s * split_stride + d], acc);
+  }
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    float total = 0.0f;
 #pragma unroll
-    for (int j = 0; j < J; ++j) s_row[j] = rows.lim[j] < 0 ? -1 : rows.tok[j] * a.p.n_head + rows.head[j];
-  }
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-#pragma unroll
-    for (int nn = 0; nn < N; ++nn) so[warp][j][lane + 32 * nn] = rows.o[j][nn];
-    if (lane == 0) sw[warp][j] = rows.m[j], sl[warp][j] = rows.l[j];
-  }
-  __syncthreads();
-  if (threadIdx.x < J) {
-    const int j = threadIdx.x;
-    float mx = -INFINITY, sum = 0.0f;
-    for (int w = 0; w < W; ++w) mx = fmaxf(mx, sw[w][j]);
-    for (int w = 0; w < W; ++w) {
-      const float wt = sl[w][j] > 0.0f ? expf(sw[w][j] - mx) : 0.0f;
-      sw[w][j] = wt;
-      sum += wt * sl[w][j];
+    for (int k = 0; k < kMergeWarps; ++k) total += part[k][lane];
+    total /= sum;
+    if (d < dv) out[(row / n_head) * out_stride + (row % n_head) * dv + d] = total;
+    // The block's 32 dims are one run of the token's quantized row (dv % 32 == 0).
+    if (xq) {
+      xq_store_run(total, lane, xq + uint64_t(row / n_head) * xq_stride, int64_t(n_head) * dv,
+                   ((row % n_head) * dv + int64_t(blockIdx.y) * 32) / 32);
     }
-    bm[j] = mx, bl[j] = sum;
-  }
-  __syncthreads();
-  // Runs of 32 dims, a warp each in turn: run r is dims 32 (r % N) + lane
-  // of row r / N. Skips are warp-uniform.
-  const int64_t n_rows = a.p.n_tokens * a.p.n_head, split_stride = n_rows * (dv + 2);
-  for (int r = warp; r < J * N; r += W) {
-    const int j = r / N, nn = r % N;
-    const int64_t row = s_row[j];
-    if (row < 0 || 32 * nn >= dv) continue;
-    float acc = 0.0f;
-#pragma unroll
-    for (int w = 0; w < W; ++w) acc = fmaf(sw[w][j], so[w][j][32 * nn + lane], acc);
-    if (n_splits == 1) {
-      store_out(a, row / a.p.n_head, int(row % a.p.n_head), nn, lane, acc / bl[j]);
-      continue;
-    }
-    float* dst = a.partial + int64_t(blockIdx.y) * split_stride + row * (dv + 2);
-    if (32 * nn + lane < dv) dst[32 * nn + lane] = acc;
-    if (nn == 0 && lane == 0) dst[dv] = bm[j], dst[dv + 1] = bl[j];
-  }
-  if (n_splits == 1) return;
-  __threadfence();  // this block's partial before its arrival
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(a.counters + g, 1u) + 1 == unsigned(n_splits);
-    if (last) a.counters[g] = 0;  // every block of the group has arrived: ready for the next call
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other blocks' partials (read past L1 below)
-  for (int j = warp; j < J; j += W) {
-    if (s_row[j] < 0) continue;
-    const float* base = a.partial + s_row[j] * (dv + 2);
-    float mx = -INFINITY, sum = 0.0f;
-    for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, __ldcg(base + s * split_stride + dv));
-    mx = warp_max(mx);
-    for (int s = lane; s < n_splits; s += 32) {
-      const float ls = __ldcg(base + s * split_stride + dv + 1);
-      const float wt = ls > 0.0f ? expf(__ldcg(base + s * split_stride + dv) - mx) : 0.0f;
-      cw[s][j] = wt;
-      sum += wt * ls;
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) cl[j] = sum;
-  }
-  __syncthreads();
-  for (int r = warp; r < J * N; r += W) {
-    const int j = r / N, nn = r % N;
-    const int64_t row = s_row[j];
-    if (row < 0 || 32 * nn >= dv) continue;
-    const int d = 32 * nn + lane;
-    const float* base = a.partial + row * (dv + 2) + d;
-    float acc = 0.0f;
-    if (d < dv) {
-#pragma unroll 8
-      for (int s = 0; s < n_splits; ++s) acc = fmaf(cw[s][j], __ldcg(base + s * split_stride), acc);
-    }
-    store_out(a, row / a.p.n_head, int(row % a.p.n_head), nn, lane, acc / cl[j]);
   }
 }
 
-// Both kernels are launched in full stream order, not early: an early
-// launch of the split grid placed its blocks on whichever SMs had room
-// while the kernel before drained, packing them onto some SMs (1.2x slower
-// at position 511, 1.6x at 4095, with the old 4-warp blocks; docs/CUDA.md).
-// Their pdl_wait() is then a no-op; their pdl_trigger() still lets a kernel
-// after them that launches early (the output projection) start as they run.
+// The split kernel is launched in full stream order, not early: an early
+// launch places its few hundred blocks on whichever SMs have room while the
+// kernel before drains, packing them onto some SMs, and made attention +
+// merge 1.2x (position 511) to 1.6x (position 4095) slower in the decode-step
+// table (docs/CUDA.md). So is the merge after it. Their pdl_wait() is then
+// a no-op; their pdl_trigger() still lets a kernel after them that launches
+// early (the output projection) start as they run.
 template <int N>
-void launch(const KernelArgs& a, int64_t n_warps, bool split, cudaStream_t stream) {
-  if (split) {
-    attention_split_kernel<N><<<dim3(unsigned(n_warps), unsigned(a.n_splits)), dim3(kSplitWarps<N> * 32), 0, stream>>>(a);
-    check_launch("attention_split_kernel");
-    return;
-  }
-  const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
+void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
+  const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
   attention_kernel<N><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
   check_launch("attention_kernel");
 }
@@ -407,7 +345,7 @@ void launch(const KernelArgs& a, int64_t n_warps, bool split, cudaStream_t strea
 size_t attention_workspace_bytes(int64_t n_tokens, int n_head, int head_dim_v) {
   const int64_t rows = n_tokens * n_head;
   if (rows <= 0 || rows > kMaxSplitRows) return 0;
-  return kCounterBytes + size_t(kMaxSplits) * size_t(rows) * size_t(head_dim_v + 2) * sizeof(float);
+  return size_t(kMaxSplits) * size_t(rows) * size_t(head_dim_v + 2) * sizeof(float);
 }
 
 void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
@@ -438,37 +376,37 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
   const int64_t n_pos = p.pos0 + p.n_tokens;
   const int64_t rows = p.n_tokens * p.n_head;
 
-  // Decode and short batches run the split kernel: a block of W warps per
-  // row group and split, about one block per SM in all, each warp at least
-  // one step of 8 positions. Prompts of up to 8 positions stay on the
-  // unsplit kernel, so that a 3-token chunk matches the whole 8-token
-  // prompt to 1e-5 (test_cuda_stage).
-  const int per_lane = (std::max(p.head_dim_k, p.head_dim_v) + 31) / 32;
-  const int n = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : per_lane <= 8 ? 8 : 16;
-  const int64_t warps_per_split = n <= 4 ? kSplitWarps<4> : n == 8 ? kSplitWarps<8> : kSplitWarps<16>;
-  bool split = workspace != nullptr && rows <= kMaxSplitRows && n_pos > kMinSplitPositions;
+  // Split positions when the unsplit grid would leave most of the GPU idle:
+  // aim for about 8 warps per multiprocessor, each with >= 64 positions.
   int64_t splits = 1;
-  if (split) {
-    splits = std::min<int64_t>({(int64_t(sm_count()) + n_warps - 1) / n_warps, kMaxSplits,
-                                (n_pos + warps_per_split * kMinSplitPositions - 1) / (warps_per_split * kMinSplitPositions)});
+  if (workspace != nullptr && rows <= kMaxSplitRows) {
+    const int64_t target = int64_t(sm_count()) * 8;
+    splits = std::min<int64_t>({(target + n_warps - 1) / n_warps, kMaxSplits,
+                                (n_pos + kMinSplitPositions - 1) / kMinSplitPositions});
     splits = std::max<int64_t>(splits, 1);
-    const size_t need = kCounterBytes + size_t(splits) * size_t(rows) * size_t(p.head_dim_v + 2) * sizeof(float);
-    if (workspace_bytes < need || reinterpret_cast<uintptr_t>(workspace) % 16 != 0) split = false, splits = 1;
+    const size_t need = size_t(splits) * size_t(rows) * size_t(p.head_dim_v + 2) * sizeof(float);
+    if (workspace_bytes < need) splits = 1;
   }
   a.chunk = (n_pos + splits - 1) / splits;
   a.n_splits = int((n_pos + a.chunk - 1) / a.chunk);
-  if (split) {
-    a.counters = static_cast<unsigned*>(workspace);
-    a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + kCounterBytes);
-  }
-  if (n == 2) {
-    launch<2>(a, n_warps, split, stream);
-  } else if (n == 4) {
-    launch<4>(a, n_warps, split, stream);
-  } else if (n == 8) {
-    launch<8>(a, n_warps, split, stream);
+  a.partial = a.n_splits > 1 ? static_cast<float*>(workspace) : nullptr;
+
+  const int per_lane = (std::max(p.head_dim_k, p.head_dim_v) + 31) / 32;
+  if (per_lane <= 2) {
+    launch<2>(a, n_warps, stream);
+  } else if (per_lane <= 4) {
+    launch<4>(a, n_warps, stream);
+  } else if (per_lane <= 8) {
+    launch<8>(a, n_warps, stream);
   } else {
-    launch<16>(a, n_warps, split, stream);
+    launch<16>(a, n_warps, stream);
+  }
+  if (a.n_splits > 1) {
+    const dim3 grid(unsigned(rows), unsigned((p.head_dim_v + 31) / 32));
+    attention_merge_kernel<<<grid, dim3(kMergeWarps * 32), 0, stream>>>(
+        static_cast<const float*>(a.partial), a.n_splits, rows, p.n_head, p.head_dim_v, p.out, p.out_stride,
+        static_cast<uint8_t*>(p.xq), a.xq_stride, p.pos0_device, p.n_tokens, a.chunk, a.p.min_split_positions);
+    check_launch("attention_merge_kernel");
   }
 }
 

@@ -9,10 +9,8 @@
 // their visible positions with an online softmax and keeps the output in
 // registers, so K and V rows are read once per 4 query rows. For short
 // queries over long caches (decode) the positions are split across blocks
-// and across the warps of a block (flash-decoding in one kernel): the warps
-// meet in shared memory, each block writes an unnormalized partial (max,
-// sum, output) to the workspace, and the last block of its query rows to
-// finish merges them.
+// (flash-decoding): each split writes an unnormalized partial (max, sum,
+// output) to the workspace and a second kernel merges them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,12 +37,12 @@ struct AttentionParams {
   // decode step; pos0 must then be an upper bound of that value (the split
   // count is sized for pos0 + n_tokens positions).
   const int32_t* pos0_device = nullptr;
-  // With pos0_device: the fewest positions each warp of a split takes at
-  // run time (the positions seen are shared among the splits, and only the
-  // splits that got positions run and merge). Heads of up to 128 dims take
-  // 8 positions per step of a warp's loop, so 4 runs one step with half its
-  // positions masked; with 4 per step, 16 made llama-8b's attention at
-  // position 511 13% slower than 4, and 64 2.3x (bench_cuda_kernels decode).
+  // With pos0_device: the fewest positions a split takes at run time (the
+  // positions seen are shared among the splits, and the merge reads only the
+  // splits that ran). With 4 positions per step of a split's loop, 16 made
+  // llama-8b's attention + merge at position 511 13% slower than 4, and 64
+  // 2.3x (bench_cuda_kernels decode); heads of up to 128 dims now take 8
+  // per step, so a split of 4 runs one step with half its positions masked.
   int64_t min_split_positions = 4;
   // Row p of the cache: k_cache[p * n_head_kv*head_dim_k ...], v_cache likewise;
   // rows [0, pos0 + n_tokens) must be filled.
@@ -63,9 +61,6 @@ struct AttentionParams {
 // Workspace that lets attention() split positions across blocks: nonzero only
 // when n_tokens * n_head is small enough for splitting to pay (decode and
 // short batches). attention() runs unsplit with less (or no) workspace.
-// It holds the splits' arrival counters: zero it before the first call
-// (every call leaves it zero), 16-byte aligned; calls that share one must
-// be ordered (one stream).
 size_t attention_workspace_bytes(int64_t n_tokens, int n_head, int head_dim_v);
 
 // Throws std::invalid_argument on bad shapes. workspace may be null.
