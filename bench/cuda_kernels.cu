@@ -407,10 +407,10 @@ void bench_decode_ops(cudaStream_t s) {
     ap.out = att.as<float>();
     ap.out_stride = E;
     // The default split minimum and two others (AttentionParams::min_split_positions).
-    for (const int64_t min_pos : {int64_t(4), int64_t(16), int64_t(64)}) {
+    for (const int64_t min_pos : {int64_t(8), int64_t(16), int64_t(64)}) {
       ap.min_split_positions = min_pos;
       const std::string name = "attention + merge, position " + std::to_string(p) +
-                               (min_pos == 4 ? std::string() : ", splits of " + std::to_string(min_pos) + "+");
+                               (min_pos == 8 ? std::string() : ", splits of " + std::to_string(min_pos) + "+");
       line(name.c_str(), [&](int) { attention(ap, aws.p, attention_workspace_bytes(1, n_head, d), s); });
     }
   }

@@ -39,11 +39,12 @@ struct AttentionParams {
   const int32_t* pos0_device = nullptr;
   // With pos0_device: the fewest positions a split takes at run time (the
   // positions seen are shared among the splits, and the merge reads only the
-  // splits that ran). With 4 positions per step of a split's loop, 16 made
-  // llama-8b's attention + merge at position 511 13% slower than 4, and 64
-  // 2.3x (bench_cuda_kernels decode); heads of up to 128 dims now take 8
-  // per step, so a split of 4 runs one step with half its positions masked.
-  int64_t min_split_positions = 4;
+  // splits that ran). 8 is one step of a split's loop for heads up to 128
+  // wide: 4 ran one step with half its positions masked and merged twice the
+  // splits (llama-8b decode at ctx 512 0.2-0.3% slower); with 4 positions
+  // per step, 16 made attention + merge at position 511 13% slower than 4,
+  // and 64 2.3x (bench_cuda_kernels decode).
+  int64_t min_split_positions = 8;
   // Row p of the cache: k_cache[p * n_head_kv*head_dim_k ...], v_cache likewise;
   // rows [0, pos0 + n_tokens) must be filled.
   const float* k_cache = nullptr;
