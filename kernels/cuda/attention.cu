@@ -11,8 +11,10 @@
 #include "kernels/cuda/xq.cuh"
 
 #include <algorithm>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace baton::cuda {
 namespace {
@@ -130,24 +132,41 @@ struct WarpRows {
     }
   }
 
-  // Attends to U positions p_abs + u, u < U: K row u at k + min(u, n - 1) *
-  // k_stride (likewise V); positions u >= n, or past a row's limit, are
-  // masked. Called by the whole warp (scores are butterfly-reduced).
+  // K and V rows of U positions: row u at k + min(u, n - 1) * k_stride
+  // (likewise V).
+  template <int U>
+  struct Kv {
+    float k[U][N], v[U][N];
+    __device__ void load(const KernelArgs& a, int lane, const float* kp, int64_t k_stride, const float* vp,
+                         int64_t v_stride, int n) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int uu = min(u, n - 1);
+#pragma unroll
+        for (int nn = 0; nn < N; ++nn) {
+          const int d = lane + 32 * nn;
+          k[u][nn] = d < a.p.head_dim_k ? kp[uu * k_stride + d] : 0.0f;
+          v[u][nn] = d < a.p.head_dim_v ? vp[uu * v_stride + d] : 0.0f;
+        }
+      }
+    }
+  };
+
+  // Attends to U positions p_abs + u, u < U, from their K and V rows;
+  // positions u >= n, or past a row's limit, are masked. Called by the whole
+  // warp (scores are butterfly-reduced).
   template <int U>
   __device__ void step(const KernelArgs& a, int lane, const float* k, int64_t k_stride, const float* v,
                        int64_t v_stride, int64_t p_abs, int n) {
-    const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
-    float kr[U][N], vr[U][N];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int uu = min(u, n - 1);
-#pragma unroll
-      for (int nn = 0; nn < N; ++nn) {
-        const int d = lane + 32 * nn;
-        kr[u][nn] = d < dk ? k[uu * k_stride + d] : 0.0f;
-        vr[u][nn] = d < dv ? v[uu * v_stride + d] : 0.0f;
-      }
-    }
+    Kv<U> kv;
+    kv.load(a, lane, k, k_stride, v, v_stride, n);
+    attend<U>(a, kv, p_abs, n, lane);
+  }
+
+  template <int U>
+  __device__ void attend(const KernelArgs& a, const Kv<U>& kv, int64_t p_abs, int n, int lane) {
+    const auto& kr = kv.k;
+    const auto& vr = kv.v;
     // J * U partial dots, summed across the warp in one butterfly.
     float dots[J * U];
 #pragma unroll
@@ -235,9 +254,10 @@ struct WarpRows {
   }
 };
 
-// Decode and short queries: each warp streams K and V rows straight from
-// the cache (read-only path); blocks are independent warps.
-template <int N>
+// Each warp streams K and V rows straight from the cache (read-only path);
+// blocks are independent warps. kEarly: a split grid, launched early
+// (launch() below).
+template <int N, bool kEarly>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelArgs a) {
   constexpr int U = kPositionsPerStep<N>;
   const int lane = threadIdx.x & 31;
@@ -252,18 +272,32 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
   const float* kb = a.p.k_cache + int64_t(kvh) * dk;
   const float* vb = a.p.v_cache + int64_t(kvh) * dv;
-  pdl_trigger();
-  pdl_wait();  // q and the cache rows come from the kernels before (pdl.cuh); before any return
-  if (w_in >= n_groups) return;  // whole warp
-  WarpRows<N> rows;
+  // The position is a step parameter (pdl.cuh: readable before the wait).
   const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
-  rows.init(a, kvh, wg % a.groups_per_kv, lane, pos0);
   const int64_t chunk = split_chunk(a.p.pos0_device, a.p.n_tokens, a.n_splits, a.chunk, a.p.min_split_positions);
   const int64_t p_begin = int64_t(blockIdx.y) * chunk;
+  // Early (split grids launched under PDL), in a decode graph (pos0_device):
+  // the first step's K and V rows, when all of them are before pos0, were
+  // written by earlier steps, whose graphs completed before this one began
+  // (pdl.cuh), so they are loaded before the wait and overlap the Q|K|V
+  // projection's tail.
+  typename WarpRows<N>::template Kv<U> first;
+  const bool pre = kEarly && a.p.pos0_device && w_in < n_groups && p_begin + U <= pos0;
+  if (pre) first.load(a, lane, kb + p_begin * k_row, k_row, vb + p_begin * v_row, v_row, U);
+  pdl_trigger();
+  pdl_wait();  // q and the newest cache rows come from the kernels before (pdl.cuh); before any return
+  if (w_in >= n_groups) return;  // whole warp
+  WarpRows<N> rows;
+  rows.init(a, kvh, wg % a.groups_per_kv, lane, pos0);
   // A split past every row's last position is not read by the merge.
   if (a.p.pos0_device && p_begin >= pos0 + a.p.n_tokens) return;
   const int64_t p_end = min(p_begin + chunk, rows.last + 1);
-  for (int64_t p = p_begin; p < p_end; p += U) {
+  int64_t p = p_begin;
+  if (pre && p < p_end) {
+    rows.template attend<U>(a, first, p, int(min(int64_t(U), p_end - p)), lane);
+    p += U;
+  }
+  for (; p < p_end; p += U) {
     rows.template step<U>(a, lane, kb + p * k_row, k_row, vb + p * v_row, v_row, p, int(min(int64_t(U), p_end - p)));
   }
   rows.finish(a, lane, blockIdx.y);
@@ -326,17 +360,49 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   }
 }
 
-// The split kernel is launched in full stream order, not early: an early
-// launch places its few hundred blocks on whichever SMs have room while the
-// kernel before drains, packing them onto some SMs, and made attention +
-// merge 1.2x (position 511) to 1.6x (position 4095) slower in the decode-step
-// table (docs/CUDA.md). So is the merge after it. Their pdl_wait() is then
-// a no-op; their pdl_trigger() still lets a kernel after them that launches
-// early (the output projection) start as they run.
+// A split grid (decode) launches early under PDL, its first K and V rows
+// loaded while the Q|K|V projection drains. Launched early as it was, a grid
+// of a few hundred blocks landed on whichever SMs had room first, several
+// per SM (attention + merge 1.2x slower at position 511, 1.6x at 4095, in
+// stream order before this), so each block also asks for almost half of an
+// SM's shared memory, which it does not use: at most two blocks share an SM,
+// with room left for the small blocks of the kernels around it. That
+// measured +1.5% (Q8_0) and +1.9% (Q4_K) llama-8b decode at ctx 512 against
+// stream order, +0.9% and +1.3% without the early rows (docs/PERFORMANCE.md).
+// The merge stays in stream order: launched early, its waiting blocks made
+// the split kernel and the output projection's early loads contend (-3%).
+// Prefill grids (unsplit) stay in stream order too.
+size_t early_split_smem() {
+  static std::mutex mu;
+  static std::vector<size_t> bytes;  // per device, 0: not set up yet
+  int dev = 0;
+  BATON_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (size_t(dev) >= bytes.size()) bytes.resize(size_t(dev) + 1, 0);
+  size_t& b = bytes[size_t(dev)];
+  if (b == 0) {
+    int per_sm = 0, per_block = 0;
+    BATON_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    BATON_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    // Half less 12 KiB: 102 KiB of the H200's 228 (100 measured).
+    b = std::min<size_t>(size_t(per_sm) / 2 - (size_t(12) << 10), size_t(per_block));
+    for (auto* k : {attention_kernel<2, true>, attention_kernel<4, true>, attention_kernel<8, true>,
+                    attention_kernel<16, true>}) {
+      BATON_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(b)));
+    }
+  }
+  return b;
+}
+
 template <int N>
 void launch(const KernelArgs& a, int64_t n_warps, cudaStream_t stream) {
   const dim3 grid(unsigned((n_warps + kWarpsPerBlock - 1) / kWarpsPerBlock), unsigned(a.n_splits));
-  attention_kernel<N><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
+  if (a.n_splits > 1) {
+    launch_pdl("attention_kernel", attention_kernel<N, true>, grid, dim3(kWarpsPerBlock * 32), early_split_smem(),
+               stream, a);
+    return;
+  }
+  attention_kernel<N, false><<<grid, dim3(kWarpsPerBlock * 32), 0, stream>>>(a);
   check_launch("attention_kernel");
 }
 

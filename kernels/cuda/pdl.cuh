@@ -13,6 +13,12 @@
 // the copy that writes them completes before the step's first kernel
 // starts), which is how a matvec loads its first weights, and the Q|K|V
 // projection computes its RoPE angles, while the norm before it still runs.
+// In a captured decode step the KV cache rows before the step's position are
+// such memory too: earlier steps wrote them, and a graph launch begins after
+// the stream's earlier work completes (programmatic edges exist only inside
+// a graph), so decode attention loads its first K and V rows early. Outside
+// a decode graph (prefill chunks) those rows may come from a kernel still in
+// the chain, and nothing reads them early.
 //
 // The rule that keeps this correct: every kernel launched with launch_pdl
 // calls pdl_wait() on every path before reading or writing activations, so
