@@ -32,7 +32,7 @@ __device__ __forceinline__ bool ranks_before(float va, int32_t ia, float vb, int
 
 // Per row of a split argmax: the best key so far and the blocks arrived.
 // Zero between calls: the last block of a row resets both.
-struct ArgmaxSlot {
+struct alignas(16) ArgmaxSlot {
   unsigned long long key;
   unsigned int arrived;
   unsigned int pad;
