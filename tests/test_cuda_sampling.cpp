@@ -37,13 +37,13 @@ TEST(CudaSampling, ArgmaxLowestIdOnTies) {
   const int64_t n = 129280, stride = n + 3, n_rows = 5;
   std::vector<float> x = test::random_floats(rng, size_t(n_rows * stride), 20.0f);
   // Row 1: the maximum twice; row 2: all equal; row 3: coarse ties; row 4:
-  // the maximum twice in one block of 2048 and once in the next.
+  // the maximum twice in one block of 2048 (4096-6143) and once in the next.
   x[size_t(stride + 90000)] = 50.0f;
   x[size_t(stride + 70001)] = 50.0f;
   std::fill(x.begin() + 2 * stride, x.begin() + 2 * stride + n, -3.5f);
   const std::vector<float> tied = tied_logits(rng, size_t(n));
   std::copy(tied.begin(), tied.end(), x.begin() + 3 * stride);
-  for (int64_t i : {int64_t(6000), int64_t(4097), int64_t(4100)}) x[size_t(4 * stride + i)] = 30.0f;
+  for (int64_t i : {int64_t(6200), int64_t(4097), int64_t(4100)}) x[size_t(4 * stride + i)] = 30.0f;
   const size_t ws_bytes = cuda::argmax_workspace_bytes(n_rows);
   DeviceArray<uint8_t> ws(ws_bytes);
   BATON_CUDA_CHECK(cudaMemset(ws.get(), 0, ws_bytes));

@@ -74,7 +74,8 @@ struct CudaDs4Stage::Layout {
            iscore = 0, attn = 0, attn_bytes = 0;
   uint64_t router = 0, ids = 0, wts = 0, shared = 0, moe_out = 0, sh_out = 0, offsets = 0, sorted = 0, slot_of = 0,
            moe = 0, moe_bytes = 0;
-  uint64_t logits = 0, argmax = 0, argmax_ws = 0, argmax_ws_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
+  uint64_t logits = 0, argmax = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
+  uint64_t argmax_ws = 0, argmax_ws_bytes = 0;  // split argmax slots (zeroed at build, left zero by each call)
   // Pinned io: params are int32 tokens[B], positions[B], -positions[B], pos0.
   uint64_t h_params = 0, h_ids = 0, h_offsets = 0, h_out = 0, h_in = 0, io_bytes = 0;
   std::vector<KvLayer> kv;

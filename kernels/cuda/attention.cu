@@ -361,10 +361,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 }
 
 // A split grid (decode) launches early under PDL, its first K and V rows
-// loaded while the Q|K|V projection drains. Launched early as it was, a grid
-// of a few hundred blocks landed on whichever SMs had room first, several
-// per SM (attention + merge 1.2x slower at position 511, 1.6x at 4095, in
-// stream order before this), so each block also asks for almost half of an
+// loaded while the Q|K|V projection drains. A plain early launch had put
+// its few hundred blocks on whichever SMs had room first, several per SM
+// (attention + merge 1.2x slower at position 511, 1.6x at 4095 than in
+// stream order), so each block also asks for almost half of an
 // SM's shared memory, which it does not use: at most two blocks share an SM,
 // with room left for the small blocks of the kernels around it. That
 // measured +1.5% (Q8_0) and +1.9% (Q4_K) llama-8b decode at ctx 512 against
