@@ -150,8 +150,8 @@ class CudaStageBase : public StageRunner {
   uint64_t per_token_ = 0;
   SharedLayout shared_;
 
-  // Declared in the order they are created; destroyed in reverse (graphs,
-  // then memory, then the cuBLAS handle, then the stream).
+  // Destroyed in reverse of this order: the graphs, then memory, then the
+  // cuBLAS handle, then the stream (open_device() gives the creation order).
   StreamHandle stream_;
   CublasHandle cublas_;  // only when the layout plans cuBLAS scratch
   DeviceBuffer weights_, kv_, workspace_;
