@@ -7,13 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 
 #include "engine/cuda/ds4_stage_impl.h"
-#include "engine/cuda/graph_profile.h"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "kernels/cuda/attention.cuh"
