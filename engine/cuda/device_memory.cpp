@@ -21,8 +21,7 @@ void check_cublas(cublasStatus_t st, const char* what) {
 
 // ------------------------------------------------------------------ memory
 
-DeviceBuffer::DeviceBuffer(uint64_t bytes, const char* what) : n_(bytes) {
-  if (bytes == 0) return;
+uint8_t* DeviceAllocator::allocate(uint64_t bytes, const char* what) {
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);
   if (err != cudaSuccess) {
@@ -33,23 +32,12 @@ DeviceBuffer::DeviceBuffer(uint64_t bytes, const char* what) : n_(bytes) {
                                          what, double(bytes) / double(kMiB), cudaGetErrorString(err),
                                          double(free_b) / double(kMiB), double(total_b) / double(kMiB)));
   }
-  p_ = static_cast<uint8_t*>(p);
+  return static_cast<uint8_t*>(p);
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (p_) cudaFree(p_);
-}
+void DeviceAllocator::release(uint8_t* p) { cudaFree(p); }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  std::swap(p_, o.p_);
-  std::swap(n_, o.n_);
-  return *this;
-}
-
-PinnedBuffer::PinnedBuffer(uint64_t bytes, const char* what) : n_(bytes) {
-  if (bytes == 0) return;
+uint8_t* PinnedAllocator::allocate(uint64_t bytes, const char* what) {
   void* p = nullptr;
   const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
   if (err != cudaSuccess) {
@@ -57,20 +45,10 @@ PinnedBuffer::PinnedBuffer(uint64_t bytes, const char* what) : n_(bytes) {
     throw std::runtime_error(fmt::format("cuda: cannot allocate {:.2f} MiB of pinned host memory for {} ({})",
                                          double(bytes) / double(kMiB), what, cudaGetErrorString(err)));
   }
-  p_ = static_cast<uint8_t*>(p);
+  return static_cast<uint8_t*>(p);
 }
 
-PinnedBuffer::~PinnedBuffer() {
-  if (p_) cudaFreeHost(p_);
-}
-
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
-  std::swap(p_, o.p_);
-  std::swap(n_, o.n_);
-  return *this;
-}
+void PinnedAllocator::release(uint8_t* p) { cudaFreeHost(p); }
 
 PinnedStagingSink::PinnedStagingSink(uint8_t* device_dst, uint64_t dst_bytes, int slots, uint64_t slot_bytes)
     : dst_(device_dst), dst_bytes_(dst_bytes), slots_(slots), slot_bytes_(slot_bytes) {

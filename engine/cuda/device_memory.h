@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.h"
@@ -34,14 +35,33 @@ DeviceCeilings measure_cuda_ceilings(uint64_t copy_bytes, bool gemm);
 // Throws "<what>: cuBLAS status <n> (<name>)" unless st is success.
 void check_cublas(cublasStatus_t st, const char* what);
 
-// One cudaMalloc of an exact size; freed on destruction.
-class DeviceBuffer {
+// Where an ExactBuffer's memory comes from: one cudaMalloc, or one
+// cudaHostAlloc (pinned host memory). allocate() throws naming `what`.
+struct DeviceAllocator {
+  static uint8_t* allocate(uint64_t bytes, const char* what);
+  static void release(uint8_t* p);
+};
+struct PinnedAllocator {
+  static uint8_t* allocate(uint64_t bytes, const char* what);
+  static void release(uint8_t* p);
+};
+
+// One allocation of an exact size (none for 0 bytes); freed on destruction.
+template <class Allocator>
+class ExactBuffer {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(uint64_t bytes, const char* what);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  ExactBuffer() = default;
+  explicit ExactBuffer(uint64_t bytes, const char* what)
+      : p_(bytes > 0 ? Allocator::allocate(bytes, what) : nullptr), n_(bytes) {}
+  ~ExactBuffer() {
+    if (p_) Allocator::release(p_);
+  }
+  ExactBuffer(ExactBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  ExactBuffer& operator=(ExactBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
   uint8_t* data() const { return p_; }
   uint64_t size() const { return n_; }
 
@@ -49,22 +69,8 @@ class DeviceBuffer {
   uint8_t* p_ = nullptr;
   uint64_t n_ = 0;
 };
-
-// One cudaHostAlloc (pinned host memory) of an exact size.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(uint64_t bytes, const char* what);
-  ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& o) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
-  uint8_t* data() const { return p_; }
-  uint64_t size() const { return n_; }
-
- private:
-  uint8_t* p_ = nullptr;
-  uint64_t n_ = 0;
-};
+using DeviceBuffer = ExactBuffer<DeviceAllocator>;
+using PinnedBuffer = ExactBuffer<PinnedAllocator>;
 
 // The staged loader's ring in pinned host memory, copied into a device
 // allocation on its own stream; an event per slot says when a slot may be
