@@ -436,8 +436,13 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   const std::vector<float> fm = ds4_rope_freqs(int(s.rope_dim), s.rope_base, 1.0, 0, 0, 0);
   const std::vector<float> fc = ds4_rope_freqs(int(s.rope_dim), s.compress_rope_base, s.yarn_factor, s.yarn_beta_fast,
                                                s.yarn_beta_slow, s.yarn_orig_ctx);
-  BATON_CUDA_CHECK(cudaMemcpy(workspace_.data() + layout_->freqs_main, fm.data(), fm.size() * 4, cudaMemcpyHostToDevice));
-  BATON_CUDA_CHECK(cudaMemcpy(workspace_.data() + layout_->freqs_comp, fc.data(), fc.size() * 4, cudaMemcpyHostToDevice));
+  // On stream_, after the workspace memset open_device queued there (a plain
+  // cudaMemcpy runs on the legacy stream, which a non-blocking stream does not
+  // wait for); start() synchronizes before fm and fc go out of scope.
+  BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + layout_->freqs_main, fm.data(), fm.size() * 4,
+                                   cudaMemcpyHostToDevice, stream_.get()));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + layout_->freqs_comp, fc.data(), fc.size() * 4,
+                                   cudaMemcpyHostToDevice, stream_.get()));
   start();
 }
 
