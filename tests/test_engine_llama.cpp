@@ -3,6 +3,9 @@
 // engine on small synthetic llama / qwen2 / qwen3 GGUFs; pipeline stages
 // against the whole model; chunked prefill against token-by-token decode; the
 // loader's refusals.
+//
+// The file is long because the reference forward it checks against is written out here, loop by
+// loop, and every llama-family variant and stage layout is compared with that one reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
