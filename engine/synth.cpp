@@ -1,3 +1,8 @@
+// `baton synth`: random-weight GGUFs of real model shapes. The file is long because one
+// generator serves every shape and data mode: the shape catalogue (llama, deepseek4), the
+// chunked data writer that fills tensors without holding them (random, alias tiles, sparse holes),
+// and the two built-in vocabularies (SentencePiece and DeepSeek's byte-level BPE) must agree with
+// each other on names, types and sizes, which is easier to check in one place.
 #include "engine/synth.h"
 
 #include <algorithm>
