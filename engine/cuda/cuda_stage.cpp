@@ -9,14 +9,16 @@
 #include <stdexcept>
 #include <utility>
 
-#include "engine/cuda/stage_ops.cuh"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 namespace baton {
 
