@@ -31,14 +31,10 @@
 
 #include "bench/cuda_bench.cuh"
 #include "kernels/cuda/attention.cuh"
-#include "kernels/cuda/moe.cuh"
-#include "kernels/cuda/moe_xq.cuh"
-#include "kernels/cuda/moe_xq_impl.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/matvec_impl.cuh"
 #include "kernels/cuda/matvec_xq_impl.cuh"
-#include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/quant.h"
 

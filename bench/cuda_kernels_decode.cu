@@ -18,6 +18,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe_xq.cuh"
+#include "kernels/cuda/moe_xq_impl.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/pdl.cuh"
