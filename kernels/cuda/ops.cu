@@ -4,7 +4,6 @@
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/pdl.cuh"
 
-#include <algorithm>
 #include <stdexcept>
 #include <string>
 
