@@ -1,11 +1,11 @@
-#include "engine/cuda/stage_ops.cuh"
+// RMS norms (norm.cuh). One block per row (or head); the scale is formed in
+// double from a float sum of squares, like the CPU reference.
+#include "kernels/cuda/norm.cuh"
 
 #include <algorithm>
-#include <stdexcept>
-#include <string>
 
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/xq.cuh"
@@ -13,16 +13,26 @@
 namespace baton::cuda {
 namespace {
 
-using detail::block_sum;
-using detail::launch_pdl;
-using detail::pdl_trigger;
-using detail::pdl_wait;
+using namespace detail;
 
-constexpr int kThreads = 256;
+constexpr int kRowThreads = 256;
 
-unsigned grid_for(int64_t work) {
-  const int64_t blocks = (work + kThreads - 1) / kThreads;
-  return unsigned(std::clamp<int64_t>(blocks, 1, int64_t(sm_count()) * 16));
+__global__ void rmsnorm_kernel(const float* x, int64_t x_stride, const float* __restrict__ w, float* out,
+                               int64_t out_stride, int64_t n, float eps) {
+  __shared__ float red[32];
+  const float* xr = x + int64_t(blockIdx.x) * x_stride;
+  float* orow = out + int64_t(blockIdx.x) * out_stride;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, red);
+  // The scale in double like the CPU reference; one per row, so free.
+  const float scale = float(1.0 / sqrt(double(ss) / double(n) + double(eps)));
+  // Each thread rewrites only the elements it read above, so out may alias x.
+  if (w != nullptr) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale;
+  }
 }
 
 // One block per row. Each thread rewrites only the elements it summed, so
@@ -156,73 +166,17 @@ __global__ void head_rmsnorm_kernel(float* x, int64_t token_stride, int n_heads,
   for (int i = threadIdx.x; i < head_dim; i += blockDim.x) v[i] = v[i] * scale * w[i];
 }
 
-__global__ void add_kernel(float* x, const float* __restrict__ y, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    x[i] += y[i];
-  }
-}
-
-__global__ void bias_kernel(float* rows, int64_t n_rows, int64_t stride, const float* __restrict__ bias, int64_t n) {
-  const int64_t total = n_rows * n;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    rows[(i / n) * stride + i % n] += bias[i % n];
-  }
-}
-
-__global__ void swiglu_rows_kernel(const float* gate, const float* up, int64_t in_stride, float* out, int64_t n_rows,
-                                   int64_t n) {
-  const int64_t total = n_rows * n;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / n, c = i % n;
-    const float g = gate[r * in_stride + c];
-    out[i] = g / (1.0f + expf(-g)) * up[r * in_stride + c];
-  }
-}
-
-// One warp per run of 32 outputs, which it also quantizes.
-__global__ void swiglu_xq_kernel(const float* gate, const float* up, int64_t in_stride, float* out, int64_t n_rows,
-                                 int64_t n, uint8_t* xq, uint64_t xq_stride) {
-  pdl_trigger();
-  pdl_wait();  // gate and up come from the projection before (pdl.cuh)
-  const int lane = threadIdx.x & 31;
-  const int64_t runs = n / 32, total = n_rows * runs;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t i = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); i < total; i += warps) {
-    const int64_t r = i / runs, run = i % runs, c = run * 32 + lane;
-    const float g = gate[r * in_stride + c];
-    const float v = g / (1.0f + expf(-g)) * up[r * in_stride + c];
-    out[r * n + c] = v;
-    detail::xq_store_run(v, lane, xq + uint64_t(r) * xq_stride, n, run);
-  }
-}
-
-__global__ void kv_append_kernel(const float* __restrict__ k, const float* __restrict__ v, int64_t src_stride,
-                                 int64_t n_rows, int64_t kw, int64_t vw, float* k_cache, float* v_cache,
-                                 const int32_t* __restrict__ pos0) {
-  const int64_t p0 = *pos0;
-  const int64_t row = kw + vw;
-  const int64_t total = n_rows * row;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i / row, c = i % row;
-    if (c < kw) {
-      k_cache[(p0 + t) * kw + c] = k[t * src_stride + c];
-    } else {
-      v_cache[(p0 + t) * vw + (c - kw)] = v[t * src_stride + (c - kw)];
-    }
-  }
-}
-
-__global__ void fill_kernel(float* out, int64_t n, float value) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = value;
-  }
-}
-
-void require(bool ok, const char* what) {
-  if (!ok) throw std::invalid_argument(what);
-}
-
 }  // namespace
+
+void rmsnorm(const float* x, int64_t x_stride, const float* w, float* out, int64_t out_stride, int64_t n_rows,
+             int64_t n, float eps, cudaStream_t stream) {
+  if (n <= 0 || n_rows < 0 || (n_rows > 1 && (x_stride < n || out_stride < n))) {
+    throw std::invalid_argument("rmsnorm: bad row length or strides");
+  }
+  if (n_rows == 0) return;
+  rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, stream>>>(x, x_stride, w, out, out_stride, n, eps);
+  check_launch("rmsnorm_kernel");
+}
 
 void add_rmsnorm(float* x, int64_t x_stride, const float* add, int64_t add_stride, const float* w, float* out,
                  int64_t out_stride, int64_t n_rows, int64_t n, float eps, cudaStream_t stream, void* xq) {
@@ -244,7 +198,7 @@ void add_rmsnorm(float* x, int64_t x_stride, const float* add, int64_t add_strid
                add_stride, w, out, out_stride, n, eps, q, q_stride);
     return;
   }
-  launch_pdl("add_rmsnorm_kernel", add_rmsnorm_kernel, dim3(unsigned(n_rows)), dim3(kThreads), 0, stream, x, x_stride,
+  launch_pdl("add_rmsnorm_kernel", add_rmsnorm_kernel, dim3(unsigned(n_rows)), dim3(kRowThreads), 0, stream, x, x_stride,
              add, add_stride, w, out, out_stride, n, eps, q, q_stride);
 }
 
@@ -256,50 +210,6 @@ void head_rmsnorm(float* x, int64_t n_tokens, int64_t token_stride, int n_heads,
   require(n_tokens * n_heads <= INT32_MAX, "head_rmsnorm: too many rows");
   head_rmsnorm_kernel<<<unsigned(n_tokens * n_heads), 128, 0, stream>>>(x, token_stride, n_heads, head_dim, w, eps);
   check_launch("head_rmsnorm_kernel");
-}
-
-void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream) {
-  require(x && y && n >= 0, "add_inplace: null pointer");
-  if (n == 0) return;
-  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
-  check_launch("add_kernel");
-}
-
-void add_bias_rows(float* rows, int64_t n_rows, int64_t stride, const float* bias, int64_t n, cudaStream_t stream) {
-  require(rows && bias && n > 0 && stride >= n && n_rows >= 0, "add_bias_rows: bad arguments");
-  if (n_rows == 0) return;
-  bias_kernel<<<grid_for(n_rows * n), kThreads, 0, stream>>>(rows, n_rows, stride, bias, n);
-  check_launch("bias_kernel");
-}
-
-void swiglu_rows(const float* gate, const float* up, int64_t in_stride, float* out, int64_t n_rows, int64_t n,
-                 cudaStream_t stream, void* xq) {
-  require(gate && up && out && n > 0 && in_stride >= n && n_rows >= 0, "swiglu_rows: bad arguments");
-  require(!xq || n % 32 == 0, "swiglu_rows: quantized output needs a row length that is a multiple of 32");
-  if (n_rows == 0) return;
-  if (xq) {
-    launch_pdl("swiglu_xq_kernel", swiglu_xq_kernel, dim3(grid_for(n_rows * n)), dim3(kThreads), 0, stream, gate, up,
-               in_stride, out, n_rows, n, static_cast<uint8_t*>(xq), xq_row_bytes(n));
-    return;
-  }
-  swiglu_rows_kernel<<<grid_for(n_rows * n), kThreads, 0, stream>>>(gate, up, in_stride, out, n_rows, n);
-  check_launch("swiglu_rows_kernel");
-}
-
-void kv_append(const float* k, const float* v, int64_t src_stride, int64_t n_rows, int64_t kw, int64_t vw,
-               float* k_cache, float* v_cache, const int32_t* pos0, cudaStream_t stream) {
-  require(k && v && k_cache && v_cache && pos0 && kw > 0 && vw > 0 && n_rows >= 0, "kv_append: bad arguments");
-  if (n_rows == 0) return;
-  kv_append_kernel<<<grid_for(n_rows * (kw + vw)), kThreads, 0, stream>>>(k, v, src_stride, n_rows, kw, vw, k_cache,
-                                                                           v_cache, pos0);
-  check_launch("kv_append_kernel");
-}
-
-void fill_floats(float* out, int64_t n, float value, cudaStream_t stream) {
-  require(out && n >= 0, "fill_floats: null pointer");
-  if (n == 0) return;
-  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, value);
-  check_launch("fill_kernel");
 }
 
 }  // namespace baton::cuda
