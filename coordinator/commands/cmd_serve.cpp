@@ -23,14 +23,14 @@
 #include <thread>
 #include <tuple>
 
-#include "cli/commands.h"
-#include "coordinator/cluster_config.h"
-#include "coordinator/cluster_engine.h"
-#include "coordinator/http_server.h"
-#include "coordinator/local_cluster.h"
-#include "coordinator/local_engine.h"
-#include "coordinator/metrics.h"
-#include "coordinator/openai_api.h"
+#include "coordinator/commands/commands.h"
+#include "coordinator/cluster/cluster_config.h"
+#include "coordinator/cluster/cluster_engine.h"
+#include "coordinator/api/http_server.h"
+#include "coordinator/cluster/local_cluster.h"
+#include "coordinator/cluster/local_engine.h"
+#include "coordinator/api/metrics.h"
+#include "coordinator/api/openai_api.h"
 #include "engine/arch.h"
 #include "engine/gguf.h"
 #include "net/auth.h"
@@ -402,20 +402,9 @@ int serve(const ServeOptions& opt) {
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
-  try {
-    auto opt = parse(argc, argv);
-    if (!opt) return 0;
-    return serve(*opt);
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::string msg = e.what();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
-    std::fprintf(stderr, "baton serve: %s\n", msg.c_str());
-    return 1;
-  } catch (...) {
-    std::fprintf(stderr, "baton serve: unknown error\n");
-    return 1;
-  }
+  auto opt = parse(argc, argv);
+  if (!opt) return 0;
+  return serve(*opt);
 }
 
 }  // namespace baton

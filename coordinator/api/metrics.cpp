@@ -1,4 +1,4 @@
-#include "coordinator/metrics.h"
+#include "coordinator/api/metrics.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // The serving layer's view of "something that generates tokens": the HTTP API
 // submits requests (prompt token ids, sampling parameters, limits, stop
 // conditions) and receives a stream of events. Two implementations are meant
-// to sit behind it: LocalEngine (coordinator/local_engine.h), one Stage in
+// to sit behind it: LocalEngine (coordinator/cluster/local_engine.h), one Stage in
 // this process, and the distributed coordinator, whose stages run on workers.
 // The API layer (openai_api.h, http_server.h) knows only this header.
 //

@@ -1,4 +1,4 @@
-#include "coordinator/cluster_engine.h"
+#include "coordinator/cluster/cluster_engine.h"
 
 #include <fmt/format.h>
 
@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "coordinator/metrics.h"
+#include "coordinator/api/metrics.h"
 #include "engine/node_plan.h"
-#include "gguf_split/split.h"
+#include "engine/part_info.h"
 #include "engine/tokenizer.h"
 
 namespace baton {

@@ -1,4 +1,4 @@
-#include "coordinator/placement.h"
+#include "coordinator/cluster/placement.h"
 
 #include <fmt/format.h>
 

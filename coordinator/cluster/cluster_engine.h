@@ -1,6 +1,6 @@
 // ClusterEngine: the GenerationService over a pipeline of worker processes
 // (`baton serve --workers K` and `--config`). The HTTP API sees the same
-// interface as for LocalEngine (coordinator/generation.h).
+// interface as for LocalEngine (coordinator/api/generation.h).
 //
 // One scheduler thread owns the sequences. It first waits for the workers,
 // places the stages and waits until they are loaded (the HTTP server answers
@@ -35,8 +35,8 @@
 #include <variant>
 #include <vector>
 
-#include "coordinator/cluster.h"
-#include "coordinator/generation.h"
+#include "coordinator/cluster/cluster.h"
+#include "coordinator/api/generation.h"
 #include "engine/gguf.h"
 
 namespace baton {

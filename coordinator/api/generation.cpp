@@ -1,4 +1,4 @@
-#include "coordinator/generation.h"
+#include "coordinator/api/generation.h"
 
 #include "engine/arch.h"
 #include "engine/chat_template.h"

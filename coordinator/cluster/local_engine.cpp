@@ -1,4 +1,4 @@
-#include "coordinator/local_engine.h"
+#include "coordinator/cluster/local_engine.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "coordinator/metrics.h"
+#include "coordinator/api/metrics.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "coordinator/generation.h"
+#include "coordinator/api/generation.h"
 
 namespace baton {
 

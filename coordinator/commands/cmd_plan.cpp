@@ -10,8 +10,9 @@
 #include <iostream>
 #include <string>
 
-#include "cli/commands.h"
-#include "coordinator/placement.h"
+#include "coordinator/commands/commands.h"
+#include "coordinator/cluster/placement.h"
+#include "engine/command_error.h"
 #include "engine/model_files.h"
 #include "engine/node_plan.h"
 
@@ -118,13 +119,8 @@ int cmd_plan(int argc, char** argv) {
   po::positional_options_description positional;
   positional.add("model", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "baton plan: %s (see baton plan --help)\n", e.what());
-    return 1;
-  }
+  po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
+  po::notify(vm);
   if (vm.count("help")) {
     std::cout << opts << kHelpTail;
     return 0;
@@ -136,91 +132,86 @@ int cmd_plan(int argc, char** argv) {
   const bool json = vm.count("json") > 0;
   std::vector<NodeSpec> nodes;
   Placement p;
-  try {
-    if (kv == "f32") {
-      req.ds4_kv = Ds4KvStorage::F32;
-    } else if (kv == "packed") {
-      req.ds4_kv = Ds4KvStorage::Packed;
-    } else {
-      throw std::invalid_argument("--kv must be f32 or packed, not '" + kv + "'");
-    }
-    nodes = parse_nodes(nodes_text);
-    if (!reserve_text.empty()) {
-      const uint64_t reserve = parse_size(reserve_text);
-      for (NodeSpec& n : nodes) {
-        if (n.unified && !n.reserve_bytes) n.reserve_bytes = reserve;
-      }
-    }
-    req.optional_caches = parse_size(caches_text);
-    const ModelFiles files = ModelFiles::open(model);  // one file or a llama.cpp shard set
-    ModelPlanner planner(files);
-    p = place_layers(planner, nodes, req);
-
-    if (json) {
-      Json stages = Json::array();
-      for (const StagePlacement& s : p.stages) {
-        const NodeSpec& n = nodes[s.node];
-        Json j = {{"node", n.name},          {"memory_bytes", n.memory_bytes}, {"unified", n.unified},
-                  {"reserve_bytes", n.reserve()}, {"usable_bytes", s.usable},  {"backend", backend_name(n.backend)},
-                  {"bandwidth", n.effective_bandwidth()}, {"used", s.used()}};
-        if (s.used()) {
-          j["first_layer"] = s.layers.first;
-          j["last_layer"] = s.layers.last;
-          j["embedding"] = s.embedding;
-          j["head"] = s.head;
-          j["lines"] = plan_json(s.plan);
-          j["total_bytes"] = s.plan.total();
-          j["margin_bytes"] = s.margin;
-          j["ctx_capacity"] = s.ctx_capacity;
-          j["seconds_per_pass"] = s.seconds;
-        }
-        stages.push_back(std::move(j));
-      }
-      Json out = {{"model", model},
-                  {"arch", planner.arch_name()},
-                  {"n_layer", planner.n_layer()},
-                  {"n_ctx_train", planner.n_ctx_train()},
-                  {"tensor_bytes", planner.tensor_bytes()},
-                  {"ctx", req.n_ctx},
-                  {"micro_batch", req.micro_batch},
-                  {"prefill_chunk", req.prefill_chunk},
-                  {"n_seq", req.n_seq},
-                  {"fits", p.fits},
-                  {"stages", std::move(stages)}};
-      if (p.fits) {
-        out["ctx_capacity"] = p.ctx_capacity;
-      } else {
-        out["reason"] = p.reason;
-        out["max_ctx"] = p.max_ctx;
-        out["nodes_needed"] = p.nodes_needed;
-        out["suggestion"] = p.suggestion;
-      }
-      std::cout << out.dump(2) << "\n";
-    } else {
-      std::printf("model: %s\n  %s\n  %s of tensors\n", model.c_str(), planner.describe().c_str(),
-                  format_size(planner.tensor_bytes()).c_str());
-      std::printf("request: ctx %lld, micro-batch %lld, prefill chunk %lld, %d sequence%s, %d thread%s\n",
-                  static_cast<long long>(req.n_ctx), static_cast<long long>(req.micro_batch),
-                  static_cast<long long>(req.prefill_chunk), req.n_seq, req.n_seq > 1 ? "s" : "", req.n_threads,
-                  req.n_threads > 1 ? "s" : "");
-      if (req.n_ctx > planner.n_ctx_train()) {
-        std::printf("note: ctx %lld is beyond the model's trained context of %lld\n", static_cast<long long>(req.n_ctx),
-                    static_cast<long long>(planner.n_ctx_train()));
-      }
-      std::printf("\n");
-      for (const StagePlacement& s : p.stages) print_stage(s, nodes[s.node]);
-      if (p.fits) {
-        std::printf("fits: context capacity %lld tokens (set by the tightest stage)\n",
-                    static_cast<long long>(p.ctx_capacity));
-      } else {
-        std::printf("does not fit: %s\nwhat would fit: %s\n", p.reason.c_str(), p.suggestion.c_str());
-      }
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton plan: %s\n", e.what());
-    return 1;
+  if (kv == "f32") {
+    req.ds4_kv = Ds4KvStorage::F32;
+  } else if (kv == "packed") {
+    req.ds4_kv = Ds4KvStorage::Packed;
+  } else {
+    throw std::invalid_argument("--kv must be f32 or packed, not '" + kv + "'");
   }
-  return p.fits ? 0 : 2;
+  nodes = parse_nodes(nodes_text);
+  if (!reserve_text.empty()) {
+    const uint64_t reserve = parse_size(reserve_text);
+    for (NodeSpec& n : nodes) {
+      if (n.unified && !n.reserve_bytes) n.reserve_bytes = reserve;
+    }
+  }
+  req.optional_caches = parse_size(caches_text);
+  const ModelFiles files = ModelFiles::open(model);  // one file or a llama.cpp shard set
+  ModelPlanner planner(files);
+  p = place_layers(planner, nodes, req);
+
+  if (json) {
+    Json stages = Json::array();
+    for (const StagePlacement& s : p.stages) {
+      const NodeSpec& n = nodes[s.node];
+      Json j = {{"node", n.name},          {"memory_bytes", n.memory_bytes}, {"unified", n.unified},
+                {"reserve_bytes", n.reserve()}, {"usable_bytes", s.usable},  {"backend", backend_name(n.backend)},
+                {"bandwidth", n.effective_bandwidth()}, {"used", s.used()}};
+      if (s.used()) {
+        j["first_layer"] = s.layers.first;
+        j["last_layer"] = s.layers.last;
+        j["embedding"] = s.embedding;
+        j["head"] = s.head;
+        j["lines"] = plan_json(s.plan);
+        j["total_bytes"] = s.plan.total();
+        j["margin_bytes"] = s.margin;
+        j["ctx_capacity"] = s.ctx_capacity;
+        j["seconds_per_pass"] = s.seconds;
+      }
+      stages.push_back(std::move(j));
+    }
+    Json out = {{"model", model},
+                {"arch", planner.arch_name()},
+                {"n_layer", planner.n_layer()},
+                {"n_ctx_train", planner.n_ctx_train()},
+                {"tensor_bytes", planner.tensor_bytes()},
+                {"ctx", req.n_ctx},
+                {"micro_batch", req.micro_batch},
+                {"prefill_chunk", req.prefill_chunk},
+                {"n_seq", req.n_seq},
+                {"fits", p.fits},
+                {"stages", std::move(stages)}};
+    if (p.fits) {
+      out["ctx_capacity"] = p.ctx_capacity;
+    } else {
+      out["reason"] = p.reason;
+      out["max_ctx"] = p.max_ctx;
+      out["nodes_needed"] = p.nodes_needed;
+      out["suggestion"] = p.suggestion;
+    }
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("model: %s\n  %s\n  %s of tensors\n", model.c_str(), planner.describe().c_str(),
+                format_size(planner.tensor_bytes()).c_str());
+    std::printf("request: ctx %lld, micro-batch %lld, prefill chunk %lld, %d sequence%s, %d thread%s\n",
+                static_cast<long long>(req.n_ctx), static_cast<long long>(req.micro_batch),
+                static_cast<long long>(req.prefill_chunk), req.n_seq, req.n_seq > 1 ? "s" : "", req.n_threads,
+                req.n_threads > 1 ? "s" : "");
+    if (req.n_ctx > planner.n_ctx_train()) {
+      std::printf("note: ctx %lld is beyond the model's trained context of %lld\n", static_cast<long long>(req.n_ctx),
+                  static_cast<long long>(planner.n_ctx_train()));
+    }
+    std::printf("\n");
+    for (const StagePlacement& s : p.stages) print_stage(s, nodes[s.node]);
+    if (p.fits) {
+      std::printf("fits: context capacity %lld tokens (set by the tightest stage)\n",
+                  static_cast<long long>(p.ctx_capacity));
+    } else {
+      std::printf("does not fit: %s\nwhat would fit: %s\n", p.reason.c_str(), p.suggestion.c_str());
+    }
+  }
+  return p.fits ? 0 : kExitRefused;
 }
 
 }  // namespace baton

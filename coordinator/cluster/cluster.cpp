@@ -1,7 +1,12 @@
 // Cluster: see cluster.h. One io thread runs the listener and the worker
 // links; callers wait on a condition variable for registrations, READYs and
 // RESULTs, and every wait is bounded.
-#include "coordinator/cluster.h"
+//
+// Over 600 lines because it is one state machine: registration, assignment,
+// vacancies, healing and the request path all read and write the same member
+// and slot tables under one lock, and keeping them in one file keeps every
+// transition of that state in view.
+#include "coordinator/cluster/cluster.h"
 
 // Boost 1.74's Asio needs <utility> before its headers under C++20.
 // clang-format off

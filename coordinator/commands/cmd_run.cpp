@@ -1,7 +1,7 @@
 // `baton run`: generate text from a prompt with the whole model on this
 // machine (one Stage over every layer, with the embedding and the head), or
 // with --workers K through a local cluster of K worker processes, one
-// pipeline stage each (coordinator/local_cluster.h).
+// pipeline stage each (coordinator/cluster/local_cluster.h).
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -23,13 +23,14 @@
 #include <thread>
 #include <vector>
 
-#include "cli/commands.h"
-#include "coordinator/load_report.h"
-#include "coordinator/cluster_config.h"
-#include "coordinator/local_cluster.h"
-#include "gguf_split/split.h"
+#include "coordinator/commands/commands.h"
+#include "coordinator/commands/load_report.h"
+#include "coordinator/cluster/cluster_config.h"
+#include "coordinator/cluster/local_cluster.h"
+#include "engine/part_info.h"
 #include "engine/node_plan.h"
 #include "engine/backend.h"
+#include "engine/command_error.h"
 #include "engine/gguf.h"
 #include "engine/sampler.h"
 #include "engine/stage.h"
@@ -73,11 +74,6 @@ struct RunOptions {
 
 // Loading progress is worth a line on stderr for real models, or when asked.
 constexpr uint64_t kProgressMinBytes = uint64_t(256) << 20;
-
-// The backend asked for is not there: exit status 2, as for other refusals.
-struct BackendRefused : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 fs::path executable_path() {
   std::error_code ec;
@@ -304,7 +300,7 @@ Generated generate(const RunOptions& opt, const Tokenizer& tok, int32_t first,
 // token per step. The last stage samples with the same seeded sampler a
 // single-process run uses, so the tokens are the same.
 int run_distributed(const RunOptions& opt) {
-  if (const std::string why = backend_unavailable(opt.backend); !why.empty()) throw BackendRefused(why);
+  if (const std::string why = backend_unavailable(opt.backend); !why.empty()) throw CommandError(why, kExitRefused);
   std::string model_path = opt.model.empty() ? default_model() : opt.model;
   if (model_path.empty()) throw std::invalid_argument("--workers needs a model file (-m or $BATON_MODEL)");
   model_path = fs::absolute(model_path).string();
@@ -450,7 +446,7 @@ int run(const RunOptions& opt) {
   sc.n_ctx = opt.n_ctx;
   sc.n_threads = opt.n_threads;
   sc.max_batch = opt.batch;
-  if (std::string why = backend_unavailable(opt.backend); !why.empty()) throw BackendRefused(why);
+  if (std::string why = backend_unavailable(opt.backend); !why.empty()) throw CommandError(why, kExitRefused);
   LoadOptions load;
   load.slot_bytes = opt.staging_mb << 20;
   // The dry-run plan checks the architecture and every tensor before the
@@ -543,24 +539,9 @@ int run(const RunOptions& opt) {
 }  // namespace
 
 int cmd_run(int argc, char** argv) {
-  try {
-    auto opt = parse(argc, argv);
-    if (!opt) return 0;
-    return run(*opt);
-  } catch (const BackendRefused& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "baton run: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::string msg = e.what();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
-    std::fprintf(stderr, "baton run: %s\n", msg.c_str());
-    return 1;
-  } catch (...) {
-    std::fprintf(stderr, "baton run: unknown error\n");
-    return 1;
-  }
+  auto opt = parse(argc, argv);
+  if (!opt) return 0;
+  return run(*opt);
 }
 
 }  // namespace baton

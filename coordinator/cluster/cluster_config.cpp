@@ -1,4 +1,4 @@
-#include "coordinator/cluster_config.h"
+#include "coordinator/cluster/cluster_config.h"
 
 // The header-only form of toml++: nothing to link, also on machines that
 // have only the binary.

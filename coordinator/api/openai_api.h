@@ -1,70 +1,30 @@
-// The OpenAI-compatible HTTP API over a GenerationService.
+// The OpenAI-compatible HTTP API over a GenerationService: the responses
+// (whole JSON bodies or SSE streams) and the routes.
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions (both also as SSE
 // streams), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics.
-// Request bodies are validated field by field into a GenerationRequest; every
-// refusal is an OpenAI-style error body
-//   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
-// with the matching 4xx status. docs/SERVING.md documents the fields, their
-// defaults and what is not supported.
+// Request bodies are parsed by openai_request.h; every refusal is an
+// OpenAI-style error body with the matching 4xx status.
 //
-// The parsing and response-building functions are free of I/O so that tests
-// can drive them directly; OpenAiApi wires them to the HTTP server.
+// The response-building functions are free of I/O so that tests can drive
+// them directly; OpenAiApi wires them and the parser to the HTTP server.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "coordinator/generation.h"
-#include "coordinator/http_server.h"
+#include "coordinator/api/generation.h"
+#include "coordinator/api/http_server.h"
+#include "coordinator/api/openai_request.h"
 
 namespace baton {
 
 class Metrics;
-
-// A refusal: HTTP status plus the OpenAI error fields. `kind` is the short
-// word counted in baton_errors_total.
-struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string type, std::string param, std::string code, std::string kind)
-      : std::runtime_error(message),
-        status(status),
-        type(std::move(type)),
-        param(std::move(param)),
-        code(std::move(code)),
-        kind(std::move(kind)) {}
-  int status;
-  std::string type;   // invalid_request_error, authentication_error, rate_limit_error, server_error...
-  std::string param;  // the offending field, "" for none (null in JSON)
-  std::string code;   // "" for none (null in JSON)
-  std::string kind;
-  HttpHeaders headers;  // e.g. Retry-After
-};
-
-// {"error":{"message","type","param","code"}} with nulls for empty fields.
-std::string error_body(const std::string& message, const std::string& type, const std::string& param,
-                       const std::string& code);
-std::string error_body(const ApiError& e);
-
-enum class ApiEndpoint { chat, completions };
-
-struct ApiRequest {
-  ApiEndpoint endpoint = ApiEndpoint::chat;
-  GenerationRequest gen;
-  bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
-  bool logprobs = false;       // the response carries logprobs
-};
-
-// Parse and validate a body (throws ApiError). The model's tokenizer turns the
-// prompt or the rendered chat into token ids here.
-ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model);
-ApiRequest parse_completion_request(std::string_view body, const ModelInfo& model);
 
 // Builds the response of one request from its events: a whole JSON body, or
 // SSE chunks ("data: {...}\n\n", the last "data: [DONE]\n\n").

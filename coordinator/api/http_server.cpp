@@ -1,4 +1,10 @@
-#include "coordinator/http_server.h"
+// The HTTP server: see http_server.h.
+//
+// Over 600 lines because a connection's session and its exchanges are one
+// piece: they share private types and the session's strand, and Asio and
+// Beast must stay out of every header (they are slow to compile), so they
+// cannot be split into files that see each other without a header full of Beast.
+#include "coordinator/api/http_server.h"
 
 // Boost 1.74's Asio needs <utility> before it under C++20.
 #include <utility>
@@ -21,10 +27,10 @@
 
 namespace baton {
 
-namespace net = boost::asio;
+namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = net::ip::tcp;
+using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 const char* http_reason(int status) {
@@ -83,7 +89,7 @@ struct HttpServer::Impl {
   HttpServerHooks hooks;
   std::atomic<int> connections{0};
 
-  net::io_context ioc;
+  asio::io_context ioc;
   tcp::acceptor acceptor;
   std::vector<std::thread> threads;
   std::mutex stop_mu;
@@ -120,7 +126,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() { srv_.connections.fetch_sub(1); }
 
   void start() {
-    net::dispatch(socket_.get_executor(), [self = shared_from_this()] {
+    asio::dispatch(socket_.get_executor(), [self = shared_from_this()] {
       self->new_parser();
       self->arm_read_timer(self->srv_.cfg.request_timeout);
       self->do_read();
@@ -129,12 +135,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Over the connection limit: one 503 and close.
   void reject() {
-    net::dispatch(socket_.get_executor(), [self = shared_from_this()] {
+    asio::dispatch(socket_.get_executor(), [self = shared_from_this()] {
       self->send_error(503, "too many connections; retry later", "too_many_connections", {{"Retry-After", "1"}});
     });
   }
 
-  net::any_io_executor executor() { return socket_.get_executor(); }
+  asio::any_io_executor executor() { return socket_.get_executor(); }
 
   // Called through ExchangeImpl, on the strand.
   void ex_respond(const std::shared_ptr<ExchangeImpl>& ex, int status, const std::string& content_type,
@@ -201,7 +207,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string remote_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  net::steady_timer read_timer_, write_timer_;
+  asio::steady_timer read_timer_, write_timer_;
   uint64_t read_gen_ = 0, write_gen_ = 0;
   bool reading_ = false;
   bool request_started_ = false;  // the current parser got its first byte
@@ -220,7 +226,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
 class ExchangeImpl : public HttpExchange, public std::enable_shared_from_this<ExchangeImpl> {
  public:
-  ExchangeImpl(std::weak_ptr<Session> session, net::any_io_executor ex, HttpRequest req)
+  ExchangeImpl(std::weak_ptr<Session> session, asio::any_io_executor ex, HttpRequest req)
       : session_(std::move(session)), executor_(std::move(ex)), req_(std::move(req)) {}
 
   const HttpRequest& request() const override { return req_; }
@@ -274,13 +280,13 @@ class ExchangeImpl : public HttpExchange, public std::enable_shared_from_this<Ex
  private:
   template <class F>
   void post(F f) {
-    net::post(executor_, [w = session_, self = shared_from_this(), f = std::move(f)]() mutable {
+    asio::post(executor_, [w = session_, self = shared_from_this(), f = std::move(f)]() mutable {
       if (auto s = w.lock()) f(*s, self);
     });
   }
 
   std::weak_ptr<Session> session_;
-  net::any_io_executor executor_;
+  asio::any_io_executor executor_;
   HttpRequest req_;
   std::mutex mu_;
   std::atomic<bool> aborted_{false};
@@ -387,7 +393,7 @@ void Session::dispatch() {
   // pipelining client, or the end of the connection (client gone).
   new_parser();
   do_read();
-  net::post(executor(), [self = shared_from_this(), ex = current_] {
+  asio::post(executor(), [self = shared_from_this(), ex = current_] {
     try {
       self->srv_.handler(ex);
     } catch (const std::exception& e) {
@@ -447,7 +453,7 @@ void Session::do_write() {
     if (ec || gen != self->write_gen_) return;
     self->client_gone();  // the client stopped reading
   });
-  net::async_write(socket_, net::buffer(writing_), [self = shared_from_this()](beast::error_code ec, size_t) {
+  asio::async_write(socket_, asio::buffer(writing_), [self = shared_from_this()](beast::error_code ec, size_t) {
     self->write_busy_ = false;
     ++self->write_gen_;
     self->write_timer_.cancel();
@@ -489,7 +495,7 @@ void Session::on_exchange_done() {
 void Session::client_gone() {
   if (current_ && !current_->complete) {
     // Outside this call stack: the callback may call back into the exchange.
-    net::post(executor(), [ex = current_] { ex->abort(); });
+    asio::post(executor(), [ex = current_] { ex->abort(); });
   }
   current_.reset();
   hard_close();
@@ -530,17 +536,17 @@ void Session::linger_close() {
         return;
       }
       auto& s = *self;
-      s.socket_.async_read_some(net::buffer(s.discard_), std::move(*this));
+      s.socket_.async_read_some(asio::buffer(s.discard_), std::move(*this));
     }
   };
-  socket_.async_read_some(net::buffer(discard_), Drain{shared_from_this()});
+  socket_.async_read_some(asio::buffer(discard_), Drain{shared_from_this()});
 }
 
 }  // namespace
 
 void HttpServer::Impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-    if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+  acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
     if (!ec) {
       const int n = connections.load();
       if (n >= cfg.max_connections + 64) {
@@ -563,13 +569,13 @@ HttpServer::HttpServer(HttpServerConfig config, HttpHandler handler, HttpServerH
     : impl_(std::make_unique<Impl>(std::move(config), std::move(handler), std::move(hooks))) {
   auto& a = impl_->acceptor;
   beast::error_code ec;
-  auto addr = net::ip::make_address(impl_->cfg.host, ec);
+  auto addr = asio::ip::make_address(impl_->cfg.host, ec);
   if (ec) throw std::runtime_error(fmt::format("'{}' is not an IP address", impl_->cfg.host));
   tcp::endpoint ep(addr, impl_->cfg.port);
   a.open(ep.protocol(), ec);
-  if (!ec) a.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) a.bind(ep, ec);
-  if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
+  if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     throw std::runtime_error(fmt::format("cannot listen on {}:{}: {}", impl_->cfg.host, impl_->cfg.port, ec.message()));
   }
@@ -596,7 +602,7 @@ void HttpServer::stop() {
   std::lock_guard lock(impl_->stop_mu);
   if (impl_->stopped) return;
   impl_->stopped = true;
-  net::post(impl_->ioc, [this] {
+  asio::post(impl_->ioc, [this] {
     beast::error_code ec;
     impl_->acceptor.close(ec);
   });

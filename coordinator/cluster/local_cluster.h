@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/cluster.h"
+#include "coordinator/cluster/cluster.h"
 
 namespace baton {
 

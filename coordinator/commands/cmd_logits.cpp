@@ -30,10 +30,11 @@
 #include <thread>
 #include <vector>
 
-#include "cli/commands.h"
-#include "coordinator/local_cluster.h"
+#include "coordinator/commands/commands.h"
+#include "coordinator/cluster/local_cluster.h"
 #include "engine/arch.h"
 #include "engine/backend.h"
+#include "engine/command_error.h"
 #include "engine/gguf.h"
 #include "engine/node_plan.h"
 
@@ -41,11 +42,6 @@ namespace baton {
 namespace {
 
 namespace po = boost::program_options;
-
-// The refusal of an unavailable backend: exit status 2, as `baton run` does.
-struct BackendRefused : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 std::vector<int32_t> parse_tokens(const std::string& s) {
   std::vector<int32_t> ids;
@@ -218,74 +214,61 @@ int cmd_logits(int argc, char** argv) {
       ("workers", po::value(&workers), "run on K local worker processes (a pipeline); writes log-probabilities")
       ("log-softmax", "write log-probabilities (log-softmax of each row) instead of logits");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "baton logits: %s (see baton logits --help)\n", e.what());
-    return 1;
-  }
+  po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+  po::notify(vm);
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;
   }
-  try {
-    if (model.empty() || tokens.empty() || out.empty()) {
-      throw std::invalid_argument("-m, --tokens and -o are required (see baton logits --help)");
-    }
-    if (n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
-    if (batch < 1) throw std::invalid_argument("--batch must be >= 1");
-    if (workers < 0) throw std::invalid_argument("--workers must be >= 1");
-    auto backend = backend_from_name(backend_name_arg);
-    if (!backend) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend_name_arg + "'");
-    if (std::string why = backend_unavailable(*backend); !why.empty()) throw BackendRefused(why);
-    const std::vector<int32_t> ids = parse_tokens(tokens);
-    const bool lsm = workers > 0 || vm.count("log-softmax") > 0;
-
-    const bool npy = out.size() >= 4 && out.compare(out.size() - 4, 4, ".npy") == 0;
-    const std::string tmp = out + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
-    const size_t V = size_t(Arch::from_gguf(GgufFile::open(model))->dims().n_vocab);
-    size_t n_rows = 0;
-    try {
-      if (npy) {
-        const std::string h = npy_header(ids.size(), V);
-        write_all(f, h.data(), h.size(), tmp);
-      }
-      const RowSink sink = [&](std::span<const float> row) {
-        if (row.size() != V) throw std::logic_error("a row of " + std::to_string(row.size()) + " values");
-        ++n_rows;
-        write_all(f, row.data(), row.size_bytes(), tmp);
-      };
-      if (workers > 0) {
-        pipeline_rows(model, ids, *backend, workers, n_threads, sink);
-      } else {
-        local_rows(model, ids, *backend, n_threads, batch, lsm, sink);
-      }
-      if (std::fclose(f) != 0) {
-        f = nullptr;
-        throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
-      }
-      f = nullptr;
-      if (std::rename(tmp.c_str(), out.c_str()) != 0) {
-        throw std::runtime_error("cannot rename " + tmp + " to " + out + ": " + std::strerror(errno));
-      }
-    } catch (...) {
-      if (f) std::fclose(f);
-      std::remove(tmp.c_str());
-      throw;
-    }
-    const std::string where = workers > 0 ? ", " + std::to_string(workers) + " workers" : "";
-    std::printf("wrote %s: %zu x %zu float32 %s (%s, %s backend%s)\n", out.c_str(), n_rows, V,
-                lsm ? "log-probabilities" : "logits", npy ? "npy" : "raw", backend_name(*backend), where.c_str());
-  } catch (const BackendRefused& e) {
-    std::fprintf(stderr, "baton logits: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton logits: %s\n", e.what());
-    return 1;
+  if (model.empty() || tokens.empty() || out.empty()) {
+    throw std::invalid_argument("-m, --tokens and -o are required (see baton logits --help)");
   }
+  if (n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (batch < 1) throw std::invalid_argument("--batch must be >= 1");
+  if (workers < 0) throw std::invalid_argument("--workers must be >= 1");
+  auto backend = backend_from_name(backend_name_arg);
+  if (!backend) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend_name_arg + "'");
+  if (std::string why = backend_unavailable(*backend); !why.empty()) throw CommandError(why, kExitRefused);
+  const std::vector<int32_t> ids = parse_tokens(tokens);
+  const bool lsm = workers > 0 || vm.count("log-softmax") > 0;
+
+  const bool npy = out.size() >= 4 && out.compare(out.size() - 4, 4, ".npy") == 0;
+  const std::string tmp = out + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+  const size_t V = size_t(Arch::from_gguf(GgufFile::open(model))->dims().n_vocab);
+  size_t n_rows = 0;
+  try {
+    if (npy) {
+      const std::string h = npy_header(ids.size(), V);
+      write_all(f, h.data(), h.size(), tmp);
+    }
+    const RowSink sink = [&](std::span<const float> row) {
+      if (row.size() != V) throw std::logic_error("a row of " + std::to_string(row.size()) + " values");
+      ++n_rows;
+      write_all(f, row.data(), row.size_bytes(), tmp);
+    };
+    if (workers > 0) {
+      pipeline_rows(model, ids, *backend, workers, n_threads, sink);
+    } else {
+      local_rows(model, ids, *backend, n_threads, batch, lsm, sink);
+    }
+    if (std::fclose(f) != 0) {
+      f = nullptr;
+      throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+    }
+    f = nullptr;
+    if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+      throw std::runtime_error("cannot rename " + tmp + " to " + out + ": " + std::strerror(errno));
+    }
+  } catch (...) {
+    if (f) std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  const std::string where = workers > 0 ? ", " + std::to_string(workers) + " workers" : "";
+  std::printf("wrote %s: %zu x %zu float32 %s (%s, %s backend%s)\n", out.c_str(), n_rows, V,
+              lsm ? "log-probabilities" : "logits", npy ? "npy" : "raw", backend_name(*backend), where.c_str());
   return 0;
 }
 

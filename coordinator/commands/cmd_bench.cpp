@@ -31,15 +31,16 @@
 #include <thread>
 #include <vector>
 
-#include "cli/commands.h"
-#include "coordinator/load_report.h"
+#include "coordinator/commands/commands.h"
+#include "coordinator/commands/load_report.h"
 #include "engine/backend.h"
+#include "engine/command_error.h"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "engine/llama_family.h"
 #include "engine/loader.h"
 #include "engine/memory_plan.h"
-#include "gguf_split/split.h"
+#include "engine/part_info.h"
 
 namespace baton {
 
@@ -67,10 +68,6 @@ struct BenchOptions {
   bool load_only = false;
   bool no_pdl = false;
   bool profile = false;
-};
-
-struct BackendRefused : std::runtime_error {
-  using std::runtime_error::runtime_error;
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -201,7 +198,7 @@ struct Row {
 
 int bench(const BenchOptions& o) {
   const uint64_t rss_start = current_rss_bytes();  // before any device work
-  if (std::string why = backend_unavailable(o.backend); !why.empty()) throw BackendRefused(why);
+  if (std::string why = backend_unavailable(o.backend); !why.empty()) throw CommandError(why, kExitRefused);
   if (o.no_pdl) set_programmatic_launch(false);
   if (o.profile) set_stage_profiling(true);
   GgufFile file = GgufFile::open(o.model);
@@ -372,19 +369,9 @@ int bench(const BenchOptions& o) {
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
-  try {
-    auto o = parse(argc, argv);
-    if (!o) return 0;
-    return bench(*o);
-  } catch (const BackendRefused& e) {
-    std::fprintf(stderr, "baton bench: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
-    std::fprintf(stderr, "baton bench: %s\n", msg.c_str());
-    return 1;
-  }
+  auto o = parse(argc, argv);
+  if (!o) return 0;
+  return bench(*o);
 }
 
 }  // namespace baton

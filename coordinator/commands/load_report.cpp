@@ -1,4 +1,4 @@
-#include "coordinator/load_report.h"
+#include "coordinator/commands/load_report.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // LocalCluster: see local_cluster.h.
-#include "coordinator/local_cluster.h"
+#include "coordinator/cluster/local_cluster.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -28,7 +28,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "coordinator/generation.h"
+#include "coordinator/api/generation.h"
 #include "engine/gguf.h"
 #include "engine/loader.h"
 #include "engine/memory_plan.h"
