@@ -16,8 +16,8 @@ namespace baton {
 // ETA T s" on stderr at most twice a second, ending with a newline.
 std::function<void(const LoadProgress&)> stderr_load_progress(std::string what);
 
-// "loaded 4.58 GiB in 2.10 s (2.34 GB/s, O_DIRECT); host RSS peak +300 MiB
-// over 400 MiB (ring 256 MiB); device: plan 5.10 GiB, cudaMemGetInfo 5.11 GiB".
+// "loaded X GiB in T s (R GB/s, O_DIRECT); host RSS peak +P MiB over B MiB
+// (ring N MiB); device: plan X GiB, cudaMemGetInfo Y GiB".
 std::string load_summary(const StageRunner& r);
 
 }  // namespace baton
