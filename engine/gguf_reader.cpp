@@ -8,6 +8,10 @@
 //   padding to the alignment | data section
 // where a string is { u64 length | bytes } and an array value is
 // { u32 element type | u64 count | count x value }.
+//
+// It is over 600 lines because every count and length the file states is
+// checked here, next to the parser that reads it, before anything is sized
+// from it; the metadata accessors and the tensor-table hash follow.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

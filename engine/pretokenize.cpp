@@ -1,3 +1,8 @@
+// The pre-tokenizer (pretokenize.h): a small backtracking regex engine over
+// code points (parse, compile, match), then the table of the regexes each
+// tokenizer.ggml.pre names. It is over 600 lines because the engine is one
+// piece whose parts share private node types; the table is data and sits
+// beside the engine that runs it.
 #include "engine/pretokenize.h"
 
 #include <algorithm>

@@ -1,3 +1,9 @@
+// The synthetic models (synth.h): the built-in tiny llama, then the shape
+// catalogue of `baton synth` (tensor plans per shape, the real tokenizer
+// vocabularies, and the seeded block generator that writes any byte range of
+// a tensor on its own). It is over 600 lines because the catalogue's parts
+// share one generator and one writer path; split, each would re-declare
+// them.
 #include "engine/synth.h"
 
 #include <algorithm>

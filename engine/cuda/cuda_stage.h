@@ -151,7 +151,7 @@ LoadStats load_stage_weights(const GgufFile& f, const WeightLayout& wl, DeviceBu
 class CudaStage final : public StageRunner {
  public:
   // The plan without allocating: device lines "weights", "kv cache",
-  // "workspace", host lines "pinned io (host)" and "staging (host, load)".
+  // "workspace", host lines "pinned io" and "load staging".
   // Refuses by name an architecture outside the llama family and a tensor
   // dtype the CUDA kernels do not handle.
   static MemoryPlan plan(const GgufFile& f, const StageConfig& config, const LoadOptions& load = {});
