@@ -15,17 +15,12 @@
 #include "engine/deepseek4_shape.h"
 #include "engine/gguf.h"
 #include "engine/memory_plan.h"
+#include "engine/model.h"
 #include "engine/model_files.h"
 
 namespace baton {
 
 namespace {
-
-std::string shape_text(const int64_t* ne, size_t n) {
-  std::string s = "[";
-  for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
-  return s + "]";
-}
 
 // Every tensor the shape names must be in the file with that shape; the
 // dtype is the file's (mixed files differ per layer).
@@ -38,7 +33,8 @@ void check_tensor(const std::map<std::string_view, const GgufTensorInfo*>& by_na
   }
   if (t->n_dims != spec.shape.size() || !std::equal(spec.shape.begin(), spec.shape.end(), t->ne)) {
     throw std::runtime_error(fmt::format("deepseek4: tensor {} has shape {}, expected {}", spec.name,
-                                         shape_text(t->ne, t->n_dims), shape_text(spec.shape.data(), spec.shape.size())));
+                                         tensor_shape_text(t->ne, t->n_dims),
+                                         tensor_shape_text(spec.shape.data(), spec.shape.size())));
   }
   if (spec.role != Ds4Role::HashTable && !dtype_info(t->type).compute) {
     throw std::runtime_error(fmt::format("deepseek4: tensor {} has type {}, which this build cannot compute with",

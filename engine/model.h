@@ -23,6 +23,9 @@ namespace baton {
 
 class GgufFile;
 
+// "[4096, 32000]": a shape in ggml order, for messages.
+std::string tensor_shape_text(const int64_t* ne, size_t n);
+
 // A loaded tensor: a view into the model's weight buffer.
 struct Tensor {
   std::string name;             // the file's tensor (after a fallback, the tensor really loaded)
