@@ -22,7 +22,8 @@ class GgufFile;
 struct GgufTensorInfo;
 
 // The header an architecture plans from: one file, or a llama.cpp shard set
-// (ModelFiles). An architecture that needs one file refuses a set.
+// (ModelFiles). An architecture that needs one file refuses a set. The files
+// outlive the planner built from them; the tensor list only its building.
 struct PlanSource {
   const GgufFile& meta;                              // metadata: the file, or the first shard of a set
   const GgufFile* single = nullptr;                  // the one file; nullptr for a shard set
