@@ -7,13 +7,12 @@
 #include <stdexcept>
 
 #include "engine/arch.h"
+#include "engine/arch_registry.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
 
-#include "engine/arch_registry.h"
-
 #ifdef BATON_HAVE_CUDA
-#include "engine/cuda/cuda_stage.h"  // cuda_unavailable_reason, measure_cuda_ceilings
+#include "engine/cuda/device_memory.h"  // cuda_unavailable_reason, measure_cuda_ceilings
 #endif
 
 namespace baton {

@@ -1,19 +1,16 @@
 // CudaDs4Stage: the device matrices, the plan (workspace, KV streams, pinned
-// io), construction, the per-step driver and the decode graphs. The forward
-// itself is in ds4_stage_forward.cpp.
+// io) and construction. The forward itself is in ds4_stage_forward.cpp; the
+// step driver and the decode graphs are CudaStageBase's.
 #include "engine/cuda/ds4_stage.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 
 #include "engine/cuda/ds4_stage_impl.h"
-#include "engine/cuda/graph_profile.h"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "kernels/cuda/attention.cuh"
@@ -38,8 +35,6 @@ constexpr uint64_t kMaxTileBytes = 128 * kMiB;
 // blocks (ds4_ops.cu); the planned partials cover splits x tokens <= 256,
 // beyond which the kernel runs unsplit (same result).
 constexpr int64_t kAttnSplitRecords = 256;
-
-const uint8_t* const kPlanningBase = reinterpret_cast<const uint8_t*>(uintptr_t(1) << 20);
 
 MatrixView view_of(const Tensor& t) { return {t.type, t.data, t.rows(), t.ne[0], t.row_bytes}; }
 
@@ -404,9 +399,8 @@ MemoryPlan CudaDs4Stage::plan(const GgufFile& f, const StageConfig& config, cons
 
 // ------------------------------------------------------------------ stage
 
-
 CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& load)
-    : arch_(Arch::from_gguf(f)) {
+    : CudaStageBase(Arch::from_gguf(f)) {
   ds4_ = &as_ds4(*arch_);
   const Deepseek4Shape& s = ds4_->shape();
   check_dims(s);
@@ -428,175 +422,35 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
     layout_ = std::make_unique<Layout>(Layout::make(*ds4_, config_, w));
   }
   plan_ = make_plan(*layout_, wl, config_, load);
-  if (std::string why = cuda_unavailable_reason(); !why.empty()) throw std::runtime_error(why);
-
-  stream_ = make_stage_stream();
+  SharedLayout shared = shared_of(*layout_, layout_->HC);
+  shared.negated_positions = true;  // for the inverse rotation of V (ds4_attention's rope_pos)
+  shared.input_in_forward = true;
+  open_device(f, wl, shared, load);
   side_ = make_stage_stream();
   fork_ = make_stage_event();
   join_ = make_stage_event();
-  StageDeviceLines lines = allocate_stage_lines(plan_, wl.bytes, layout_->kv_bytes, layout_->bytes);
-  weights_ = std::move(lines.weights);
-  kv_ = std::move(lines.kv);
-  workspace_ = std::move(lines.workspace);
-  memory_ = lines.report;
-  io_ = PinnedBuffer(layout_->io_bytes, "the step parameters");
-  load_stats_ = load_stage_weights(f, wl, weights_, load);
-  if (layout_->cublas_bytes > 0) cublas_ = make_stage_cublas();  // after the load: make_stage_stream's comment
-  model_ = std::make_unique<Model>(wl, weights_.data());
   w_ = std::make_unique<Weights>(Weights::collect(*model_, s, config_));
 
-  BATON_CUDA_CHECK(cudaMemsetAsync(workspace_.data(), 0, workspace_.size(), stream_.get()));
   BATON_CUDA_CHECK(cudaMemsetAsync(kv_.data(), 0, kv_.size(), stream_.get()));
   // RoPE frequencies exactly as the CPU arch forms them.
   const std::vector<float> fm = ds4_rope_freqs(int(s.rope_dim), s.rope_base, 1.0, 0, 0, 0);
   const std::vector<float> fc = ds4_rope_freqs(int(s.rope_dim), s.compress_rope_base, s.yarn_factor, s.yarn_beta_fast,
                                                s.yarn_beta_slow, s.yarn_orig_ctx);
-  BATON_CUDA_CHECK(cudaMemcpy(workspace_.data() + layout_->freqs_main, fm.data(), fm.size() * 4, cudaMemcpyHostToDevice));
-  BATON_CUDA_CHECK(cudaMemcpy(workspace_.data() + layout_->freqs_comp, fc.data(), fc.size() * 4, cudaMemcpyHostToDevice));
-  if (cublas_) {
-    // Stream first: setting it drops a workspace given before.
-    if (cublasSetStream(cublas_.get(), stream_.get()) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetWorkspace(cublas_.get(), workspace_.data() + layout_->cublas, layout_->cublas_bytes) !=
-            CUBLAS_STATUS_SUCCESS) {
-      throw std::runtime_error("cuBLAS: cannot set the stream and the planned workspace");
-    }
-  }
-  length_.assign(size_t(config_.n_seq), 0);
-  std::memset(io_.data(), 0, io_.size());
-  sync();
-  capture_decode_graphs();
+  // On stream_, after the workspace memset open_device queued there (a plain
+  // cudaMemcpy runs on the legacy stream, which a non-blocking stream does not
+  // wait for); start() synchronizes before fm and fc go out of scope.
+  BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + layout_->freqs_main, fm.data(), fm.size() * 4,
+                                   cudaMemcpyHostToDevice, stream_.get()));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + layout_->freqs_comp, fc.data(), fc.size() * 4,
+                                   cudaMemcpyHostToDevice, stream_.get()));
+  start();
 }
 
-CudaDs4Stage::~CudaDs4Stage() {
-  if (stream_) cudaStreamSynchronize(stream_.get());
-  try {
-    profile_decode();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "decode profile: %s\n", e.what());
-  }
-}
-
-void CudaDs4Stage::sync() { BATON_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
-
-void CudaDs4Stage::check_seq(int seq) const {
-  if (seq < 0 || seq >= config_.n_seq) {
-    throw std::out_of_range(fmt::format("sequence {} out of range (have {})", seq, config_.n_seq));
-  }
-}
-
-int64_t CudaDs4Stage::position(int seq) const {
-  check_seq(seq);
-  return length_[size_t(seq)];
-}
-
-// The window ring and the compressor states hold only the latest tokens and
-// every read is of positions this sequence wrote, so forgetting the length
-// is a full reset.
-void CudaDs4Stage::reset(int seq) {
-  check_seq(seq);
-  if (seq == 0) profile_decode();
-  length_[size_t(seq)] = 0;
-}
-
-// set_stage_profiling(true): sequence 0's decode profile (graph_profile.h).
-void CudaDs4Stage::profile_decode() {
-  if (decode_graphs_.empty()) return;
-  profiler_.report(decode_graphs_[0].get(), stream_.get(), length_[0] - 1, [&] { enqueue(0, 1, 0, /*graph=*/true); });
-}
+CudaDs4Stage::~CudaDs4Stage() { close(); }
 
 float* CudaDs4Stage::kv_stream(int layer, int seq, int s) const {
   const KvLayer& k = layout_->kv[size_t(layer - config_.first_layer)];
   return reinterpret_cast<float*>(kv_.data() + k.base + uint64_t(seq) * k.block + k.offset[size_t(s)]);
-}
-
-void CudaDs4Stage::capture_decode_graphs() {
-  decode_graphs_.clear();
-  for (int seq = 0; seq < config_.n_seq; ++seq) {
-    cudaGraph_t g = nullptr;
-    BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-    try {
-      enqueue(seq, 1, 0, /*graph=*/true);
-    } catch (...) {
-      cudaStreamEndCapture(stream_.get(), &g);
-      if (g) cudaGraphDestroy(g);
-      (void)cudaGetLastError();
-      throw;
-    }
-    BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
-    if (seq == 0) profiler_.keep(g);
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    BATON_CUDA_CHECK(err);
-    decode_graphs_.emplace_back(exec);
-  }
-}
-
-void CudaDs4Stage::run(int seq, const int32_t* tokens, const float* activations, int64_t n) {
-  check_seq(seq);
-  const Layout& L = *layout_;
-  const int64_t pos0 = length_[size_t(seq)];
-  if (n < 1 || n > config_.max_batch) {
-    throw std::invalid_argument(
-        fmt::format("a forward takes 1..{} tokens (the planned batch), got {}; split the input", config_.max_batch, n));
-  }
-  if (pos0 + n > config_.n_ctx) {
-    throw std::out_of_range(
-        fmt::format("sequence {} would reach {} tokens; the context is {}", seq, pos0 + n, config_.n_ctx));
-  }
-  int32_t* hp = reinterpret_cast<int32_t*>(io_.data() + L.h_params);
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t id = tokens ? tokens[t] : 0;
-    if (id < 0 || id >= L.V) throw std::out_of_range(fmt::format("token id {} is outside the vocabulary [0, {})", id, L.V));
-    hp[t] = id;
-    hp[L.B + t] = int32_t(pos0 + t);
-    hp[2 * L.B + t] = -int32_t(pos0 + t);
-  }
-  hp[3 * L.B] = int32_t(pos0);
-  if (activations) std::memcpy(io_.data() + L.h_in, activations, uint64_t(n * L.HC) * sizeof(float));
-  if (n == 1) {
-    BATON_CUDA_CHECK(cudaGraphLaunch(decode_graphs_[size_t(seq)].get(), stream_.get()));
-    if (seq == 0) profiler_.count_step();
-  } else {
-    enqueue(seq, n, pos0, /*graph=*/false);
-  }
-  length_[size_t(seq)] = pos0 + n;
-  last_rows_ = config_.head ? (config_.all_logits ? n : 1) : n;
-}
-
-std::span<const float> CudaDs4Stage::fetch_output() {
-  const Layout& L = *layout_;
-  const int64_t width = config_.head ? L.V : L.HC;
-  const uint64_t src = config_.head ? L.logits : L.x;
-  BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_out, workspace_.data() + src,
-                                   uint64_t(last_rows_ * width) * sizeof(float), cudaMemcpyDeviceToHost, stream_.get()));
-  sync();
-  return {reinterpret_cast<const float*>(io_.data() + L.h_out), size_t(last_rows_ * width)};
-}
-
-std::span<const float> CudaDs4Stage::forward(int seq, std::span<const int32_t> tokens) {
-  if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
-  run(seq, tokens.data(), nullptr, int64_t(tokens.size()));
-  return fetch_output();
-}
-
-std::span<const float> CudaDs4Stage::forward(int seq, std::span<const float> activations, int64_t n_tokens) {
-  if (config_.embedding) throw std::logic_error("this stage has the embedding: give it token ids");
-  const Layout& L = *layout_;
-  if (n_tokens < 0 || activations.size() != uint64_t(n_tokens) * uint64_t(L.HC)) {
-    throw std::invalid_argument(
-        fmt::format("stage input: {} floats for {} tokens of width {}", activations.size(), n_tokens, L.HC));
-  }
-  run(seq, nullptr, activations.data(), n_tokens);
-  return fetch_output();
-}
-
-int32_t CudaDs4Stage::forward_greedy(int seq, std::span<const int32_t> tokens) {
-  if (!config_.head) throw std::logic_error("forward_greedy: this stage has no output head");
-  if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
-  run(seq, tokens.data(), nullptr, int64_t(tokens.size()));
-  sync();
-  return reinterpret_cast<const int32_t*>(io_.data() + layout_->h_ids)[last_rows_ - 1];
 }
 
 }  // namespace baton

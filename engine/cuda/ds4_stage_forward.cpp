@@ -7,7 +7,8 @@
 // projections of up to kMatvecMaxTokens tokens read Q8_0/Q4_K weights with
 // activations quantized to 16 bits (matvec_xq, max|x| / 65024 per value)
 // and other dtypes with float activations (matvec); longer batches round
-// activations to F16 for cuBLAS (matmul, about 1e-3 of sum |w x|).
+// activations to F16 for cuBLAS (matmul; docs/DEEPSEEK4.md gives the
+// accuracy this holds).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -127,19 +128,18 @@ void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
   const Weights& W = *w_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = workspace_.data();
-  uint8_t* io = io_.data();
   auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
   float *x = f(L.x), *flat = f(L.flat), *mix = f(L.mix), *h = f(L.h);
   int32_t* d_tokens = reinterpret_cast<int32_t*>(ws + L.params);
   const cuda::Ds4HcShape hs = hc_shape(s);
   const float eps = float(s.rms_eps);
 
-  BATON_CUDA_CHECK(cudaMemcpyAsync(d_tokens, io + L.h_params, uint64_t(3 * L.B + 1) * 4, cudaMemcpyHostToDevice, st));
+  enqueue_params();
   if (config_.embedding) {
     // Every stream starts as the token's embedding.
     for (int k = 0; k < s.n_hc; ++k) cuda::get_rows(W.embedding, d_tokens, n, x + k * L.E, L.HC, st);
   } else {
-    BATON_CUDA_CHECK(cudaMemcpyAsync(x, io + L.h_in, uint64_t(n * L.HC) * 4, cudaMemcpyHostToDevice, st));
+    enqueue_input_rows(n);
   }
   // Returns whether the comb weights were forked onto side_ (joined by
   // join_comb before the HC-post reads them).

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cuda/cuda_stage.h"
+#include "engine/cuda/device_memory.h"
 #include "kernels/cuda/pdl.cuh"
 
 namespace baton {

@@ -1,0 +1,62 @@
+// The parts of CudaStage that its two source files share: one weight
+// projection as the forward runs it, every tensor of the stage in that form,
+// and the byte layout of its workspace and pinned io buffer. Private to
+// engine/cuda/cuda_stage*.cpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/cuda/cuda_stage.h"
+#include "kernels/cuda/common.cuh"
+
+namespace baton {
+
+struct CudaStage::Proj {
+  cuda::MatrixView w;
+  bool cublas_f32 = false;  // F32 rows the matvec cannot take: a float32 cuBLAS GEMM
+  bool xq = false;          // decode through the integer-dot matvec (quantized activations)
+  int64_t out_col = 0;      // first column of the output row it writes
+};
+
+struct CudaStage::Weights {
+  struct Layer {
+    const float* attn_norm = nullptr;
+    const float* ffn_norm = nullptr;
+    std::vector<Proj> qkv;      // one fused projection, or Q, K, V
+    Proj wo;
+    std::vector<Proj> gate_up;  // one fused projection, or gate, up
+    Proj down;
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  };
+  cuda::MatrixView embedding{};
+  const float* output_norm = nullptr;
+  Proj output{};
+  std::vector<Layer> layers;
+  const Tensor* rope_freqs = nullptr;  // optional, the same tensor for every layer
+  bool any_cublas_f32 = false;
+
+  // From the Model's views (device pointers, or a planning base). Refuses a
+  // dtype or shape the CUDA kernels cannot run, naming the tensor.
+  static Weights collect(const Model& m, const LlamaHparams& hp, const StageConfig& c);
+};
+
+struct CudaStage::Layout {
+  // Dimensions.
+  int64_t E = 0, F = 0, V = 0, B = 0, L = 0;  // L: logit rows (1, or B with all_logits; 0 without the head)
+  int64_t qw = 0, kw = 0, vw = 0, ow = 0, qkvw = 0;
+  // Device workspace sections (byte offsets) and sizes.
+  uint64_t x = 0, y = 0, xn = 0, qkv = 0, att = 0, gu = 0, ffh = 0, logits = 0, freqs = 0, params = 0, ids = 0;
+  uint64_t argmax = 0, argmax_bytes = 0;  // split argmax slots (zeroed at build, left zero by each call)
+  uint64_t attn = 0, attn_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
+  uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kMatvecMaxTokens rows (matvec_xq)
+  uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0
+  // Pinned host io sections.
+  uint64_t h_params = 0, h_ids = 0, h_out = 0, h_in = 0, io_bytes = 0;
+  uint64_t kv_bytes = 0;
+
+  static Layout make(const LlamaHparams& hp, const StageConfig& c, const Weights& w,
+                     const std::vector<int64_t>& kv_widths);
+};
+
+}  // namespace baton

@@ -1,0 +1,226 @@
+#include "engine/cuda/stage_base.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace baton {
+
+CudaStageBase::CudaStageBase(std::unique_ptr<Arch> arch) : arch_(std::move(arch)) {}
+
+CudaStageBase::~CudaStageBase() = default;
+
+void CudaStageBase::open_device(const GgufFile& f, const WeightLayout& wl, const SharedLayout& layout,
+                                const LoadOptions& load) {
+  shared_ = layout;
+  if (std::string why = cuda_unavailable_reason(); !why.empty()) throw std::runtime_error(why);
+  stream_ = make_stage_stream();
+  StageDeviceLines lines = allocate_stage_lines(plan_, wl.bytes, layout.kv_bytes, layout.workspace_bytes);
+  weights_ = std::move(lines.weights);
+  kv_ = std::move(lines.kv);
+  workspace_ = std::move(lines.workspace);
+  memory_ = lines.report;
+  io_ = PinnedBuffer(layout.io_bytes, "the step parameters");
+  load_stats_ = load_stage_weights(f, wl, weights_, load);
+  if (layout.cublas_bytes > 0) {
+    cublas_ = make_stage_cublas();
+    check_cublas(cublasSetStream(cublas_.get(), stream_.get()), "cublasSetStream");
+    check_cublas(cublasSetWorkspace(cublas_.get(), workspace_.data() + layout.cublas, layout.cublas_bytes),
+                 "cublasSetWorkspace");
+  }
+  model_ = std::make_unique<Model>(wl, weights_.data());
+  BATON_CUDA_CHECK(cudaMemsetAsync(workspace_.data(), 0, workspace_.size(), stream_.get()));
+}
+
+void CudaStageBase::start() {
+  length_.assign(size_t(config_.n_seq), 0);
+  std::memset(io_.data(), 0, io_.size());
+  sync();
+  capture_decode_graphs();
+}
+
+void CudaStageBase::close() noexcept {
+  if (stream_) cudaStreamSynchronize(stream_.get());
+  try {
+    profile_decode();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode profile: %s\n", e.what());
+  }
+}
+
+void CudaStageBase::sync() { BATON_CUDA_CHECK(cudaStreamSynchronize(stream_.get())); }
+
+void CudaStageBase::check_seq(int seq) const {
+  if (seq < 0 || seq >= config_.n_seq) {
+    throw std::out_of_range(fmt::format("sequence {} out of range (have {})", seq, config_.n_seq));
+  }
+}
+
+int64_t CudaStageBase::position(int seq) const {
+  check_seq(seq);
+  return length_[size_t(seq)];
+}
+
+// Every read of the KV cache is of positions this sequence wrote (deepseek4's
+// window ring and compressor states hold only its latest tokens), so
+// forgetting the length is a full reset.
+void CudaStageBase::reset(int seq) {
+  check_seq(seq);
+  if (seq == 0) profile_decode();
+  length_[size_t(seq)] = 0;
+}
+
+// set_stage_profiling(true): sequence 0's decode profile (graph_profile.h).
+void CudaStageBase::profile_decode() {
+  if (decode_graphs_.empty()) return;
+  profiler_.report(decode_graphs_[0].get(), stream_.get(), length_[0] - 1, [&] { enqueue(0, 1, 0, /*graph=*/true); });
+}
+
+// A forward that forks onto another stream (deepseek4's side stream) joins
+// it back before it returns, so that stream is part of the capture and
+// of the graph.
+void CudaStageBase::capture_decode_graphs() {
+  decode_graphs_.clear();
+  for (int seq = 0; seq < config_.n_seq; ++seq) {
+    cudaGraph_t g = nullptr;
+    BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue(seq, 1, 0, /*graph=*/true);
+    } catch (...) {
+      cudaStreamEndCapture(stream_.get(), &g);
+      if (g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+      throw;
+    }
+    BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
+    if (seq == 0) profiler_.keep(g);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    BATON_CUDA_CHECK(err);
+    decode_graphs_.emplace_back(exec);
+  }
+}
+
+void CudaStageBase::enqueue_params() {
+  const uint64_t count = uint64_t((shared_.negated_positions ? 3 : 2) * shared_.batch + 1);
+  BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + shared_.params, io_.data() + shared_.h_params,
+                                   count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_.get()));
+}
+
+void CudaStageBase::enqueue_input_rows(int64_t n) {
+  BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + shared_.x, io_.data() + shared_.h_in,
+                                   uint64_t(n * shared_.row_width) * sizeof(float), cudaMemcpyHostToDevice,
+                                   stream_.get()));
+}
+
+void CudaStageBase::run(int seq, const int32_t* tokens, const float* activations, int64_t n) {
+  check_seq(seq);
+  const SharedLayout& S = shared_;
+  const int64_t pos0 = length_[size_t(seq)];
+  if (n < 1 || n > config_.max_batch) {
+    throw std::invalid_argument(
+        fmt::format("a forward takes 1..{} tokens (the planned batch), got {}; split the input", config_.max_batch, n));
+  }
+  if (pos0 + n > config_.n_ctx) {
+    throw std::out_of_range(
+        fmt::format("sequence {} would reach {} tokens; the context is {}", seq, pos0 + n, config_.n_ctx));
+  }
+  int32_t* hp = reinterpret_cast<int32_t*>(io_.data() + S.h_params);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = tokens ? tokens[t] : 0;
+    if (id < 0 || id >= S.vocab) {
+      throw std::out_of_range(fmt::format("token id {} is outside the vocabulary [0, {})", id, S.vocab));
+    }
+    hp[t] = id;
+    hp[S.batch + t] = int32_t(pos0 + t);
+    if (S.negated_positions) hp[2 * S.batch + t] = -int32_t(pos0 + t);
+  }
+  hp[(S.negated_positions ? 3 : 2) * S.batch] = int32_t(pos0);
+  if (activations) {
+    std::memcpy(io_.data() + S.h_in, activations, uint64_t(n * S.row_width) * sizeof(float));
+    if (!S.input_in_forward) enqueue_input_rows(n);
+  }
+  if (n == 1) {
+    BATON_CUDA_CHECK(cudaGraphLaunch(decode_graphs_[size_t(seq)].get(), stream_.get()));
+    if (seq == 0) profiler_.count_step();
+  } else {
+    enqueue(seq, n, pos0, /*graph=*/false);
+  }
+  length_[size_t(seq)] = pos0 + n;
+  last_rows_ = config_.head ? (config_.all_logits ? n : 1) : n;
+}
+
+std::span<const float> CudaStageBase::forward(int seq, std::span<const int32_t> tokens) {
+  if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
+  run(seq, tokens.data(), nullptr, int64_t(tokens.size()));
+  return output_to_host();
+}
+
+std::span<const float> CudaStageBase::forward(int seq, std::span<const float> activations, int64_t n_tokens) {
+  if (config_.embedding) throw std::logic_error("this stage has the embedding: give it token ids");
+  const int64_t width = shared_.row_width;
+  if (n_tokens < 0 || activations.size() != uint64_t(n_tokens) * uint64_t(width)) {
+    throw std::invalid_argument(
+        fmt::format("stage input: {} floats for {} tokens of width {}", activations.size(), n_tokens, width));
+  }
+  run(seq, nullptr, activations.data(), n_tokens);
+  return output_to_host();
+}
+
+int32_t CudaStageBase::forward_greedy(int seq, std::span<const int32_t> tokens) {
+  if (!config_.head) throw std::logic_error("forward_greedy: this stage has no output head");
+  if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
+  run(seq, tokens.data(), nullptr, int64_t(tokens.size()));
+  sync();
+  return reinterpret_cast<const int32_t*>(io_.data() + shared_.h_ids)[last_rows_ - 1];
+}
+
+std::span<const float> CudaStageBase::output_to_host() {
+  const SharedLayout& S = shared_;
+  const int64_t width = config_.head ? S.vocab : S.row_width;
+  const uint64_t src = config_.head ? S.logits : S.x;
+  BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + S.h_out, workspace_.data() + src,
+                                   uint64_t(last_rows_ * width) * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream_.get()));
+  sync();
+  return {reinterpret_cast<const float*>(io_.data() + S.h_out), size_t(last_rows_ * width)};
+}
+
+// The boundary rows stay where the forward computes them: the residual
+// stream x of the workspace (the logits on the last stage). x is also where
+// a stage without the embedding starts, so device_input() hands out x
+// itself: no extra buffer, no copy, and the decode graph, which reads x,
+// replays unchanged.
+StageRunner::DeviceRows CudaStageBase::device_output() const {
+  if (shared_.input_in_forward) return StageRunner::device_output();
+  if (last_rows_ == 0) return {};
+  const int64_t width = config_.head ? shared_.vocab : shared_.row_width;
+  const uint64_t src = config_.head ? shared_.logits : shared_.x;
+  return {reinterpret_cast<const float*>(workspace_.data() + src), last_rows_ * width, stream_.get()};
+}
+
+float* CudaStageBase::device_input(int64_t n_tokens) {
+  if (shared_.input_in_forward) return StageRunner::device_input(n_tokens);
+  if (config_.embedding) throw std::logic_error("this stage has the embedding: it takes token ids, not device rows");
+  if (n_tokens < 1 || n_tokens > config_.max_batch) {
+    throw std::invalid_argument(fmt::format("device input of {} rows: a forward takes 1..{} tokens (the planned batch)",
+                                            n_tokens, config_.max_batch));
+  }
+  // The room is x: writing it overwrites the rows of the last forward.
+  if (!config_.head) last_rows_ = 0;
+  return reinterpret_cast<float*>(workspace_.data() + shared_.x);
+}
+
+std::span<const float> CudaStageBase::forward_device_input(int seq, int64_t n_tokens) {
+  if (shared_.input_in_forward) return StageRunner::forward_device_input(seq, n_tokens);
+  if (config_.embedding) throw std::logic_error("this stage has the embedding: give it token ids");
+  run(seq, nullptr, nullptr, n_tokens);
+  return output_to_host();
+}
+
+}  // namespace baton

@@ -1,0 +1,178 @@
+// What every CUDA stage shares, whatever the architecture: its memory, its
+// set-up, the per-step driver and the decode graphs. CudaStage (llama family,
+// engine/cuda/cuda_stage.h) and CudaDs4Stage (deepseek4, ds4_stage.h) add
+// their plan, their weights and their forward.
+//
+// Memory (docs/MEMORY.md): three device allocations of exactly the plan's
+// lines (weights, kv cache, workspace) and one pinned host buffer for the
+// per-step parameters and outputs; tensors, cache rows and scratch are views
+// inside them. The weights arrive through the streaming loader's pinned ring
+// (engine/loader.h), which exists only while loading. The forward allocates
+// nothing: cuBLAS gets its workspace from the plan.
+//
+// Decode (one token) is a CUDA graph captured once per sequence slot at
+// construction and replayed; token ids and positions reach it through device
+// memory (the step parameters, copied from the pinned io at the start of
+// every forward), so the same graph serves every position. A forward of more
+// tokens is queued directly. Either way nothing returns to the host inside a
+// decode step; the output rows are copied to the pinned io after it.
+//
+// Only compiled when the build has CUDA (BATON_HAVE_CUDA); include
+// engine/backend.h elsewhere.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cuda/device_memory.h"
+#include "engine/cuda/graph_profile.h"
+#include "engine/model.h"
+
+namespace baton {
+
+// Views of a layout placed at this address are never dereferenced; it only
+// gives the pointers the alignment a cudaMalloc base (256 bytes) would.
+inline const uint8_t* const kPlanningBase = reinterpret_cast<const uint8_t*>(uintptr_t(1) << 20);
+
+class CudaStageBase : public StageRunner {
+ public:
+  ~CudaStageBase() override;
+  CudaStageBase(const CudaStageBase&) = delete;
+  CudaStageBase& operator=(const CudaStageBase&) = delete;
+
+  Backend backend() const override { return Backend::Cuda; }
+  std::span<const float> forward(int seq, std::span<const int32_t> tokens) override;
+  // Stages without the embedding: n_tokens rows of boundary activations.
+  std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens) override;
+  int32_t forward_greedy(int seq, std::span<const int32_t> tokens) override;
+
+  // Boundary rows on the device (engine/backend.h), for a stage whose forward
+  // reads its input rows from x as they are (SharedLayout::input_in_forward
+  // false): the output is the workspace's residual stream x (the logits on
+  // the last stage); the input room is that same x, which the forward, and
+  // the decode graph, read as their input. device_input() refuses more than
+  // max_batch rows and a stage with the embedding. A stage whose forward
+  // copies its host input itself has none (the StageRunner defaults).
+  DeviceRows device_output() const override;
+  float* device_input(int64_t n_tokens) override;
+  std::span<const float> forward_device_input(int seq, int64_t n_tokens) override;
+
+  int64_t position(int seq) const override;
+  void reset(int seq) override;
+  const Arch& arch() const override { return *arch_; }
+  const StageConfig& config() const override { return config_; }
+  const MemoryPlan& memory_plan() const override { return plan_; }
+  const LoadStats& load_stats() const override { return load_stats_; }
+  DeviceMemoryReport device_memory() const override { return memory_; }
+  uint64_t weight_bytes_per_token() const override { return per_token_; }
+
+ protected:
+  // What the shared steps need of a stage's layout (its own Layout holds
+  // more): the sizes to allocate and the sections they read or write.
+  struct SharedLayout {
+    uint64_t kv_bytes = 0, workspace_bytes = 0, io_bytes = 0;
+    uint64_t cublas = 0, cublas_bytes = 0;  // cuBLAS's scratch in the workspace; bytes 0: no handle
+    // Workspace sections (byte offsets): the step parameters, the residual
+    // stream (input rows; output rows without the head), the logits.
+    uint64_t params = 0, x = 0, logits = 0;
+    // Pinned io sections: step parameters, greedy ids, output rows, input rows.
+    uint64_t h_params = 0, h_ids = 0, h_out = 0, h_in = 0;
+    int64_t batch = 0;      // the planned batch B
+    int64_t vocab = 0;      // token ids are checked against it; the width of a logit row
+    int64_t row_width = 0;  // floats per boundary row
+    // The step parameters are int32 tokens[B], positions[B], then, when set,
+    // -positions[B], then pos0.
+    bool negated_positions = false;
+    // The forward copies the host input rows (h_in) into x itself, inside
+    // the decode graph; else the driver copies them before the forward.
+    bool input_in_forward = false;
+  };
+
+  // The shared fields of a stage's Layout, which names them alike (B the
+  // planned batch, V the vocabulary, bytes the workspace's size); the flags
+  // are the caller's to set.
+  template <class Layout>
+  static SharedLayout shared_of(const Layout& L, int64_t row_width) {
+    SharedLayout s;
+    s.kv_bytes = L.kv_bytes, s.workspace_bytes = L.bytes, s.io_bytes = L.io_bytes;
+    s.cublas = L.cublas, s.cublas_bytes = L.cublas_bytes;
+    s.params = L.params, s.x = L.x, s.logits = L.logits;
+    s.h_params = L.h_params, s.h_ids = L.h_ids, s.h_out = L.h_out, s.h_in = L.h_in;
+    s.batch = L.B, s.vocab = L.V, s.row_width = row_width;
+    return s;
+  }
+
+  explicit CudaStageBase(std::unique_ptr<Arch> arch);
+
+  // Construction, called by the derived constructor once config_, plan_ and
+  // per_token_ are set, in this order: the device check; the context and
+  // stream_; the three device lines at exactly their sizes, measured with
+  // cudaMemGetInfo around them (memory_); the pinned io; the weights, through
+  // the pinned staging ring, into their planned places (load_stats_); then,
+  // when the layout plans cuBLAS scratch, the cuBLAS handle, created after
+  // the load so that its libraries' host memory never sits beside the ring,
+  // bound to stream_ (first: setting the stream drops a workspace given
+  // before) and to its planned workspace; model_ as views into weights_; the
+  // workspace zeroed on stream_ (scratch starts defined: fallbacks and
+  // padding never read garbage).
+  void open_device(const GgufFile& f, const WeightLayout& wl, const SharedLayout& layout, const LoadOptions& load);
+  // The last step of construction, after the derived stage's own
+  // initialisation: every length 0, the pinned io zeroed, stream_ drained,
+  // then one decode graph per sequence slot captured.
+  void start();
+  // The first step of destruction, from the derived destructor (whose
+  // enqueue() the profile needs): drains stream_, then prints the decode
+  // profile when one is due.
+  void close() noexcept;
+
+  // Queues the whole forward of n tokens of seq on stream_: the step
+  // parameters in (enqueue_params()), the layers, the head, greedy ids out
+  // to h_ids. pos0 is the first position (host value); graph: capturing the
+  // decode graph, where the kernels read the position from device memory
+  // instead. Called once per forward, and once per slot at capture.
+  virtual void enqueue(int seq, int64_t n, int64_t pos0, bool graph) = 0;
+
+  // The pinned step parameters into the workspace, on stream_.
+  void enqueue_params();
+  // n host input rows (h_in) into x, on stream_.
+  void enqueue_input_rows(int64_t n);
+  void sync();
+  void check_seq(int seq) const;
+
+  std::unique_ptr<Arch> arch_;
+  StageConfig config_;
+  MemoryPlan plan_;
+  LoadStats load_stats_;
+  DeviceMemoryReport memory_;
+  uint64_t per_token_ = 0;
+  SharedLayout shared_;
+
+  // Destroyed in reverse of this order: the graphs, then memory, then the
+  // cuBLAS handle, then the stream (open_device() gives the creation order).
+  StreamHandle stream_;
+  CublasHandle cublas_;  // only when the layout plans cuBLAS scratch
+  DeviceBuffer weights_, kv_, workspace_;
+  PinnedBuffer io_;
+  std::unique_ptr<Model> model_;  // views into weights_ (device pointers)
+  std::vector<GraphExecHandle> decode_graphs_;  // one per sequence slot
+  cuda::DecodeProfiler profiler_;               // set_stage_profiling(true): sequence 0's decode
+
+  std::vector<int64_t> length_;  // positions filled per sequence
+  int64_t last_rows_ = 0;        // output rows of the last forward
+
+ private:
+  // Checks, fills the pinned parameters and queues the input copy and the
+  // forward (a graph replay for one token). The caller queues its copies and
+  // synchronizes. activations: host rows copied into x first; null on a
+  // stage without the embedding: the rows are already in x (device_input()).
+  void run(int seq, const int32_t* tokens, const float* activations, int64_t n);
+  // Copies the last forward's output rows to the pinned io and synchronizes.
+  std::span<const float> output_to_host();
+  void capture_decode_graphs();
+  void profile_decode();
+};
+
+}  // namespace baton
