@@ -1,8 +1,9 @@
-// The pre-tokenizer (pretokenize.h): a small backtracking regex engine over
-// code points (parse, compile, match), then the table of the regexes each
-// tokenizer.ggml.pre names. It is over 600 lines because the engine is one
-// piece whose parts share private node types; the table is data and sits
-// beside the engine that runs it.
+// Pre-tokenizers: the split regexes of HF tokenizers, run by a small regex engine of our own
+// (the patterns need Unicode classes, and its backtracking depth is bounded by the pattern).
+// The file is long because the engine (parser, compiler to continuation nodes, bounded
+// backtracking matcher) and the table of per-model patterns it must accept belong together:
+// the table is what the engine's features are for, and a pattern change is checked against
+// both at once.
 #include "engine/pretokenize.h"
 
 #include <algorithm>

@@ -1,9 +1,8 @@
-// The synthetic models (synth.h): the built-in tiny llama, then the shape
-// catalogue of `baton synth` (tensor plans per shape, the real tokenizer
-// vocabularies, and the seeded block generator that writes any byte range of
-// a tensor on its own). It is over 600 lines because the catalogue's parts
-// share one generator and one writer path; split, each would re-declare
-// them.
+// `baton synth`: random-weight GGUFs of real model shapes. The file is long because one
+// generator serves every shape and data mode: the shape catalogue (llama, deepseek4), the
+// chunked data writer that fills tensors without holding them (random, alias tiles, sparse holes),
+// and the two built-in vocabularies (SentencePiece and DeepSeek's byte-level BPE) must agree with
+// each other on names, types and sizes, which is easier to check in one place.
 #include "engine/synth.h"
 
 #include <algorithm>

@@ -1,3 +1,8 @@
+// `baton convert` for DeepSeek V4 checkpoints. The file is long because the converter is one
+// pipeline over one model's vocabulary: reading config.json in both spellings (DeepSeek's and
+// transformers'), mapping every checkpoint name to its GGUF tensor, planning each output tensor
+// from its source rows (fused expert stacks, per-expert matrices, tid2eid), and streaming the
+// rows through the writer. Each part depends on the names and roles of the others.
 #include "gguf_split/convert_deepseek4.h"
 
 #include <fmt/format.h>

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Baton needs to build and test (only those missing).
+# Each is used: the build tools; python3 (GGUF and oracle scripts the tests run); GoogleTest;
+# Boost (headers for Asio and Beast, program_options); nlohmann-json, fmt, cereal (wire
+# payloads), OpenSSL (HMAC), xxhash (split checksums), toml++ (cluster files).
 set -euo pipefail
-pkgs=(cmake ninja-build g++ pkg-config python3
-      libgtest-dev libgmock-dev libbenchmark-dev
-      libboost-program-options-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
+pkgs=(cmake ninja-build g++ python3
+      libgtest-dev
+      libboost-program-options-dev nlohmann-json3-dev libfmt-dev
       libcereal-dev libboost-dev libssl-dev libxxhash-dev libtomlplusplus-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -171,6 +172,55 @@ inline std::vector<HostileGguf> hostile_ggufs() {
   out.push_back({"legacy_v2_q8_0", read_file(model_path("tinyllamas-stories-260k-q8_0.gguf")),
                  "tensor 'blk.0.ffn_down.weight': row length 172 is not a multiple of the Q8_0 block size 32"});
   return out;
+}
+
+// The classes of the reader's refusals, each named by a phrase of its message. The first match
+// names a message, so the more specific phrase of two that can both occur comes first ("data
+// offset ... is not a multiple of the alignment" before a row length's "is not a multiple of").
+// A refusal that matches none is a new kind of error that the tests must learn about.
+inline std::string gguf_error_class(std::string_view msg) {
+  static constexpr std::pair<std::string_view, std::string_view> kClasses[] = {
+      {"magic", "not a GGUF file"},
+      {"version", "is not supported (need 2 or 3)"},
+      {"truncated", "file ends inside the "},
+      {"length exceeds the file", " exceeds the "},
+      {"count cannot fit", " cannot fit in the "},
+      {"too many values", "metadata holds more than "},
+      {"value type", "unknown metadata value type "},
+      {"bool", "is neither 0 nor 1"},
+      {"nesting", "arrays nested deeper than "},
+      {"empty key", "empty key"},
+      {"duplicate key", "duplicate metadata key"},
+      {"alignment", "general.alignment "},
+      {"empty tensor name", "empty tensor name"},
+      {"duplicate tensor name", "duplicate tensor name"},
+      {"dimension count", "dimension count "},
+      {"dimension value", "(must be at least 1)"},
+      {"size overflow", " overflows"},
+      {"tensor type", "unknown tensor type id "},
+      {"offset alignment", "is not a multiple of the alignment"},
+      {"row length", "row length "},
+      {"data past the end", "extends past the end of the file"},
+      {"overlap", " overlaps tensor "},
+  };
+  for (const auto& [name, phrase] : kClasses) {
+    if (msg.find(phrase) != std::string_view::npos) return std::string(name);
+  }
+  return {};
+}
+
+// A copy of `file` with 1-4 random bytes of its header (the first `header` bytes) rewritten.
+// Half the writes go to the first 64 bytes, where the counts, the first keys and the small fields
+// are; the rest anywhere in the header, which ends with the tensor infos.
+inline std::vector<uint8_t> corrupt_header(const std::vector<uint8_t>& file, uint64_t header,
+                                           std::mt19937_64& rng) {
+  std::vector<uint8_t> b = file;
+  const int writes = 1 + int(rng() % 4);
+  for (int k = 0; k < writes; ++k) {
+    const size_t at = rng() % 2 ? rng() % 64 : rng() % header;
+    b[at] = uint8_t(rng());
+  }
+  return b;
 }
 
 }  // namespace baton::test

@@ -3,6 +3,9 @@
 // bytes, silent sockets), heartbeats and the dead-peer timeout. Raw peers are
 // plain blocking POSIX sockets driven by the codec, so that they can misbehave
 // in ways a Connection never would.
+//
+// The file is long because the misbehaving raw peer (a socket driven by hand through the codec)
+// is shared by every rejection case, and each case needs its own exchange of frames.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>

@@ -12,12 +12,28 @@
 
 namespace baton::test {
 
-std::string shared_dir() {
-  if (const char* env = std::getenv("BATON_SHARED")) return env;
-  return BATON_SHARED_DIR;
+namespace {
+
+[[noreturn]] void missing_fixture(const std::string& path) {
+  throw std::runtime_error("missing test fixture " + path +
+                           ": set BATON_SHARED to the folder that holds models/ (configured default: " +
+                           BATON_SHARED_DIR + ")");
 }
 
-std::string model_path(const std::string& name) { return shared_dir() + "/models/" + name; }
+}  // namespace
+
+std::string shared_dir() {
+  const char* env = std::getenv("BATON_SHARED");
+  const std::string dir = env ? env : BATON_SHARED_DIR;
+  if (!std::filesystem::is_directory(dir)) missing_fixture(dir);
+  return dir;
+}
+
+std::string model_path(const std::string& name) {
+  const std::string path = shared_dir() + "/models/" + name;
+  if (!std::filesystem::exists(path)) missing_fixture(path);
+  return path;
+}
 
 std::string baton_binary() { return BATON_BINARY; }
 

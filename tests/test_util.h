@@ -8,9 +8,12 @@
 
 namespace baton::test {
 
-// Folder with the read-only fixtures (shared/models...).
+// Folder with the read-only fixtures (shared/models...): $BATON_SHARED, else the BATON_SHARED
+// the build was configured with (../shared beside the checkout). Missing fixtures fail the test
+// that needs them instead of skipping it, so a run without them cannot pass vacuously: both
+// throw, naming the path and how to point the tests at the fixtures.
 std::string shared_dir();
-std::string model_path(const std::string& name);  // shared_dir()/models/name
+std::string model_path(const std::string& name);  // shared_dir()/models/name, which must exist
 // Path of the built `baton` binary.
 std::string baton_binary();
 
