@@ -7,7 +7,9 @@
 #   bench/ds4_prefill_check.sh BIN_DIR OUT_DIR [RAM_DIR [STEPS]]
 #
 # STEPS (default "tests bench profile"):
-#   tests    test_cuda_ds4_prefill, test_cuda_moe, test_cuda_ds4_ops, test_cuda_ds4_stage
+#   tests    test_cuda_ds4_prefill, test_cuda_moe, the DeepSeek kernel suites
+#            (test_cuda_ds4_hc, _router, _compressor, _indexer, _attention,
+#            _norm_rope), test_cuda_ds4_stage
 #            (or the names in $BATON_TESTS)
 #   bench    baton bench --ctx-start 8192 --ctx-max 8192 --batch 8192 (prefill column)
 #   profile  the same under nsys: cuda_gpu_kern_sum into OUT_DIR/kern_sum.csv
@@ -27,7 +29,9 @@ status=0
 t0=$SECONDS
 echo "nsys: $(command -v nsys || echo none)  ncu: $(command -v ncu || echo none)"
 if has tests; then
-  for t in ${BATON_TESTS:-test_cuda_ds4_prefill test_cuda_moe test_cuda_ds4_ops test_cuda_ds4_stage}; do
+  kernel_suites="test_cuda_ds4_hc test_cuda_ds4_router test_cuda_ds4_compressor test_cuda_ds4_indexer
+    test_cuda_ds4_attention test_cuda_ds4_norm_rope"
+  for t in ${BATON_TESTS:-test_cuda_ds4_prefill test_cuda_moe $kernel_suites test_cuda_ds4_stage}; do
     timeout 40 "$bin/tests/$t" > "$out/$t.log" 2>&1 || status=1
     echo "$t: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/$t.log" | tr '\n' ' ') ($((SECONDS - t0)) s)"
     grep -E '^\[  FAILED  \]|Failure|error' "$out/$t.log" | head -n 8

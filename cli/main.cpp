@@ -1,10 +1,18 @@
 // `baton` entry point: dispatches to the subcommands, whose code lives in the
-// folder that owns them (coordinator/, worker/, gguf_split/).
+// folder that owns them (coordinator/commands/, worker/, gguf_split/), and
+// turns what they throw into one error line and an exit status.
+#include <boost/program_options/errors.hpp>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 
-#include "cli/commands.h"
+#include "coordinator/commands/commands.h"
+#include "engine/command_error.h"
+#include "gguf_split/commands.h"
+#include "worker/commands.h"
 
 namespace {
 
@@ -12,20 +20,22 @@ struct Command {
   const char* name;
   int (*main)(int argc, char** argv);
   const char* summary;
+  // Whether an option the parser rejects gets " (see baton NAME --help)".
+  bool option_errors_point_to_help;
 };
 
 const Command kCommands[] = {
-    {"run", baton::cmd_run, "generate text from a prompt on this machine"},
-    {"serve", baton::cmd_serve, "serve the model over an OpenAI-compatible HTTP API"},
-    {"inspect", baton::cmd_inspect, "print a GGUF file's metadata and tensor table"},
-    {"plan", baton::cmd_plan, "print each node's memory plan and whether the model fits"},
-    {"synth", baton::cmd_synth, "write a random-weight model of a named shape"},
-    {"split", baton::cmd_split, "write one GGUF per pipeline stage (layer ranges)"},
-    {"merge", baton::cmd_merge, "rebuild a GGUF from the parts split wrote"},
-    {"worker", baton::cmd_worker, "run one pipeline stage for a coordinator"},
-    {"bench", baton::cmd_bench, "prefill and decode speed against the device's measured ceilings"},
-    {"convert", baton::cmd_convert, "convert a HuggingFace llama/qwen2 checkpoint (safetensors) to GGUF"},
-    {"logits", baton::cmd_logits, "write the logits of every position of a token sequence (for oracles)"},
+    {"run", baton::cmd_run, "generate text from a prompt on this machine", false},
+    {"serve", baton::cmd_serve, "serve the model over an OpenAI-compatible HTTP API", false},
+    {"inspect", baton::cmd_inspect, "print a GGUF file's metadata and tensor table", true},
+    {"plan", baton::cmd_plan, "print each node's memory plan and whether the model fits", true},
+    {"synth", baton::cmd_synth, "write a random-weight model of a named shape", true},
+    {"split", baton::cmd_split, "write one GGUF per pipeline stage (layer ranges)", true},
+    {"merge", baton::cmd_merge, "rebuild a GGUF from the parts split wrote", true},
+    {"worker", baton::cmd_worker, "run one pipeline stage for a coordinator", false},
+    {"bench", baton::cmd_bench, "prefill and decode speed against the device's measured ceilings", false},
+    {"convert", baton::cmd_convert, "convert a HuggingFace llama/qwen2 checkpoint (safetensors) to GGUF", true},
+    {"logits", baton::cmd_logits, "write the logits of every position of a token sequence (for oracles)", true},
 };
 
 void usage(FILE* to) {
@@ -34,6 +44,30 @@ void usage(FILE* to) {
                "usage: baton COMMAND [options]   (baton COMMAND --help for its options)\n\n"
                "commands:\n");
   for (const auto& c : kCommands) std::fprintf(to, "  %-10s %s\n", c.name, c.summary);
+}
+
+// One line on stderr; stdout first, so that what a command printed before it
+// failed comes before the error.
+int fail(const Command& c, std::string msg, const char* tail, int status) {
+  std::fflush(stdout);
+  std::replace(msg.begin(), msg.end(), '\n', ' ');
+  std::fprintf(stderr, "baton %s: %s%s\n", c.name, msg.c_str(), tail);
+  return status;
+}
+
+int run_command(const Command& c, int argc, char** argv) {
+  try {
+    return c.main(argc, argv);
+  } catch (const boost::program_options::error& e) {
+    const std::string tail = c.option_errors_point_to_help ? " (see baton " + std::string(c.name) + " --help)" : "";
+    return fail(c, e.what(), tail.c_str(), baton::kExitError);
+  } catch (const baton::CommandError& e) {
+    return fail(c, e.what(), "", e.status);
+  } catch (const std::exception& e) {
+    return fail(c, e.what(), "", baton::kExitError);
+  } catch (...) {
+    return fail(c, "unknown error", "", baton::kExitError);
+  }
 }
 
 }  // namespace
@@ -49,7 +83,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const auto& c : kCommands) {
-    if (cmd == c.name) return c.main(argc - 1, argv + 1);
+    if (cmd == c.name) return run_command(c, argc - 1, argv + 1);
   }
   std::fprintf(stderr, "baton: unknown command '%s'\n\n", cmd.c_str());
   usage(stderr);

@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include "cli/commands.h"
+#include "gguf_split/commands.h"
 #include "gguf_split/convert_deepseek4.h"
 #include "gguf_split/convert_llama.h"
 
@@ -31,6 +31,10 @@ double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
 class Progress {
  public:
   explicit Progress(bool quiet) : quiet_(quiet), last_(Clock::now()) {}
+  // A conversion that throws unwinds through here before cli/ prints the error.
+  ~Progress() { end_line(); }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
   void operator()(uint64_t done, uint64_t total) {
     const auto now = Clock::now();
     if (quiet_ || (done < total && now - last_ < std::chrono::milliseconds(500))) return;
@@ -93,13 +97,8 @@ int cmd_convert(int argc, char** argv) {
       ("expert-type", po::value(&expert_type), "deepseek_v4: the routed experts' type (e.g. q2_k, q4_k)")
       ("quiet,q", "no progress on stderr");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "baton convert: %s (see baton convert --help)\n", e.what());
-    return 1;
-  }
+  po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+  po::notify(vm);
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;
@@ -138,19 +137,13 @@ int cmd_convert(int argc, char** argv) {
     progress.end_line();
     std::fprintf(stderr, "note: %s\n", s.c_str());
   };
-  try {
-    const auto t0 = Clock::now();
-    ConvertResult r = deepseek4 ? convert_hf_deepseek4(o, experts) : convert_hf_llama(o);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("wrote %s: %s, %d layers, %llu tensors, %.3f GiB of tensor data, vocab %lld, %.1f s\n", out.c_str(),
-                r.arch.c_str(), r.n_layer, static_cast<unsigned long long>(r.n_tensors), gib(r.tensor_bytes),
-                static_cast<long long>(r.n_vocab), s);
-    std::printf("vocabulary: %s\n", r.vocabulary.c_str());
-  } catch (const std::exception& e) {
-    progress.end_line();
-    std::fprintf(stderr, "baton convert: %s\n", e.what());
-    return 1;
-  }
+  const auto t0 = Clock::now();
+  ConvertResult r = deepseek4 ? convert_hf_deepseek4(o, experts) : convert_hf_llama(o);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("wrote %s: %s, %d layers, %llu tensors, %.3f GiB of tensor data, vocab %lld, %.1f s\n", out.c_str(),
+              r.arch.c_str(), r.n_layer, static_cast<unsigned long long>(r.n_tensors), gib(r.tensor_bytes),
+              static_cast<long long>(r.n_vocab), s);
+  std::printf("vocabulary: %s\n", r.vocabulary.c_str());
   return 0;
 }
 

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cli/commands.h"
+#include "gguf_split/commands.h"
 #include "engine/gguf.h"
 
 namespace baton {
@@ -201,13 +201,8 @@ int cmd_inspect(int argc, char** argv) {
   positional.add("file", 1);
 
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "baton inspect: %s (see baton inspect --help)\n", e.what());
-    return 1;
-  }
+  po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
+  po::notify(vm);
   if (vm.count("help")) {
     std::cout << visible << "\nPrints the header, metadata and tensor table of a GGUF file.\n";
     return 0;
@@ -226,8 +221,8 @@ int cmd_inspect(int argc, char** argv) {
     }
     std::fflush(stdout);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton inspect: %s: %s\n", path.c_str(), e.what());
-    return 1;
+    // Which file, in front of the reason; cli/ prints the line.
+    throw std::runtime_error(path + ": " + e.what());
   }
   return 0;
 }

@@ -7,7 +7,7 @@
 
 #include <boost/program_options.hpp>
 
-#include "cli/commands.h"
+#include "gguf_split/commands.h"
 #include "gguf_split/split.h"
 
 namespace po = boost::program_options;
@@ -69,15 +69,10 @@ int cmd_split(int argc, char** argv) {
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
-  try {
-    po::options_description all;
-    all.add(opts).add(hidden);
-    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton split: %s (see baton split --help)\n", e.what());
-    return 1;
-  }
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+  po::notify(vm);
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;
@@ -87,30 +82,25 @@ int cmd_split(int argc, char** argv) {
     std::fprintf(stderr, "baton split: MODEL, --layers and -o are required (see baton split --help)\n");
     return 1;
   }
-  try {
-    ModelFiles files = ModelFiles::open(model);
-    const int n_layer = model_layer_count(files.meta());
-    std::string stem = std::filesystem::path(model).stem().string();
-    SplitPlan plan = plan_split(files, parse_layer_ranges(layers, n_layer), out_dir.empty() ? "." : out_dir, stem);
-    std::printf("source %s: %d layers, %zu tensors, %s, tensor-table hash %016llx\n", model.c_str(), n_layer,
-                files.tensors().size(), human_bytes(files.tensor_bytes()).c_str(),
-                (unsigned long long)plan.source_hash);
-    for (const SplitPart& p : plan.parts) {
-      std::printf("part %d/%zu  layers %d..%d%s%s  %zu tensors  %s  -> %s\n", p.index + 1, plan.parts.size(),
-                  p.range.first, p.range.last, p.has_embedding ? " +embedding" : "", p.has_output ? " +output" : "",
-                  p.tensors.size(), human_bytes(p.tensor_bytes).c_str(), p.path.c_str());
-    }
-    if (dry) {
-      std::printf("dry run: nothing written\n");
-      return 0;
-    }
-    std::filesystem::create_directories(out_dir);
-    write_split(files, plan, progress_printer("copied"));
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton split: %s\n", e.what());
-    return 1;
+  ModelFiles files = ModelFiles::open(model);
+  const int n_layer = model_layer_count(files.meta());
+  std::string stem = std::filesystem::path(model).stem().string();
+  SplitPlan plan = plan_split(files, parse_layer_ranges(layers, n_layer), out_dir.empty() ? "." : out_dir, stem);
+  std::printf("source %s: %d layers, %zu tensors, %s, tensor-table hash %016llx\n", model.c_str(), n_layer,
+              files.tensors().size(), human_bytes(files.tensor_bytes()).c_str(),
+              (unsigned long long)plan.source_hash);
+  for (const SplitPart& p : plan.parts) {
+    std::printf("part %d/%zu  layers %d..%d%s%s  %zu tensors  %s  -> %s\n", p.index + 1, plan.parts.size(),
+                p.range.first, p.range.last, p.has_embedding ? " +embedding" : "", p.has_output ? " +output" : "",
+                p.tensors.size(), human_bytes(p.tensor_bytes).c_str(), p.path.c_str());
   }
+  if (dry) {
+    std::printf("dry run: nothing written\n");
+    return 0;
+  }
+  std::filesystem::create_directories(out_dir);
+  write_split(files, plan, progress_printer("copied"));
+  return 0;
 }
 
 int cmd_merge(int argc, char** argv) {
@@ -127,15 +117,10 @@ int cmd_merge(int argc, char** argv) {
   po::positional_options_description pos;
   pos.add("parts", -1);
   po::variables_map vm;
-  try {
-    po::options_description all;
-    all.add(opts).add(hidden);
-    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton merge: %s (see baton merge --help)\n", e.what());
-    return 1;
-  }
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+  po::notify(vm);
   if (vm.count("help")) {
     std::cout << opts << "\n";
     return 0;
@@ -144,13 +129,8 @@ int cmd_merge(int argc, char** argv) {
     std::fprintf(stderr, "baton merge: PART... and -o are required (see baton merge --help)\n");
     return 1;
   }
-  try {
-    merge_parts(parts, out, progress_printer("merged"));
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton merge: %s\n", e.what());
-    return 1;
-  }
+  merge_parts(parts, out, progress_printer("merged"));
+  return 0;
 }
 
 }  // namespace baton

@@ -8,7 +8,7 @@
 #include <iostream>
 #include <string>
 
-#include "cli/commands.h"
+#include "gguf_split/commands.h"
 #include "engine/synth.h"
 
 namespace baton {
@@ -86,13 +86,8 @@ int cmd_synth(int argc, char** argv) {
                                  "(reads as zeros; for planning)")
       ("quiet,q", "no progress on stderr");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "baton synth: %s (see baton synth --help)\n", e.what());
-    return 1;
-  }
+  po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
+  po::notify(vm);
   if (vm.count("help")) {
     std::cout << opts << "\n" << shapes_help();
     return 0;
@@ -106,26 +101,21 @@ int cmd_synth(int argc, char** argv) {
     std::fprintf(stderr, "baton synth: --data must be random, alias or sparse, not '%s'\n", data.c_str());
     return 1;
   }
-  try {
-    SynthOptions o;
-    o.arch = arch;
-    o.shape = shape;
-    o.type = type;
-    o.seed = seed;
-    o.data = *mode;
-    Progress progress(vm.count("quiet") > 0);
-    o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
-    const auto t0 = Clock::now();
-    SynthResult r = write_synth_model(out, o);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("wrote %s: %s-%s, %llu tensors, %.2f GiB of tensor data (%s), vocab %lld, seed %llu, %.1f s\n",
-                out.c_str(), r.shape.c_str(), r.type.c_str(), static_cast<unsigned long long>(r.n_tensors),
-                gib(r.tensor_bytes), synth_data_name(*mode), static_cast<long long>(r.n_vocab),
-                static_cast<unsigned long long>(seed), s);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "baton synth: %s\n", e.what());
-    return 1;
-  }
+  SynthOptions o;
+  o.arch = arch;
+  o.shape = shape;
+  o.type = type;
+  o.seed = seed;
+  o.data = *mode;
+  Progress progress(vm.count("quiet") > 0);
+  o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
+  const auto t0 = Clock::now();
+  SynthResult r = write_synth_model(out, o);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("wrote %s: %s-%s, %llu tensors, %.2f GiB of tensor data (%s), vocab %lld, seed %llu, %.1f s\n",
+              out.c_str(), r.shape.c_str(), r.type.c_str(), static_cast<unsigned long long>(r.n_tensors),
+              gib(r.tensor_bytes), synth_data_name(*mode), static_cast<long long>(r.n_vocab),
+              static_cast<unsigned long long>(seed), s);
   return 0;
 }
 

@@ -42,36 +42,7 @@ void add_copied_tensor(GgufWriter& w, const TensorRef& src, XXH3_state_t* hash,
   });
 }
 
-// Hashes are stored as u64 and may not fit the signed view of as_int().
-uint64_t get_u64(const GgufFile& f, const char* key) {
-  const GgufValue* v = f.find(key);
-  if (!v) throw std::runtime_error(f.path() + ": missing key " + key + " (not a baton split part)");
-  if (v->type != GgufType::UINT64) throw std::runtime_error(f.path() + ": key " + key + " is not a u64");
-  return v->num.u;
-}
-
 }  // namespace
-
-std::optional<PartInfo> read_part_info(const GgufFile& f) {
-  if (!f.has(split_keys::kSourceHash)) return std::nullopt;
-  // Range-checked before narrowing: a u64 index of 2^32 must not read as 0.
-  auto small_int = [&](const char* key) {
-    const int64_t v = f.get_int(key);
-    if (v < 0 || v > 1000000) throw std::runtime_error(f.path() + ": malformed baton.split keys (" + key + ")");
-    return int(v);
-  };
-  PartInfo p;
-  p.source_hash = get_u64(f, split_keys::kSourceHash);
-  p.index = small_int(split_keys::kIndex);
-  p.count = small_int(split_keys::kCount);
-  p.range = LayerRange{small_int(split_keys::kLayerFirst), small_int(split_keys::kLayerLast)};
-  p.has_embedding = f.get_bool(split_keys::kHasEmbedding, false);
-  p.has_output = f.get_bool(split_keys::kHasOutput, false);
-  if (p.count < 1 || p.index < 0 || p.index >= p.count || p.range.first < 0 || p.range.last < p.range.first) {
-    throw std::runtime_error(f.path() + ": malformed baton.split keys");
-  }
-  return p;
-}
 
 std::vector<LayerRange> parse_layer_ranges(const std::string& spec, int n_layer) {
   std::vector<LayerRange> out;
@@ -229,7 +200,7 @@ void merge_parts(const std::vector<std::string>& part_paths, const std::string& 
   }
   // Order by index and check that the parts are one complete set of one source.
   const uint64_t count = uint64_t(parts[0].get_int(split_keys::kCount));
-  const uint64_t source = get_u64(parts[0], split_keys::kSourceHash);
+  const uint64_t source = split_key_u64(parts[0], split_keys::kSourceHash);
   // Checked before sizing anything by it: the count is file data (a part
   // holds at least one layer, and a model has at most 100000).
   if (count == 0 || count > 100000) {
@@ -240,7 +211,7 @@ void merge_parts(const std::vector<std::string>& part_paths, const std::string& 
   for (const GgufFile& f : parts) {
     if (!f.has(split_keys::kIndex)) throw std::runtime_error(f.path() + ": not a baton split part");
     const uint64_t idx = uint64_t(f.get_int(split_keys::kIndex));
-    if (uint64_t(f.get_int(split_keys::kCount)) != count || get_u64(f, split_keys::kSourceHash) != source) {
+    if (uint64_t(f.get_int(split_keys::kCount)) != count || split_key_u64(f, split_keys::kSourceHash) != source) {
       throw std::runtime_error(f.path() + ": belongs to a different split (count or source hash differs)");
     }
     if (idx >= count || by_index[idx]) {

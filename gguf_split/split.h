@@ -1,30 +1,19 @@
 // Per-node GGUF split: plan which tensors each stage file holds, then copy them
 // with bounded memory. A part is an ordinary GGUF v3 with all source metadata
-// plus `baton.split.*` keys saying which slice it is.
+// plus `baton.split.*` keys saying which slice it is (engine/part_info.h reads them).
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/arch.h"  // LayerRange
 #include "engine/model_files.h"
+#include "engine/part_info.h"  // split_keys, read_part_info
 
 namespace baton {
 
-// Keys written into every part.
-namespace split_keys {
-inline constexpr const char* kLayerFirst = "baton.split.layer_first";
-inline constexpr const char* kLayerLast = "baton.split.layer_last";
-inline constexpr const char* kHasEmbedding = "baton.split.has_embedding";
-inline constexpr const char* kHasOutput = "baton.split.has_output";
-inline constexpr const char* kCount = "baton.split.count";
-inline constexpr const char* kIndex = "baton.split.index";
-inline constexpr const char* kSourceHash = "baton.split.source_tensor_table_hash";
-inline constexpr const char* kDataChecksum = "baton.split.data_checksum";
-}  // namespace split_keys
 
 
 // Parses "0:21,22:output" (a range's end may be "output", meaning the last
@@ -59,17 +48,6 @@ using Progress = std::function<void(uint64_t done, uint64_t total)>;
 // Writes every part (each through a temporary name, renamed when complete).
 // Memory: one copy chunk plus metadata, whatever the model size.
 void write_split(const ModelFiles& model, const SplitPlan& plan, const Progress& progress);
-
-// The slice a split part holds, from its baton.split.* keys; nullopt for a
-// file that is not a part. Throws for a part whose keys are malformed.
-struct PartInfo {
-  int index = 0, count = 0;
-  LayerRange range;
-  bool has_embedding = false;
-  bool has_output = false;
-  uint64_t source_hash = 0;
-};
-std::optional<PartInfo> read_part_info(const GgufFile& f);
 
 // Checks a part's data checksum against its tensor bytes (reads the whole part).
 // Returns "" when it matches, else the reason.

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/cluster_config.h"
+#include "coordinator/cluster/cluster_config.h"
 #include "tests/test_util.h"
 
 namespace baton {

@@ -14,6 +14,7 @@
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/moe_xq.cuh"
+#include "kernels/cuda/swiglu.cuh"
 #include "kernels/quant.h"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"

@@ -1,5 +1,6 @@
 // CUDA RMS norm, RoPE, SwiGLU, softmax and embedding gather against the CPU
-// reference kernels on seeded random data.
+// reference kernels (and the fused SwiGLU + quantization against the pair it
+// replaces) on seeded random data.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +11,10 @@
 #include <vector>
 
 #include "kernels/cpu_ops.h"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/swiglu.cuh"
 #include "kernels/quant.h"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"
@@ -152,6 +156,30 @@ TEST(CudaOps, SwiGlu) {
   cuda::swiglu(dg.get(), du.get(), dg.get(), n, nullptr);
   const std::vector<float> got2 = dg.download();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got2[size_t(i)], got[size_t(i)]);
+}
+
+// The shared expert's fused activation + quantization equals swiglu_clamped
+// then quantize_xq, byte for byte.
+TEST(CudaOps, SwigluXqEqualsSwigluThenQuantize) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 15);
+  const int64_t n = 2048, rows = 3;
+  const float clamp = 1.5f;
+  const std::vector<float> g = test::random_floats(rng, size_t(n * rows), 3.0f);
+  const std::vector<float> u = test::random_floats(rng, size_t(n * rows), 3.0f);
+  const size_t xq_bytes = size_t(cuda::xq_row_bytes(n) * uint64_t(rows));
+  DeviceArray<float> dg(g), du(u), out_a(g.size()), out_b(g.size());
+  DeviceArray<uint8_t> xa(xq_bytes), xb(xq_bytes);
+  out_a.poison();
+  xa.poison();
+  xb.poison();  // the row padding stays as poisoned in both
+  cuda::ds4_swiglu_xq_clamped(dg.get(), du.get(), out_a.get(), n, rows, clamp, xa.get(), nullptr);
+  cuda::swiglu_clamped(dg.get(), du.get(), out_b.get(), n * rows, clamp, nullptr);
+  cuda::quantize_xq(out_b.get(), n, rows, n, xb.get(), nullptr);
+  ASSERT_EQ(out_a.download(), out_b.download());
+  ASSERT_EQ(xa.download(), xb.download());
 }
 
 TEST(CudaOps, SoftmaxRows) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -82,6 +83,20 @@ inline std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float sc
   std::vector<float> v(n);
   for (auto& x : v) x = float((double(rng() >> 11) * 0x1.0p-53 * 2.0 - 1.0) * scale);
   return v;
+}
+
+// Whether v still holds DeviceArray::poison's pattern (never written).
+inline bool is_poison(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return bits == 0xffffffffu;
+}
+
+// RoPE inverse frequencies base 10000 for rd rotated dims (rd / 2 of them).
+inline std::vector<float> rope_freqs(int rd) {
+  std::vector<float> f(size_t(rd / 2));
+  for (int i = 0; i < rd / 2; ++i) f[size_t(i)] = float(std::pow(10000.0, -2.0 * i / rd));
+  return f;
 }
 
 // Synchronizes and turns an asynchronous kernel fault into a test failure.

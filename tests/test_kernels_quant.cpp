@@ -2,6 +2,11 @@
 // the documented layouts, independent of the kernels' own packing code), dot
 // products against float64 math, quantizer error bounds, random blocks and
 // error handling. All random data comes from test_seed() and is printed.
+//
+// Longer than most suites because every section covers each GGUF type in
+// turn (known answers and layouts need one literal block per type) and the
+// sections share this file's block-building helpers; splitting by section
+// would spread those helpers over several files for no gain.
 #include <gtest/gtest.h>
 
 #include <bit>

@@ -7,12 +7,14 @@
 
 #include "engine/cuda/cuda_stage.h"
 #include "engine/cuda/cuda_stage_impl.h"
-#include "engine/cuda/stage_ops.cuh"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 namespace baton {
 

@@ -32,7 +32,7 @@ constexpr uint64_t kCublasWorkspace = 32 * kMiB;
 // multiply larger matrices in row chunks (the head's 129280 rows).
 constexpr uint64_t kMaxTileBytes = 128 * kMiB;
 // The decode attention splits a (token, head)'s rows across at most 256
-// blocks (ds4_ops.cu); the planned partials cover splits x tokens <= 256,
+// blocks (ds4_attention.cu); the planned partials cover splits x tokens <= 256,
 // beyond which the kernel runs unsplit (same result).
 constexpr int64_t kAttnSplitRecords = 256;
 

@@ -37,7 +37,34 @@
 
 namespace baton::cuda::detail {
 
-struct DqF32 {
+// The float types: one step is 8 elements, so dequant8 and raw8 (no scale,
+// no min) are dequant itself.
+template <class D>
+struct DqPlainFloat {
+  static constexpr bool kScaled = false, kHasMin = false;
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) { D::dequant(b, s, w); }
+  __device__ static void raw8(const uint8_t* b, int s, float* f, float&, float&) { D::dequant(b, s, f); }
+};
+
+// The quantized types: dequant8 is raw8 with the scale (and, with kHasMin,
+// the min) applied per element.
+template <class D>
+struct DqFromRaw8 {
+  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
+    float f[8], scale, mn = 0.0f;
+    D::raw8(b, s, f, scale, mn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if constexpr (D::kHasMin) {
+        w[i] = scale * f[i] - mn;
+      } else {
+        w[i] = scale * f[i];
+      }
+    }
+  }
+};
+
+struct DqF32 : DqPlainFloat<DqF32> {
   static constexpr DType kType = DType::F32;
   static constexpr int kQK = 8, kBytes = 32, kSlices = 1, kStep = 8;
   __device__ static void dequant(const uint8_t* b, int, float* w) {
@@ -46,12 +73,9 @@ struct DqF32 {
     w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
     w[4] = c.x, w[5] = c.y, w[6] = c.z, w[7] = c.w;
   }
-  static constexpr bool kScaled = false, kHasMin = false;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
-  __device__ static void raw8(const uint8_t* b, int s, float* f, float&, float&) { dequant(b, s, f); }
 };
 
-struct DqF16 {
+struct DqF16 : DqPlainFloat<DqF16> {
   static constexpr DType kType = DType::F16;
   static constexpr int kQK = 8, kBytes = 16, kSlices = 1, kStep = 8;
   __device__ static void dequant(const uint8_t* b, int, float* w) {
@@ -63,12 +87,9 @@ struct DqF16 {
       w[2 * i + 1] = half_bits_to_float(u[i] >> 16);
     }
   }
-  static constexpr bool kScaled = false, kHasMin = false;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
-  __device__ static void raw8(const uint8_t* b, int s, float* f, float&, float&) { dequant(b, s, f); }
 };
 
-struct DqBF16 {
+struct DqBF16 : DqPlainFloat<DqBF16> {
   static constexpr DType kType = DType::BF16;
   static constexpr int kQK = 8, kBytes = 16, kSlices = 1, kStep = 8;
   __device__ static void dequant(const uint8_t* b, int, float* w) {
@@ -80,13 +101,10 @@ struct DqBF16 {
       w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
     }
   }
-  static constexpr bool kScaled = false, kHasMin = false;
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) { dequant(b, s, w); }
-  __device__ static void raw8(const uint8_t* b, int s, float* f, float&, float&) { dequant(b, s, f); }
 };
 
 // Q8_0 (34 bytes): f16 d @0 | int8 q[32] @2. One step is the whole block.
-struct DqQ8_0 {
+struct DqQ8_0 : DqFromRaw8<DqQ8_0> {
   static constexpr DType kType = DType::Q8_0;
   static constexpr int kQK = 32, kBytes = 34, kSlices = 4, kStep = 32;
   __device__ static void dequant(const uint8_t* b, int, float* w) {
@@ -111,17 +129,11 @@ struct DqQ8_0 {
     bytes_to_floats(q[0] ^ 0x80808080u, kMagic + 128.0f, f);
     bytes_to_floats(q[1] ^ 0x80808080u, kMagic + 128.0f, f + 4);
   }
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    float f[8], scale, mn = 0.0f;
-    raw8(b, s, f, scale, mn);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = scale * f[i];
-  }
 };
 
 // Q4_0 (18 bytes): f16 d @0 | qs[16] @2; elements 0-15 in the low nibbles,
 // 16-31 in the high nibbles; value d * (nibble - 8). One step is the block.
-struct DqQ4_0 {
+struct DqQ4_0 : DqFromRaw8<DqQ4_0> {
   static constexpr DType kType = DType::Q4_0;
   static constexpr int kQK = 32, kBytes = 18, kSlices = 4, kStep = 32;
   __device__ static void dequant(const uint8_t* b, int, float* w) {
@@ -149,19 +161,13 @@ struct DqQ4_0 {
     bytes_to_floats((q[0] >> shift) & 0x0f0f0f0fu, kMagic + 8.0f, f);
     bytes_to_floats((q[1] >> shift) & 0x0f0f0f0fu, kMagic + 8.0f, f + 4);
   }
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    float f[8], scale, mn = 0.0f;
-    raw8(b, s, f, scale, mn);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = scale * f[i];
-  }
 };
 
 // Q2_K (84 bytes): scales[16] @0 | qs[64] @16 | f16 d @80 | f16 dmin @82.
 // Element e: sub-block e/16 (scale low nibble, min high nibble),
 // q = (qs[32*(e/128) + e%32] >> 2*((e%128)/32)) & 3. A step of 32 elements
 // starting at e0 = 32*g reads all 32 bytes of one half of qs at one shift.
-struct DqQ2_K {
+struct DqQ2_K : DqFromRaw8<DqQ2_K> {
   static constexpr DType kType = DType::Q2_K;
   static constexpr int kQK = 256, kBytes = 84, kSlices = 4, kStep = 32;
   __device__ static void dequant(const uint8_t* b, int s0, float* w) {
@@ -194,12 +200,6 @@ struct DqQ2_K {
     bytes_to_floats((ld_u32(q) >> shift) & 0x03030303u, kMagic, f);
     bytes_to_floats((ld_u32(q + 4) >> shift) & 0x03030303u, kMagic, f + 4);
   }
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    float f[8], scale, mn = 0.0f;
-    raw8(b, s, f, scale, mn);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = scale * f[i] - mn;
-  }
 };
 
 // The 6-bit (scale, min) of sub-block j of Q4_K/Q5_K from the 12 packed
@@ -219,7 +219,7 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* b, int j, float& sc, 
 // Q4_K (144 bytes): f16 d @0 | f16 dmin @2 | scales[12] @4 | qs[128] @16.
 // Sub-block j = e/32 is one step; q = nibble of qs[32*(j/2) + e%32], low for
 // even j. Blocks are 16-byte aligned (144 = 9 * 16), so qs is read as uint4.
-struct DqQ4_K {
+struct DqQ4_K : DqFromRaw8<DqQ4_K> {
   static constexpr DType kType = DType::Q4_K;
   static constexpr int kQK = 256, kBytes = 144, kSlices = 4, kStep = 32;
   __device__ static void dequant(const uint8_t* b, int s0, float* w) {
@@ -253,17 +253,11 @@ struct DqQ4_K {
     bytes_to_floats((q.x >> shift) & 0x0f0f0f0fu, kMagic, f);
     bytes_to_floats((q.y >> shift) & 0x0f0f0f0fu, kMagic, f + 4);
   }
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    float f[8], scale, mn = 0.0f;
-    raw8(b, s, f, scale, mn);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = scale * f[i] - mn;
-  }
 };
 
 // Q5_K (176 bytes): as Q4_K with qh[32] @16 and qs[128] @48; the fifth bit of
 // element e is (qh[e%32] >> (e/32)) & 1. 176 = 11 * 16: uint4 reads.
-struct DqQ5_K {
+struct DqQ5_K : DqFromRaw8<DqQ5_K> {
   static constexpr DType kType = DType::Q5_K;
   static constexpr int kQK = 256, kBytes = 176, kSlices = 4, kStep = 32;
   __device__ static void dequant(const uint8_t* b, int s0, float* w) {
@@ -300,19 +294,13 @@ struct DqQ5_K {
     bytes_to_floats(((q.x >> shift) & 0x0f0f0f0fu) | (((h.x >> j) & 0x01010101u) << 4), kMagic, f);
     bytes_to_floats(((q.y >> shift) & 0x0f0f0f0fu) | (((h.y >> j) & 0x01010101u) << 4), kMagic, f + 4);
   }
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    float f[8], scale, mn = 0.0f;
-    raw8(b, s, f, scale, mn);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = scale * f[i] - mn;
-  }
 };
 
 // Q6_K (210 bytes): ql[128] @0 | qh[64] @128 | int8 scales[16] @192 | f16 d @208.
 // Half h = e/128, r = e%128, l = r%32: low 4 bits in ql[64h + l + 32((r/32)&1)]
 // (low nibble for r < 64), high 2 bits (qh[32h + l] >> 2(r/32)) & 3; value
 // d*scales[e/16] * (q - 32). A step is one run of 32 (fixed h and r/32).
-struct DqQ6_K {
+struct DqQ6_K : DqFromRaw8<DqQ6_K> {
   static constexpr DType kType = DType::Q6_K;
   static constexpr int kQK = 256, kBytes = 210, kSlices = 4, kStep = 32;
   __device__ static void dequant(const uint8_t* b, int s0, float* w) {
@@ -349,19 +337,13 @@ struct DqQ6_K {
                       f + 4 * k);
     }
   }
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    float f[8], scale, mn = 0.0f;
-    raw8(b, s, f, scale, mn);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = scale * f[i];
-  }
 };
 
 // IQ2_XXS (66 bytes): f16 d @0, then 8 groups of 8 bytes (32 elements): four
 // grid indices, then a uint32 holding four 7-bit sign indices and the 4-bit
 // scale in bits 28-31. A step is one group. The eighth sign of each run of 8
 // is implied: the count of minus signs is even.
-struct DqIQ2_XXS {
+struct DqIQ2_XXS : DqFromRaw8<DqIQ2_XXS> {
   static constexpr DType kType = DType::IQ2_XXS;
   static constexpr int kQK = 256, kBytes = 66, kSlices = 4, kStep = 32;
   __device__ static void dequant(const uint8_t* b, int s0, float* w) {
@@ -399,12 +381,6 @@ struct DqIQ2_XXS {
     bytes_to_floats(uint32_t(g >> 32), kMagic, f + 4);
 #pragma unroll
     for (int i = 0; i < 8; ++i) f[i] = (signs >> i) & 1u ? -f[i] : f[i];
-  }
-  __device__ static void dequant8(const uint8_t* b, int s, float* w) {
-    float f[8], scale, mn = 0.0f;
-    raw8(b, s, f, scale, mn);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = scale * f[i];
   }
 };
 

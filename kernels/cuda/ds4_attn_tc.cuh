@@ -1,6 +1,6 @@
 // DeepSeek V4 attention for long batches (prefill) on the tensor cores.
 //
-// The same function as ds4_attention (ds4_ops.cuh): per token, softmax over
+// The same function as ds4_attention (ds4_attention.cuh): per token, softmax over
 // its window rows and its visible compressed rows (K = V), the sink logit in
 // the denominator only. Per token every head reads the same rows, so the
 // token's scores are one small dense product Q[n_head x hd] K^T[hd x rows]
@@ -18,7 +18,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/ds4_ops.cuh"
+#include "kernels/cuda/ds4_attention.cuh"
 
 namespace baton::cuda {
 

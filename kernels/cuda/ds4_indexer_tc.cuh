@@ -1,6 +1,6 @@
 // The lightning indexer's scores for long batches (prefill) on the tensor
 // cores: score(t, w) = sum_h relu(q_{t,h} . k_w) * w_{t,h}, the scoring step
-// of ds4_indexer_select (ds4_ops.cuh), whose ds4_indexer_topk then picks the
+// of ds4_indexer_select (ds4_indexer.cuh), whose ds4_indexer_topk then picks the
 // rows. Per token the heads share the rows, so the dot products are one
 // product Q[n_head x dim] K^T[dim x rows]; a block per token runs it on
 // mma.sync over tiles of 64 rows and reduces relu * weight over the heads.
@@ -14,7 +14,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/ds4_ops.cuh"
+#include "kernels/cuda/ds4_indexer.cuh"
 
 namespace baton::cuda {
 

@@ -13,6 +13,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/swiglu_act.cuh"
 
 namespace baton::cuda {
 
@@ -29,12 +30,6 @@ uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
 
 // Threads for rows of `steps` steps: whole warps, no more than needed.
 int threads_for(int64_t steps) { return int(std::clamp<int64_t>((steps + 31) / 32 * 32, 32, kThreads)); }
-
-__device__ __forceinline__ float clamped_act(float g, float u, float c) {
-  g = fminf(g, c);
-  u = fminf(fmaxf(u, -c), c);
-  return g / (1.0f + expf(-g)) * u;  // silu(g) * u, as kernels/cpu_ops.h
-}
 
 template <int E>
 __device__ __forceinline__ void load_x(const float* p, float* out) {
@@ -129,7 +124,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < kRows && row0 + threadIdx.x < ff) {
     float g = 0.0f, u = 0.0f;
     for (int w = 0; w < int(blockDim.x >> 5); ++w) g += part[w][threadIdx.x], u += part[w][kRows + threadIdx.x];
-    a[row0 + threadIdx.x] = clamped_act(g, u, clamp);
+    a[row0 + threadIdx.x] = swiglu_act<true>(g, u, clamp);
   }
 }
 
@@ -168,14 +163,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (threadIdx.x < kRows && row0 + threadIdx.x < n_out) {
     out[t * out_stride + row0 + threadIdx.x] = bad ? NAN : total;
-  }
-}
-
-__global__ void swiglu_clamped_kernel(const float* gate, const float* up, float* out, int64_t n, float clamp) {
-  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
-  pdl_wait();     // before any read: every input may come from the kernel before
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = clamped_act(gate[i], up[i], clamp);
   }
 }
 
@@ -246,7 +233,7 @@ __global__ void swiglu_gu_kernel(const float* __restrict__ gu, int64_t n_pairs, 
   const int64_t total = n_pairs * ff;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t s = i / ff, c = i % ff;
-    act[i] = __float2half_rn(clamped_act(gu[s * 2 * ff + c], gu[s * 2 * ff + ff + c], clamp));
+    act[i] = __float2half_rn(swiglu_act<true>(gu[s * 2 * ff + c], gu[s * 2 * ff + ff + c], clamp));
   }
 }
 
@@ -294,18 +281,6 @@ void validate(const MoeWeights& m, const char* who) {
 }
 
 }  // namespace
-
-void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float clamp, cudaStream_t stream) {
-  if (n < 0 || (n > 0 && (gate == nullptr || up == nullptr || out == nullptr))) {
-    throw std::invalid_argument("swiglu_clamped: bad buffers");
-  }
-  if (!(clamp > 0.0f)) throw std::invalid_argument("swiglu_clamped: the clamp must be positive (INFINITY: none)");
-  if (n == 0) return;
-  const unsigned blocks = unsigned(std::clamp<int64_t>((n + 255) / 256, 1, int64_t(sm_count()) * 32));
-  launch_pdl("swiglu_clamped_kernel", swiglu_clamped_kernel, dim3(blocks), dim3(256), 0, stream, gate, up, out, n,
-             clamp);
-  check_launch("swiglu_clamped_kernel");
-}
 
 size_t moe_decode_workspace_bytes(const MoeWeights& m, int64_t n_tokens, int k) {
   return size_t(align256(uint64_t(std::max<int64_t>(n_tokens, 0)) * uint64_t(std::max(k, 0)) *

@@ -57,10 +57,6 @@ struct MoeWeights {
   float clamp = 0;
 };
 
-// out[i] = silu(min(gate[i], c)) * clamp(up[i], -c, c) for i < n (the shared
-// expert's activation; the routed experts fuse it). out may alias gate or up.
-void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float clamp, cudaStream_t stream);
-
 // --- decode -------------------------------------------------------------------
 
 // Workspace of moe_decode: the activations of n_tokens * k pairs.

@@ -13,6 +13,7 @@
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/swiglu_act.cuh"
 #include "kernels/cuda/xq.cuh"
 
 namespace baton::cuda::detail {
@@ -20,12 +21,6 @@ namespace baton::cuda::detail {
 inline constexpr int kDownRows = 4;  // down: output rows per block, each warp one expert's share
 constexpr int kDownWarps = 8; // experts worked on at once; slot j goes to warp j % 8
 constexpr uint32_t kOnes = 0x01010101u;
-
-__device__ __forceinline__ float clamped_act(float g, float u, float c) {
-  g = fminf(g, c);
-  u = fminf(fmaxf(u, -c), c);
-  return g / (1.0f + expf(-g)) * u;  // silu(g) * u, as moe.cu and kernels/cpu_ops.h
-}
 
 // The IQ2_XXS tables in shared memory, built by each block before its
 // pdl_wait() (they depend on nothing): the grid, and for each 7-bit sign
@@ -160,7 +155,7 @@ __global__ void __launch_bounds__(kGuWarps * 32)
       for (int j = 1; j < kGuRows; ++j) {
         if (lane == j) g = acc[j], u = acc[kGuRows + j];
       }
-      acts[warp * kGuRows + lane] = clamped_act(g, u, clamp);
+      acts[warp * kGuRows + lane] = swiglu_act<true>(g, u, clamp);
     }
   }
   __syncthreads();

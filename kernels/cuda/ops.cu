@@ -1,10 +1,9 @@
-// RMS norm, RoPE, SwiGLU and softmax (declared in ops.cuh). One block per row
-// for the row reductions; plain grid-stride loops for the elementwise ops.
+// RoPE and softmax (declared in ops.cuh): one block per token (RoPE) or row
+// (softmax).
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/pdl.cuh"
 
-#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -15,29 +14,6 @@ using namespace detail;
 
 constexpr int kRowThreads = 256;
 constexpr int kMaxRotDim = 1024;
-
-unsigned grid_for(int64_t work, int threads) {
-  const int64_t blocks = (work + threads - 1) / threads;
-  return unsigned(std::clamp<int64_t>(blocks, 1, int64_t(sm_count()) * 32));
-}
-
-__global__ void rmsnorm_kernel(const float* x, int64_t x_stride, const float* __restrict__ w, float* out,
-                               int64_t out_stride, int64_t n, float eps) {
-  __shared__ float red[32];
-  const float* xr = x + int64_t(blockIdx.x) * x_stride;
-  float* orow = out + int64_t(blockIdx.x) * out_stride;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
-  ss = block_sum(ss, red);
-  // The scale in double like the CPU reference; one per row, so free.
-  const float scale = float(1.0 / sqrt(double(ss) / double(n) + double(eps)));
-  // Each thread rewrites only the elements it read above, so out may alias x.
-  if (w != nullptr) {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
-  } else {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale;
-  }
-}
 
 // One block per token: cos/sin of the rot_dim/2 angles once into shared
 // memory, then every (head, pair) rotation of the token.
@@ -76,13 +52,6 @@ __global__ void rope_kernel(float* x, int64_t token_stride, int n_heads, int hea
   for (int64_t i = threadIdx.x; i < app.vw; i += blockDim.x) app.v_cache[p * app.vw + i] = vt[i];
 }
 
-__global__ void swiglu_kernel(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
-  }
-}
-
 __global__ void softmax_kernel(float* x, int64_t n, int64_t stride) {
   __shared__ float red[32];
   float* xr = x + int64_t(blockIdx.x) * stride;
@@ -101,16 +70,6 @@ __global__ void softmax_kernel(float* x, int64_t n, int64_t stride) {
 }
 
 }  // namespace
-
-void rmsnorm(const float* x, int64_t x_stride, const float* w, float* out, int64_t out_stride, int64_t n_rows,
-             int64_t n, float eps, cudaStream_t stream) {
-  if (n <= 0 || n_rows < 0 || (n_rows > 1 && (x_stride < n || out_stride < n))) {
-    throw std::invalid_argument("rmsnorm: bad row length or strides");
-  }
-  if (n_rows == 0) return;
-  rmsnorm_kernel<<<unsigned(n_rows), kRowThreads, 0, stream>>>(x, x_stride, w, out, out_stride, n, eps);
-  check_launch("rmsnorm_kernel");
-}
 
 void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
           const int32_t* positions, const float* inv_freq, RopeMode mode, cudaStream_t stream) {
@@ -134,13 +93,6 @@ void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int hea
   if (n_tokens <= 0) return;
   launch_pdl("rope_kernel", rope_kernel, dim3(unsigned(n_tokens)), dim3(kRowThreads), 0, stream, x, token_stride,
              n_heads, head_dim, rot_dim, positions, inv_freq, mode == RopeMode::Neox, append);
-}
-
-void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
-  if (n < 0) throw std::invalid_argument("swiglu: negative length");
-  if (n == 0) return;
-  swiglu_kernel<<<grid_for(n, kRowThreads), kRowThreads, 0, stream>>>(gate, up, out, n);
-  check_launch("swiglu_kernel");
 }
 
 void softmax(float* x, int64_t n_rows, int64_t n, int64_t stride, cudaStream_t stream) {

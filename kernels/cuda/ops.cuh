@@ -1,6 +1,7 @@
-// Row-wise and elementwise ops of the forward pass: RMS norm, rotary
-// embedding, SwiGLU, softmax and the embedding row gather. Each matches the
-// CPU reference of kernels/cpu_ops.h (see docs/CUDA.md for tolerances).
+// Row-wise ops of the forward pass: rotary embedding, softmax and the
+// embedding row gather (RMS norms: norm.cuh; SwiGLU: swiglu.cuh). Each
+// matches the CPU reference of kernels/cpu_ops.h (see docs/CUDA.md for
+// tolerances).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,12 +12,6 @@
 #include "kernels/cuda/common.cuh"
 
 namespace baton::cuda {
-
-// For each of n_rows rows of n floats: out = x / sqrt(mean(x^2) + eps) * w
-// (w may be null: no scale). Rows are x_stride / out_stride floats apart;
-// out may alias x.
-void rmsnorm(const float* x, int64_t x_stride, const float* w, float* out, int64_t out_stride, int64_t n_rows,
-             int64_t n, float eps, cudaStream_t stream);
 
 // Rotates in place the first rot_dim dims of each of n_heads heads (head_dim
 // floats apart) of each of n_tokens token rows (token_stride floats apart),
@@ -43,9 +38,6 @@ struct RopeAppend {
 void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
           const int32_t* positions, const float* inv_freq, RopeMode mode, const RopeAppend& append,
           cudaStream_t stream);
-
-// out[i] = silu(gate[i]) * up[i] for i < n; out may alias gate or up.
-void swiglu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 
 // In place over each of n_rows rows of n floats, `stride` floats apart;
 // subtracts the row max first.

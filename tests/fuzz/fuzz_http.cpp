@@ -32,10 +32,10 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
-#include "coordinator/generation.h"
-#include "coordinator/http_server.h"
-#include "coordinator/metrics.h"
-#include "coordinator/openai_api.h"
+#include "coordinator/api/generation.h"
+#include "coordinator/api/http_server.h"
+#include "coordinator/api/metrics.h"
+#include "coordinator/api/openai_api.h"
 #include "engine/chat_template.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
@@ -164,7 +164,7 @@ void play_events(FakeService& svc, const uint8_t* data, size_t size, int finish_
   svc.sink(std::move(last));
 }
 
-// Mirrors Session::dispatch in coordinator/http_server.cpp.
+// Mirrors Session::dispatch in coordinator/api/http_server.cpp.
 HttpRequest to_request(http::request<http::string_body>&& msg) {
   HttpRequest req;
   auto method = msg.method_string();

@@ -1,0 +1,226 @@
+#include "coordinator/api/generation.h"
+
+#include "engine/arch.h"
+#include "engine/chat_template.h"
+#include "engine/gguf.h"
+#include "engine/sampler.h"
+#include "engine/stage.h"
+#include "engine/tokenizer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <cmath>
+
+namespace baton {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::error: return "error";
+  }
+  return "error";
+}
+
+namespace {
+
+// Length of the UTF-8 sequence a lead byte starts; 0 for a byte that cannot
+// start one (continuation bytes, 0xC0/0xC1, 0xF5..0xFF).
+size_t utf8_length(unsigned char c) {
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return 2;
+  if (c >= 0xE0 && c <= 0xEF) return 3;
+  if (c >= 0xF0 && c <= 0xF4) return 4;
+  return 0;
+}
+
+bool is_continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+// Bytes at the end of s that begin a character still missing its last bytes
+// (0 when s ends on a character boundary or with bytes that are invalid anyway).
+size_t incomplete_tail(std::string_view s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    unsigned char c = static_cast<unsigned char>(s[n - back]);
+    if (is_continuation(c)) continue;
+    size_t len = utf8_length(c);
+    return len > back ? back : 0;
+  }
+  return 0;
+}
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+}  // namespace
+
+std::string sanitize_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t len = utf8_length(c);
+    bool ok = len > 0 && i + len <= s.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = is_continuation(static_cast<unsigned char>(s[i + k]));
+    if (ok && len >= 3) {
+      // Overlong forms, UTF-16 surrogates and code points past U+10FFFF.
+      const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
+      if (c == 0xE0 && c1 < 0xA0) ok = false;
+      if (c == 0xED && c1 >= 0xA0) ok = false;
+      if (c == 0xF0 && c1 < 0x90) ok = false;
+      if (c == 0xF4 && c1 >= 0x90) ok = false;
+    }
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out.append(kReplacement);
+      ++i;
+    }
+  }
+  return out;
+}
+
+TextAssembler::TextAssembler(std::vector<std::string> stop) {
+  for (auto& s : stop) {
+    if (!s.empty()) stop_.push_back(std::move(s));
+  }
+}
+
+std::string TextAssembler::push(std::string_view piece) {
+  if (stopped_) return {};
+  held_.append(piece);
+  size_t first = std::string::npos;
+  for (const auto& s : stop_) first = std::min(first, held_.find(s));
+  if (first != std::string::npos) {
+    std::string out = sanitize_utf8(std::string_view(held_).substr(0, first));
+    held_.clear();
+    stopped_ = true;
+    return out;
+  }
+  // Hold back the longest tail that is a proper prefix of a stop string: a
+  // match starting before it would already have been found complete.
+  size_t safe = held_.size();
+  for (const auto& s : stop_) {
+    for (size_t k = std::min(s.size() - 1, held_.size()); k > 0; --k) {
+      if (std::string_view(held_).substr(held_.size() - k) == std::string_view(s).substr(0, k)) {
+        safe = std::min(safe, held_.size() - k);
+        break;
+      }
+    }
+  }
+  safe -= incomplete_tail(std::string_view(held_).substr(0, safe));
+  std::string out = sanitize_utf8(std::string_view(held_).substr(0, safe));
+  held_.erase(0, safe);
+  return out;
+}
+
+std::string TextAssembler::flush() {
+  std::string out = sanitize_utf8(held_);
+  held_.clear();
+  return out;
+}
+
+void compute_logprobs(const float* logits, int64_t n_vocab, int32_t chosen, int top_n, GeneratedToken& out) {
+  std::vector<TokenLogprobEntry> top;
+  out.logprob = token_logprobs(std::span<const float>(logits, size_t(n_vocab)), chosen, top_n, &top);
+  out.top.clear();
+  for (const TokenLogprobEntry& t : top) out.top.push_back({t.id, t.logprob, {}});
+}
+
+void validate_request(GenerationRequest& request, const ModelInfo& info) {
+  const int64_t n_prompt = int64_t(request.prompt.size());
+  if (n_prompt == 0) throw std::invalid_argument("the prompt is empty");
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= info.n_vocab) {
+      throw std::invalid_argument(fmt::format("prompt token id {} is outside the vocabulary [0, {})", t, info.n_vocab));
+    }
+  }
+  if (request.max_tokens < 1) throw std::invalid_argument("max_tokens must be at least 1");
+  if (n_prompt + request.max_tokens > info.n_ctx) {
+    throw std::invalid_argument(fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceeds the context of {} tokens",
+                                            n_prompt, request.max_tokens, info.n_ctx));
+  }
+  if (request.top_logprobs > kMaxTopLogprobs) {
+    throw std::invalid_argument(fmt::format("top_logprobs is at most {}", kMaxTopLogprobs));
+  }
+  for (const auto& [id, bias] : request.logit_bias) {
+    if (id < 0 || id >= info.n_vocab) {
+      throw std::invalid_argument(fmt::format("logit_bias token id {} is outside the vocabulary", id));
+    }
+  }
+  std::sort(request.stop_tokens.begin(), request.stop_tokens.end());
+}
+
+std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
+                                         float logprob, const std::vector<std::pair<int32_t, float>>& top,
+                                         bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev) {
+  if (tok.is_eog(id) || std::binary_search(req.stop_tokens.begin(), req.stop_tokens.end(), id)) {
+    return FinishReason::stop;
+  }
+  ++usage.completion_tokens;
+  GeneratedToken& g = ev.tokens.emplace_back();
+  g.id = id;
+  g.piece = tok.token_to_piece(id);
+  if (req.top_logprobs >= 0) {
+    g.logprob = logprob;
+    for (const auto& [alt, lp] : top) g.top.push_back({alt, lp, tok.token_to_piece(alt)});
+  }
+  ev.text = text.push(g.piece);
+  if (text.stopped()) return FinishReason::stop;
+  if (usage.completion_tokens >= req.max_tokens || context_full) return FinishReason::length;
+  return std::nullopt;
+}
+
+ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const std::string& id, int64_t n_ctx) {
+  std::shared_ptr<Tokenizer> tok = Tokenizer::from_gguf(f);
+  auto arch = Arch::from_gguf(f);
+  ModelInfo info;
+  info.path = path;
+  info.id = id.empty() ? std::filesystem::path(path).stem().string() : id;
+  info.arch = f.get_str("general.architecture", "");
+  info.n_vocab = tok->n_vocab();
+  info.created = int64_t(std::time(nullptr));
+  info.chat_family = detect_chat_family(f);
+  info.chat_stop_tokens = chat_stop_tokens(info.chat_family, *tok);
+  if (info.chat_family == ChatFamily::Plain) info.chat_stop_strings = chat_stop_strings(info.chat_family);
+  for (int32_t t = 0; t < tok->n_vocab(); ++t) {
+    info.max_token_bytes = std::max<int64_t>(info.max_token_bytes, int64_t(tok->token_to_piece(t).size()));
+  }
+  info.tokenizer = std::move(tok);
+  info.n_ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(arch->dims().n_ctx_train, StageConfig::kDefaultMaxCtx);
+  if (arch->dims().n_vocab != info.n_vocab) {
+    throw std::runtime_error(fmt::format("the vocabulary has {} tokens but the model's output has {}", info.n_vocab,
+                                         arch->dims().n_vocab));
+  }
+  return info;
+}
+
+void close_event(GenerationEvent& ev, FinishReason reason, const std::string& error, TextAssembler& text,
+                 const Usage& usage) {
+  if (reason == FinishReason::cancelled || reason == FinishReason::error) {
+    ev.text.clear();
+  } else {
+    ev.text += text.flush();
+  }
+  ev.finish = reason;
+  ev.error = error;
+  ev.usage = usage;
+}
+
+bool deliver_event(const EventSink& sink, GenerationEvent&& ev, const std::string& request_id) {
+  try {
+    sink(std::move(ev));
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton serve: request %s: event sink failed: %s\n", request_id.c_str(), e.what());
+    return false;
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,231 @@
+// The serving layer's view of "something that generates tokens": the HTTP API
+// submits requests (prompt token ids, sampling parameters, limits, stop
+// conditions) and receives a stream of events. Two implementations are meant
+// to sit behind it: LocalEngine (coordinator/cluster/local_engine.h), one Stage in
+// this process, and the distributed coordinator, whose stages run on workers.
+// The API layer (openai_api.h, http_server.h) knows only this header.
+//
+// Threading contract, for every implementation:
+// - submit(), cancel(), model(), health() are thread-safe.
+// - A request's sink is called from the service's own thread(s), never from
+//   inside submit(), one call at a time, in order. It must not block (post the
+//   event elsewhere). The last event has `finish` set; after it the sink is
+//   never called again and is destroyed.
+// - cancel() of a running or queued request ends it soon with
+//   FinishReason::cancelled and frees its KV slot; cancelling an unknown or
+//   finished id does nothing.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "engine/chat_template.h"
+#include "engine/sampler.h"
+
+namespace baton {
+
+class GgufFile;
+class Tokenizer;
+
+// Most alternatives a request may ask for per token (OpenAI's chat limit).
+inline constexpr int kMaxTopLogprobs = 20;
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids; BOS included when the caller wants it
+  SamplerParams sampling;       // temperature 0 = greedy; the seed makes sampling reproducible
+  int64_t max_tokens = 16;      // >= 1; prompt + max_tokens must fit in the context
+  // Generation ends before the first occurrence of any of these in the output
+  // text; the stop text itself is not returned.
+  std::vector<std::string> stop;
+  // Token ids that end generation (not returned), besides the model's
+  // end-of-generation tokens, which always do.
+  std::vector<int32_t> stop_tokens;
+  // Added to the raw logits before sampling (OpenAI's logit_bias); -100 bans.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // -1: no logprobs; 0..kMaxTopLogprobs: the chosen token's log-probability
+  // plus that many most likely alternatives, from the unfiltered distribution.
+  int top_logprobs = -1;
+  std::string id;  // the API's request id, for log lines
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+  std::string piece;  // the token's bytes
+};
+
+struct GeneratedToken {
+  int32_t id = 0;
+  std::string piece;  // the token's bytes (may be a partial UTF-8 character)
+  float logprob = 0;  // meaningful only when the request asked for logprobs
+  std::vector<TokenLogprob> top;  // most likely first
+};
+
+enum class FinishReason {
+  stop,       // an end-of-generation token, a stop token or a stop string
+  length,     // max_tokens reached, or the context is full
+  cancelled,  // cancel() or shutdown
+  error,      // the service failed the request (message in GenerationEvent::error)
+};
+const char* finish_reason_name(FinishReason r);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;  // sampled tokens, end-of-generation tokens excluded
+  double queue_s = 0;             // submit to admission into a slot
+  double time_to_first_token_s = 0;  // submit to the first sampled token
+  double prefill_s = 0;           // forward time of the prompt
+  double decode_s = 0;            // forward time after the first token
+};
+
+struct GenerationEvent {
+  // Tokens sampled since the previous event (usually one; none in a final
+  // event that only reports the end).
+  std::vector<GeneratedToken> tokens;
+  // Output text released by this event: valid UTF-8, never part of a stop
+  // string. Text may lag the tokens by the bytes that could still begin a stop
+  // string or that end in an incomplete character; the final event flushes.
+  std::string text;
+  std::optional<FinishReason> finish;  // set on the last event only
+  std::string error;                   // with FinishReason::error
+  Usage usage;                         // complete on the last event
+};
+
+using EventSink = std::function<void(GenerationEvent&&)>;
+
+// What the API needs to know about the served model.
+struct ModelInfo {
+  std::string id;    // the name clients pass as "model"
+  std::string path;  // the GGUF file (or the split parts' source)
+  std::string arch;  // general.architecture
+  int64_t n_ctx = 0;     // tokens per sequence: prompt + completion
+  int64_t n_vocab = 0;
+  int64_t created = 0;   // unix time the service started
+  std::shared_ptr<const Tokenizer> tokenizer;
+  // Bytes of the longest token piece: a text longer than n_ctx times this
+  // cannot fit, and is refused before it is tokenized (0: unknown).
+  int64_t max_token_bytes = 0;
+  ChatFamily chat_family = ChatFamily::Plain;
+  std::vector<int32_t> chat_stop_tokens;  // the family's end-of-turn ids (EOS included)
+  std::vector<std::string> chat_stop_strings;  // Plain family: text that ends a turn
+};
+
+// The state of one stage of the route (one entry for a local engine). The
+// distributed coordinator fills one per worker.
+struct StageHealth {
+  std::string node;  // "local", or the worker's name
+  std::string address;  // "" in process, else the worker's host:port
+  int first_layer = 0, last_layer = 0;
+  bool embedding = false, head = false;
+  std::string state;  // "loading", "loaded", "failed", "disconnected"
+  double progress = 0;  // 0..1 of the weights read
+  uint64_t bytes_loaded = 0, bytes_total = 0;
+  std::vector<std::pair<std::string, uint64_t>> memory_planned;  // the plan's lines
+  uint64_t memory_used = 0;  // bytes allocated for the plan's lines
+  uint64_t rss_bytes = 0;    // the node's process resident memory
+  std::string error;
+  std::string link;         // to the next stage: "tcp", "nccl"; "" none (last stage, in process)
+  std::string link_reason;  // why TCP, or what NCCL runs over
+};
+
+struct ServiceHealth {
+  std::string status;  // "ok", "loading", or "error" (a stage failed or is missing)
+  std::vector<StageHealth> stages;
+  int slots_total = 0, slots_busy = 0;
+  int queue_depth = 0, queue_capacity = 0;
+};
+
+// submit() refuses with these; the API maps them to HTTP statuses.
+struct QueueFullError : std::runtime_error {
+  QueueFullError(const std::string& what, int retry_after_s) : std::runtime_error(what), retry_after_s(retry_after_s) {}
+  int retry_after_s;  // a hint for Retry-After
+};
+struct UnavailableError : std::runtime_error {  // loading, failed, shutting down
+  using std::runtime_error::runtime_error;
+};
+// A request the service cannot run as given (prompt or limits beyond the
+// context, token ids out of range): std::invalid_argument.
+
+class GenerationService {
+ public:
+  virtual ~GenerationService() = default;
+
+  virtual const ModelInfo& model() const = 0;
+  // Queues the request and returns its id. Throws QueueFullError,
+  // UnavailableError or std::invalid_argument; the sink is not called then.
+  virtual uint64_t submit(GenerationRequest request, EventSink sink) = 0;
+  virtual void cancel(uint64_t id) = 0;
+  virtual ServiceHealth health() const = 0;
+};
+
+// Turns sampled tokens into output text for a request: holds back bytes of an
+// incomplete UTF-8 character and any tail that could still become a stop
+// string, finds the first stop string, and never releases text past it.
+// Shared by the implementations so that every route cuts text the same way.
+class TextAssembler {
+ public:
+  explicit TextAssembler(std::vector<std::string> stop);
+
+  // Appends a token's bytes; returns the text now safe to release.
+  std::string push(std::string_view piece);
+  // After a stop string was found: no more text will be released.
+  bool stopped() const { return stopped_; }
+  // The text still held back, at the end of generation (an incomplete
+  // character becomes U+FFFD). Empty after a stop string.
+  std::string flush();
+
+ private:
+  std::vector<std::string> stop_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+// Invalid UTF-8 sequences replaced by U+FFFD (JSON bodies must be valid).
+std::string sanitize_utf8(std::string_view s);
+
+// The ModelInfo of a GGUF file (a full model or a split part: both carry the
+// metadata and the tokenizer): id = `id`, or the file name without ".gguf";
+// n_ctx = `n_ctx`, or the model's trained context at most
+// StageConfig::kDefaultMaxCtx when 0. Throws for an unknown architecture or
+// a vocabulary that differs from the output's.
+ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const std::string& id, int64_t n_ctx);
+
+// Checks a request against the model before it is queued: a non-empty prompt
+// of ids in the vocabulary, max_tokens >= 1, prompt + max_tokens within the
+// context, top_logprobs and logit_bias in range. Throws std::invalid_argument
+// with the message the API returns. Sorts stop_tokens (accept_token searches
+// them).
+void validate_request(GenerationRequest& request, const ModelInfo& info);
+
+// Records one sampled token of a request: an end-of-generation or stop token
+// ends it (not returned); otherwise the token, its logprobs when asked
+// (`logprob` and `top`, most likely first) and the text it releases go into
+// `ev`. Returns the finish reason when this token ends the request: a stop
+// string, max_tokens, or `context_full` (no room for another token).
+std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
+                                         float logprob, const std::vector<std::pair<int32_t, float>>& top,
+                                         bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev);
+
+// Makes `ev` a request's final event: held-back text released at a normal end
+// (none after a stop string), none for a cancelled or failed request; the
+// finish reason, error and usage filled in.
+void close_event(GenerationEvent& ev, FinishReason reason, const std::string& error, TextAssembler& text,
+                 const Usage& usage);
+
+// Calls a request's sink. A sink must not throw; if one does, the failure is
+// logged and false returned, and the caller ends that request (nothing else).
+bool deliver_event(const EventSink& sink, GenerationEvent&& ev, const std::string& request_id);
+
+// Log-probabilities of the full distribution behind `logits` (log-softmax):
+// the chosen token's and the top_n most likely (most likely first, lowest id
+// on ties). Pieces are left for the caller, who has the tokenizer.
+void compute_logprobs(const float* logits, int64_t n_vocab, int32_t chosen, int top_n, GeneratedToken& out);
+
+}  // namespace baton

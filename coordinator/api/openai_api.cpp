@@ -1,0 +1,421 @@
+#include "coordinator/api/openai_api.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <ctime>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include "coordinator/api/metrics.h"
+#include "engine/chat_template.h"
+#include "engine/tokenizer.h"
+
+namespace baton {
+
+using json = nlohmann::json;
+
+std::string make_request_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}{:016x}{:08x}", prefix, rng(), uint32_t(rng()));
+}
+
+// ---- responses ----
+
+ResponseBuilder::ResponseBuilder(const ApiRequest& request, std::string model_id, std::string id, int64_t created)
+    : endpoint_(request.endpoint),
+      logprobs_(request.logprobs),
+      include_usage_(request.include_usage),
+      model_id_(std::move(model_id)),
+      id_(std::move(id)),
+      created_(created) {}
+
+std::string ResponseBuilder::sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+json ResponseBuilder::chunk_base() const {
+  json j = {{"id", id_},
+            {"object", endpoint_ == ApiEndpoint::chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created_},
+            {"model", model_id_},
+            {"system_fingerprint", "baton"}};
+  return j;
+}
+
+json ResponseBuilder::usage_json(const Usage& u) const {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+}  // namespace
+
+json ResponseBuilder::logprobs_json(const std::vector<GeneratedToken>& tokens, size_t text_offset) const {
+  if (endpoint_ == ApiEndpoint::chat) {
+    json content = json::array();
+    for (const auto& t : tokens) {
+      json top = json::array();
+      for (const auto& alt : t.top) {
+        top.push_back({{"token", sanitize_utf8(alt.piece)}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt.piece)}});
+      }
+      content.push_back({{"token", sanitize_utf8(t.piece)},
+                         {"logprob", t.logprob},
+                         {"bytes", bytes_of(t.piece)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json out = {{"tokens", json::array()},
+              {"token_logprobs", json::array()},
+              {"top_logprobs", json::array()},
+              {"text_offset", json::array()}};
+  size_t offset = text_offset;
+  for (const auto& t : tokens) {
+    out["tokens"].push_back(sanitize_utf8(t.piece));
+    out["token_logprobs"].push_back(t.logprob);
+    json top = json::object();
+    for (const auto& alt : t.top) top[sanitize_utf8(alt.piece)] = alt.logprob;
+    out["top_logprobs"].push_back(top);
+    out["text_offset"].push_back(offset);
+    offset += t.piece.size();
+  }
+  return out;
+}
+
+std::vector<std::string> ResponseBuilder::stream_chunks(const GenerationEvent& ev) {
+  std::vector<std::string> out;
+  const bool chat = endpoint_ == ApiEndpoint::chat;
+  auto choice_chunk = [&](json choice) {
+    json j = chunk_base();
+    choice["index"] = 0;
+    j["choices"] = json::array({choice});
+    if (include_usage_) j["usage"] = nullptr;
+    return j;
+  };
+  if (chat && !role_sent_) {
+    role_sent_ = true;
+    out.push_back(sse(choice_chunk(
+        {{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}})));
+  }
+  const bool has_logprobs = logprobs_ && !ev.tokens.empty();
+  if (!ev.text.empty() || has_logprobs) {
+    json lp = has_logprobs ? logprobs_json(ev.tokens, offset_) : json();
+    for (const auto& t : ev.tokens) offset_ += t.piece.size();
+    if (chat) {
+      out.push_back(sse(choice_chunk({{"delta", {{"content", ev.text}}}, {"logprobs", lp}, {"finish_reason", nullptr}})));
+    } else {
+      out.push_back(sse(choice_chunk({{"text", ev.text}, {"logprobs", lp}, {"finish_reason", nullptr}})));
+    }
+  } else {
+    for (const auto& t : ev.tokens) offset_ += t.piece.size();
+  }
+  if (!ev.finish) return out;
+  if (*ev.finish == FinishReason::error || *ev.finish == FinishReason::cancelled) {
+    const std::string msg = *ev.finish == FinishReason::error ? "generation failed: " + ev.error
+                                                              : "the request was cancelled (the server is stopping)";
+    out.push_back("data: " + error_body(msg, "server_error", "", "") + "\n\n");
+  } else {
+    const char* reason = finish_reason_name(*ev.finish);
+    if (chat) {
+      out.push_back(sse(choice_chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason}})));
+    } else {
+      out.push_back(sse(choice_chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason}})));
+    }
+    if (include_usage_) {
+      json j = chunk_base();
+      j["choices"] = json::array();
+      j["usage"] = usage_json(ev.usage);
+      out.push_back(sse(j));
+    }
+  }
+  out.push_back("data: [DONE]\n\n");
+  return out;
+}
+
+void ResponseBuilder::add(const GenerationEvent& ev) {
+  text_ += ev.text;
+  if (logprobs_) tokens_.insert(tokens_.end(), ev.tokens.begin(), ev.tokens.end());
+  if (ev.finish) {
+    finish_ = finish_reason_name(*ev.finish);
+    usage_ = ev.usage;
+  }
+}
+
+std::string ResponseBuilder::body() const {
+  json choice = {{"index", 0}, {"finish_reason", finish_}};
+  choice["logprobs"] = logprobs_ ? logprobs_json(tokens_, 0) : json();
+  json j;
+  if (endpoint_ == ApiEndpoint::chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
+    j = {{"id", id_}, {"object", "chat.completion"}};
+  } else {
+    choice["text"] = text_;
+    j = {{"id", id_}, {"object", "text_completion"}};
+  }
+  j["created"] = created_;
+  j["model"] = model_id_;
+  j["system_fingerprint"] = "baton";
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(usage_);
+  return dump_json(j);
+}
+
+// ---- the HTTP side ----
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  const size_t n = std::max(a.size(), b.size());
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char ca = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char cb = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= unsigned(ca ^ cb);
+  }
+  return diff == 0;
+}
+
+OpenAiApi::OpenAiApi(GenerationService& service, Metrics& metrics, ApiOptions options)
+    : service_(service), metrics_(metrics), options_(std::move(options)) {}
+
+bool OpenAiApi::authorized(const HttpRequest& req) const {
+  if (options_.api_key.empty()) return true;
+  auto h = req.header("authorization");
+  if (!h) return false;
+  std::string_view v = *h;
+  constexpr std::string_view kScheme = "bearer ";
+  if (v.size() < kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(v[i])) != kScheme[i]) return false;
+  }
+  v.remove_prefix(kScheme.size());
+  while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return constant_time_equal(v, options_.api_key);
+}
+
+void OpenAiApi::send_error(const std::shared_ptr<HttpExchange>& ex, const ApiError& e) {
+  metrics_.error(e.kind);
+  HttpHeaders headers = e.headers;
+  if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
+  ex->respond(e.status, "application/json", error_body(e), headers);
+}
+
+std::pair<int, std::string> OpenAiApi::health_body() const {
+  const ServiceHealth h = service_.health();
+  const ModelInfo& m = service_.model();
+  json stages = json::array();
+  for (const StageHealth& s : h.stages) {
+    json planned = json::object();
+    uint64_t planned_total = 0;
+    for (const auto& [name, bytes] : s.memory_planned) {
+      planned[name] = bytes;
+      planned_total += bytes;
+    }
+    stages.push_back({{"node", s.node},
+                      {"address", s.address},
+                      {"layers", {s.first_layer, s.last_layer}},
+                      {"embedding", s.embedding},
+                      {"head", s.head},
+                      {"state", s.state},
+                      {"progress", s.progress},
+                      {"bytes_loaded", s.bytes_loaded},
+                      {"bytes_total", s.bytes_total},
+                      {"memory", {{"planned", planned},
+                                  {"planned_total", planned_total},
+                                  {"used", s.memory_used},
+                                  {"rss", s.rss_bytes}}},
+                      {"error", s.error.empty() ? json() : json(s.error)},
+                      {"link", s.link.empty() ? json() : json({{"kind", s.link}, {"reason", s.link_reason}})}});
+  }
+  json j = {{"status", h.status},
+            {"model", m.id},
+            {"n_ctx", m.n_ctx},
+            {"slots", {{"total", h.slots_total}, {"busy", h.slots_busy}}},
+            {"queue", {{"depth", h.queue_depth}, {"capacity", h.queue_capacity}}},
+            {"stages", stages}};
+  return {h.status == "ok" ? 200 : 503, dump_json(j)};
+}
+
+namespace {
+
+json model_object(const ModelInfo& m) {
+  return {{"id", m.id},
+          {"object", "model"},
+          {"created", m.created},
+          {"owned_by", "baton"},
+          {"meta", {{"n_ctx", m.n_ctx},
+                    {"n_vocab", m.n_vocab},
+                    {"arch", m.arch},
+                    {"chat_template", chat_family_name(m.chat_family)}}}};
+}
+
+ApiError method_not_allowed(const HttpRequest& req, const char* allowed) {
+  ApiError e(405, fmt::format("Method {} is not allowed on {}; use {}.", sanitize_utf8(req.method.substr(0, 20)),
+                              sanitize_utf8(req.path.substr(0, 200)), allowed),
+             "invalid_request_error", "", "method_not_allowed", "method_not_allowed");
+  e.headers.emplace_back("Allow", allowed);
+  return e;
+}
+
+ApiError not_found(const HttpRequest& req) {
+  return ApiError(404, fmt::format("Unknown request URL: {} {}.", sanitize_utf8(req.method.substr(0, 20)),
+                                   sanitize_utf8(req.path.substr(0, 200))),
+                  "invalid_request_error", "", "unknown_url", "not_found");
+}
+
+// One generation's link between the service's events and the HTTP response.
+// Stream events that arrive before the response head was sent wait here, so
+// chunks can never overtake the head.
+struct GenerationLink {
+  GenerationLink(const ApiRequest& r, std::string model_id, std::string id, std::shared_ptr<HttpExchange> ex,
+                 Metrics& metrics)
+      : builder(r, std::move(model_id), std::move(id), int64_t(std::time(nullptr))),
+        ex(std::move(ex)),
+        metrics(metrics),
+        stream(r.stream) {}
+  ~GenerationLink() {
+    if (opened) metrics.stream_closed();
+  }
+
+  void on_event(GenerationEvent&& ev) {
+    if (stream) {
+      std::lock_guard lock(mu);
+      for (auto& chunk : builder.stream_chunks(ev)) {
+        if (head_sent) {
+          ex->write(std::move(chunk));
+        } else {
+          pending.push_back(std::move(chunk));
+        }
+      }
+      if (ev.finish) {
+        if (head_sent) {
+          ex->end();
+        } else {
+          ended = true;
+        }
+      }
+      return;
+    }
+    builder.add(ev);
+    if (!ev.finish) return;
+    if (*ev.finish == FinishReason::error) {
+      metrics.error("internal");
+      ex->respond(500, "application/json", error_body("generation failed: " + ev.error, "server_error", "", ""));
+    } else if (*ev.finish == FinishReason::cancelled) {
+      ex->respond(503, "application/json",
+                  error_body("the request was cancelled (the server is stopping)", "server_error", "", ""));
+    } else {
+      ex->respond(200, "application/json", builder.body());
+    }
+  }
+
+  void send_head() {
+    std::lock_guard lock(mu);
+    ex->begin_stream(200, "text/event-stream");
+    metrics.stream_opened();
+    opened = true;
+    head_sent = true;
+    for (auto& chunk : pending) ex->write(std::move(chunk));
+    pending.clear();
+    if (ended) ex->end();
+  }
+
+  ResponseBuilder builder;
+  std::shared_ptr<HttpExchange> ex;
+  Metrics& metrics;
+  const bool stream;
+  std::mutex mu;
+  bool head_sent = false, ended = false, opened = false;
+  std::vector<std::string> pending;
+};
+
+}  // namespace
+
+void OpenAiApi::generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint) {
+  const ModelInfo& model = service_.model();
+  const std::string& body = ex->request().body;
+  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model) : parse_completion_request(body, model);
+  std::string id = make_request_id(endpoint == ApiEndpoint::chat ? "chatcmpl-" : "cmpl-");
+  r.gen.id = id;
+  auto link = std::make_shared<GenerationLink>(r, model.id, id, ex, metrics_);
+  uint64_t gen_id = 0;
+  try {
+    gen_id = service_.submit(std::move(r.gen), [link](GenerationEvent&& ev) { link->on_event(std::move(ev)); });
+  } catch (const QueueFullError& e) {
+    ApiError err(429, e.what(), "rate_limit_error", "", "rate_limit_exceeded", "queue_full");
+    err.headers.emplace_back("Retry-After", std::to_string(std::max(1, e.retry_after_s)));
+    throw err;
+  } catch (const UnavailableError& e) {
+    ApiError err(503, e.what(), "server_error", "", "service_unavailable", "unavailable");
+    err.headers.emplace_back("Retry-After", "1");
+    throw err;
+  } catch (const std::invalid_argument& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", "", "invalid_value", "bad_request");
+  }
+  if (r.stream) link->send_head();
+  GenerationService* svc = &service_;
+  ex->on_abort([svc, gen_id] { svc->cancel(gen_id); });
+}
+
+void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
+  const HttpRequest& req = ex->request();
+  const bool get = req.method == "GET", post = req.method == "POST";
+  try {
+    if (req.path == "/health") {
+      if (!get) throw method_not_allowed(req, "GET");
+      auto [status, body] = health_body();
+      ex->respond(status, "application/json", body);
+      return;
+    }
+    if (req.path == "/metrics") {
+      if (!get) throw method_not_allowed(req, "GET");
+      ex->respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(service_.health()));
+      return;
+    }
+    if (req.path.rfind("/v1/", 0) != 0) throw not_found(req);
+    if (!authorized(req)) {
+      throw ApiError(401,
+                     "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.",
+                     "invalid_request_error", "", "invalid_api_key", "unauthorized");
+    }
+    if (req.path == "/v1/chat/completions" || req.path == "/v1/completions") {
+      if (!post) throw method_not_allowed(req, "POST");
+      generate(ex, req.path == "/v1/completions" ? ApiEndpoint::completions : ApiEndpoint::chat);
+      return;
+    }
+    if (req.path == "/v1/models") {
+      if (!get) throw method_not_allowed(req, "GET");
+      ex->respond(200, "application/json",
+                  dump_json(json{{"object", "list"}, {"data", json::array({model_object(service_.model())})}}));
+      return;
+    }
+    if (req.path.rfind("/v1/models/", 0) == 0) {
+      if (!get) throw method_not_allowed(req, "GET");
+      const std::string name = req.path.substr(std::string_view("/v1/models/").size());
+      if (name != service_.model().id) {
+        throw ApiError(404, fmt::format("The model '{}' does not exist.", sanitize_utf8(name.substr(0, 200))),
+                       "invalid_request_error", "model", "model_not_found", "model_not_found");
+      }
+      ex->respond(200, "application/json", dump_json(model_object(service_.model())));
+      return;
+    }
+    throw not_found(req);
+  } catch (const ApiError& e) {
+    send_error(ex, e);
+  } catch (const std::exception& e) {
+    metrics_.error("internal");
+    ex->respond(500, "application/json", error_body(std::string("internal error: ") + e.what(), "server_error", "", ""));
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,93 @@
+// The OpenAI-compatible HTTP API over a GenerationService: the responses
+// (whole JSON bodies or SSE streams) and the routes.
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions (both also as SSE
+// streams), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics.
+// Request bodies are parsed by openai_request.h; every refusal is an
+// OpenAI-style error body with the matching 4xx status.
+//
+// The response-building functions are free of I/O so that tests can drive
+// them directly; OpenAiApi wires them and the parser to the HTTP server.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "coordinator/api/generation.h"
+#include "coordinator/api/http_server.h"
+#include "coordinator/api/openai_request.h"
+
+namespace baton {
+
+class Metrics;
+
+// Builds the response of one request from its events: a whole JSON body, or
+// SSE chunks ("data: {...}\n\n", the last "data: [DONE]\n\n").
+class ResponseBuilder {
+ public:
+  ResponseBuilder(const ApiRequest& request, std::string model_id, std::string id, int64_t created);
+
+  // Streaming: the chunks this event produces (the first call also emits the
+  // role chunk of a chat stream).
+  std::vector<std::string> stream_chunks(const GenerationEvent& ev);
+  // Not streaming: fold the event in; after the final event, body() is the response.
+  void add(const GenerationEvent& ev);
+  std::string body() const;
+
+  const std::string& id() const { return id_; }
+
+ private:
+  nlohmann::json chunk_base() const;
+  nlohmann::json logprobs_json(const std::vector<GeneratedToken>& tokens, size_t text_offset) const;
+  nlohmann::json usage_json(const Usage& u) const;
+  static std::string sse(const nlohmann::json& j);
+
+  ApiEndpoint endpoint_;
+  bool logprobs_;
+  bool include_usage_;
+  std::string model_id_, id_;
+  int64_t created_;
+  bool role_sent_ = false;
+  // Non-streaming accumulation.
+  std::string text_;
+  std::vector<GeneratedToken> tokens_;
+  std::string finish_;
+  Usage usage_;
+  size_t offset_ = 0;  // bytes of token pieces so far (completions text_offset)
+};
+
+// Fills `ids` with a fresh random id: prefix + 24 hex digits.
+std::string make_request_id(const char* prefix);
+
+struct ApiOptions {
+  std::string api_key;  // "" = no authentication
+};
+
+class OpenAiApi {
+ public:
+  OpenAiApi(GenerationService& service, Metrics& metrics, ApiOptions options);
+  // The HttpHandler: routes one request. Never throws.
+  void handle(const std::shared_ptr<HttpExchange>& ex);
+
+  // The /health body and status (200 when every stage serves, else 503).
+  std::pair<int, std::string> health_body() const;
+
+ private:
+  void generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint);
+  void send_error(const std::shared_ptr<HttpExchange>& ex, const ApiError& e);
+  bool authorized(const HttpRequest& req) const;
+
+  GenerationService& service_;
+  Metrics& metrics_;
+  ApiOptions options_;
+};
+
+// Equal strings in time that depends only on their lengths.
+bool constant_time_equal(std::string_view a, std::string_view b);
+
+}  // namespace baton

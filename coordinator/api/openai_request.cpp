@@ -1,0 +1,410 @@
+#include "coordinator/api/openai_request.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+
+#include "engine/chat_template.h"
+#include "engine/tokenizer.h"
+
+namespace baton {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr size_t kMaxStops = 16;
+constexpr size_t kMaxStopBytes = 256;
+constexpr int kMaxCompletionLogprobs = 5;  // the legacy completions API's limit
+
+ApiError invalid(std::string message, std::string param, std::string code = "invalid_value") {
+  return ApiError(400, std::move(message), "invalid_request_error", std::move(param), std::move(code), "bad_request");
+}
+
+const char* type_name(const json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+ApiError wrong_type(const std::string& param, const char* expected, const json& got) {
+  return invalid(fmt::format("Invalid type for '{}': expected {}, but got {} instead.", param, expected, type_name(got)),
+                 param, "invalid_type");
+}
+
+// The field, or nullptr when absent or null (null means "default" in OpenAI's API).
+const json* field(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double number_param(const json& body, const char* key, double def, double lo, double hi) {
+  const json* v = field(body, key);
+  if (!v) return def;
+  if (!v->is_number()) throw wrong_type(key, "a number", *v);
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    throw invalid(fmt::format("'{}' must be between {} and {}; got {}.", key, lo, hi, x), key);
+  }
+  return x;
+}
+
+bool is_integral(const json& v) {
+  if (v.is_number_integer()) return true;
+  if (!v.is_number_float()) return false;
+  const double d = v.get<double>();
+  return std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9.0e15;
+}
+
+int64_t int_param(const json& body, const char* key, int64_t def, int64_t lo, int64_t hi) {
+  const json* v = field(body, key);
+  if (!v) return def;
+  if (!is_integral(*v)) throw wrong_type(key, "an integer", *v);
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
+    throw invalid(fmt::format("'{}' must be between {} and {}.", key, lo, hi), key);
+  }
+  const int64_t x = v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>();
+  if (x < lo || x > hi) throw invalid(fmt::format("'{}' must be between {} and {}; got {}.", key, lo, hi, x), key);
+  return x;
+}
+
+bool bool_param(const json& body, const char* key, bool def) {
+  const json* v = field(body, key);
+  if (!v) return def;
+  if (!v->is_boolean()) throw wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+json parse_body(std::string_view body) {
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    throw invalid("We could not parse the JSON body of your request. The body must be a JSON object (with valid "
+                  "UTF-8).",
+                  "", "invalid_json");
+  }
+  if (!j.is_object()) throw invalid("The request body must be a JSON object.", "", "invalid_json");
+  return j;
+}
+
+void check_model(const json& body, const ModelInfo& model) {
+  const json* v = field(body, "model");
+  if (!v) {
+    throw invalid("You must provide a model parameter.", "model", "missing_required_parameter");
+  }
+  if (!v->is_string()) throw wrong_type("model", "a string", *v);
+  if (v->get<std::string>() != model.id) {
+    throw ApiError(404,
+                   fmt::format("The model '{}' does not exist. This server serves '{}'.",
+                               sanitize_utf8(v->get<std::string>().substr(0, 200)), model.id),
+                   "invalid_request_error", "model", "model_not_found", "model_not_found");
+  }
+}
+
+void refuse_unsupported(const json& body) {
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    const json* v = field(body, key);
+    if (!v) continue;
+    if (!v->is_number()) throw wrong_type(key, "a number", *v);
+    if (v->get<double>() != 0) {
+      throw invalid(fmt::format("'{}' is not supported by this server (only 0).", key), key, "unsupported_parameter");
+    }
+  }
+  for (const char* key : {"tools", "functions", "tool_choice", "function_call", "suffix"}) {
+    if (field(body, key)) {
+      throw invalid(fmt::format("'{}' is not supported by this server.", key), key, "unsupported_parameter");
+    }
+  }
+  if (const json* v = field(body, "response_format")) {
+    if (!v->is_object() || v->value("type", json()) != "text") {
+      throw invalid("Only response_format {\"type\": \"text\"} is supported.", "response_format",
+                    "unsupported_parameter");
+    }
+  }
+  if (int_param(body, "n", 1, 1, 128) != 1) {
+    throw invalid("Only n = 1 is supported.", "n", "unsupported_parameter");
+  }
+  if (int_param(body, "best_of", 1, 1, 128) != 1) {
+    throw invalid("Only best_of = 1 is supported.", "best_of", "unsupported_parameter");
+  }
+  if (bool_param(body, "echo", false)) {
+    throw invalid("'echo' is not supported by this server.", "echo", "unsupported_parameter");
+  }
+  if (const json* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
+}
+
+// Sampling, seed, stop strings, logit_bias and streaming: the fields the two
+// endpoints share.
+void parse_common(const json& body, ApiRequest& r, const ModelInfo& model) {
+  SamplerParams& s = r.gen.sampling;
+  // OpenAI's defaults: temperature 1 and top_p 1; top_k and min_p (not in
+  // OpenAI's API, accepted as extensions) are off unless given.
+  s.temperature = float(number_param(body, "temperature", 1.0, 0.0, 2.0));
+  s.top_p = float(number_param(body, "top_p", 1.0, 0.0, 1.0));
+  s.top_k = int(int_param(body, "top_k", 0, 0, std::numeric_limits<int32_t>::max()));
+  s.min_p = float(number_param(body, "min_p", 0.0, 0.0, 1.0));
+  if (const json* v = field(body, "seed")) {
+    if (!is_integral(*v)) throw wrong_type("seed", "an integer", *v);
+    s.seed = v->is_number_unsigned() ? v->get<uint64_t>()
+                                     : uint64_t(v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>());
+  } else {
+    std::random_device rd;
+    s.seed = (uint64_t(rd()) << 32) ^ rd();
+  }
+
+  if (const json* v = field(body, "stop")) {
+    std::vector<std::string> stops;
+    if (v->is_string()) {
+      stops.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > kMaxStops) throw invalid(fmt::format("'stop' takes at most {} strings.", kMaxStops), "stop");
+      for (const json& item : *v) {
+        if (!item.is_string()) throw wrong_type("stop", "a string or an array of strings", item);
+        stops.push_back(item.get<std::string>());
+      }
+    } else {
+      throw wrong_type("stop", "a string or an array of strings", *v);
+    }
+    for (const auto& st : stops) {
+      if (st.size() > kMaxStopBytes) {
+        throw invalid(fmt::format("A stop string is at most {} bytes.", kMaxStopBytes), "stop");
+      }
+      if (!st.empty()) r.gen.stop.push_back(st);
+    }
+  }
+
+  if (const json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) throw wrong_type("logit_bias", "an object", *v);
+    if (v->size() > 1024) throw invalid("'logit_bias' takes at most 1024 tokens.", "logit_bias");
+    for (const auto& [key, val] : v->items()) {
+      int64_t id = -1;
+      size_t used = 0;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || key.empty() || id < 0 || id >= model.n_vocab) {
+        throw invalid(fmt::format("'logit_bias' keys must be token ids in [0, {}); got '{}'.", model.n_vocab,
+                                  sanitize_utf8(key.substr(0, 40))),
+                      "logit_bias");
+      }
+      if (!val.is_number()) throw wrong_type("logit_bias", "a number", val);
+      const double b = val.get<double>();
+      if (!std::isfinite(b) || b < -100 || b > 100) {
+        throw invalid("'logit_bias' values must be between -100 and 100.", "logit_bias");
+      }
+      r.gen.logit_bias.emplace_back(int32_t(id), float(b));
+    }
+  }
+
+  r.stream = bool_param(body, "stream", false);
+  if (const json* v = field(body, "stream_options")) {
+    if (!v->is_object()) throw wrong_type("stream_options", "an object", *v);
+    r.include_usage = bool_param(*v, "include_usage", false);
+  }
+  refuse_unsupported(body);
+}
+
+// max_tokens against the context: the prompt must leave room for one token,
+// and an explicit max_tokens must fit entirely.
+void fit_context(ApiRequest& r, const ModelInfo& model, std::optional<int64_t> max_tokens, int64_t default_max,
+                 const char* param) {
+  const int64_t n_prompt = int64_t(r.gen.prompt.size());
+  if (n_prompt >= model.n_ctx) {
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} tokens, "
+                               "which leaves no room for a completion.",
+                               model.n_ctx, n_prompt),
+                   "invalid_request_error", "messages", "context_length_exceeded", "context_length");
+  }
+  if (max_tokens) {
+    if (n_prompt + *max_tokens > model.n_ctx) {
+      throw ApiError(400,
+                     fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                                 "({} in the prompt, {} for the completion). Please reduce the prompt or the "
+                                 "completion length.",
+                                 model.n_ctx, n_prompt + *max_tokens, n_prompt, *max_tokens),
+                     "invalid_request_error", param, "context_length_exceeded", "context_length");
+    }
+    r.gen.max_tokens = *max_tokens;
+  } else {
+    r.gen.max_tokens = std::min(default_max, model.n_ctx - n_prompt);
+  }
+}
+
+// Tokenizing costs time that grows with the text; a text that cannot fit in
+// the context whatever its tokens is refused without tokenizing it.
+void check_text_fits(size_t bytes, const ModelInfo& model, const char* param) {
+  if (model.max_token_bytes <= 0) return;
+  const uint64_t limit = uint64_t(model.n_ctx) * uint64_t(model.max_token_bytes);
+  if (bytes > limit) {
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens; a prompt of {} bytes cannot fit "
+                               "(at most {} bytes per token).",
+                               model.n_ctx, bytes, model.max_token_bytes),
+                   "invalid_request_error", param, "context_length_exceeded", "context_length");
+  }
+}
+
+std::optional<int64_t> max_tokens_param(const json& body, const char* key) {
+  if (!field(body, key)) return std::nullopt;
+  return int_param(body, key, 0, 1, std::numeric_limits<int32_t>::max());
+}
+
+std::string message_content(const json& msg, size_t index) {
+  const std::string param = fmt::format("messages.[{}].content", index);
+  auto it = msg.find("content");
+  if (it == msg.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    // Content parts: only text parts can be rendered.
+    std::string text;
+    for (const json& part : *it) {
+      if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+          !part["text"].is_string()) {
+        throw invalid("Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported.", param,
+                      "unsupported_parameter");
+      }
+      text += part["text"].get<std::string>();
+    }
+    return text;
+  }
+  throw wrong_type(param, "a string or an array of content parts", *it);
+}
+
+}  // namespace
+
+std::string error_body(const std::string& message, const std::string& type, const std::string& param,
+                       const std::string& code) {
+  json e = {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json() : json(param)},
+            {"code", code.empty() ? json() : json(code)}};
+  return dump_json(json{{"error", e}});
+}
+
+std::string error_body(const ApiError& e) { return error_body(e.what(), e.type, e.param, e.code); }
+
+ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model) {
+  const json body = parse_body(body_text);
+  check_model(body, model);
+  ApiRequest r;
+  r.endpoint = ApiEndpoint::chat;
+
+  const json* msgs = field(body, "messages");
+  if (!msgs) throw invalid("You must provide a messages parameter.", "messages", "missing_required_parameter");
+  if (!msgs->is_array()) throw wrong_type("messages", "an array", *msgs);
+  if (msgs->empty()) throw invalid("'messages' must hold at least one message.", "messages", "empty_array");
+  std::vector<ChatMessage> chat;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string param = fmt::format("messages.[{}]", i);
+    if (!m.is_object()) throw wrong_type(param, "an object", m);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      throw invalid(fmt::format("'{}.role' must be a string.", param), param + ".role", "invalid_type");
+    }
+    std::string name = role->get<std::string>();
+    if (name == "developer") name = "system";  // OpenAI's newer name for the system role
+    if (name != "system" && name != "user" && name != "assistant") {
+      throw invalid(fmt::format("Role '{}' is not supported; use system, developer, user or assistant.",
+                                sanitize_utf8(name.substr(0, 40))),
+                    param + ".role", "unsupported_parameter");
+    }
+    chat.push_back({name, message_content(m, i)});
+  }
+  ChatOptions opt;
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
+    opt.thinking = bool_param(*kw, "enable_thinking", false);
+  }
+  std::string prompt;
+  try {
+    prompt = render_chat(model.chat_family, chat, opt, chat_bos_text(*model.tokenizer));
+  } catch (const std::invalid_argument& e) {
+    throw invalid(e.what(), "messages", "invalid_value");
+  }
+  check_text_fits(prompt.size(), model, "messages");
+  r.gen.prompt = model.tokenizer->encode(prompt, /*add_special=*/false, /*parse_special=*/true);
+  if (r.gen.prompt.empty()) throw invalid("The conversation gives no tokens.", "messages");
+
+  parse_common(body, r, model);
+  for (const auto& s : model.chat_stop_strings) r.gen.stop.push_back(s);
+  r.gen.stop_tokens = model.chat_stop_tokens;
+
+  r.logprobs = bool_param(body, "logprobs", false);
+  const json* top = field(body, "top_logprobs");
+  const int64_t n_top = int_param(body, "top_logprobs", 0, 0, kMaxTopLogprobs);
+  if (top && !r.logprobs) {
+    throw invalid("'top_logprobs' needs 'logprobs' to be true.", "top_logprobs");
+  }
+  r.gen.top_logprobs = r.logprobs ? int(n_top) : -1;
+
+  std::optional<int64_t> max_tokens = max_tokens_param(body, "max_completion_tokens");
+  if (!max_tokens) max_tokens = max_tokens_param(body, "max_tokens");
+  fit_context(r, model, max_tokens, model.n_ctx, field(body, "max_completion_tokens") ? "max_completion_tokens"
+                                                                                       : "max_tokens");
+  return r;
+}
+
+ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo& model) {
+  const json body = parse_body(body_text);
+  check_model(body, model);
+  ApiRequest r;
+  r.endpoint = ApiEndpoint::completions;
+
+  const json* p = field(body, "prompt");
+  if (!p) throw invalid("You must provide a prompt parameter.", "prompt", "missing_required_parameter");
+  const Tokenizer& tok = *model.tokenizer;
+  auto encode = [&](const std::string& text) {
+    check_text_fits(text.size(), model, "prompt");
+    return tok.encode(text, /*add_special=*/true, /*parse_special=*/false);
+  };
+  if (p->is_string()) {
+    r.gen.prompt = encode(p->get<std::string>());
+  } else if (p->is_array()) {
+    if (p->empty()) throw invalid("'prompt' must not be an empty array.", "prompt");
+    if ((*p)[0].is_string()) {
+      if (p->size() != 1) throw invalid("Only one prompt per request is supported.", "prompt", "unsupported_parameter");
+      r.gen.prompt = encode((*p)[0].get<std::string>());
+    } else if ((*p)[0].is_array()) {
+      throw invalid("Only one prompt per request is supported.", "prompt", "unsupported_parameter");
+    } else {
+      // An array of token ids, used as given (no BOS added).
+      for (const json& t : *p) {
+        if (!t.is_number_integer()) throw wrong_type("prompt", "a string or an array of token ids", t);
+        const int64_t id = t.get<int64_t>();
+        if (id < 0 || id >= model.n_vocab) {
+          throw invalid(fmt::format("Prompt token id {} is outside the vocabulary [0, {}).", id, model.n_vocab),
+                        "prompt");
+        }
+        r.gen.prompt.push_back(int32_t(id));
+      }
+    }
+  } else {
+    throw wrong_type("prompt", "a string or an array of token ids", *p);
+  }
+  if (r.gen.prompt.empty()) throw invalid("The prompt gives no tokens.", "prompt");
+
+  parse_common(body, r, model);
+  if (const json* lp = field(body, "logprobs")) {
+    if (!is_integral(*lp)) throw wrong_type("logprobs", "an integer", *lp);
+    r.gen.top_logprobs = int(int_param(body, "logprobs", 0, 0, kMaxCompletionLogprobs));
+    r.logprobs = true;
+  }
+  // The legacy API's default of 16 tokens.
+  fit_context(r, model, max_tokens_param(body, "max_tokens"), 16, "max_tokens");
+  return r;
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace baton

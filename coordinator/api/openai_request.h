@@ -1,0 +1,62 @@
+// Parsing and validating OpenAI request bodies (POST /v1/chat/completions and
+// /v1/completions) into a GenerationRequest, field by field; every refusal is
+// an ApiError that becomes an OpenAI-style error body
+//   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+// with the matching 4xx status. docs/SERVING.md documents the fields, their
+// defaults and what is not supported. Free of I/O, so that tests drive it
+// directly.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "coordinator/api/generation.h"
+#include "coordinator/api/http_server.h"  // HttpHeaders
+
+namespace baton {
+
+// A refusal: HTTP status plus the OpenAI error fields. `kind` is the short
+// word counted in baton_errors_total.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string message, std::string type, std::string param, std::string code, std::string kind)
+      : std::runtime_error(message),
+        status(status),
+        type(std::move(type)),
+        param(std::move(param)),
+        code(std::move(code)),
+        kind(std::move(kind)) {}
+  int status;
+  std::string type;   // invalid_request_error, authentication_error, rate_limit_error, server_error...
+  std::string param;  // the offending field, "" for none (null in JSON)
+  std::string code;   // "" for none (null in JSON)
+  std::string kind;
+  HttpHeaders headers;  // e.g. Retry-After
+};
+
+// {"error":{"message","type","param","code"}} with nulls for empty fields.
+std::string error_body(const std::string& message, const std::string& type, const std::string& param,
+                       const std::string& code);
+std::string error_body(const ApiError& e);
+
+enum class ApiEndpoint { chat, completions };
+
+struct ApiRequest {
+  ApiEndpoint endpoint = ApiEndpoint::chat;
+  GenerationRequest gen;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // the response carries logprobs
+};
+
+// Parse and validate a body (throws ApiError). The model's tokenizer turns the
+// prompt or the rendered chat into token ids here.
+ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model);
+ApiRequest parse_completion_request(std::string_view body, const ModelInfo& model);
+
+// The text of a JSON body: invalid UTF-8 in strings is replaced, never thrown on.
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace baton

@@ -1,0 +1,135 @@
+// ClusterEngine: the GenerationService over a pipeline of worker processes
+// (`baton serve --workers K` and `--config`). The HTTP API sees the same
+// interface as for LocalEngine (coordinator/api/generation.h).
+//
+// One scheduler thread owns the sequences. It first waits for the workers,
+// places the stages and waits until they are loaded (the HTTP server answers
+// /health meanwhile). Then, continuous batching across the pipeline: up to
+// n_seq requests hold a KV slot on every stage; each has at most one step in
+// flight: its whole prompt, sent as back-to-back chunks that pipeline across
+// the stages, or one decode token. Different sequences' steps are in flight
+// at once, so while the last stage samples one sequence the first stage runs
+// the next: the stages overlap. The last stage samples with the request's
+// parameters and seed and returns the token ids.
+//
+// Failure: when a worker dies, stalls or fails, every request in flight ends
+// with FinishReason::error naming the worker and its stage (within the link
+// timeout, 1.5 s), requests are refused with UnavailableError while the route
+// is broken, and serving resumes when the cluster has healed the route (a
+// worker registered and loaded the vacant stage). A new request always
+// prefills from position 0, so nothing depends on KV that was lost.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <variant>
+#include <vector>
+
+#include "coordinator/cluster/cluster.h"
+#include "coordinator/api/generation.h"
+#include "engine/gguf.h"
+
+namespace baton {
+
+class Metrics;
+
+struct ClusterEngineConfig {
+  std::string model_path;  // the model's metadata on the coordinator (full GGUF or any split part)
+  std::string model_id;    // "" = the file name without ".gguf"
+  int n_workers = 1;       // stages
+  int64_t n_ctx = 0;       // 0: the model's trained context, at most StageConfig::kDefaultMaxCtx
+  int n_seq = 4;           // KV slots on every stage
+  int64_t prefill_chunk = 64;
+  int queue_capacity = 64;
+  // Workers load this path themselves when they registered without a model
+  // ("" = model_path, made absolute).
+  std::string worker_model_path;
+  // Polled while waiting for workers: why waiting is hopeless, else "".
+  std::function<std::string()> workers_alive;
+};
+
+class ClusterEngine final : public GenerationService, private ClusterObserver {
+ public:
+  // Reads the model's metadata and tokenizer (throws for a bad file), then
+  // starts the scheduler thread, which collects the workers and loads.
+  ClusterEngine(ClusterEngineConfig config, Cluster& cluster, Metrics* metrics);
+  ~ClusterEngine() override;  // shutdown()
+
+  // Blocks until every stage is loaded; rethrows a start-up failure.
+  void wait_loaded();
+  // Ends every request (cancelled), stops the scheduler. Idempotent.
+  void shutdown();
+
+  const ModelInfo& model() const override { return info_; }
+  uint64_t submit(GenerationRequest request, EventSink sink) override;
+  void cancel(uint64_t id) override;
+  ServiceHealth health() const override;
+
+  // The stages as placed (empty before the workers registered).
+  std::vector<StageSlice> slices() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Sequence;
+  enum class State { starting, serving, failed, stopped };
+  struct RequestError {
+    uint64_t request_id;
+    std::string text;
+  };
+  struct RouteBroken {
+    std::string why;
+  };
+  struct RouteHealed {};
+  using Event = std::variant<net::Result, RequestError, RouteBroken, RouteHealed>;
+
+  // ClusterObserver (io thread): queue the event for the scheduler.
+  void on_result(net::Result&& r) override;
+  void on_request_error(uint64_t request_id, const std::string& text) override;
+  void on_route_broken(const std::string& why) override;
+  void on_route_healed() override;
+  void post(Event e);
+
+  void start();
+  void scheduler();
+  void handle(Event& e);
+  void send_step(Sequence& s);
+  void finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error = {});
+  void release(Sequence& s);  // frees its slot on every stage
+  void fail_all(const std::string& why);
+
+  ClusterEngineConfig config_;
+  Cluster& cluster_;
+  Metrics* metrics_;
+  GgufFile file_;
+  ModelInfo info_;
+  int n_layer_ = 0;
+  std::vector<StageSlice> slices_;  // set once by the scheduler, before serving
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::starting;
+  std::string error_;      // start-up failure
+  std::string broken_;     // why the route is broken ("" when whole)
+  uint64_t next_id_ = 1;
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  std::unordered_set<uint64_t> cancel_requests_;
+  std::deque<Event> events_;
+  int active_ = 0;
+
+  // Scheduler thread only.
+  std::vector<std::unique_ptr<Sequence>> slots_;
+  std::map<uint64_t, int> in_flight_;  // request id -> slot
+  std::thread thread_;
+};
+
+}  // namespace baton

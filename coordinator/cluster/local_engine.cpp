@@ -1,0 +1,320 @@
+#include "coordinator/cluster/local_engine.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <stdexcept>
+
+#include "coordinator/api/metrics.h"
+#include "engine/chat_template.h"
+#include "engine/tokenizer.h"
+
+namespace baton {
+
+struct LocalEngine::Sequence {
+  uint64_t id = 0;
+  GenerationRequest req;
+  EventSink sink;
+  Clock::time_point submitted;
+  int slot = -1;
+  size_t prefilled = 0;     // prompt tokens already in the KV cache
+  int32_t next_input = -1;  // the last sampled token, fed at the next decode step
+  bool cancelled = false;
+  bool ended = false;  // the final event was sent
+  std::optional<Sampler> sampler;
+  TextAssembler text;
+  Usage usage;
+
+  Sequence(GenerationRequest r, EventSink s) : req(std::move(r)), sink(std::move(s)), text(req.stop) {}
+};
+
+namespace {
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+uint64_t resident_bytes() {
+  // /proc/self/statm: size resident shared ... in pages.
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long size = 0, resident = 0;
+  int n = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? uint64_t(resident) * uint64_t(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+}  // namespace
+
+LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
+    : config_(std::move(config)), metrics_(metrics), file_(GgufFile::open(config_.model_path)) {
+  config_.stage.first_layer = 0;
+  config_.stage.last_layer = -1;
+  config_.stage.embedding = true;
+  config_.stage.head = true;
+  config_.stage.all_logits = false;
+  if (config_.queue_capacity < 0) throw std::invalid_argument("the queue capacity must be >= 0");
+  if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
+  // The dry-run plan checks the architecture and every tensor first, so a bad
+  // file fails here, before the server listens.
+  plan_ = Stage::plan(file_, config_.stage);
+  info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
+  n_layer_ = Arch::from_gguf(file_)->dims().n_layer;
+  if (config_.prefill_chunk == 0) config_.prefill_chunk = std::min(config_.stage.max_batch, info_.n_ctx);
+  config_.prefill_chunk = std::min({config_.prefill_chunk, config_.stage.max_batch, info_.n_ctx});
+  slots_.resize(size_t(config_.stage.n_seq));
+  thread_ = std::thread([this] { scheduler(); });
+}
+
+LocalEngine::~LocalEngine() { shutdown(); }
+
+void LocalEngine::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    if (state_ != State::failed) state_ = State::stopped;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void LocalEngine::wait_loaded() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return state_ != State::loading; });
+  if (state_ == State::failed) throw std::runtime_error(load_error_);
+  if (state_ == State::stopped) throw UnavailableError("the engine was shut down");
+}
+
+uint64_t LocalEngine::submit(GenerationRequest request, EventSink sink) {
+  validate_request(request, info_);
+  const int64_t n_prompt = int64_t(request.prompt.size());
+  auto seq = std::make_unique<Sequence>(std::move(request), std::move(sink));
+  seq->submitted = Clock::now();
+  seq->usage.prompt_tokens = n_prompt;
+
+  std::lock_guard lock(mu_);
+  if (state_ == State::loading) throw UnavailableError("the model is still loading");
+  if (state_ == State::failed) throw UnavailableError("the model failed to load: " + load_error_);
+  if (state_ == State::stopped) throw UnavailableError("the server is shutting down");
+  // Slots plus queue, counted together: whether a request waits or runs
+  // depends only on how many are in the system, not on scheduler timing.
+  if (active_ + int(queue_.size()) >= int(slots_.size()) + config_.queue_capacity) {
+    throw QueueFullError(fmt::format("the server is busy: {} requests running and {} waiting (the most)", active_,
+                                     queue_.size()),
+                         1);
+  }
+  seq->id = next_id_++;
+  const uint64_t id = seq->id;
+  queue_.push_back(std::move(seq));
+  cv_.notify_all();
+  return id;
+}
+
+void LocalEngine::cancel(uint64_t id) {
+  {
+    std::lock_guard lock(mu_);
+    if (state_ != State::loaded) return;
+    cancel_requests_.insert(id);
+  }
+  cv_.notify_all();
+}
+
+ServiceHealth LocalEngine::health() const {
+  ServiceHealth h;
+  StageHealth s;
+  s.node = "local";
+  s.first_layer = 0;
+  s.embedding = s.head = true;
+  for (const auto& line : plan_.lines()) s.memory_planned.emplace_back(line.name, line.bytes);
+  s.bytes_total = plan_.bytes(PlanLine::Weights);
+  s.rss_bytes = resident_bytes();
+  std::lock_guard lock(mu_);
+  s.last_layer = n_layer_ - 1;
+  switch (state_) {
+    case State::loading:
+      h.status = "loading";
+      s.state = "loading";
+      s.bytes_loaded = std::min(load_done_.load(), s.bytes_total);
+      s.progress = s.bytes_total > 0 ? double(s.bytes_loaded) / double(s.bytes_total) : 0.0;
+      break;
+    case State::loaded:
+    case State::stopped:
+      h.status = state_ == State::loaded ? "ok" : "stopping";
+      s.state = "loaded";
+      s.progress = 1;
+      s.bytes_loaded = s.bytes_total;
+      // Every planned line is one allocation of exactly its size (rule 2).
+      s.memory_used = plan_.total();
+      break;
+    case State::failed:
+      h.status = "error";
+      s.state = "failed";
+      s.error = load_error_;
+      break;
+  }
+  h.stages.push_back(std::move(s));
+  h.slots_total = int(slots_.size());
+  h.slots_busy = active_;
+  h.queue_depth = int(queue_.size());
+  h.queue_capacity = config_.queue_capacity;
+  return h;
+}
+
+void LocalEngine::emit(Sequence& s, GenerationEvent&& ev) {
+  if (!deliver_event(s.sink, std::move(ev), s.req.id)) s.cancelled = true;
+}
+
+void LocalEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error) {
+  close_event(ev, reason, error, s.text, s.usage);
+  s.ended = true;
+  if (metrics_) metrics_->generation_finished(reason, s.usage);
+  emit(s, std::move(ev));
+}
+
+void LocalEngine::sample(Sequence& s, std::span<const float> logits) {
+  std::span<const float> dist = logits;
+  if (!s.req.logit_bias.empty()) {
+    biased_.assign(logits.begin(), logits.end());
+    for (const auto& [id, bias] : s.req.logit_bias) biased_[size_t(id)] += bias;
+    dist = biased_;
+  }
+  const int32_t id = s.sampler->sample(dist);
+  if (s.usage.completion_tokens == 0) s.usage.time_to_first_token_s = seconds_between(s.submitted, Clock::now());
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+  if (s.req.top_logprobs >= 0) {
+    std::vector<TokenLogprobEntry> entries;
+    logprob = token_logprobs(dist, id, s.req.top_logprobs, &entries);
+    for (const auto& e : entries) top.emplace_back(e.id, e.logprob);
+  }
+  GenerationEvent ev;
+  const bool context_full = stage_->position(s.slot) >= stage_->n_ctx();
+  if (auto reason = accept_token(s.req, *info_.tokenizer, id, logprob, top, context_full, s.text, s.usage, ev)) {
+    finish(s, *reason, std::move(ev));
+  } else {
+    s.next_input = id;
+    emit(s, std::move(ev));
+  }
+}
+
+void LocalEngine::step(Sequence& s) {
+  const auto& prompt = s.req.prompt;
+  const bool prefill = s.prefilled < prompt.size();
+  std::span<const int32_t> input;
+  if (prefill) {
+    const size_t n = std::min(prompt.size() - s.prefilled, size_t(config_.prefill_chunk));
+    input = std::span<const int32_t>(prompt.data() + s.prefilled, n);
+  } else {
+    input = std::span<const int32_t>(&s.next_input, 1);
+  }
+  const auto t0 = Clock::now();
+  std::span<const float> logits = stage_->forward(s.slot, input);
+  const double dt = seconds_between(t0, Clock::now());
+  if (metrics_) metrics_->stage_forward(0, prefill, int64_t(input.size()), dt);
+  if (prefill) {
+    s.usage.prefill_s += dt;
+    s.prefilled += input.size();
+    if (s.prefilled < prompt.size()) return;
+  } else {
+    s.usage.decode_s += dt;
+  }
+  sample(s, logits);
+}
+
+void LocalEngine::scheduler() {
+  try {
+    auto t0 = Clock::now();
+    LoadOptions load;
+    load.progress = [this](const LoadProgress& p) {
+      load_done_.store(p.done);
+      if (config_.on_load_progress) config_.on_load_progress(p);
+    };
+    auto stage = std::make_unique<Stage>(file_, config_.stage, load);
+    std::lock_guard lock(mu_);
+    stage_ = std::move(stage);
+    load_seconds_ = seconds_between(t0, Clock::now());
+    if (state_ == State::loading) state_ = State::loaded;
+  } catch (const std::exception& e) {
+    std::lock_guard lock(mu_);
+    state_ = State::failed;
+    load_error_ = e.what();
+  }
+  cv_.notify_all();
+
+  std::vector<std::unique_ptr<Sequence>> dropped;  // cancelled while queued
+  size_t turn = 0;
+  for (;;) {
+    bool stopping = false;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] {
+        return state_ != State::loaded || active_ > 0 || !queue_.empty() || !cancel_requests_.empty();
+      });
+      stopping = state_ != State::loaded;
+      for (uint64_t id : cancel_requests_) {
+        auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) { return q->id == id; });
+        if (it != queue_.end()) {
+          dropped.push_back(std::move(*it));
+          queue_.erase(it);
+          continue;
+        }
+        for (auto& slot : slots_) {
+          if (slot && slot->id == id) slot->cancelled = true;
+        }
+      }
+      cancel_requests_.clear();
+      if (stopping) {
+        for (auto& q : queue_) dropped.push_back(std::move(q));
+        queue_.clear();
+      } else {
+        for (size_t i = 0; i < slots_.size() && !queue_.empty(); ++i) {
+          if (slots_[i]) continue;
+          auto seq = std::move(queue_.front());
+          queue_.pop_front();
+          seq->slot = int(i);
+          seq->usage.queue_s = seconds_between(seq->submitted, Clock::now());
+          seq->sampler.emplace(seq->req.sampling, int32_t(info_.n_vocab));
+          slots_[i] = std::move(seq);
+          ++active_;
+        }
+      }
+    }
+    for (auto& q : dropped) {
+      q->usage.queue_s = seconds_between(q->submitted, Clock::now());
+      finish(*q, FinishReason::cancelled, {});
+    }
+    dropped.clear();
+
+    // One step for every active sequence, starting one slot further each
+    // turn so that no slot is always first.
+    const size_t n = slots_.size();
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = (turn + k) % n;
+      if (!slots_[i]) continue;
+      Sequence& s = *slots_[i];
+      if (stopping || s.cancelled) {
+        finish(s, FinishReason::cancelled, {});
+      } else {
+        try {
+          step(s);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "baton serve: request %s failed: %s\n", s.req.id.c_str(), e.what());
+          finish(s, FinishReason::error, {}, e.what());
+        }
+      }
+      if (s.ended) {
+        stage_->reset(int(i));
+        slots_[i].reset();
+        std::lock_guard lock(mu_);
+        --active_;
+      }
+    }
+    ++turn;
+    if (stopping) break;
+  }
+}
+
+}  // namespace baton

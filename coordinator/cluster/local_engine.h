@@ -1,0 +1,107 @@
+// LocalEngine: the GenerationService over one Stage holding the whole model
+// in this process (`baton serve -m MODEL`).
+//
+// Continuous batching, CPU style: one scheduler thread owns the Stage. It
+// admits up to n_seq requests into KV sequence slots; each turn it gives every
+// active sequence one step, round-robin: a prefill chunk (up to prefill_chunk
+// prompt tokens) or one decode token. The CPU Stage runs one sequence per
+// forward, so the steps interleave rather than batch, and a long prompt never
+// stalls the others by more than one chunk. A slot is reset and freed when its
+// sequence ends or is cancelled. Beyond the slots, up to queue_capacity
+// requests wait in FIFO order; more are refused with QueueFullError.
+//
+// The weights load on the scheduler thread, so the HTTP server can answer
+// /health ("loading") while they do; submit() refuses until then.
+#pragma once
+
+#include <chrono>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "coordinator/api/generation.h"
+#include "engine/gguf.h"
+#include "engine/loader.h"
+#include "engine/memory_plan.h"
+#include "engine/stage.h"
+
+namespace baton {
+
+class Metrics;
+
+struct LocalEngineConfig {
+  std::string model_path;
+  std::string model_id;  // "" = the file name without ".gguf"
+  StageConfig stage;     // n_ctx, n_seq (parallel slots), n_threads, max_batch; whole model
+  int queue_capacity = 64;     // requests waiting beyond the busy slots
+  int64_t prefill_chunk = 0;   // prompt tokens per step; 0 = the stage's max_batch
+  // Called on the loading thread as the weights arrive (engine/loader.h).
+  std::function<void(const LoadProgress&)> on_load_progress;
+};
+
+class LocalEngine final : public GenerationService {
+ public:
+  // Opens the file, builds the tokenizer and computes the memory plan (throws
+  // what loading would: unreadable file, unknown architecture, missing tensor,
+  // bad config), then starts the scheduler thread, which loads the weights.
+  LocalEngine(LocalEngineConfig config, Metrics* metrics);
+  ~LocalEngine() override;  // shutdown()
+
+  // Blocks until the weights are loaded; rethrows a load failure.
+  void wait_loaded();
+  // Ends every request (FinishReason::cancelled), stops the scheduler and
+  // refuses new requests. Idempotent.
+  void shutdown();
+
+  const ModelInfo& model() const override { return info_; }
+  uint64_t submit(GenerationRequest request, EventSink sink) override;
+  void cancel(uint64_t id) override;
+  ServiceHealth health() const override;
+
+  const MemoryPlan& memory_plan() const { return plan_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Sequence;
+  enum class State { loading, loaded, failed, stopped };
+
+  void scheduler();
+  void step(Sequence& s);
+  void sample(Sequence& s, std::span<const float> logits);
+  void finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error = {});
+  void emit(Sequence& s, GenerationEvent&& ev);
+
+  LocalEngineConfig config_;
+  Metrics* metrics_;
+  GgufFile file_;
+  ModelInfo info_;
+  MemoryPlan plan_;
+  int n_layer_ = 0;
+  std::unique_ptr<Stage> stage_;  // created and used only on the scheduler thread
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::loading;
+  std::string load_error_;
+  double load_seconds_ = 0;
+  std::atomic<uint64_t> load_done_{0};  // weight bytes in place so far
+  uint64_t next_id_ = 1;
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  std::unordered_set<uint64_t> cancel_requests_;
+  int active_ = 0;  // slots in use (scheduler writes, under mu_)
+
+  std::vector<std::unique_ptr<Sequence>> slots_;  // scheduler thread only
+  std::vector<float> biased_;                     // scheduler thread only: logits + logit_bias
+  std::thread thread_;
+};
+
+}  // namespace baton

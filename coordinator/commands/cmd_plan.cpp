@@ -1,0 +1,217 @@
+// `baton plan MODEL --nodes NAME=SIZE[:unified|:discrete],... --ctx N [--json]`:
+// the memory plan of every node of a pipeline, from the file's header alone,
+// and whether it fits. Exit 0 when it fits, 2 when it does not (with what
+// would fit), 1 for bad input.
+#include <boost/program_options.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "coordinator/commands/commands.h"
+#include "coordinator/cluster/placement.h"
+#include "engine/command_error.h"
+#include "engine/model_files.h"
+#include "engine/node_plan.h"
+
+namespace baton {
+namespace {
+
+namespace po = boost::program_options;
+using Json = nlohmann::ordered_json;
+
+constexpr const char* kHelpTail = R"(
+Nodes: NAME=SIZE[:unified|:discrete][:cpu|:cuda][:reserve=SIZE][:bw=SIZE], comma
+separated, in pipeline order (the first holds the embedding, the last used one
+the output head; a node may be left empty).
+  SIZE      bytes with a unit: B, KB, MB, GB, TB (powers of 1000) or KiB, MiB,
+            GiB, TiB (powers of 1024), e.g. 96GB, 97887MiB, 128GiB.
+  unified   memory shared with the OS (GB10 / DGX Spark): the plan keeps back a
+            reserve (default 8 GiB, or --reserve, or :reserve=SIZE).
+  discrete  a GPU's own memory (the default); no reserve unless :reserve=SIZE.
+  cuda|cpu  the backend (default cuda): cuda adds the CUDA context (600 MiB,
+            measured) to the plan.
+  bw=SIZE   memory bandwidth per second, for balancing stages (default 273GB
+            unified, 1792GB discrete, 100GB cpu).
+
+Plan lines per node: weights (exact tensor bytes, aligned), kv cache (the
+requested context), workspace (the forward's scratch at max(micro-batch,
+chunk) rows), link buffers (boundary activations in/out, double-buffered),
+backend (fixed overhead), optional caches; then the margin left and the
+largest context that node's stage could hold.
+
+Placement keeps every stage inside its node, makes the slowest stage (weight
+bytes over bandwidth) as fast as possible, then balances context headroom.
+When nothing fits it shows the closest placement, what each node lacks, the
+largest context that fits and how many nodes the requested context needs.
+Only the header is read: planning a 150 GiB file takes well under a second.
+
+Exit status: 0 fits, 2 does not fit, 1 bad input.
+
+Examples:
+  baton plan flash-q2.gguf --nodes rtx=97887MiB --ctx 393216
+  baton plan flash-q4.gguf --nodes spark1=128GB:unified,spark2=128GB:unified --ctx 131072
+)";
+
+Json plan_json(const MemoryPlan& p) {
+  Json lines = Json::array();
+  for (const auto& l : p.lines()) lines.push_back({{"name", l.name}, {"bytes", l.bytes}, {"detail", l.detail}});
+  return lines;
+}
+
+void print_stage(const StagePlacement& s, const NodeSpec& n) {
+  std::printf("node %s: %s %s, %s, %.0f GB/s: ", n.name.c_str(), format_size(n.memory_bytes).c_str(), n.kind().c_str(),
+              backend_name(n.backend), n.effective_bandwidth() / 1e9);
+  if (!s.used()) {
+    std::printf("unused\n\n");
+    return;
+  }
+  std::printf("layers %d-%d%s%s\n", s.layers.first, s.layers.last, s.embedding ? " + embedding" : "",
+              s.head ? " + head" : "");
+  auto row = [](const char* name, uint64_t b, const std::string& detail) {
+    std::printf("  %-16s %16llu B %12s", name, static_cast<unsigned long long>(b), format_size(b).c_str());
+    if (!detail.empty()) std::printf("  (%s)", detail.c_str());
+    std::printf("\n");
+  };
+  for (const auto& l : s.plan.lines()) row(l.name.c_str(), l.bytes, l.detail);
+  row("total", s.plan.total(), "");
+  row("usable", s.usable,
+      n.reserve() ? fmt::format("{} less {} reserve", format_size(n.memory_bytes), format_size(n.reserve())) : "");
+  if (s.margin >= 0) {
+    row("margin", uint64_t(s.margin), "");
+  } else {
+    std::printf("  %-16s %16lld B %12s  (does not fit)\n", "margin", static_cast<long long>(s.margin),
+                ("-" + format_size(uint64_t(-s.margin))).c_str());
+  }
+  std::printf("  %-16s %16lld tokens%s\n\n", "context capacity", static_cast<long long>(s.ctx_capacity),
+              s.ctx_capacity == 0 ? " (not even one)" : "");
+}
+
+}  // namespace
+
+int cmd_plan(int argc, char** argv) {
+  std::string model, nodes_text, reserve_text, caches_text = "0", kv = "f32";
+  PlacementRequest req;
+  po::options_description opts(
+      "usage: baton plan MODEL --nodes NAME=SIZE[:unified|:discrete],... --ctx N [options]\n\n"
+      "Computes the exact memory plan of every node of a pipeline before anything is\n"
+      "loaded, places contiguous layer ranges on the nodes, and says whether it fits.\n\n"
+      "options");
+  opts.add_options()
+      ("help,h", "show this help")
+      ("nodes", po::value(&nodes_text), "the nodes, in pipeline order (see below)")
+      ("ctx", po::value(&req.n_ctx), "context length to plan for, in tokens per sequence")
+      ("micro-batch", po::value(&req.micro_batch)->default_value(req.micro_batch), "tokens per decode step")
+      ("chunk", po::value(&req.prefill_chunk)->default_value(req.prefill_chunk),
+       "tokens per prefill forward (the workspace holds max(micro-batch, chunk) rows)")
+      ("seqs", po::value(&req.n_seq)->default_value(req.n_seq), "sequences with their own KV cache")
+      ("threads", po::value(&req.n_threads)->default_value(req.n_threads), "CPU threads (per-thread scratch)")
+      ("reserve", po::value(&reserve_text), "reserve of unified nodes that name none (default 8GiB)")
+      ("optional-caches", po::value(&caches_text), "bytes of optional caches per stage (repacked weights...)")
+      ("kv", po::value(&kv)->default_value(kv),
+       "deepseek4 KV storage: f32 (rows as float, the published engine's) or packed (FP8 + bf16 rope dims, FP4 "
+       "indexer)")
+      ("json", "print one JSON object instead of tables");
+  po::options_description all;
+  all.add(opts).add_options()("model", po::value(&model), "GGUF file");
+  po::positional_options_description positional;
+  positional.add("model", 1);
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
+  po::notify(vm);
+  if (vm.count("help")) {
+    std::cout << opts << kHelpTail;
+    return 0;
+  }
+  if (model.empty() || nodes_text.empty() || !vm.count("ctx")) {
+    std::fprintf(stderr, "baton plan: MODEL, --nodes and --ctx are required (see baton plan --help)\n");
+    return 1;
+  }
+  const bool json = vm.count("json") > 0;
+  std::vector<NodeSpec> nodes;
+  Placement p;
+  if (kv == "f32") {
+    req.ds4_kv = Ds4KvStorage::F32;
+  } else if (kv == "packed") {
+    req.ds4_kv = Ds4KvStorage::Packed;
+  } else {
+    throw std::invalid_argument("--kv must be f32 or packed, not '" + kv + "'");
+  }
+  nodes = parse_nodes(nodes_text);
+  if (!reserve_text.empty()) {
+    const uint64_t reserve = parse_size(reserve_text);
+    for (NodeSpec& n : nodes) {
+      if (n.unified && !n.reserve_bytes) n.reserve_bytes = reserve;
+    }
+  }
+  req.optional_caches = parse_size(caches_text);
+  const ModelFiles files = ModelFiles::open(model);  // one file or a llama.cpp shard set
+  ModelPlanner planner(files);
+  p = place_layers(planner, nodes, req);
+
+  if (json) {
+    Json stages = Json::array();
+    for (const StagePlacement& s : p.stages) {
+      const NodeSpec& n = nodes[s.node];
+      Json j = {{"node", n.name},          {"memory_bytes", n.memory_bytes}, {"unified", n.unified},
+                {"reserve_bytes", n.reserve()}, {"usable_bytes", s.usable},  {"backend", backend_name(n.backend)},
+                {"bandwidth", n.effective_bandwidth()}, {"used", s.used()}};
+      if (s.used()) {
+        j["first_layer"] = s.layers.first;
+        j["last_layer"] = s.layers.last;
+        j["embedding"] = s.embedding;
+        j["head"] = s.head;
+        j["lines"] = plan_json(s.plan);
+        j["total_bytes"] = s.plan.total();
+        j["margin_bytes"] = s.margin;
+        j["ctx_capacity"] = s.ctx_capacity;
+        j["seconds_per_pass"] = s.seconds;
+      }
+      stages.push_back(std::move(j));
+    }
+    Json out = {{"model", model},
+                {"arch", planner.arch_name()},
+                {"n_layer", planner.n_layer()},
+                {"n_ctx_train", planner.n_ctx_train()},
+                {"tensor_bytes", planner.tensor_bytes()},
+                {"ctx", req.n_ctx},
+                {"micro_batch", req.micro_batch},
+                {"prefill_chunk", req.prefill_chunk},
+                {"n_seq", req.n_seq},
+                {"fits", p.fits},
+                {"stages", std::move(stages)}};
+    if (p.fits) {
+      out["ctx_capacity"] = p.ctx_capacity;
+    } else {
+      out["reason"] = p.reason;
+      out["max_ctx"] = p.max_ctx;
+      out["nodes_needed"] = p.nodes_needed;
+      out["suggestion"] = p.suggestion;
+    }
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("model: %s\n  %s\n  %s of tensors\n", model.c_str(), planner.describe().c_str(),
+                format_size(planner.tensor_bytes()).c_str());
+    std::printf("request: ctx %lld, micro-batch %lld, prefill chunk %lld, %d sequence%s, %d thread%s\n",
+                static_cast<long long>(req.n_ctx), static_cast<long long>(req.micro_batch),
+                static_cast<long long>(req.prefill_chunk), req.n_seq, req.n_seq > 1 ? "s" : "", req.n_threads,
+                req.n_threads > 1 ? "s" : "");
+    if (req.n_ctx > planner.n_ctx_train()) {
+      std::printf("note: ctx %lld is beyond the model's trained context of %lld\n", static_cast<long long>(req.n_ctx),
+                  static_cast<long long>(planner.n_ctx_train()));
+    }
+    std::printf("\n");
+    for (const StagePlacement& s : p.stages) print_stage(s, nodes[s.node]);
+    if (p.fits) {
+      std::printf("fits: context capacity %lld tokens (set by the tightest stage)\n",
+                  static_cast<long long>(p.ctx_capacity));
+    } else {
+      std::printf("does not fit: %s\nwhat would fit: %s\n", p.reason.c_str(), p.suggestion.c_str());
+    }
+  }
+  return p.fits ? 0 : kExitRefused;
+}
+
+}  // namespace baton

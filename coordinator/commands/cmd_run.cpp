@@ -1,0 +1,547 @@
+// `baton run`: generate text from a prompt with the whole model on this
+// machine (one Stage over every layer, with the embedding and the head), or
+// with --workers K through a local cluster of K worker processes, one
+// pipeline stage each (coordinator/cluster/local_cluster.h).
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "coordinator/commands/commands.h"
+#include "coordinator/commands/load_report.h"
+#include "coordinator/cluster/cluster_config.h"
+#include "coordinator/cluster/local_cluster.h"
+#include "engine/part_info.h"
+#include "engine/node_plan.h"
+#include "engine/backend.h"
+#include "engine/command_error.h"
+#include "engine/gguf.h"
+#include "engine/sampler.h"
+#include "engine/stage.h"
+#include "engine/synth.h"
+#include "engine/tokenizer.h"
+
+namespace baton {
+
+namespace {
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+constexpr const char* kDefaultPrompt = "Once upon a time";
+constexpr int kDefaultTokens = 64;
+constexpr const char* kDefaultModelRel = "../shared/models/stories260K.gguf";
+
+struct RunOptions {
+  std::string model;
+  std::string prompt = kDefaultPrompt;
+  int n_predict = kDefaultTokens;
+  SamplerParams sampling;
+  int64_t n_ctx = 0;
+  int n_threads = 1;
+  int64_t batch = 64;
+  bool json = false;
+  Backend backend = Backend::Cpu;
+  uint64_t staging_mb = 64;
+  bool progress = false;
+  int workers = 0;  // > 0: run through a local cluster of this many worker processes
+  std::string parts_text;
+  std::string config;
+  int threads_per_worker = 0;
+  std::vector<std::string> parts;  // split parts, one worker each
+  int worker_delay_ms = 0;
+  std::string worker_fault;  // with --workers: the workers' --fault (tests)
+  std::string link = "auto";  // stage links with --workers: auto, tcp, nccl
+  uint64_t mem_limit = 0;           // --mem-limit: the stage's (or each worker's) cap; 0 none
+  std::vector<uint64_t> worker_mem_limits;  // from a config's [[node]] memory, one per worker
+};
+
+// Loading progress is worth a line on stderr for real models, or when asked.
+constexpr uint64_t kProgressMinBytes = uint64_t(256) << 20;
+
+fs::path executable_path() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : p;
+}
+
+// The model to run when -m is absent: $BATON_MODEL, else the fixture beside the
+// checkout (relative to the current folder, then to the binary's checkout),
+// else "" for the built-in synthetic model.
+std::string default_model() {
+  if (const char* env = std::getenv("BATON_MODEL"); env && *env) return env;
+  std::error_code ec;
+  if (fs::is_regular_file(kDefaultModelRel, ec)) return kDefaultModelRel;
+  fs::path exe = executable_path();
+  if (!exe.empty()) {
+    // <repo>/build/baton -> <repo>/../shared/models/...
+    fs::path candidate = exe.parent_path().parent_path() / kDefaultModelRel;
+    if (fs::is_regular_file(candidate, ec)) return candidate.lexically_normal().string();
+  }
+  return "";
+}
+
+// Writes the synthetic model into a fresh temporary folder and opens it; the
+// open descriptor keeps the data readable after the file is removed.
+GgufFile open_synthetic() {
+  std::string tmpl = (fs::temp_directory_path() / "baton-synthetic-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw std::system_error(errno, std::generic_category(), "cannot create a temporary folder");
+  fs::path dir = tmpl;
+  fs::path file = dir / "synthetic.gguf";
+  try {
+    write_synthetic_model(file.string());
+    GgufFile f = GgufFile::open(file.string());
+    fs::remove_all(dir);
+    return f;
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    throw;
+  }
+}
+
+std::string usage_text(const po::options_description& desc) {
+  std::string s =
+      "usage: baton run [-m MODEL] [-p PROMPT] [-n N] [options]\n\n"
+      "Generates text from a prompt with the whole model on this machine. Prints the\n"
+      "prompt, then the generated text as it comes; stops after N tokens, at an\n"
+      "end-of-generation token, or when the context is full.\n\n"
+      "Without -m: $BATON_MODEL, else " + std::string(kDefaultModelRel) + " (relative to the\n"
+      "current folder, then to the checkout the binary was built in), else a small\n"
+      "built-in synthetic model with random weights.\n\n";
+  std::ostringstream o;
+  o << desc;
+  return s + o.str() + "\n";
+}
+
+// Parses argv; returns nullopt when --help was printed.
+std::optional<RunOptions> parse(int argc, char** argv) {
+  RunOptions r;
+  std::string backend = "cpu", mem_limit;
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  po::options_description desc("options");
+  // clang-format off
+  desc.add_options()
+      ("help,h", "print this help and exit")
+      ("model,m", po::value<std::string>(&r.model), "GGUF model file (default: see above)")
+      ("prompt,p", po::value<std::string>(&r.prompt)->default_value(kDefaultPrompt),
+       "the prompt text (BOS is added when the vocabulary asks for it)")
+      ("n-predict,n", po::value<int>(&r.n_predict)->default_value(kDefaultTokens),
+       "tokens to generate at most")
+      ("temp", po::value<float>(&r.sampling.temperature)->default_value(0.8f, "0.8"),
+       "sampling temperature; 0 = greedy (always the most likely token)")
+      ("seed", po::value<uint64_t>(&r.sampling.seed)->default_value(0),
+       "random seed: the same seed gives the same text on every machine")
+      ("top-k", po::value<int>(&r.sampling.top_k)->default_value(40),
+       "sample among the K most likely tokens; 0 = all")
+      ("top-p", po::value<float>(&r.sampling.top_p)->default_value(0.95f, "0.95"),
+       "then keep the most likely tokens until their probability reaches P; 1 = all")
+      ("min-p", po::value<float>(&r.sampling.min_p)->default_value(0.05f, "0.05"),
+       "then drop tokens less likely than P times the best one; 0 = none")
+      ("ctx", po::value<int64_t>(&r.n_ctx)->default_value(0),
+       "context length in tokens (KV cache size); 0 = the model's, at most 4096")
+      ("threads,t", po::value<int>(&r.n_threads)->default_value(hw),
+       "CPU threads for the forward pass (default: all cores)")
+      ("batch,b", po::value<int64_t>(&r.batch)->default_value(64),
+       "prompt tokens per forward pass during prefill")
+      ("backend", po::value<std::string>(&backend)->default_value("cpu"),
+       "cpu, or cuda (the first GPU; refused when the build has no CUDA or no GPU is present)")
+      ("staging-mb", po::value<uint64_t>(&r.staging_mb)->default_value(64),
+       "MiB of each of the loader's 4 staging buffers (pinned host memory with --backend cuda)")
+      ("progress", po::bool_switch(&r.progress),
+       "show loading progress on stderr (always shown for models of 256 MiB or more)")
+      ("workers", po::value<int>(&r.workers)->default_value(0),
+       "run as a local cluster: K worker processes on loopback, one pipeline stage each "
+       "(layers split by weight bytes); 0 = in this process")
+      ("config", po::value<std::string>(&r.config),
+       "cluster topology file (TOML, configs/; local clusters only — remote workers are served with "
+       "baton serve --config); options given here override it")
+      ("parts", po::value<std::string>(&r.parts_text),
+       "comma-separated split parts (from `baton split`): one local worker each, stages follow the parts "
+       "(implies --workers; -m defaults to the first part)")
+      ("threads-per-worker", po::value<int>(&r.threads_per_worker)->default_value(0),
+       "with --workers: CPU threads of each worker; 0 = --threads divided by the workers (a worker models "
+       "one node: give each all cores to compare one stream on K nodes with one node)")
+      ("link", po::value<std::string>(&r.link)->default_value("auto"),
+       "with --workers: how activations cross each stage link: auto (NCCL where both GPUs can, else TCP), "
+       "tcp, or nccl (refuse to start when a link cannot use NCCL)")
+      ("mem-limit", po::value<std::string>(&mem_limit),
+       "most memory the stage's plan may use, e.g. 97887MiB (device lines with --backend cuda): refused "
+       "before loading when the plan is larger; with --workers, each worker's cap (a config's [[node]] "
+       "memory gives one per worker)")
+      ("worker-fault", po::value<std::string>(&r.worker_fault),
+       "with --workers: inject a fault into every worker, for tests (baton worker --fault)")
+      ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
+       "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
+      ("json", po::bool_switch(&r.json),
+       "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
+       "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
+       "memory plan");
+  // clang-format on
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << usage_text(desc);
+    return std::nullopt;
+  }
+  po::notify(vm);
+  if (r.n_predict < 0) throw std::invalid_argument("-n must be >= 0");
+  if (r.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (r.batch < 1) throw std::invalid_argument("--batch must be >= 1");
+  if (r.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
+  if (r.sampling.temperature < 0) throw std::invalid_argument("--temp must be >= 0");
+  if (r.workers < 0) throw std::invalid_argument("--workers must be >= 0");
+  if (!r.config.empty()) {
+    const ClusterConfig c = load_cluster_config(r.config);
+    if (!c.local) {
+      throw std::invalid_argument(r.config + ": a cluster of remote workers is served with baton serve --config");
+    }
+    if (r.model.empty()) r.model = c.model;
+    if (vm["workers"].defaulted() && r.parts_text.empty()) {
+      r.workers = c.workers;
+      for (size_t i = 0; i < c.parts.size(); ++i) r.parts_text += (i ? "," : "") + c.parts[i];
+    }
+    if (c.ctx > 0 && vm["ctx"].defaulted()) r.n_ctx = c.ctx;
+    if (c.batch > 0 && vm["batch"].defaulted()) r.batch = c.batch;
+    if (vm["link"].defaulted()) r.link = c.link;
+    if (c.nodes.size() == size_t(r.workers)) {
+      for (const NodeSpec& n : c.nodes) r.worker_mem_limits.push_back(n.memory_bytes);
+    }
+    if (c.node_backend && vm["backend"].defaulted()) backend = backend_name(*c.node_backend);
+  }
+  if (!mem_limit.empty()) r.mem_limit = parse_size(mem_limit);
+  if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
+  if (!r.parts_text.empty()) {
+    std::stringstream list(r.parts_text);
+    for (std::string item; std::getline(list, item, ',');) {
+      if (!item.empty()) r.parts.push_back(item);
+    }
+    if (vm["workers"].defaulted()) r.workers = int(r.parts.size());
+    if (r.parts.empty() || r.workers != int(r.parts.size())) {
+      throw std::invalid_argument("--parts needs one file per worker (--workers must equal their number)");
+    }
+    if (r.model.empty()) r.model = r.parts.front();
+  }
+  if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
+  if (r.threads_per_worker < 0) throw std::invalid_argument("--threads-per-worker must be >= 0");
+  if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  auto b = backend_from_name(backend);
+  if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");
+  r.backend = *b;
+  return r;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// What the decode loop produced.
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::string stop = "length";
+  int decode_steps = 0;
+  double decode_s = 0;
+};
+
+// The decode loop shared by the in-process and the distributed run: takes
+// `first`, the token sampled after the prompt, then feeds each kept token to
+// `next` (which returns the following one) until n_predict tokens, an
+// end-of-generation token, or `context_full()` before a step. Streams the
+// text to stdout unless --json.
+Generated generate(const RunOptions& opt, const Tokenizer& tok, int32_t first,
+                   const std::function<bool()>& context_full, const std::function<int32_t(int32_t)>& next) {
+  Generated g;
+  const auto t0 = std::chrono::steady_clock::now();
+  int32_t id = first;
+  while (int(g.tokens.size()) < opt.n_predict) {
+    if (tok.is_eog(id)) {
+      g.stop = "end of generation";
+      break;
+    }
+    g.tokens.push_back(id);
+    std::string piece = tok.token_to_piece(id);
+    g.text += piece;
+    if (!opt.json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (int(g.tokens.size()) == opt.n_predict) break;
+    if (context_full()) {
+      g.stop = "context full";
+      break;
+    }
+    id = next(id);
+    ++g.decode_steps;
+  }
+  g.decode_s = seconds_since(t0);
+  return g;
+}
+
+// The generation loop of run() with the stages on worker processes: the
+// prompt goes to the first stage in chunks of --batch, sent back to back so
+// that the chunks pipeline across stages; only the last samples. Then one
+// token per step. The last stage samples with the same seeded sampler a
+// single-process run uses, so the tokens are the same.
+int run_distributed(const RunOptions& opt) {
+  if (const std::string why = backend_unavailable(opt.backend); !why.empty()) throw CommandError(why, kExitRefused);
+  std::string model_path = opt.model.empty() ? default_model() : opt.model;
+  if (model_path.empty()) throw std::invalid_argument("--workers needs a model file (-m or $BATON_MODEL)");
+  model_path = fs::absolute(model_path).string();
+  GgufFile file = GgufFile::open(model_path);
+  auto arch = Arch::from_gguf(file);
+  StageConfig sc;
+  sc.n_ctx = opt.n_ctx;
+  sc.max_batch = opt.batch;
+  sc = Stage::resolve(*arch, sc);
+  // Placed before any worker starts, so an impossible split fails at once.
+  std::vector<StageSlice> slices;
+  if (opt.parts.empty()) slices = split_layers(ModelPlanner(file), opt.workers);
+  auto tokenizer = Tokenizer::from_gguf(file);
+  std::vector<int32_t> prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
+  if (prompt.empty()) throw std::runtime_error("the prompt gives no tokens");
+  if (int64_t(prompt.size()) > sc.n_ctx) {
+    throw std::runtime_error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                             std::to_string(sc.n_ctx) + " (see --ctx)");
+  }
+
+  LocalClusterOptions lo;
+  lo.n_workers = opt.workers;
+  lo.model = model_path;
+  lo.threads_per_worker =
+      opt.threads_per_worker > 0 ? opt.threads_per_worker : std::max(1, opt.n_threads / opt.workers);
+  lo.step_delay_ms = opt.worker_delay_ms;
+  lo.worker_fault = opt.worker_fault;
+  lo.worker_mem_limits = opt.mem_limit ? std::vector<uint64_t>(size_t(opt.workers), opt.mem_limit)
+                                       : opt.worker_mem_limits;
+  lo.backend = backend_name(opt.backend);
+  lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
+  for (const std::string& p : opt.parts) lo.worker_models.push_back(fs::absolute(p).string());
+  lo.wait_for_registration = false;
+  LocalCluster local(lo);
+  Cluster& cluster = local.cluster();
+  const std::vector<net::Hello> hellos = cluster.wait_for_workers(opt.workers, [&] { return local.exited_worker(); });
+  if (!opt.parts.empty()) {
+    auto from_parts = slices_from_parts(hellos, arch->dims().n_layer);
+    if (!from_parts) throw std::runtime_error("the --parts do not form one complete split of the model (see baton split)");
+    slices = *from_parts;
+  }
+  StageSettings settings;
+  settings.n_ctx = uint32_t(sc.n_ctx);
+  settings.micro_batch = 1;
+  settings.prefill_chunk = uint32_t(sc.max_batch);
+  settings.n_seq = 1;
+  settings.model_path = model_path;
+  const std::optional<PartInfo> part = read_part_info(file);
+  settings.model_hash = part ? part->source_hash : file.tensor_table_hash();
+  cluster.assign(slices, settings);
+
+  if (!opt.json) {
+    std::fputs(opt.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  net::SamplingParams sp;
+  sp.temperature = opt.sampling.temperature;
+  sp.top_k = opt.sampling.top_k;
+  sp.top_p = opt.sampling.top_p;
+  sp.min_p = opt.sampling.min_p;
+  sp.seed = opt.sampling.seed;
+  auto chunk = [&](uint32_t pos, uint32_t n, bool sample) {
+    net::SeqChunk c;
+    c.seq = 0;
+    c.start_pos = pos;
+    c.n_tokens = n;
+    c.sample = sample;
+    c.sampling = sp;
+    return c;
+  };
+
+  auto t0 = std::chrono::steady_clock::now();
+  uint64_t last = 0;
+  for (size_t at = 0; at < prompt.size(); at += size_t(sc.max_batch)) {
+    const size_t n = std::min(prompt.size() - at, size_t(sc.max_batch));
+    const bool final_chunk = at + n == prompt.size();
+    last = cluster.forward({chunk(uint32_t(at), uint32_t(n), final_chunk)},
+                           std::vector<int32_t>(prompt.begin() + std::ptrdiff_t(at), prompt.begin() + std::ptrdiff_t(at + n)));
+  }
+  int32_t id = cluster.wait_result(last).tokens.at(0);
+  const double prefill_s = seconds_since(t0);
+
+  int64_t pos = int64_t(prompt.size());
+  const Generated gen = generate(
+      opt, *tokenizer, id, [&] { return pos >= sc.n_ctx; },
+      [&](int32_t in) {
+        const uint64_t rid = cluster.forward({chunk(uint32_t(pos), 1, true)}, {in});
+        ++pos;
+        return cluster.wait_result(rid).tokens.at(0);
+      });
+  const double prefill_tps = prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0;
+  const double decode_tps = gen.decode_s > 0 && gen.decode_steps > 0 ? gen.decode_steps / gen.decode_s : 0.0;
+  cluster.free_seq(0);
+
+  if (opt.json) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const WorkerStatus& w : cluster.workers()) {
+      stages.push_back({{"worker", w.name},
+                        {"address", w.address},
+                        {"first_layer", w.slice.layers.first},
+                        {"last_layer", w.slice.layers.last},
+                        {"embedding", w.slice.embedding},
+                        {"head", w.slice.head},
+                        {"weights_bytes", w.ready.weights_bytes},
+                        {"kv_bytes", w.ready.kv_bytes},
+                        {"workspace_bytes", w.ready.workspace_bytes},
+                        {"load_seconds", w.ready.load_seconds},
+                        {"link", w.link.empty() ? nlohmann::json() : nlohmann::json(w.link)},
+                        {"link_reason", w.link_reason}});
+    }
+    nlohmann::json j = {
+        {"model", model_path},
+        {"arch", arch->name()},
+        {"backend", backend_name(opt.backend)},
+        {"prompt", opt.prompt},
+        {"prompt_tokens", prompt},
+        {"tokens", gen.tokens},
+        {"text", gen.text},
+        {"n_prompt", prompt.size()},
+        {"n_gen", gen.tokens.size()},
+        {"stop", gen.stop},
+        {"n_ctx", sc.n_ctx},
+        {"workers", opt.workers},
+        {"stages", stages},
+        {"prefill_tokens_per_s", prefill_tps},
+        {"decode_tokens_per_s", decode_tps},
+    };
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fputs("\n", stdout);
+    std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s; %d workers]\n",
+                 prompt.size(), prefill_tps, gen.tokens.size(), decode_tps, gen.stop.c_str(), opt.workers);
+  }
+  return 0;
+}
+
+int run(const RunOptions& opt) {
+  if (opt.workers > 0) return run_distributed(opt);
+  std::string model_path = opt.model.empty() ? default_model() : opt.model;
+  GgufFile file = model_path.empty() ? open_synthetic() : GgufFile::open(model_path);
+  if (model_path.empty()) model_path = "(built-in synthetic model)";
+  StageConfig sc;
+  sc.n_ctx = opt.n_ctx;
+  sc.n_threads = opt.n_threads;
+  sc.max_batch = opt.batch;
+  if (std::string why = backend_unavailable(opt.backend); !why.empty()) throw CommandError(why, kExitRefused);
+  LoadOptions load;
+  load.slot_bytes = opt.staging_mb << 20;
+  // The dry-run plan checks the architecture and every tensor before the
+  // tokenizer is built or anything is allocated, so those errors come first.
+  const MemoryPlan dry = plan_stage_runner(opt.backend, file, sc, load);
+  if (std::string why = memory_limit_problem(opt.backend, dry, opt.mem_limit); !why.empty()) {
+    throw std::runtime_error(why + " (baton plan shows the lines)");
+  }
+  auto tokenizer = Tokenizer::from_gguf(file);
+  const bool show_load = opt.progress || dry.bytes(PlanLine::Weights) >= kProgressMinBytes;
+  if (show_load) load.progress = stderr_load_progress(model_path);
+  std::unique_ptr<StageRunner> runner = make_stage_runner(opt.backend, file, sc, load);
+  StageRunner& stage = *runner;
+  if (show_load) std::fprintf(stderr, "%s\n", load_summary(stage).c_str());
+
+  std::vector<int32_t> prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
+  if (prompt.empty()) throw std::runtime_error("the prompt gives no tokens");
+  if (int64_t(prompt.size()) > stage.n_ctx()) {
+    throw std::runtime_error("the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                             std::to_string(stage.n_ctx()) + " (see --ctx)");
+  }
+  if (!opt.json) {
+    std::fputs(opt.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+
+  // Prefill: the prompt in chunks of the planned batch; the last chunk's
+  // logits are the next-token distribution.
+  auto t0 = std::chrono::steady_clock::now();
+  std::span<const float> logits;
+  const int64_t batch = stage.max_batch();
+  for (size_t at = 0; at < prompt.size(); at += size_t(batch)) {
+    size_t n = std::min(prompt.size() - at, size_t(batch));
+    logits = stage.forward(0, std::span<const int32_t>(prompt.data() + at, n));
+  }
+  const double prefill_s = seconds_since(t0);
+
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  const size_t n_top = std::min<size_t>(5, order.size());
+  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(n_top), order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  nlohmann::json top = nlohmann::json::array();
+  for (size_t i = 0; i < n_top; ++i) top.push_back({order[i], logits[size_t(order[i])]});
+
+  Sampler sampler(opt.sampling, int32_t(stage.n_vocab()));
+  const int32_t first = opt.n_predict > 0 ? sampler.sample(logits) : -1;
+  const Generated gen = generate(
+      opt, *tokenizer, first, [&] { return stage.position(0) >= stage.n_ctx(); },
+      [&](int32_t in) {
+        logits = stage.forward(0, std::span<const int32_t>(&in, 1));
+        return sampler.sample(logits);
+      });
+  const double prefill_tps = prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0;
+  const double decode_tps = gen.decode_s > 0 && gen.decode_steps > 0 ? gen.decode_steps / gen.decode_s : 0.0;
+
+  if (opt.json) {
+    nlohmann::json plan = nlohmann::json::array();
+    for (const auto& l : stage.memory_plan().lines()) plan.push_back({{"name", l.name}, {"bytes", l.bytes}});
+    nlohmann::json j = {
+        {"model", model_path},
+        {"arch", stage.arch().name()},
+        {"backend", backend_name(opt.backend)},
+        {"prompt", opt.prompt},
+        {"prompt_tokens", prompt},
+        {"tokens", gen.tokens},
+        {"text", gen.text},
+        {"n_prompt", prompt.size()},
+        {"n_gen", gen.tokens.size()},
+        {"stop", gen.stop},
+        {"n_ctx", stage.n_ctx()},
+        {"threads", opt.n_threads},
+        {"prefill_tokens_per_s", prefill_tps},
+        {"decode_tokens_per_s", decode_tps},
+        {"top_logits", top},
+        {"memory_plan", plan},
+    };
+    // Generated bytes need not be valid UTF-8 (a multi-byte character can be
+    // cut by -n); replace rather than fail.
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fputs("\n", stdout);
+    std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s]\n", prompt.size(),
+                 prefill_tps, gen.tokens.size(), decode_tps, gen.stop.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+  auto opt = parse(argc, argv);
+  if (!opt) return 0;
+  return run(*opt);
+}
+
+}  // namespace baton

@@ -1,0 +1,410 @@
+// `baton serve`: the OpenAI-compatible HTTP server (docs/SERVING.md). Today
+// the model runs in this process (LocalEngine); the distributed coordinator
+// will plug in behind the same GenerationService.
+#include <signal.h>
+#include <time.h>
+
+#include <boost/program_options.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "coordinator/commands/commands.h"
+#include "coordinator/cluster/cluster_config.h"
+#include "coordinator/cluster/cluster_engine.h"
+#include "coordinator/api/http_server.h"
+#include "coordinator/cluster/local_cluster.h"
+#include "coordinator/cluster/local_engine.h"
+#include "coordinator/api/metrics.h"
+#include "coordinator/api/openai_api.h"
+#include "engine/arch.h"
+#include "engine/gguf.h"
+#include "net/auth.h"
+#include "net/log.h"
+#include "net/address.h"
+
+namespace baton {
+
+namespace {
+
+namespace po = boost::program_options;
+
+struct ServeOptions {
+  std::string model;
+  std::string config;
+  int workers = 0;
+  std::vector<std::string> parts;
+  int worker_delay_ms = 0;
+  std::vector<uint64_t> worker_mem_limits;  // a local config's [[node]] memory, one per worker
+  int threads_per_worker = 0;
+  bool remote = false;      // --config with local = false: workers on other machines register
+  std::string listen;       // remote: where they register
+  std::string secret_file;  // remote: the shared secret
+  std::string link = "auto";  // stage links: auto, tcp, nccl
+  std::string api_key_file;
+  std::string model_id;
+  LocalEngineConfig engine;
+  HttpServerConfig http;
+  double request_timeout_s = 10, idle_timeout_s = 60, write_timeout_s = 30;
+  bool quiet = false;
+};
+
+std::string usage_text(const po::options_description& desc) {
+  std::string s =
+      "usage: baton serve (-m MODEL | --config FILE) [--host H] [--port P] [--api-key-file F] [options]\n\n"
+      "Serves a GGUF model over an OpenAI-compatible HTTP API:\n"
+      "  POST /v1/chat/completions   chat (messages rendered with the model's chat template)\n"
+      "  POST /v1/completions        plain text completion\n"
+      "  GET  /v1/models             the served model\n"
+      "  GET  /health                route state: stages, layers, loading progress, memory\n"
+      "  GET  /metrics               Prometheus metrics\n"
+      "Both completion routes stream server-sent events with \"stream\": true.\n\n"
+      "Concurrent requests share the model by continuous batching: up to --parallel\n"
+      "sequences hold a KV slot and advance in turns (prompt chunks of --batch tokens,\n"
+      "then one token at a time); up to --queue more wait, and beyond that requests get\n"
+      "429 with Retry-After. A client that disconnects has its generation cancelled.\n\n"
+      "Once the port is open, stdout gets one line\n"
+      "  baton serve: listening on http://HOST:PORT\n"
+      "(with the real port when --port 0), then \"baton serve: ready ...\" when the\n"
+      "model is loaded. Logs and one line per request go to stderr. SIGINT or SIGTERM\n"
+      "stops the server: generations in flight end, connections close.\n\n"
+      "With --api-key-file, every /v1/ request needs 'Authorization: Bearer KEY' (the\n"
+      "file's first line); /health and /metrics stay open for probes and scrapers.\n\n"
+      "With --workers K the model runs as a pipeline of K worker processes on this\n"
+      "machine (loopback TCP, a generated secret): each loads only its layers, and\n"
+      "--parallel sequences are in flight at once so that the stages overlap. A worker\n"
+      "that dies is started again; requests in flight fail within 2 s with an error\n"
+      "naming the worker and its stage, /health reports the route as incomplete, and\n"
+      "serving resumes once the worker has loaded again. With --parts (files written\n"
+      "by `baton split`) each worker loads one part, and the stages follow the parts.\n\n";
+  std::ostringstream o;
+  o << desc;
+  return s + o.str() + "\n";
+}
+
+std::optional<ServeOptions> parse(int argc, char** argv) {
+  ServeOptions r;
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  int port = 8080;
+  uint64_t max_body = r.http.max_body_bytes;
+  po::options_description desc("options");
+  // clang-format off
+  desc.add_options()
+      ("help,h", "print this help and exit")
+      ("model,m", po::value<std::string>(&r.model), "GGUF model file to serve")
+      ("config", po::value<std::string>(&r.config),
+       "cluster topology file (TOML, see configs/ and docs/CONFIG.md); options given here override it")
+      ("workers", po::value<int>(&r.workers), "run the model on K local worker processes (a pipeline)")
+      ("parts", po::value<std::string>(), "comma-separated split parts, one local worker each (implies --workers)")
+      ("threads-per-worker", po::value<int>(&r.threads_per_worker)->default_value(0),
+       "with --workers: CPU threads of each worker; 0 = --threads divided by the workers")
+      ("link", po::value<std::string>(&r.link)->default_value("auto"),
+       "with workers: how activations cross each stage link: auto (NCCL where both GPUs can, else TCP), "
+       "tcp, or nccl (refuse to start when a link cannot use NCCL); /health shows each link")
+      ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
+       "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
+      ("host", po::value<std::string>(&r.http.host)->default_value("127.0.0.1"),
+       "address to listen on (an IP address; 0.0.0.0 for every interface)")
+      ("port", po::value<int>(&port)->default_value(8080), "TCP port; 0 = any free port (printed on stdout)")
+      ("api-key-file", po::value<std::string>(&r.api_key_file),
+       "file whose first line is the API key clients must send as a Bearer token")
+      ("model-id", po::value<std::string>(&r.model_id),
+       "the name clients pass as \"model\" (default: the file name without .gguf)")
+      ("ctx", po::value<int64_t>(&r.engine.stage.n_ctx)->default_value(0),
+       "context per sequence in tokens (prompt + completion); 0 = the model's, at most 4096")
+      ("parallel", po::value<int>(&r.engine.stage.n_seq)->default_value(4),
+       "sequences generated concurrently (each holds a KV cache slot of --ctx tokens)")
+      ("queue", po::value<int>(&r.engine.queue_capacity)->default_value(64),
+       "requests that may wait for a slot; more get 429")
+      ("threads,t", po::value<int>(&r.engine.stage.n_threads)->default_value(hw),
+       "CPU threads for the forward pass (default: all cores)")
+      ("batch,b", po::value<int64_t>(&r.engine.stage.max_batch)->default_value(64),
+       "prompt tokens per forward pass (one prefill step)")
+      ("http-threads", po::value<int>(&r.http.threads)->default_value(2), "threads serving HTTP connections")
+      ("max-body", po::value<uint64_t>(&max_body)->default_value(max_body),
+       "largest request body in bytes; larger gets 413")
+      ("max-connections", po::value<int>(&r.http.max_connections)->default_value(256),
+       "open connections at most; more get 503")
+      ("request-timeout", po::value<double>(&r.request_timeout_s)->default_value(10),
+       "seconds a request may take to arrive once it started; slower gets 408")
+      ("idle-timeout", po::value<double>(&r.idle_timeout_s)->default_value(60),
+       "seconds an idle keep-alive connection stays open")
+      ("write-timeout", po::value<double>(&r.write_timeout_s)->default_value(30),
+       "seconds a client may take to accept each write before it is dropped")
+      ("quiet,q", po::bool_switch(&r.quiet), "no per-request log lines");
+  // clang-format on
+  po::variables_map vm;
+  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+  if (vm.count("help")) {
+    std::cout << usage_text(desc);
+    return std::nullopt;
+  }
+  po::notify(vm);
+  if (vm.count("parts")) {
+    std::stringstream list(vm["parts"].as<std::string>());
+    for (std::string item; std::getline(list, item, ',');) {
+      if (!item.empty()) r.parts.push_back(item);
+    }
+    if (r.parts.empty()) throw std::invalid_argument("--parts needs at least one file");
+    if (vm.count("workers") && r.workers != int(r.parts.size())) {
+      throw std::invalid_argument("--workers must equal the number of --parts");
+    }
+    r.workers = int(r.parts.size());
+    if (r.model.empty()) r.model = r.parts.front();  // any part carries the metadata and tokenizer
+  }
+  if (vm.count("workers") && (r.workers < 1 || r.workers > 64)) throw std::invalid_argument("--workers must be in 1..64");
+  if (vm.count("config")) {
+    const ClusterConfig c = load_cluster_config(r.config);
+    auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };
+    if (r.model.empty()) r.model = c.model;
+    if (!vm.count("parts")) r.parts = c.parts;
+    if (!vm.count("workers") && !vm.count("parts")) r.workers = c.workers;
+    if (c.ctx > 0 && unset("ctx")) r.engine.stage.n_ctx = c.ctx;
+    if (c.parallel > 0 && unset("parallel")) r.engine.stage.n_seq = c.parallel;
+    if (c.batch > 0 && unset("batch")) r.engine.stage.max_batch = c.batch;
+    if (c.threads_per_worker > 0 && unset("threads-per-worker")) r.threads_per_worker = c.threads_per_worker;
+    if (unset("link")) r.link = c.link;
+    r.remote = !c.local;
+    if (c.local && c.nodes.size() == size_t(r.workers)) {
+      for (const NodeSpec& n : c.nodes) r.worker_mem_limits.push_back(n.memory_bytes);
+    }
+    r.listen = c.listen;
+    r.secret_file = c.secret_file;
+  }
+  if (r.model.empty()) throw std::invalid_argument("give the model to serve with -m MODEL (see --help)");
+  if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
+  if (port < 0 || port > 65535) throw std::invalid_argument("--port must be in 0..65535");
+  r.http.port = uint16_t(port);
+  if (r.engine.stage.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
+  if (r.engine.stage.n_seq < 1 || r.engine.stage.n_seq > 1024) throw std::invalid_argument("--parallel must be in 1..1024");
+  if (r.engine.queue_capacity < 0) throw std::invalid_argument("--queue must be >= 0");
+  if (r.engine.stage.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (r.engine.stage.max_batch < 1) throw std::invalid_argument("--batch must be >= 1");
+  if (r.http.threads < 1 || r.http.threads > 256) throw std::invalid_argument("--http-threads must be in 1..256");
+  if (max_body < 1024) throw std::invalid_argument("--max-body must be at least 1024");
+  r.http.max_body_bytes = max_body;
+  if (r.http.max_connections < 1) throw std::invalid_argument("--max-connections must be >= 1");
+  for (double t : {r.request_timeout_s, r.idle_timeout_s, r.write_timeout_s}) {
+    if (!(t > 0) || t > 86400) throw std::invalid_argument("timeouts must be in (0, 86400] seconds");
+  }
+  auto ms = [](double s) { return std::chrono::milliseconds(int64_t(s * 1000)); };
+  r.http.request_timeout = ms(r.request_timeout_s);
+  r.http.idle_timeout = ms(r.idle_timeout_s);
+  r.http.write_timeout = ms(r.write_timeout_s);
+  r.engine.model_path = r.model;
+  r.engine.model_id = r.model_id;
+  return r;
+}
+
+// The key is the file's first line without surrounding whitespace; it is
+// never printed.
+std::string read_api_key(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read the API key file " + path);
+  std::string line;
+  std::getline(in, line);
+  const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!line.empty() && is_space(line.back())) line.pop_back();
+  size_t start = 0;
+  while (start < line.size() && is_space(line[start])) ++start;
+  line.erase(0, start);
+  if (line.empty()) throw std::runtime_error("the API key file " + path + " is empty");
+  return line;
+}
+
+// A fixed route name for metrics labels (never the client's path).
+const char* route_name(const std::string& path) {
+  if (path == "/v1/chat/completions") return "chat";
+  if (path == "/v1/completions") return "completions";
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "models";
+  if (path == "/health") return "health";
+  if (path == "/metrics") return "metrics";
+  return "other";
+}
+
+const char* error_type(int status) {
+  if (status == 401) return "authentication_error";
+  if (status == 429) return "rate_limit_error";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+int serve(const ServeOptions& opt) {
+  std::string api_key;
+  if (!opt.api_key_file.empty()) api_key = read_api_key(opt.api_key_file);
+
+  // Signals go to the main thread only (sigtimedwait below): block them
+  // before any other thread starts so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client that vanishes must not kill the process with SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
+
+  Metrics metrics;
+  LocalEngineConfig engine_config = opt.engine;
+  // One progress line a second while loading, and one at the end.
+  auto last_line = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  engine_config.on_load_progress = [last_line](const LoadProgress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    if (p.done < p.total && now - *last_line < std::chrono::seconds(1)) return;
+    *last_line = now;
+    std::fprintf(stderr, "baton serve: loading weights: %.1f / %.1f MiB (%.0f%%), %.2f GB/s, ETA %.1f s\n",
+                 double(p.done) / (1 << 20), double(p.total) / (1 << 20),
+                 p.total ? 100.0 * double(p.done) / double(p.total) : 100.0, p.rate() / 1e9, p.eta());
+  };
+  // Either the model in this process, or a pipeline of local workers (the
+  // cluster outlives the engine that drives it).
+  std::unique_ptr<LocalCluster> local;
+  std::unique_ptr<Cluster> remote;
+  std::unique_ptr<ClusterEngine> cluster_engine;
+  std::unique_ptr<LocalEngine> local_engine;
+  GenerationService* service = nullptr;
+  std::function<void()> wait_loaded, stop_engine;
+  if (opt.workers > 0) {
+    LocalClusterOptions lo;
+    lo.n_workers = opt.workers;
+    lo.model = std::filesystem::absolute(opt.model).string();
+    for (const std::string& p : opt.parts) lo.worker_models.push_back(std::filesystem::absolute(p).string());
+    lo.threads_per_worker = opt.threads_per_worker > 0 ? opt.threads_per_worker
+                                                       : std::max(1, opt.engine.stage.n_threads / opt.workers);
+    lo.wait_for_registration = false;
+    lo.step_delay_ms = opt.worker_delay_ms;
+    lo.worker_mem_limits = opt.worker_mem_limits;
+    lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
+    ClusterEngineConfig cc;
+    cc.model_path = opt.model;
+    cc.model_id = opt.model_id;
+    cc.n_workers = opt.workers;
+    cc.n_ctx = opt.engine.stage.n_ctx;
+    cc.n_seq = opt.engine.stage.n_seq;
+    cc.prefill_chunk = opt.engine.stage.max_batch;
+    cc.queue_capacity = opt.engine.queue_capacity;
+    // The model's file is checked before any worker starts.
+    {
+      GgufFile check = GgufFile::open(opt.model);
+      const int n_layer = Arch::from_gguf(check)->dims().n_layer;
+      if (opt.workers > n_layer) {
+        throw std::invalid_argument(std::to_string(opt.workers) + " workers for " + std::to_string(n_layer) +
+                                    " layers: each stage needs at least one layer");
+      }
+    }
+    Cluster* cluster = nullptr;
+    if (opt.remote) {
+      // Workers on other machines register here (`baton worker --coordinator
+      // HOST:PORT --secret-file F --model ...`); the wait for them is long.
+      ClusterOptions co;
+      std::tie(co.bind_host, co.port) = net::split_host_port(opt.listen);
+      co.register_timeout = std::chrono::hours(24);
+      co.ready_timeout = std::chrono::hours(2);
+      co.link_mode = lo.cluster.link_mode;
+      remote = std::make_unique<Cluster>(net::load_secret_file(opt.secret_file), co);
+      cluster = remote.get();
+      std::fprintf(stderr, "baton serve: waiting for %d workers on %s:%u\n", opt.workers, co.bind_host.c_str(),
+                   unsigned(remote->port()));
+    } else {
+      local = std::make_unique<LocalCluster>(lo);
+      cluster = &local->cluster();
+      cc.workers_alive = [&local] { return local->exited_worker(); };
+    }
+    cluster_engine = std::make_unique<ClusterEngine>(cc, *cluster, &metrics);
+    service = cluster_engine.get();
+    wait_loaded = [&] {
+      cluster_engine->wait_loaded();
+      if (local) local->restart_exited_workers();
+    };
+    stop_engine = [&] { cluster_engine->shutdown(); };
+    std::fprintf(stderr, "baton serve: %s on %d %s workers (%s)\n", opt.model.c_str(), opt.workers,
+                 opt.remote ? "remote" : "local", chat_family_name(service->model().chat_family));
+  } else {
+    local_engine = std::make_unique<LocalEngine>(engine_config, &metrics);
+    service = local_engine.get();
+    wait_loaded = [&] { local_engine->wait_loaded(); };
+    stop_engine = [&] { local_engine->shutdown(); };
+    std::fprintf(stderr, "baton serve: loading %s (%s, %.1f MiB planned: %s)\n", opt.model.c_str(),
+                 service->model().arch.c_str(), double(local_engine->memory_plan().total()) / (1 << 20),
+                 chat_family_name(service->model().chat_family));
+  }
+  GenerationService& engine = *service;
+  const ModelInfo& model = engine.model();
+
+  OpenAiApi api(engine, metrics, {api_key});
+  HttpServerHooks hooks;
+  hooks.error_body = [](int status, const std::string& message, const std::string& kind) {
+    return error_body(message, error_type(status), "", kind);
+  };
+  hooks.on_error = [&metrics](int status, const std::string& kind) {
+    metrics.error(kind);
+    metrics.http_response("other", status);
+  };
+  const bool quiet = opt.quiet;
+  hooks.access_log = [&metrics, quiet](const HttpRequest& req, int status, uint64_t bytes, double seconds) {
+    metrics.http_response(route_name(req.path), status);
+    if (quiet) return;
+    std::fprintf(stderr, "baton serve: %s %s %d %.1f ms %llu B %s\n", net::printable(req.method, 16).c_str(),
+                 net::printable(req.path, 200).c_str(), status, seconds * 1000, (unsigned long long)bytes,
+                 req.remote.c_str());
+  };
+  HttpServer server(opt.http, [&api](std::shared_ptr<HttpExchange> ex) { api.handle(ex); }, hooks);
+  server.start();
+  std::printf("baton serve: listening on http://%s:%u\n", opt.http.host.c_str(), unsigned(server.port()));
+  std::fflush(stdout);
+
+  // Wait for the load, then for a signal.
+  std::atomic<int> load_state{0};  // 0 loading, 1 loaded, 2 failed
+  std::string load_error;
+  std::thread waiter([&] {
+    try {
+      wait_loaded();
+      std::printf("baton serve: ready (model %s, context %lld, %d slots)\n", model.id.c_str(),
+                  (long long)model.n_ctx, opt.engine.stage.n_seq);
+      std::fflush(stdout);
+      load_state = 1;
+    } catch (const std::exception& e) {
+      load_error = e.what();
+      load_state = 2;
+    }
+  });
+  int signo = 0;
+  while (load_state != 2) {
+    timespec wait = {0, 200 * 1000 * 1000};
+    int s = sigtimedwait(&signals, nullptr, &wait);
+    if (s > 0) {
+      signo = s;
+      break;
+    }
+  }
+  if (signo) std::fprintf(stderr, "baton serve: %s received, stopping\n", signo == SIGINT ? "SIGINT" : "SIGTERM");
+  // The engine first: its last events go to connections that still exist.
+  stop_engine();
+  waiter.join();
+  server.stop();
+  if (signo == 0 && load_state == 2) throw std::runtime_error("cannot load the model: " + load_error);
+  return 0;
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+  auto opt = parse(argc, argv);
+  if (!opt) return 0;
+  return serve(*opt);
+}
+
+}  // namespace baton

@@ -1,0 +1,23 @@
+// What the commands print about loading a stage: a progress line on stderr
+// while the weights stream in, and a one-line summary of the load (time,
+// rate, host peak RSS, device memory against the plan).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "engine/backend.h"
+#include "engine/loader.h"
+
+namespace baton {
+
+// A progress callback that redraws "loading <what>: X of Y GiB (P%), R GB/s,
+// ETA T s" on stderr at most twice a second, ending with a newline.
+std::function<void(const LoadProgress&)> stderr_load_progress(std::string what);
+
+// "loaded X GiB in T s (R GB/s, O_DIRECT); host RSS peak +P MiB over B MiB
+// (ring N MiB); device: plan X GiB, cudaMemGetInfo Y GiB".
+std::string load_summary(const StageRunner& r);
+
+}  // namespace baton

@@ -1,0 +1,36 @@
+#include "engine/part_info.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace baton {
+
+uint64_t split_key_u64(const GgufFile& f, const char* key) {
+  const GgufValue* v = f.find(key);
+  if (!v) throw std::runtime_error(f.path() + ": missing key " + key + " (not a baton split part)");
+  if (v->type != GgufType::UINT64) throw std::runtime_error(f.path() + ": key " + key + " is not a u64");
+  return v->num.u;
+}
+
+std::optional<PartInfo> read_part_info(const GgufFile& f) {
+  if (!f.has(split_keys::kSourceHash)) return std::nullopt;
+  // Range-checked before narrowing: a u64 index of 2^32 must not read as 0.
+  auto small_int = [&](const char* key) {
+    const int64_t v = f.get_int(key);
+    if (v < 0 || v > 1000000) throw std::runtime_error(f.path() + ": malformed baton.split keys (" + key + ")");
+    return int(v);
+  };
+  PartInfo p;
+  p.source_hash = split_key_u64(f, split_keys::kSourceHash);
+  p.index = small_int(split_keys::kIndex);
+  p.count = small_int(split_keys::kCount);
+  p.range = LayerRange{small_int(split_keys::kLayerFirst), small_int(split_keys::kLayerLast)};
+  p.has_embedding = f.get_bool(split_keys::kHasEmbedding, false);
+  p.has_output = f.get_bool(split_keys::kHasOutput, false);
+  if (p.count < 1 || p.index < 0 || p.index >= p.count || p.range.first < 0 || p.range.last < p.range.first) {
+    throw std::runtime_error(f.path() + ": malformed baton.split keys");
+  }
+  return p;
+}
+
+}  // namespace baton

@@ -1,0 +1,147 @@
+// The OpenAI API's pure pieces, driven directly (no server): text assembly
+// (stop strings, split UTF-8 characters), logprobs, the constant-time key
+// comparison, and request parsing into GenerationRequests.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "coordinator/api/generation.h"
+#include "coordinator/api/openai_api.h"
+#include "coordinator/api/openai_request.h"
+#include "engine/chat_template.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+TEST(ServeText, AssemblerHoldsBackStopPrefixesAndSplitCharacters) {
+  TextAssembler t({"\nUser:", "END"});
+  EXPECT_EQ(t.push("Hello"), "Hello");
+  EXPECT_EQ(t.push(" wor"), " wor");
+  EXPECT_EQ(t.push("ld\nUs"), "ld");  // "\nUs" may begin "\nUser:"
+  EXPECT_EQ(t.push("ed"), "\nUsed");  // it did not
+  EXPECT_EQ(t.push("E"), "");
+  EXPECT_EQ(t.push("N"), "");
+  EXPECT_EQ(t.push("Dless"), "");  // "END" found: nothing after it, ever
+  EXPECT_TRUE(t.stopped());
+  EXPECT_EQ(t.push("more"), "");
+  EXPECT_EQ(t.flush(), "");
+
+  TextAssembler u({});
+  const std::string euro = "\xE2\x82\xAC";  // U+20AC in three bytes, split over tokens
+  EXPECT_EQ(u.push("a" + euro.substr(0, 1)), "a");
+  EXPECT_EQ(u.push(euro.substr(1, 1)), "");
+  EXPECT_EQ(u.push(euro.substr(2)), euro);
+  EXPECT_EQ(u.push("\xE2\x82"), "");
+  EXPECT_EQ(u.flush(), "\xEF\xBF\xBD\xEF\xBF\xBD");  // an unfinished character at the end
+  EXPECT_EQ(sanitize_utf8("ok\xFF\xC0\x80z"), "ok\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBDz");
+  EXPECT_EQ(sanitize_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a UTF-16 surrogate
+}
+
+TEST(ServeText, AssemblerMatchesStopStringsAcrossRandomSplits) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::string alphabet = "ab\xC3\xA9XY";  // includes a two-byte character
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const size_t len = 1 + rng() % 40;
+    while (text.size() < len) {
+      size_t k = rng() % 5;
+      text += k == 2 ? std::string("\xC3\xA9") : std::string(1, alphabet[k < 2 ? k : k + 1]);
+    }
+    const std::string stop = rng() % 2 ? "aXb" : "\xC3\xA9Y";
+    TextAssembler t({stop});
+    std::string out;
+    for (size_t at = 0; at < text.size() && !t.stopped();) {
+      size_t n = 1 + rng() % 4;
+      out += t.push(text.substr(at, n));
+      at += n;
+    }
+    if (!t.stopped()) out += t.flush();
+    const size_t pos = text.find(stop);
+    EXPECT_EQ(out, pos == std::string::npos ? text : text.substr(0, pos)) << "round " << round;
+  }
+}
+
+TEST(ServeText, LogprobsAreALogSoftmaxWithSortedAlternatives) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<float> logits(1000);
+  for (float& x : logits) x = nd(rng);
+  GeneratedToken g;
+  compute_logprobs(logits.data(), int64_t(logits.size()), 17, 5, g);
+  double sum = 0;
+  float max = logits[0];
+  for (float x : logits) max = std::max(max, x);
+  for (float x : logits) sum += std::exp(double(x) - max);
+  EXPECT_NEAR(g.logprob, logits[17] - max - std::log(sum), 1e-4);
+  ASSERT_EQ(g.top.size(), 5u);
+  EXPECT_NEAR(g.top[0].logprob, -std::log(sum), 1e-4);
+  EXPECT_EQ(logits[size_t(g.top[0].id)], max);
+  for (size_t i = 1; i < g.top.size(); ++i) EXPECT_GE(g.top[i - 1].logprob, g.top[i].logprob);
+}
+
+TEST(ServeText, ConstantTimeCompare) {
+  EXPECT_TRUE(constant_time_equal("sk-abc", "sk-abc"));
+  EXPECT_FALSE(constant_time_equal("sk-abc", "sk-abd"));
+  EXPECT_FALSE(constant_time_equal("sk-abc", "sk-ab"));
+  EXPECT_FALSE(constant_time_equal("", "x"));
+  EXPECT_TRUE(constant_time_equal("", ""));
+}
+
+ModelInfo stories_info() {
+  GgufFile f = GgufFile::open(test::model_path("stories260K.gguf"));
+  ModelInfo m;
+  m.id = "stories260K";
+  m.n_ctx = 128;
+  m.n_vocab = 512;
+  m.tokenizer = Tokenizer::from_gguf(f);
+  m.chat_family = detect_chat_family(f);
+  m.chat_stop_tokens = chat_stop_tokens(m.chat_family, *m.tokenizer);
+  m.chat_stop_strings = chat_stop_strings(m.chat_family);
+  return m;
+}
+
+TEST(ServeApi, ParsesRequestsIntoGenerationRequests) {
+  ModelInfo m = stories_info();
+  ApiRequest c = parse_completion_request(
+      R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":7,"temperature":0,"top_k":5,"min_p":0.1,
+          "top_p":0.5,"seed":42,"stop":["x","yz"],"logprobs":2,"stream":true,"stream_options":{"include_usage":true},
+          "logit_bias":{"2":-100}})",
+      m);
+  EXPECT_EQ(c.gen.prompt, (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  EXPECT_EQ(c.gen.max_tokens, 7);
+  EXPECT_EQ(c.gen.sampling.temperature, 0.f);
+  EXPECT_EQ(c.gen.sampling.top_k, 5);
+  EXPECT_FLOAT_EQ(c.gen.sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(c.gen.sampling.top_p, 0.5f);
+  EXPECT_EQ(c.gen.sampling.seed, 42u);
+  EXPECT_EQ(c.gen.stop, (std::vector<std::string>{"x", "yz"}));
+  EXPECT_EQ(c.gen.top_logprobs, 2);
+  EXPECT_TRUE(c.stream && c.include_usage && c.logprobs);
+  ASSERT_EQ(c.gen.logit_bias.size(), 1u);
+  EXPECT_EQ(c.gen.logit_bias[0].first, 2);
+
+  // Defaults: OpenAI's temperature 1 / top_p 1, 16 tokens for completions,
+  // the rest of the context for chat, no logprobs.
+  ApiRequest d = parse_completion_request(R"({"model":"stories260K","prompt":[1,403]})", m);
+  EXPECT_EQ(d.gen.prompt, (std::vector<int32_t>{1, 403}));
+  EXPECT_EQ(d.gen.max_tokens, 16);
+  EXPECT_EQ(d.gen.sampling.temperature, 1.f);
+  EXPECT_EQ(d.gen.top_logprobs, -1);
+  ApiRequest chat = parse_chat_request(R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}]})", m);
+  EXPECT_EQ(chat.gen.max_tokens, 128 - int64_t(chat.gen.prompt.size()));
+  EXPECT_FALSE(chat.gen.stop_tokens.empty());
+  EXPECT_EQ(chat.gen.stop, m.chat_stop_strings);
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,316 @@
+// CUDA DeepSeek V4 attention (kernels/cuda/ds4_attention.cuh) against a
+// line-by-line host port of the CPU arch's attention (a private member of
+// engine/arch_deepseek4*.cpp), that port on inputs whose answer is known by
+// hand, the window ring's store, and the grouped output projection
+// (kernels/cuda/ds4_grouped_matvec.cuh). Seeded random data, seed printed;
+// outputs poisoned before each run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu_ops.h"
+#include "kernels/cuda/ds4_attention.cuh"
+#include "kernels/cuda/ds4_grouped_matvec.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/quant.h"
+#include "tests/test_cuda_util.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+using test::DeviceArray;
+using test::is_poison;
+using test::rope_freqs;
+
+struct AttnCase {
+  int n_head, head_dim, ratio, top_k;  // top_k 0: no indexer
+  int64_t window, pos0, n_tokens;
+  bool expect_split;  // at least 32 visible rows and few blocks: the rows are split
+};
+
+// Host inputs of one attention case.
+struct AttnData {
+  std::vector<float> q, kv_new, ring, comp, sinks;
+  std::vector<int32_t> itop;
+  int64_t q_stride;
+};
+
+// Reference: the CPU's loop (window rows from the batch or the ring, then
+// the compressed rows; scores, max with the sink, softmax with the sink in
+// the denominator) in double. n_tokens rows of n_head * head_dim.
+std::vector<double> ref_attention(const AttnCase& c, const AttnData& d, float scale) {
+  const int64_t hd = c.head_dim, HD = int64_t(c.n_head) * hd;
+  std::vector<double> want(static_cast<size_t>(c.n_tokens * HD));
+  for (int64_t t = 0; t < c.n_tokens; ++t) {
+    const int64_t p = c.pos0 + t, lo = std::max<int64_t>(0, p - c.window + 1);
+    std::vector<const float*> rows;
+    for (int64_t j = lo; j <= p; ++j) {
+      rows.push_back(j >= c.pos0 ? d.kv_new.data() + (j - c.pos0) * hd : d.ring.data() + (j % c.window) * hd);
+    }
+    const int64_t nv = c.ratio > 0 ? (p + 1) / c.ratio : 0;
+    const int64_t n_comp = c.top_k > 0 ? std::min<int64_t>(nv, c.top_k) : nv;
+    for (int64_t k = 0; k < n_comp; ++k) {
+      rows.push_back(d.comp.data() + (c.top_k > 0 ? d.itop[size_t(t * c.top_k + k)] : k) * hd);
+    }
+    for (int h = 0; h < c.n_head; ++h) {
+      const float* qh = d.q.data() + t * d.q_stride + h * hd;
+      std::vector<double> sc(rows.size());
+      double mx = d.sinks[size_t(h)];
+      for (size_t k = 0; k < rows.size(); ++k) {
+        double dot = 0;
+        for (int64_t i = 0; i < hd; ++i) dot += double(qh[i]) * rows[k][i];
+        sc[k] = scale * dot;
+        mx = std::max(mx, sc[k]);
+      }
+      double sum = std::exp(double(d.sinks[size_t(h)]) - mx);
+      for (double& v : sc) sum += v = std::exp(v - mx);
+      for (int64_t i = 0; i < hd; ++i) {
+        double o = 0;
+        for (size_t k = 0; k < rows.size(); ++k) o += sc[k] / sum * rows[k][i];
+        want[size_t(t * HD + h * hd + i)] = o;
+      }
+    }
+  }
+  return want;
+}
+
+void check_attention(const AttnCase& c, uint64_t seed) {
+  SCOPED_TRACE("heads " + std::to_string(c.n_head) + " dim " + std::to_string(c.head_dim) + " ratio " +
+               std::to_string(c.ratio) + " top_k " + std::to_string(c.top_k) + " pos0 " + std::to_string(c.pos0) +
+               " tokens " + std::to_string(c.n_tokens));
+  std::mt19937_64 rng(seed);
+  const int64_t hd = c.head_dim, HD = int64_t(c.n_head) * hd, B = c.n_tokens;
+  const int64_t q_stride = HD + 4, out_stride = HD + 8;
+  AttnData data;
+  data.q_stride = q_stride;
+  data.q = test::random_floats(rng, size_t(B * q_stride));
+  data.kv_new = test::random_floats(rng, size_t(B * hd));
+  data.ring = test::random_floats(rng, size_t(c.window * hd));
+  const int64_t n_comp_rows = c.ratio > 0 ? (c.pos0 + B) / c.ratio : 0;
+  data.comp = test::random_floats(rng, size_t(std::max<int64_t>(1, n_comp_rows) * hd));
+  data.sinks = test::random_floats(rng, size_t(c.n_head), 2.0f);
+  data.itop.assign(size_t(B * std::max(1, c.top_k)), -7);
+  for (int64_t t = 0; c.top_k > 0 && t < B; ++t) {
+    const int64_t nv = (c.pos0 + t + 1) / c.ratio;
+    std::vector<int32_t> all(static_cast<size_t>(nv));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    const int64_t n = std::min<int64_t>(nv, c.top_k);
+    std::sort(all.begin(), all.begin() + n);
+    std::copy_n(all.begin(), n, data.itop.begin() + t * c.top_k);
+  }
+  const float scale = float(1.0 / std::sqrt(double(hd)));
+  const std::vector<double> want = ref_attention(c, data, scale);
+  const auto& [q, kv_new, ring, comp, sinks, itop, unused] = data;
+  (void)unused;
+  DeviceArray<float> dq(q), dkv(kv_new), dring(ring), dcomp(comp), dsinks(sinks), dout(size_t(B * out_stride));
+  DeviceArray<int32_t> ditop(itop);
+  dout.poison();
+  cuda::Ds4AttentionParams p;
+  p.n_head = c.n_head;
+  p.head_dim = c.head_dim;
+  p.scale = scale;
+  p.q = dq.get();
+  p.q_stride = q_stride;
+  p.kv_new = dkv.get();
+  p.ring = dring.get();
+  p.window = c.window;
+  p.comp_rows = c.ratio > 0 ? dcomp.get() : nullptr;
+  p.ratio = c.ratio;
+  p.itop = c.top_k > 0 ? ditop.get() : nullptr;
+  p.top_k = c.top_k;
+  p.sinks = dsinks.get();
+  p.pos0 = c.pos0;
+  p.n_tokens = B;
+  p.out = dout.get();
+  p.out_stride = out_stride;
+  // Unsplit (no workspace), then split across blocks when it pays.
+  const size_t ws_bytes = cuda::ds4_attention_workspace_bytes(p);
+  EXPECT_EQ(ws_bytes > 0, c.expect_split);
+  DeviceArray<uint8_t> ws(std::max<size_t>(ws_bytes, 1));
+  // The inverse RoPE folded into the output (rope_pos = -p, the last rd
+  // dims of every head): the plain output rotated on the host.
+  const int rd = std::min(64, c.head_dim / 2);
+  std::vector<int32_t> neg(static_cast<size_t>(B));
+  for (int64_t t = 0; t < B; ++t) neg[size_t(t)] = -int32_t(c.pos0 + t);
+  const std::vector<float> freq = rope_freqs(rd);
+  DeviceArray<int32_t> dneg(neg);
+  DeviceArray<float> dfreq(freq);
+  for (bool split : {false, true}) {
+    SCOPED_TRACE(split ? "split" : "unsplit");
+    dout.poison();
+    cuda::ds4_attention(p, split ? ws.get() : nullptr, split ? ws_bytes : 0, nullptr);
+    const std::vector<float> out = dout.download();
+    for (int64_t t = 0; t < B; ++t) {
+      for (int64_t i = 0; i < out_stride; ++i) {
+        const float v = out[size_t(t * out_stride + i)];
+        if (i >= HD) {
+          ASSERT_TRUE(is_poison(v)) << "wrote past the row at token " << t;
+          continue;
+        }
+        ASSERT_NEAR(v, want[size_t(t * HD + i)], 2e-5) << "token " << t << " head " << i / hd << " dim " << i % hd;
+      }
+    }
+    cuda::Ds4AttentionParams pr = p;
+    pr.rope_pos = dneg.get();
+    pr.rope_freq = dfreq.get();
+    pr.rope_dim = rd;
+    dout.poison();
+    cuda::ds4_attention(pr, split ? ws.get() : nullptr, split ? ws_bytes : 0, nullptr);
+    const std::vector<float> rot = dout.download();
+    for (int64_t t = 0; t < B; ++t) {
+      for (int h = 0; h < c.n_head; ++h) {
+        const float* a = out.data() + t * out_stride + h * hd;
+        const float* b = rot.data() + t * out_stride + h * hd;
+        for (int64_t i = 0; i < hd; i += 2) {
+          double x0 = a[i], x1 = a[i + 1];
+          if (i >= hd - rd) {
+            const double ang = double(neg[size_t(t)]) * double(freq[size_t((i - (hd - rd)) / 2)]);
+            const double cs = std::cos(ang), sn = std::sin(ang);
+            const double r0 = x0 * cs - x1 * sn, r1 = x0 * sn + x1 * cs;
+            x0 = r0, x1 = r1;
+          }
+          ASSERT_NEAR(b[i], x0, 1e-6 * (1.0 + std::fabs(x0))) << "token " << t << " head " << h << " dim " << i;
+          ASSERT_NEAR(b[i + 1], x1, 1e-6 * (1.0 + std::fabs(x1))) << "token " << t << " head " << h << " dim " << i + 1;
+        }
+      }
+      ASSERT_TRUE(is_poison(rot[size_t(t * out_stride + HD)])) << "rotated past the row at token " << t;
+    }
+  }
+}
+
+TEST(CudaDs4Attention, AttentionWindowCompressedRowsAndSinks) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // Sliding only; ratio 16 (all rows); ratio 4 with the indexer's picks
+  // (fewer and more rows than top_k); 12 heads: a partial block of warps;
+  // Flash's 512-wide rows; a batch longer than the window.
+  check_attention({12, 64, 0, 0, 8, 20, 5, false}, seed + 51);
+  check_attention({12, 64, 16, 0, 8, 40, 9, false}, seed + 52);
+  check_attention({8, 128, 4, 3, 8, 2, 12, false}, seed + 53);
+  check_attention({8, 512, 4, 6, 16, 60, 3, true}, seed + 54);
+  check_attention({3, 512, 128, 0, 128, 300, 2, true}, seed + 55);
+  // Decode-like: many rows, few blocks, so the rows are split (some splits
+  // of the shorter lists stay empty); ratio 4 with 64 picks of 100 rows.
+  check_attention({4, 128, 128, 0, 64, 5000, 2, true}, seed + 56);
+  check_attention({8, 512, 4, 64, 32, 400, 2, true}, seed + 57);
+  check_attention({64, 512, 4, 16, 128, 1000, 1, true}, seed + 58);  // Flash's 64 heads of 512
+}
+
+// The host references themselves, on inputs whose answer is known by hand
+// (these run without a GPU).
+TEST(CudaDs4AttentionReference, AttentionPortReadsRingAndSink) {
+  // One head, position 5 with a window of 4: positions 2, 3, 4 from ring rows
+  // 2, 3, 0 and position 5 from the batch. q = 0: equal scores, so each row
+  // weighs 1 / (4 + e^sink).
+  const AttnCase c{1, 32, 0, 0, 4, 5, 1, false};
+  AttnData d;
+  d.q_stride = 32;
+  d.q.assign(32, 0.0f);
+  d.kv_new.assign(32, 5.0f);
+  d.ring.resize(4 * 32);
+  for (int r = 0; r < 4; ++r) std::fill_n(d.ring.begin() + r * 32, 32, float(r == 0 ? 4 : r == 1 ? 100 : r));
+  d.sinks = {0.7f};
+  const std::vector<double> out = ref_attention(c, d, 1.0f);
+  const double want = (2.0 + 3.0 + 4.0 + 5.0) / (4.0 + std::exp(double(0.7f)));
+  for (double v : out) ASSERT_NEAR(v, want, 1e-12);
+}
+
+TEST(CudaDs4Attention, WindowStoreKeepsTheLastRows) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 61);
+  const int64_t hd = 64, window = 8;
+  for (int64_t n : {3, 11}) {
+    const int64_t pos0 = 13;
+    const std::vector<float> kv = test::random_floats(rng, size_t(n * hd));
+    std::vector<float> ring = test::random_floats(rng, size_t(window * hd));
+    DeviceArray<float> dkv(kv), dring(ring);
+    cuda::ds4_window_store(dkv.get(), n, hd, pos0, dring.get(), window, nullptr);
+    for (int64_t t = std::max<int64_t>(0, n - window); t < n; ++t) {
+      std::copy_n(kv.begin() + t * hd, hd, ring.begin() + ((pos0 + t) % window) * hd);
+    }
+    ASSERT_EQ(dring.download(), ring) << n;
+  }
+}
+
+// The grouped output projection of one token: row r of G groups of k rows
+// against quantized slice r / k only. Against matvec_xq of each group's rows
+// on its own slice (the same integer arithmetic) and a float64 host loop.
+TEST(CudaDs4Attention, GroupedMatvecXqReadsEachGroupsSlice) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 14);
+  struct Case {
+    DType type;
+    int64_t groups, k, cols;
+  };
+  // 4096 Q8_0 columns: several steps of the pipelined loop per thread. The
+  // per-group reference matvec_xq wants 16-byte aligned slices: k * row_bytes
+  // is a multiple of 16 in each case.
+  for (const Case c : {Case{DType::Q8_0, 3, 6, 4096}, Case{DType::Q8_0, 4, 8, 64}, Case{DType::Q4_K, 4, 4, 512}}) {
+    SCOPED_TRACE(std::string(dtype_name(c.type)) + " groups " + std::to_string(c.groups) + " cols " +
+                 std::to_string(c.cols));
+    const int64_t rows = c.groups * c.k;
+    const int64_t qk = c.type == DType::Q8_0 ? 32 : 256;
+    const uint64_t row_bytes = *dtype_bytes(c.type, uint64_t(c.cols));
+    std::vector<uint8_t> wb(size_t(row_bytes * uint64_t(rows)));
+    std::vector<float> wf(size_t(rows * c.cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      random_blocks(c.type, wb.data() + uint64_t(r) * row_bytes, c.cols / qk, rng());
+      dequantize_row(c.type, wb.data() + uint64_t(r) * row_bytes, wf.data() + r * c.cols, c.cols);
+    }
+    const std::vector<float> x = test::random_floats(rng, size_t(c.groups * c.cols));
+    DeviceArray<uint8_t> dw(wb);
+    DeviceArray<float> dx(x), out{size_t(rows)}, ref{size_t(rows)};
+    DeviceArray<uint8_t> xq(size_t(cuda::xq_row_bytes(c.cols) * uint64_t(c.groups)));
+    cuda::quantize_xq(dx.get(), c.cols, c.groups, c.cols, xq.get(), nullptr);
+    const cuda::MatrixView wv{c.type, dw.get(), rows, c.cols, row_bytes};
+    ASSERT_TRUE(cuda::ds4_grouped_matvec_xq_supported(wv, c.groups));
+    out.poison();
+    ref.poison();
+    cuda::ds4_grouped_matvec_xq(wv, c.groups, xq.get(), out.get(), nullptr);
+    for (int64_t g = 0; g < c.groups; ++g) {
+      const cuda::MatrixView part{c.type, dw.get() + uint64_t(g * c.k) * row_bytes, c.k, c.cols, row_bytes};
+      cuda::matvec_xq(part, xq.get() + uint64_t(g) * cuda::xq_row_bytes(c.cols), 1, ref.get() + g * c.k, c.k,
+                      nullptr);
+    }
+    const std::vector<float> got = out.download(), want = ref.download();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t g = r / c.k;
+      double acc = 0, mag = 0;
+      for (int64_t i = 0; i < c.cols; ++i) {
+        const double p = double(wf[size_t(r * c.cols + i)]) * x[size_t(g * c.cols + i)];
+        acc += p, mag += std::fabs(p);
+      }
+      ASSERT_FALSE(is_poison(got[size_t(r)])) << r;
+      ASSERT_NEAR(got[size_t(r)], want[size_t(r)], 1e-5 * mag + 1e-6) << r;
+      ASSERT_NEAR(got[size_t(r)], acc, 1e-4 * mag + 1e-6) << r;
+    }
+  }
+  // An odd number of rows per group is refused.
+  DeviceArray<uint8_t> w1(size_t(34 * 6));
+  const cuda::MatrixView odd{DType::Q8_0, w1.get(), 6, 32, 34};
+  EXPECT_FALSE(cuda::ds4_grouped_matvec_xq_supported(odd, 2));
+}
+
+TEST(CudaDs4Attention, LauncherRefusesBadShapes) {
+  BATON_REQUIRE_CUDA();
+  cuda::Ds4AttentionParams a;
+  a.n_head = 4;
+  a.head_dim = 48;  // not a multiple of 32
+  EXPECT_THROW(cuda::ds4_attention(a, nullptr, 0, nullptr), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace baton
