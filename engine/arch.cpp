@@ -1,47 +1,16 @@
-// The registry of architectures: general.architecture -> factory. Each
-// factory lives in its arch_<name>.cpp.
 #include "engine/arch.h"
 
-#include <stdexcept>
-
-#include "engine/gguf.h"
+#include "engine/arch_registry.h"
 
 namespace baton {
 
-std::unique_ptr<Arch> make_llama_arch(const GgufFile& f);
-std::unique_ptr<Arch> make_qwen2_arch(const GgufFile& f);
-std::unique_ptr<Arch> make_qwen3_arch(const GgufFile& f);
-std::unique_ptr<Arch> make_deepseek4_arch(const GgufFile& f);
-
-namespace {
-struct Entry {
-  const char* name;
-  std::unique_ptr<Arch> (*make)(const GgufFile&);
-};
-const Entry kArchs[] = {
-    {"llama", make_llama_arch},
-    {"qwen2", make_qwen2_arch},
-    {"qwen3", make_qwen3_arch},
-    {"deepseek4", make_deepseek4_arch},
-};
-}  // namespace
-
 std::vector<std::string> Arch::known() {
   std::vector<std::string> out;
-  for (const auto& e : kArchs) out.emplace_back(e.name);
+  for (const ArchEntry& e : arch_entries()) out.emplace_back(e.name);
   return out;
 }
 
-std::unique_ptr<Arch> Arch::from_gguf(const GgufFile& f) {
-  const std::string name = f.get_str("general.architecture", "");
-  if (name.empty()) throw std::runtime_error("the file has no general.architecture key");
-  for (const auto& e : kArchs) {
-    if (name == e.name) return e.make(f);
-  }
-  std::string known;
-  for (const auto& e : kArchs) known += (known.empty() ? "" : ", ") + std::string(e.name);
-  throw std::runtime_error("unknown architecture '" + name + "' (this build runs: " + known + ")");
-}
+std::unique_ptr<Arch> Arch::from_gguf(const GgufFile& f) { return arch_entry(f).make_arch(f); }
 
 uint64_t Arch::kv_bytes_per_token_per_layer() const {
   uint64_t n = 0;

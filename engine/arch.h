@@ -10,7 +10,10 @@
 //   - the forward of a layer range (with the embedding and/or head when the
 //     stage has them).
 // One file per architecture (arch_<name>.cpp); llama, qwen2 and qwen3 share
-// the llama-family core in llama_family.{h,cpp}.
+// the llama-family core in llama_family.{h,cpp}. What the node planner needs
+// from an architecture is its ArchPlanner (arch_planner.h); the registry
+// (arch_registry.{h,cpp}) names both builders and the architecture's CUDA
+// stage.
 #pragma once
 
 #include <cstdint>
@@ -93,8 +96,9 @@ struct ForwardArgs {
 
 class Arch {
  public:
-  // Builds the architecture named by `general.architecture`; refuses an
-  // unknown name (std::runtime_error naming it and the known ones).
+  // Builds the architecture named by `general.architecture` through the
+  // registry; refuses an unknown name (std::runtime_error naming it and the
+  // known ones).
   static std::unique_ptr<Arch> from_gguf(const GgufFile& f);
   static std::vector<std::string> known();
 

@@ -16,7 +16,8 @@
 //
 // The pieces live in arch_deepseek4.cpp (tables, KV, workspace, HC, head,
 // driver), arch_deepseek4_attn.cpp (attention, compressors, indexer) and
-// arch_deepseek4_moe.cpp (routing and experts). See docs/DEEPSEEK4.md.
+// arch_deepseek4_moe.cpp (routing and experts); the node planner's lines in
+// arch_deepseek4_plan.cpp. See docs/DEEPSEEK4.md.
 #pragma once
 
 #include <cstdint>

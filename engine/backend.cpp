@@ -7,12 +7,12 @@
 #include <stdexcept>
 
 #include "engine/arch.h"
+#include "engine/arch_registry.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
 
 #ifdef BATON_HAVE_CUDA
-#include "engine/cuda/cuda_stage.h"
-#include "engine/cuda/ds4_stage.h"
+#include "engine/cuda/device_memory.h"  // cuda_unavailable_reason, measure_cuda_ceilings
 #endif
 
 namespace baton {
@@ -94,36 +94,27 @@ int32_t StageRunner::forward_greedy(int seq, std::span<const int32_t> tokens) {
   return int32_t(std::max_element(row, row + v) - row);
 }
 
-#ifdef BATON_HAVE_CUDA
 namespace {
-// deepseek4 has its own CUDA stage; every other arch goes to CudaStage,
-// which refuses by name what it cannot run.
-bool is_deepseek4(const GgufFile& f) { return Arch::from_gguf(f)->name() == "deepseek4"; }
+// The CUDA stage the registry names for the file's architecture. Only
+// reached with the CUDA backend available, so a CUDA build.
+const CudaStageFactory& cuda_stage_of(const GgufFile& f) {
+  const ArchEntry& e = arch_entry(f);
+  if (!e.cuda) throw std::runtime_error(std::string("cuda: no CUDA stage runs architecture '") + e.name + "'");
+  return *e.cuda;
+}
 }  // namespace
-#endif
 
 MemoryPlan plan_stage_runner(Backend b, const GgufFile& f, const StageConfig& config, const LoadOptions& load) {
   if (std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
   if (b == Backend::Cpu) return Stage::plan(f, config);
-#ifdef BATON_HAVE_CUDA
-  if (is_deepseek4(f)) return CudaDs4Stage::plan(f, config, load);
-  return CudaStage::plan(f, config, load);
-#else
-  (void)load;
-  throw std::logic_error("unreachable: cuda without CUDA");
-#endif
+  return cuda_stage_of(f).plan(f, config, load);
 }
 
 std::unique_ptr<StageRunner> make_stage_runner(Backend b, const GgufFile& f, const StageConfig& config,
                                                const LoadOptions& load) {
   if (std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
   if (b == Backend::Cpu) return std::make_unique<CpuStageRunner>(f, config, load);
-#ifdef BATON_HAVE_CUDA
-  if (is_deepseek4(f)) return std::make_unique<CudaDs4Stage>(f, config, load);
-  return std::make_unique<CudaStage>(f, config, load);
-#else
-  throw std::logic_error("unreachable: cuda without CUDA");
-#endif
+  return cuda_stage_of(f).make(f, config, load);
 }
 
 #ifndef BATON_HAVE_CUDA
@@ -149,7 +140,7 @@ DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm) {
 uint64_t plan_bytes_under_limit(Backend b, const MemoryPlan& plan) {
   uint64_t need = 0;
   for (const auto& line : plan.lines()) {
-    if (b == Backend::Cpu || line.name.find("(host") == std::string::npos) need += line.bytes;
+    if (b == Backend::Cpu || !plan_line_is_host(line.kind)) need += line.bytes;
   }
   return need;
 }

@@ -1,7 +1,8 @@
 // The backend seam: one stage (a layer range with its weights, KV cache and
 // workspace) on the CPU or on a CUDA device, as generation loops and
-// benchmarks drive it. The CPU runner wraps Stage (engine/stage.h); the CUDA
-// runner is engine/cuda/cuda_stage.h, compiled only when the build has CUDA
+// benchmarks drive it. The CPU runner wraps Stage (engine/stage.h); a CUDA
+// runner is the stage the architecture registry (engine/arch_registry.h)
+// names for the model, compiled only when the build has CUDA
 // (BATON_HAVE_CUDA). Code that picks a backend includes only this header, so
 // it compiles the same with and without CUDA.
 #pragma once

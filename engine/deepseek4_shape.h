@@ -1,5 +1,5 @@
-// DeepSeek V4 (Flash, Pro and small test shapes) as the planner and the
-// synthetic-model writer see it: the hyperparameters read from the
+// DeepSeek V4 (Flash, Pro and small test shapes) as the planner
+// (arch_deepseek4_plan.cpp) and the synthetic-model writer see it: the hyperparameters read from the
 // `deepseek4.*` keys, the full tensor table of the embedding, the head and
 // each layer, the KV cache each layer keeps and the workspace a forward
 // needs. Nothing here is specific to Flash: every number comes from the

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "engine/arch_planner.h"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "engine/memory_plan.h"
@@ -284,6 +285,49 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   float* logits = ws(L.logits);
   matmul(xn, n_rows, E, m.head(kOutput)->view(), logits, hp_.n_vocab, pool, row_buf);
   return logits;
+}
+
+// ------------------------------------------------------------------ planner
+
+namespace {
+
+// The node planner's lines for the llama family: the same functions
+// Stage::plan uses, so the numbers are the loader's own.
+class LlamaFamilyPlanner final : public ArchPlanner {
+ public:
+  explicit LlamaFamilyPlanner(const GgufFile& f) : file_(f), arch_(Arch::from_gguf(f)) {}
+
+  int n_layer() const override { return arch_->dims().n_layer; }
+  int64_t n_ctx_train() const override { return arch_->dims().n_ctx_train; }
+  std::string describe() const override { return arch_->describe(); }
+  int64_t boundary_elems_per_token() const override { return arch_->boundary_elems_per_token(); }
+  // Model::plan lays the one file's tensors out as the loader will.
+  uint64_t weight_bytes(const StageParts& parts) const override { return Model::plan(file_, *arch_, parts).bytes; }
+  uint64_t kv_bytes(const StageRequest& r) const override {
+    return KvCache::bytes_needed(r.layers, r.n_seq, r.n_ctx, arch_->kv_stream_widths());
+  }
+  uint64_t workspace_bytes(const WorkspaceShape& shape, LayerRange /*layers*/) const override {
+    return arch_->workspace_bytes(shape);
+  }
+  std::string weights_detail(const StageRequest& r) const override { return stage_parts_text(r); }
+  std::string kv_detail(const StageRequest& r) const override {
+    return fmt::format("{} layers x {} seq x {} ctx x {} B", r.layers.count(), r.n_seq, r.n_ctx,
+                       arch_->kv_bytes_per_token_per_layer());
+  }
+
+ private:
+  const GgufFile& file_;
+  std::unique_ptr<Arch> arch_;
+};
+
+}  // namespace
+
+std::unique_ptr<ArchPlanner> make_llama_family_planner(const PlanSource& source) {
+  if (!source.single) {
+    throw std::runtime_error("cannot plan a " + source.meta.get_str("general.architecture", "") +
+                             " shard set: the llama-family planner reads one file (merge the shards first)");
+  }
+  return std::make_unique<LlamaFamilyPlanner>(*source.single);
 }
 
 }  // namespace baton

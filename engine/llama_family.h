@@ -5,6 +5,8 @@
 // with n = RMS norm, grouped-query attention and a causal mask. Variants differ
 // only in the rope pairing, q/k/v biases and a per-head q/k RMS norm; each
 // arch_<name>.cpp fills a LlamaVariant and reads its hyperparameters here.
+// llama_family.cpp also holds the family's node planner
+// (make_llama_family_planner, see arch_planner.h).
 #pragma once
 
 #include <string>

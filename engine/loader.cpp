@@ -17,7 +17,7 @@
 #include <system_error>
 
 #include "engine/gguf.h"
-#include "engine/model.h"
+#include "engine/weight_layout.h"
 
 namespace baton {
 

@@ -7,20 +7,36 @@
 
 namespace baton {
 
-void MemoryPlan::add(std::string_view name, uint64_t bytes, std::string detail) {
+const char* plan_line_name(PlanLine line) {
+  switch (line) {
+    case PlanLine::Weights: return "weights";
+    case PlanLine::KvCache: return "kv cache";
+    case PlanLine::Workspace: return "workspace";
+    case PlanLine::LinkBuffers: return "link buffers";
+    case PlanLine::Backend: return "backend";
+    case PlanLine::LoadStaging: return "load staging";
+    case PlanLine::PinnedIo: return "pinned io";
+    case PlanLine::OptionalCaches: return "optional caches";
+  }
+  return "?";
+}
+
+bool plan_line_is_host(PlanLine line) { return line == PlanLine::LoadStaging || line == PlanLine::PinnedIo; }
+
+void MemoryPlan::add(PlanLine kind, uint64_t bytes, std::string detail) {
   for (auto& l : lines_) {
-    if (l.name == name) {
+    if (l.kind == kind) {
       l.bytes += bytes;
       if (!detail.empty()) l.detail = l.detail.empty() ? detail : l.detail + "; " + detail;
       return;
     }
   }
-  lines_.push_back({std::string(name), bytes, std::move(detail)});
+  lines_.push_back({kind, plan_line_name(kind), bytes, std::move(detail)});
 }
 
-uint64_t MemoryPlan::bytes(std::string_view name) const {
+uint64_t MemoryPlan::bytes(PlanLine kind) const {
   for (const auto& l : lines_) {
-    if (l.name == name) return l.bytes;
+    if (l.kind == kind) return l.bytes;
   }
   return 0;
 }

@@ -1,13 +1,14 @@
-// A MemoryPlan: named lines of bytes (weights, kv cache, workspace...) computed
+// A MemoryPlan: lines of bytes (weights, kv cache, workspace...) computed
 // before anything is allocated, printable, and then allocated one buffer per
-// line. See docs/MEMORY.md for the rules it serves.
+// line. Every planner, stage and report names its lines with one PlanLine
+// vocabulary. See docs/MEMORY.md for the rules it serves and what each line
+// holds.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace baton {
@@ -17,17 +18,36 @@ namespace baton {
 inline constexpr uint64_t kPlanAlignment = 64;
 inline constexpr uint64_t align_up(uint64_t n, uint64_t a = kPlanAlignment) { return (n + a - 1) / a * a; }
 
+// The kinds of line a plan may hold (docs/MEMORY.md, "Plan lines").
+enum class PlanLine {
+  Weights,
+  KvCache,
+  Workspace,
+  LinkBuffers,
+  Backend,         // the backend's fixed overhead (CUDA context)
+  LoadStaging,     // the loader's pinned ring, while loading
+  PinnedIo,        // a CUDA stage's pinned step parameters and outputs
+  OptionalCaches,
+};
+// The printed name ("kv cache", "load staging"...), also the JSON name.
+const char* plan_line_name(PlanLine line);
+// Host memory beside the device: a CUDA stage's lines that a device memory
+// cap does not cover. On a unified node host and device share the memory, so
+// the node planner counts such a line in the node's memory where it has one.
+bool plan_line_is_host(PlanLine line);
+
 class MemoryPlan {
  public:
   struct Line {
-    std::string name;
+    PlanLine kind;
+    std::string name;    // plan_line_name(kind)
     uint64_t bytes = 0;
     std::string detail;  // how the number was made, for humans
   };
 
-  // Adds a line, or grows the line of that name.
-  void add(std::string_view name, uint64_t bytes, std::string detail = {});
-  uint64_t bytes(std::string_view name) const;  // 0 when absent
+  // Adds a line, or grows the line of that kind.
+  void add(PlanLine kind, uint64_t bytes, std::string detail = {});
+  uint64_t bytes(PlanLine kind) const;  // 0 when absent
   uint64_t total() const;
   const std::vector<Line>& lines() const { return lines_; }
   // One line per entry plus a total, sizes in bytes and MiB.

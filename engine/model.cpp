@@ -9,15 +9,15 @@
 
 namespace baton {
 
-namespace {
-
-std::string shape_str(const int64_t* ne, size_t n) {
+std::string tensor_shape_text(const int64_t* ne, size_t n) {
   std::string s = "[";
   for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
   return s + "]";
 }
 
-std::string shape_str(const std::vector<int64_t>& v) { return shape_str(v.data(), v.size()); }
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& v) { return tensor_shape_text(v.data(), v.size()); }
 
 // Compares in ggml order; missing trailing dims are 1 on both sides.
 bool same_shape(const std::vector<int64_t>& want, const GgufTensorInfo& t) {
@@ -34,7 +34,7 @@ void check_tensor(const TensorSpec& spec, const GgufTensorInfo& t) {
   std::string what = spec.name == t.name ? "tensor " + t.name : "tensor " + spec.name + " (tied to " + t.name + ")";
   if (!same_shape(spec.shape, t)) {
     throw std::runtime_error(what + ": expected shape " + shape_str(spec.shape) + ", file has " +
-                             shape_str(t.ne, std::max<size_t>(t.n_dims, 1)));
+                             tensor_shape_text(t.ne, std::max<size_t>(t.n_dims, 1)));
   }
   const DTypeInfo& info = dtype_info(t.type);
   if (spec.type && *spec.type != t.type) {

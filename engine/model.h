@@ -16,19 +16,15 @@
 #include "engine/arch.h"
 #include "engine/loader.h"
 #include "engine/memory_plan.h"
+#include "engine/weight_layout.h"
 #include "kernels/cpu_ops.h"
 
 namespace baton {
 
 class GgufFile;
-struct GgufTensorInfo;
 
-// Which parts of the model a stage holds.
-struct StageParts {
-  LayerRange layers;
-  bool embedding = false;
-  bool head = false;
-};
+// "[4096, 32000]": a shape in ggml order, for messages.
+std::string tensor_shape_text(const int64_t* ne, size_t n);
 
 // A loaded tensor: a view into the model's weight buffer.
 struct Tensor {
@@ -42,21 +38,6 @@ struct Tensor {
   WeightView view() const { return {type, data, rows(), ne[0], row_bytes}; }
   // Precondition: type == F32 (the loader enforces it where the spec asks).
   const float* f32() const { return reinterpret_cast<const float*>(data); }
-};
-
-// Where each requested slot's tensor lands; computed without allocating.
-struct WeightLayout {
-  struct Entry {
-    const GgufTensorInfo* info = nullptr;  // nullptr: optional and absent
-    uint64_t offset = 0;                   // in the weight buffer; shared by aliases
-    bool alias = false;                    // same tensor as an earlier entry (tied weights)
-  };
-  StageParts parts;
-  std::vector<Entry> embedding;
-  std::vector<Entry> head;
-  std::vector<std::vector<Entry>> layers;  // [layer - parts.layers.first][slot]
-  uint64_t bytes = 0;                      // the plan's "weights" line
-  uint64_t n_tensors = 0;                  // distinct tensors read
 };
 
 class Model {

@@ -1,9 +1,11 @@
 // The memory plan of one stage on one node, computed from the file's header
-// alone (no tensor data is read), for any architecture the planner knows:
-// the llama family (through Stage::plan, so the numbers are the loader's own)
-// and DeepSeek V4 (from Deepseek4Shape). See docs/MEMORY.md.
+// alone (no tensor data is read), for any architecture the registry
+// (arch_registry.h) gives a planner. The architecture's ArchPlanner
+// (arch_planner.h) makes the weights, kv cache and workspace lines; this
+// planner checks the request, caches, and adds the lines every architecture
+// shares. See docs/MEMORY.md.
 //
-// Plan lines, in this order:
+// Plan lines (PlanLine, memory_plan.h), in this order:
 //   weights          exact tensor bytes, each aligned to kPlanAlignment: the
 //                    layer range, the embedding on the first stage, the head
 //                    on the last, tensors of no layer (shared) on every stage
@@ -27,37 +29,39 @@
 #include <vector>
 
 #include "engine/arch.h"
-#include "engine/deepseek4_shape.h"
+#include "engine/deepseek4_shape.h"  // Ds4KvStorage
 #include "engine/memory_plan.h"
 
 namespace baton {
 
+class ArchPlanner;
 class GgufFile;
 class ModelFiles;
+struct ArchEntry;
 struct GgufTensorInfo;
 
 enum class Backend { Cpu, Cuda };
 const char* backend_name(Backend b);
 
 // A CUDA context plus a cuBLAS handle after its first GEMM, with lazy module
-// loading (the CUDA 12.2+ default): 599 MiB of device memory in use, measured
-// with nvidia-smi (memory.used; 590 MiB for the process) on an H200, driver
-// 580.159.04, CUDA 13.0; the bare context was 527 MiB. Eager module loading
-// (CUDA_MODULE_LOADING=EAGER) measured 1015 MiB, so the backend must not
-// force it. Still to be measured on the RTX PRO 6000 (sm_120) and GB10
-// (sm_121); the figure grows with the number of SMs and loaded kernels.
+// loading (the CUDA default; eager loading takes far more, so the backend
+// must not force it). A measured figure, not a derived one: how it was
+// measured, on what, and where it is still to be measured is in
+// docs/MEMORY.md ("The CUDA context"); it grows with the number of SMs and
+// loaded kernels.
 inline constexpr uint64_t kCudaContextBytes = uint64_t(600) << 20;
 uint64_t backend_overhead_bytes(Backend b);
 
 // What unified-memory nodes keep back for the OS, its services and the page
 // cache the loader streams through (it drops what it has read, but the
-// kernel's readahead and dirty pages still need room). DGX OS on a GB10 runs
-// in about 4-6 GiB; 8 GiB leaves room for the rest. Configurable per node.
+// kernel's readahead and dirty pages still need room); docs/MEMORY.md
+// ("Nodes") says what the OS itself takes. Configurable per node.
 inline constexpr uint64_t kDefaultUnifiedReserve = uint64_t(8) << 30;
 
 // Memory bandwidth assumed when a node names none (bytes/s); used only to
-// compare nodes when placing layers. GB10 (LPDDR5x): 273 GB/s; RTX PRO 6000
-// Blackwell (GDDR7): 1792 GB/s; a CPU node: 100 GB/s (a few DDR5 channels).
+// compare nodes when placing layers: a unified node's LPDDR5x (GB10), a
+// discrete device's GDDR7 (RTX PRO 6000 Blackwell), a CPU node's few DDR5
+// channels (docs/MEMORY.md, "Nodes").
 inline constexpr double kUnifiedBandwidth = 273e9;
 inline constexpr double kDiscreteBandwidth = 1792e9;
 inline constexpr double kCpuBandwidth = 100e9;
@@ -102,8 +106,8 @@ struct StageRequest {
 // The model as the planner sees it: opened once from the header, then asked
 // for any number of stage plans. Keeps a reference to the file(s), which
 // must outlive it. Refuses (std::runtime_error) an architecture it cannot
-// plan. A llama.cpp shard set is planned for deepseek4; the llama family
-// takes one file (its weights line is Model::plan's, which reads one file).
+// plan, and what the architecture's planner refuses (the llama family takes
+// one file, not a shard set: its weights line is Model::plan's).
 class ModelPlanner {
  public:
   explicit ModelPlanner(const GgufFile& f);
@@ -119,7 +123,8 @@ class ModelPlanner {
   static std::vector<std::string> known();
 
   // Throws std::invalid_argument for a layer range outside the model or a bad
-  // count, and what Model::plan throws for a bad llama-family file.
+  // count, and what the architecture's planner throws (Model::plan's errors
+  // for a bad llama-family file).
   MemoryPlan plan(const StageRequest& r) const;
 
   // The plan's numbers without the descriptions (placement asks thousands of
@@ -134,20 +139,20 @@ class ModelPlanner {
   uint64_t weight_bytes(LayerRange layers, bool embedding, bool head) const;
 
  private:
-  struct Ds4Tensors;
   void init(const std::vector<const GgufTensorInfo*>& tensors);
+  uint64_t workspace_bytes(const StageRequest& r) const;
   const GgufFile& meta_;        // metadata (the first shard of a set)
   const GgufFile* single_;      // the one file, or nullptr for a shard set
   std::string arch_name_;
   int n_layer_ = 0;
   int64_t n_ctx_train_ = 0;
   uint64_t tensor_bytes_ = 0;
-  std::unique_ptr<Arch> llama_;            // llama family
-  std::unique_ptr<Deepseek4Shape> ds4_;    // deepseek4
-  std::unique_ptr<Ds4Tensors> ds4_tensors_;
+  const ArchEntry* entry_ = nullptr;    // the registry's entry of arch_name_
+  std::unique_ptr<ArchPlanner> arch_;
   mutable std::map<std::tuple<int, int, bool, bool>, uint64_t> weight_cache_;
-  // CUDA builds: CudaStage::plan's workspace for llama-family CUDA stages,
-  // by (first, last, embedding, head, rows, ctx, seqs).
+  // A CUDA stage that plans its own workspace (CudaStageFactory::
+  // plans_workspace): its plan's workspace line, by (first, last, embedding,
+  // head, rows, ctx, seqs).
   mutable std::map<std::tuple<int, int, bool, bool, int64_t, int64_t, int>, uint64_t> cuda_workspace_cache_;
 };
 

@@ -42,16 +42,16 @@ MemoryPlan make_plan(const Arch& arch, const StageConfig& c, const WeightLayout&
                      const WorkspaceShape& ws) {
   LayerRange range{c.first_layer, c.last_layer};
   MemoryPlan plan;
-  plan.add("weights", layout.bytes,
+  plan.add(PlanLine::Weights, layout.bytes,
            fmt::format("{} tensors, layers {}-{}{}{}", layout.n_tensors, c.first_layer, c.last_layer,
                        c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
   // Per-layer streams (deepseek4) have no single bytes-per-token figure.
   const std::string per_token = arch.kv_stream_widths().empty()
                                     ? std::string(" (per-layer streams)")
                                     : fmt::format(" x {} B", arch.kv_bytes_per_token_per_layer());
-  plan.add("kv cache", KvCache::bytes_needed(arch, range, c.n_seq, c.n_ctx),
+  plan.add(PlanLine::KvCache, KvCache::bytes_needed(arch, range, c.n_seq, c.n_ctx),
            fmt::format("{} layers x {} seq x {} ctx{}", range.count(), c.n_seq, c.n_ctx, per_token));
-  plan.add("workspace", arch.workspace_bytes(ws),
+  plan.add(PlanLine::Workspace, arch.workspace_bytes(ws),
            fmt::format("batch {}, {} threads{}", ws.max_batch, ws.n_threads,
                        c.head ? fmt::format(", {} logit rows", ws.max_logit_rows) : ""));
   return plan;

@@ -159,7 +159,9 @@ TEST(CliPlanLlama, Stories260KEqualsStagePlan) {
   const MemoryPlan stage = Stage::plan(GgufFile::open(model), c);
   std::map<std::string, uint64_t> lines;
   for (const Json& l : j["stages"][0]["lines"]) lines[l["name"]] = l["bytes"].get<uint64_t>();
-  for (const char* name : {"weights", "kv cache", "workspace"}) EXPECT_EQ(lines[name], stage.bytes(name)) << name;
+  for (PlanLine line : {PlanLine::Weights, PlanLine::KvCache, PlanLine::Workspace}) {
+    EXPECT_EQ(lines[plan_line_name(line)], stage.bytes(line)) << plan_line_name(line);
+  }
   EXPECT_EQ(lines["backend"], 0u);
   EXPECT_EQ(lines["link buffers"], 0u);
   EXPECT_EQ(j["stages"][0]["total_bytes"].get<uint64_t>(), stage.total());

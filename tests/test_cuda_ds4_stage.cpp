@@ -128,10 +128,10 @@ TEST(CudaDs4Stage, PlanKvLineEqualsCpuPlan) {
     c.n_seq = 2;
     const MemoryPlan gpu = CudaDs4Stage::plan(f, c);
     const MemoryPlan cpu = Stage::plan(f, c);
-    EXPECT_EQ(gpu.bytes("kv cache"), cpu.bytes("kv cache")) << "first layer " << first;
-    EXPECT_GT(gpu.bytes("weights"), 0u);
-    EXPECT_EQ(gpu.bytes("weights"), cpu.bytes("weights"));
-    EXPECT_GT(gpu.bytes("workspace"), 0u);
+    EXPECT_EQ(gpu.bytes(PlanLine::KvCache), cpu.bytes(PlanLine::KvCache)) << "first layer " << first;
+    EXPECT_GT(gpu.bytes(PlanLine::Weights), 0u);
+    EXPECT_EQ(gpu.bytes(PlanLine::Weights), cpu.bytes(PlanLine::Weights));
+    EXPECT_GT(gpu.bytes(PlanLine::Workspace), 0u);
   }
 }
 

@@ -125,14 +125,14 @@ TEST(CudaStage, PlanHasExactDeviceLines) {
   const MemoryPlan cpu = Stage::plan(f, sc);
   const MemoryPlan gpu = CudaStage::plan(f, sc);
   // The same weights and cache as the CPU; its own workspace and host lines.
-  EXPECT_EQ(gpu.bytes("weights"), cpu.bytes("weights"));
-  EXPECT_EQ(gpu.bytes("kv cache"), cpu.bytes("kv cache"));
-  EXPECT_GT(gpu.bytes("workspace"), 0u);
-  EXPECT_GT(gpu.bytes("pinned io (host)"), 0u);
+  EXPECT_EQ(gpu.bytes(PlanLine::Weights), cpu.bytes(PlanLine::Weights));
+  EXPECT_EQ(gpu.bytes(PlanLine::KvCache), cpu.bytes(PlanLine::KvCache));
+  EXPECT_GT(gpu.bytes(PlanLine::Workspace), 0u);
+  EXPECT_GT(gpu.bytes(PlanLine::PinnedIo), 0u);
   LoadOptions lo;
   lo.slots = 3;
   lo.slot_bytes = 1 << 20;
-  EXPECT_EQ(CudaStage::plan(f, sc, lo).bytes("staging (host, load)"), 3u << 20);
+  EXPECT_EQ(CudaStage::plan(f, sc, lo).bytes(PlanLine::LoadStaging), 3u << 20);
 }
 
 TEST(CudaStage, Stories260KMatchesCpu) {
@@ -384,7 +384,7 @@ TEST(CudaStage, DeviceMemoryIsThePlan) {
   CudaStage gpu(f, sc);
   const MemoryPlan& plan = gpu.memory_plan();
   const DeviceMemoryReport m = gpu.device_memory();
-  EXPECT_EQ(m.planned, plan.bytes("weights") + plan.bytes("kv cache") + plan.bytes("workspace"));
+  EXPECT_EQ(m.planned, plan.bytes(PlanLine::Weights) + plan.bytes(PlanLine::KvCache) + plan.bytes(PlanLine::Workspace));
   EXPECT_EQ(m.allocated, m.planned);
   // The allocator hands out whole 2 MiB pages: three allocations may round.
   const double slack = 3.0 * double(2 << 20) + 0.02 * double(m.planned);

@@ -250,7 +250,7 @@ TEST_F(Deepseek4Engine, PlanLinesEqualTheShapeFormulas) {
     MemoryPlan plan = Stage::plan(f, c);
     uint64_t kv = 0;
     for (int l = first; l <= last; ++l) kv += shape_.kv_bytes(l, kCtx, Ds4KvStorage::F32);
-    EXPECT_EQ(plan.bytes("kv cache"), 2 * kv);
+    EXPECT_EQ(plan.bytes(PlanLine::KvCache), 2 * kv);
     WorkspaceShape ws;
     ws.max_batch = 32;
     ws.n_ctx = kCtx;
@@ -259,7 +259,7 @@ TEST_F(Deepseek4Engine, PlanLinesEqualTheShapeFormulas) {
     ws.embedding = true;
     ws.max_logit_rows = 32;
     ws.layers = {first, last};
-    EXPECT_EQ(plan.bytes("workspace"), shape_.workspace_bytes(ws, {first, last}));
+    EXPECT_EQ(plan.bytes(PlanLine::Workspace), shape_.workspace_bytes(ws, {first, last}));
   }
   // A sliding-only layer keeps just its window ring.
   auto arch = Arch::from_gguf(f);

@@ -399,8 +399,8 @@ TEST(LlamaEngine, PipelineStagesEqualWholeModel) {
     b.first_layer = k + 1;
     b.embedding = false;
     Stage first(f, a), second(f, b);
-    EXPECT_LT(first.memory_plan().bytes("weights") + second.memory_plan().bytes("weights"),
-              whole.memory_plan().bytes("weights") + 2 * kPlanAlignment * 64);
+    EXPECT_LT(first.memory_plan().bytes(PlanLine::Weights) + second.memory_plan().bytes(PlanLine::Weights),
+              whole.memory_plan().bytes(PlanLine::Weights) + 2 * kPlanAlignment * 64);
     // Prefill through both stages, then one decode step.
     auto act = first.forward(0, tokens);
     ASSERT_EQ(act.size(), tokens.size() * size_t(first.boundary_width()));
@@ -510,10 +510,10 @@ TEST(LlamaEngine, PlanAndRealFixtures) {
   MemoryPlan dry = Stage::plan(f, sc);
   uint64_t tensor_bytes = 0;
   for (const auto& t : f.tensors()) tensor_bytes += align_up(t.nbytes);
-  EXPECT_EQ(dry.bytes("weights"), tensor_bytes);
+  EXPECT_EQ(dry.bytes(PlanLine::Weights), tensor_bytes);
   // K and V rows of n_head_kv * head_dim = 4 * 8 floats, 5 layers, 100 positions.
-  EXPECT_EQ(dry.bytes("kv cache"), 5u * 100u * 2u * 32u * 4u);
-  EXPECT_GT(dry.bytes("workspace"), 0u);
+  EXPECT_EQ(dry.bytes(PlanLine::KvCache), 5u * 100u * 2u * 32u * 4u);
+  EXPECT_GT(dry.bytes(PlanLine::Workspace), 0u);
   Stage s(f, sc);
   EXPECT_EQ(s.memory_plan().total(), dry.total());
   EXPECT_NE(dry.to_string().find("kv cache"), std::string::npos);

@@ -9,6 +9,8 @@
 #include <map>
 #include <string>
 
+#include "engine/arch_registry.h"
+#include "engine/backend.h"
 #include "engine/deepseek4_shape.h"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
@@ -175,14 +177,14 @@ TEST(NodePlan, LlamaNumbersEqualStagePlan) {
     c.n_threads = r.n_threads;
     const MemoryPlan stage = Stage::plan(f, c);
     const MemoryPlan plan = planner.plan(r);
-    for (const char* line : {"weights", "kv cache", "workspace"}) {
-      EXPECT_EQ(plan.bytes(line), stage.bytes(line)) << line;
-      EXPECT_GT(plan.bytes(line), 0u) << line;
+    for (PlanLine line : {PlanLine::Weights, PlanLine::KvCache, PlanLine::Workspace}) {
+      EXPECT_EQ(plan.bytes(line), stage.bytes(line)) << plan_line_name(line);
+      EXPECT_GT(plan.bytes(line), 0u) << plan_line_name(line);
     }
     const uint64_t link = align_up(uint64_t(r.rows()) * 64 * 4);
-    EXPECT_EQ(plan.bytes("link buffers"), uint64_t((r.embedding ? 0 : 2) + (r.head ? 0 : 2)) * link);
-    EXPECT_EQ(plan.bytes("backend"), 0u);
-    EXPECT_EQ(plan.bytes("optional caches"), 0u);
+    EXPECT_EQ(plan.bytes(PlanLine::LinkBuffers), uint64_t((r.embedding ? 0 : 2) + (r.head ? 0 : 2)) * link);
+    EXPECT_EQ(plan.bytes(PlanLine::Backend), 0u);
+    EXPECT_EQ(plan.bytes(PlanLine::OptionalCaches), 0u);
     EXPECT_EQ(planner.bytes(r).total(), plan.total());
   }
   // The line order is the plan's contract.
@@ -194,12 +196,12 @@ TEST(NodePlan, LlamaNumbersEqualStagePlan) {
   for (const auto& l : p.lines()) names.push_back(l.name);
   EXPECT_EQ(names, (std::vector<std::string>{"weights", "kv cache", "workspace", "link buffers", "backend",
                                              "load staging", "optional caches"}));
-  EXPECT_EQ(p.bytes("backend"), kCudaContextBytes);
-  EXPECT_EQ(p.bytes("load staging"), 0u);  // host memory beside a discrete device
+  EXPECT_EQ(p.bytes(PlanLine::Backend), kCudaContextBytes);
+  EXPECT_EQ(p.bytes(PlanLine::LoadStaging), 0u);  // host memory beside a discrete device
   StageRequest unified = whole;
   unified.unified = true;
-  EXPECT_EQ(planner.plan(unified).bytes("load staging"), uint64_t(4 * 64) << 20);
-  EXPECT_EQ(p.bytes("optional caches"), 12345u);
+  EXPECT_EQ(planner.plan(unified).bytes(PlanLine::LoadStaging), uint64_t(4 * 64) << 20);
+  EXPECT_EQ(p.bytes(PlanLine::OptionalCaches), 12345u);
   EXPECT_EQ(plan_stage(f, whole).total(), p.total());
 }
 
@@ -221,7 +223,7 @@ TEST(NodePlan, Deepseek4StagesFromASyntheticFile) {
   StageRequest whole{{0, 4}};
   whole.n_ctx = 1000;
   whole.prefill_chunk = 64;
-  EXPECT_EQ(planner.plan(whole).bytes("weights"), all);
+  EXPECT_EQ(planner.plan(whole).bytes(PlanLine::Weights), all);
   // Two stages hold every tensor exactly once (no tensor outside the layers,
   // embedding and head in this model).
   Rng rng(seed);
@@ -233,21 +235,21 @@ TEST(NodePlan, Deepseek4StagesFromASyntheticFile) {
   second.layers = {cut, 4};
   second.embedding = false;
   const MemoryPlan p1 = planner.plan(first), p2 = planner.plan(second);
-  EXPECT_EQ(p1.bytes("weights") + p2.bytes("weights"), all);
+  EXPECT_EQ(p1.bytes(PlanLine::Weights) + p2.bytes(PlanLine::Weights), all);
   uint64_t kv1 = 0, kv2 = 0;
   for (int l = 0; l < 5; ++l) (l < cut ? kv1 : kv2) += shape.kv_bytes(l, 1000, Ds4KvStorage::F32);
-  EXPECT_EQ(p1.bytes("kv cache"), kv1);
-  EXPECT_EQ(p2.bytes("kv cache"), kv2);
-  EXPECT_EQ(planner.plan(whole).bytes("kv cache"), kv1 + kv2);
+  EXPECT_EQ(p1.bytes(PlanLine::KvCache), kv1);
+  EXPECT_EQ(p2.bytes(PlanLine::KvCache), kv2);
+  EXPECT_EQ(planner.plan(whole).bytes(PlanLine::KvCache), kv1 + kv2);
   // What crosses the cut is the HC state (4 x 256 floats per token), both ways double-buffered.
   const uint64_t link = 2 * align_up(64 * 4 * 256 * 4);
-  EXPECT_EQ(p1.bytes("link buffers"), link);
-  EXPECT_EQ(p2.bytes("link buffers"), link);
-  EXPECT_EQ(planner.plan(whole).bytes("link buffers"), 0u);
+  EXPECT_EQ(p1.bytes(PlanLine::LinkBuffers), link);
+  EXPECT_EQ(p2.bytes(PlanLine::LinkBuffers), link);
+  EXPECT_EQ(planner.plan(whole).bytes(PlanLine::LinkBuffers), 0u);
   // Sequences multiply the cache.
   StageRequest two = whole;
   two.n_seq = 2;
-  EXPECT_EQ(planner.plan(two).bytes("kv cache"), 2 * (kv1 + kv2));
+  EXPECT_EQ(planner.plan(two).bytes(PlanLine::KvCache), 2 * (kv1 + kv2));
 
   // The indexer's score matrix grows the workspace with the context, only on
   // ranges that hold an indexed layer (2 and 4 here).
@@ -256,7 +258,7 @@ TEST(NodePlan, Deepseek4StagesFromASyntheticFile) {
     r.layers = layers;
     r.head = false;
     r.n_ctx = ctx;
-    return planner.plan(r).bytes("workspace");
+    return planner.plan(r).bytes(PlanLine::Workspace);
   };
   EXPECT_EQ(workspace({0, 1}, 4096), workspace({0, 1}, 8192));
   EXPECT_GE(workspace({2, 2}, 8192) - workspace({2, 2}, 4096), 64u * 1024u * 4u);
@@ -264,11 +266,11 @@ TEST(NodePlan, Deepseek4StagesFromASyntheticFile) {
   StageRequest head_only = second;
   StageRequest no_head = second;
   no_head.head = false;
-  EXPECT_GE(planner.plan(head_only).bytes("workspace"), planner.plan(no_head).bytes("workspace"));
+  EXPECT_GE(planner.plan(head_only).bytes(PlanLine::Workspace), planner.plan(no_head).bytes(PlanLine::Workspace));
   // Packed KV storage is smaller.
   StageRequest packed = whole;
   packed.ds4_kv = Ds4KvStorage::Packed;
-  EXPECT_LT(planner.plan(packed).bytes("kv cache"), planner.plan(whole).bytes("kv cache"));
+  EXPECT_LT(planner.plan(packed).bytes(PlanLine::KvCache), planner.plan(whole).bytes(PlanLine::KvCache));
 }
 
 TEST(NodePlan, Refusals) {
@@ -290,6 +292,52 @@ TEST(NodePlan, Refusals) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("'gpt2'"), std::string::npos) << e.what();
   }
+}
+
+// One registry: the forward, the planner and the error messages list the same
+// architectures, in the same order.
+TEST(NodePlan, OneRegistryOfArchitectures) {
+  const std::vector<std::string> names = {"llama", "qwen2", "qwen3", "deepseek4"};
+  EXPECT_EQ(Arch::known(), names);
+  EXPECT_EQ(ModelPlanner::known(), names);
+  EXPECT_EQ(arch_names(), "llama, qwen2, qwen3, deepseek4");
+  for (const std::string& n : names) {
+    const ArchEntry* e = find_arch(n);
+    ASSERT_NE(e, nullptr) << n;
+    EXPECT_EQ(e->name, n);
+#ifdef BATON_HAVE_CUDA
+    ASSERT_NE(e->cuda, nullptr) << n;
+    EXPECT_EQ(e->cuda->plans_workspace, n != "deepseek4") << n;
+#else
+    EXPECT_EQ(e->cuda, nullptr) << n;
+#endif
+  }
+  EXPECT_EQ(find_arch("gpt2"), nullptr);
+}
+
+// A line grows by kind; whether it is host memory is its kind's property,
+// which the device memory cap reads.
+TEST(NodePlan, PlanLinesByKind) {
+  MemoryPlan p;
+  p.add(PlanLine::Weights, 100, "a");
+  p.add(PlanLine::PinnedIo, 10);
+  p.add(PlanLine::LoadStaging, 1000);
+  p.add(PlanLine::Workspace, 5);
+  p.add(PlanLine::Weights, 1, "b");
+  ASSERT_EQ(p.lines().size(), 4u);
+  EXPECT_EQ(p.lines()[0].name, "weights");
+  EXPECT_EQ(p.lines()[0].detail, "a; b");
+  EXPECT_EQ(p.bytes(PlanLine::Weights), 101u);
+  EXPECT_EQ(p.bytes(PlanLine::KvCache), 0u);
+  EXPECT_EQ(p.lines()[1].name, "pinned io");
+  EXPECT_EQ(p.lines()[2].name, "load staging");
+  EXPECT_TRUE(plan_line_is_host(PlanLine::PinnedIo));
+  EXPECT_TRUE(plan_line_is_host(PlanLine::LoadStaging));
+  EXPECT_FALSE(plan_line_is_host(PlanLine::Workspace));
+  EXPECT_EQ(plan_bytes_under_limit(Backend::Cuda, p), 106u);
+  EXPECT_EQ(plan_bytes_under_limit(Backend::Cpu, p), 1116u);
+  EXPECT_EQ(memory_limit_problem(Backend::Cuda, p, 106), "");
+  EXPECT_NE(memory_limit_problem(Backend::Cuda, p, 105), "");
 }
 
 TEST(NodePlan, NodeUsableMemory) {

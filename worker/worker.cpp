@@ -250,9 +250,9 @@ void Worker::on_assign(const net::Assign& a) {
   connect_next(a.next_peer, a.next_link);
   net::Ready r;
   const MemoryPlan& p = stage_->memory_plan();
-  r.weights_bytes = p.bytes("weights");
-  r.kv_bytes = p.bytes("kv cache");
-  r.workspace_bytes = p.bytes("workspace");
+  r.weights_bytes = p.bytes(PlanLine::Weights);
+  r.kv_bytes = p.bytes(PlanLine::KvCache);
+  r.workspace_bytes = p.bytes(PlanLine::Workspace);
   r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.boundary_width = a.has_output ? 0 : uint32_t(stage_->arch().boundary_elems_per_token());
   coord_->send(r);

@@ -134,9 +134,9 @@ ServiceHealth ClusterEngine::health() const {
     s.bytes_total = w.bytes_total;
     s.progress = w.state == "loaded" ? 1.0 : w.bytes_total ? double(w.bytes_done) / double(w.bytes_total) : 0.0;
     if (w.state == "loaded") {
-      s.memory_planned = {{"weights", w.ready.weights_bytes},
-                          {"kv cache", w.ready.kv_bytes},
-                          {"workspace", w.ready.workspace_bytes}};
+      s.memory_planned = {{plan_line_name(PlanLine::Weights), w.ready.weights_bytes},
+                          {plan_line_name(PlanLine::KvCache), w.ready.kv_bytes},
+                          {plan_line_name(PlanLine::Workspace), w.ready.workspace_bytes}};
       // Each planned line is one allocation of exactly its size (rule 2).
       s.memory_used = w.ready.weights_bytes + w.ready.kv_bytes + w.ready.workspace_bytes;
     }

@@ -129,7 +129,7 @@ ServiceHealth LocalEngine::health() const {
   s.first_layer = 0;
   s.embedding = s.head = true;
   for (const auto& line : plan_.lines()) s.memory_planned.emplace_back(line.name, line.bytes);
-  s.bytes_total = plan_.bytes("weights");
+  s.bytes_total = plan_.bytes(PlanLine::Weights);
   s.rss_bytes = resident_bytes();
   std::lock_guard lock(mu_);
   s.last_layer = n_layer_ - 1;

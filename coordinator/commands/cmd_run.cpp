@@ -456,7 +456,7 @@ int run(const RunOptions& opt) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
   }
   auto tokenizer = Tokenizer::from_gguf(file);
-  const bool show_load = opt.progress || dry.bytes("weights") >= kProgressMinBytes;
+  const bool show_load = opt.progress || dry.bytes(PlanLine::Weights) >= kProgressMinBytes;
   if (show_load) load.progress = stderr_load_progress(model_path);
   std::unique_ptr<StageRunner> runner = make_stage_runner(opt.backend, file, sc, load);
   StageRunner& stage = *runner;

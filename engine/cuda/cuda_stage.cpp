@@ -258,18 +258,18 @@ void check_dims(const LlamaHparams& hp) {
 MemoryPlan make_plan(const CudaStage::Layout& L, const WeightLayout& wl, const StageConfig& c,
                      const LoadOptions& load, const Arch& arch) {
   MemoryPlan plan;
-  plan.add("weights", wl.bytes,
+  plan.add(PlanLine::Weights, wl.bytes,
            fmt::format("{} tensors, layers {}-{}{}{}, device", wl.n_tensors, c.first_layer, c.last_layer,
                        c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
-  plan.add("kv cache", L.kv_bytes,
+  plan.add(PlanLine::KvCache, L.kv_bytes,
            fmt::format("{} layers x {} seq x {} ctx x {} B, device", c.last_layer - c.first_layer + 1, c.n_seq,
                        c.n_ctx, arch.kv_bytes_per_token_per_layer()));
-  plan.add("workspace", L.bytes,
+  plan.add(PlanLine::Workspace, L.bytes,
            fmt::format("batch {}; matmul {:.1f} MiB, cuBLAS {} MiB, attention splits {:.1f} MiB; device", L.B,
                        double(L.mm_bytes) / double(kMiB), L.cublas_bytes / kMiB, double(L.attn_bytes) / double(kMiB)));
-  plan.add("pinned io (host)", L.io_bytes, "step parameters and outputs");
-  plan.add("staging (host, load)", uint64_t(load.slots) * load.slot_bytes,
-           fmt::format("{} x {} MiB pinned, while loading", load.slots, load.slot_bytes / kMiB));
+  plan.add(PlanLine::PinnedIo, L.io_bytes, "step parameters and outputs, host");
+  plan.add(PlanLine::LoadStaging, uint64_t(load.slots) * load.slot_bytes,
+           fmt::format("{} x {} MiB pinned, while loading, host", load.slots, load.slot_bytes / kMiB));
   return plan;
 }
 

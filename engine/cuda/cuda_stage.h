@@ -35,7 +35,7 @@ namespace baton {
 class CudaStage final : public CudaStageBase {
  public:
   // The plan without allocating: device lines "weights", "kv cache",
-  // "workspace", host lines "pinned io (host)" and "staging (host, load)".
+  // "workspace", host lines "pinned io" and "load staging".
   // Refuses by name an architecture outside the llama family and a tensor
   // dtype the CUDA kernels do not handle.
   static MemoryPlan plan(const GgufFile& f, const StageConfig& config, const LoadOptions& load = {});

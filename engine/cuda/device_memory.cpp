@@ -150,7 +150,7 @@ StageDeviceLines allocate_stage_lines(const MemoryPlan& plan, uint64_t weight_by
   out.kv = DeviceBuffer(kv_bytes, "kv cache");
   out.workspace = DeviceBuffer(workspace_bytes, "workspace");
   BATON_CUDA_CHECK(cudaMemGetInfo(&free1, &total));
-  m.planned = plan.bytes("weights") + plan.bytes("kv cache") + plan.bytes("workspace");
+  m.planned = plan.bytes(PlanLine::Weights) + plan.bytes(PlanLine::KvCache) + plan.bytes(PlanLine::Workspace);
   m.allocated = out.weights.size() + out.kv.size() + out.workspace.size();
   m.measured = free0 > free1 ? uint64_t(free0 - free1) : 0;
   m.free_after = free1;

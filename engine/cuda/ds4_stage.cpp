@@ -369,18 +369,18 @@ uint64_t ds4_decode_bytes(const WeightLayout& wl, const Deepseek4Shape& s) {
 MemoryPlan make_plan(const CudaDs4Stage::Layout& L, const WeightLayout& wl, const StageConfig& c,
                      const LoadOptions& load) {
   MemoryPlan plan;
-  plan.add("weights", wl.bytes,
+  plan.add(PlanLine::Weights, wl.bytes,
            fmt::format("{} tensors, layers {}-{}{}{}, device", wl.n_tensors, c.first_layer, c.last_layer,
                        c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
-  plan.add("kv cache", L.kv_bytes,
+  plan.add(PlanLine::KvCache, L.kv_bytes,
            fmt::format("{} layers x {} seq x {} ctx (per-layer streams, f32), device", c.last_layer - c.first_layer + 1,
                        c.n_seq, c.n_ctx));
-  plan.add("workspace", L.bytes,
+  plan.add(PlanLine::Workspace, L.bytes,
            fmt::format("batch {}; matmul {:.1f} MiB, experts {:.1f} MiB, cuBLAS {} MiB; device", L.B,
                        double(L.mm_bytes) / double(kMiB), double(L.moe_bytes) / double(kMiB), L.cublas_bytes / kMiB));
-  plan.add("pinned io (host)", L.io_bytes, "step parameters and outputs");
-  plan.add("staging (host, load)", uint64_t(load.slots) * load.slot_bytes,
-           fmt::format("{} x {} MiB pinned, while loading", load.slots, load.slot_bytes / kMiB));
+  plan.add(PlanLine::PinnedIo, L.io_bytes, "step parameters and outputs, host");
+  plan.add(PlanLine::LoadStaging, uint64_t(load.slots) * load.slot_bytes,
+           fmt::format("{} x {} MiB pinned, while loading, host", load.slots, load.slot_bytes / kMiB));
   return plan;
 }
 

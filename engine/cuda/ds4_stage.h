@@ -34,7 +34,7 @@ namespace baton {
 class CudaDs4Stage final : public CudaStageBase {
  public:
   // The plan without allocating: device lines "weights", "kv cache",
-  // "workspace", host lines "pinned io (host)" and "staging (host, load)".
+  // "workspace", host lines "pinned io" and "load staging".
   // Refuses by name a tensor the CUDA kernels cannot run.
   static MemoryPlan plan(const GgufFile& f, const StageConfig& config, const LoadOptions& load = {});
 
