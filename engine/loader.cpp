@@ -123,8 +123,8 @@ struct ProgressReporter {
 // POSIX_FADV_DONTNEED drops only the folios that lie wholly inside its range,
 // and the kernel caches file data in large folios (readahead grows them up to
 // 2 MiB), so dropping exactly the bytes just read keeps every folio that
-// straddles a piece boundary: measured, half of a 50 MiB model stayed cached
-// after a load of 0.5-3 MiB tensors. Each drop therefore reaches back over the
+// straddles a piece boundary, and a load of many small tensors would leave
+// much of the file cached (docs/MEMORY.md). Each drop therefore reaches back over the
 // previous boundary by kDropSlack, and finish() drops the whole range the
 // load read, plus the readahead window past its end.
 class CacheDropper {

@@ -90,9 +90,9 @@ __device__ __forceinline__ void warp_sum_all(float (&v)[K], int lane) {
 // Positions per step: loading U K rows before the reductions keeps U loads in
 // flight and halves a warp's chain of dependent steps; fewer for wide heads,
 // whose registers are spent on q and o. Heads of up to 128 dims take 8 (167
-// registers, 12 warps per SM instead of 16): a decode split grid has a few
-// warps per SM and does not feel it, and prefill grids measured 6% faster
-// with 8 than with 4 despite the lost occupancy (docs/PERFORMANCE.md).
+// registers, fewer warps per SM): a decode split grid has a few warps per SM
+// and does not feel it, and prefill grids were faster with 8 than with 4
+// despite the lost occupancy (figures in docs/PERFORMANCE.md).
 template <int N>
 constexpr int kPositionsPerStep = N <= 4 ? 8 : (N == 8 ? 2 : 1);
 
@@ -362,15 +362,13 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 
 // A split grid (decode) launches early under PDL, its first K and V rows
 // loaded while the Q|K|V projection drains. A plain early launch had put
-// its few hundred blocks on whichever SMs had room first, several per SM
-// (attention + merge 1.2x slower at position 511, 1.6x at 4095 than in
-// stream order), so each block also asks for almost half of an
-// SM's shared memory, which it does not use: at most two blocks share an SM,
-// with room left for the small blocks of the kernels around it. That
-// measured +1.5% (Q8_0) and +1.9% (Q4_K) llama-8b decode at ctx 512 against
-// stream order, +0.9% and +1.3% without the early rows (docs/PERFORMANCE.md).
+// its few hundred blocks on whichever SMs had room first, several per SM,
+// and ran slower than in stream order; so each block also asks for almost
+// half of an SM's shared memory, which it does not use: at most two blocks
+// share an SM, with room left for the small blocks of the kernels around it.
 // The merge stays in stream order: launched early, its waiting blocks made
-// the split kernel and the output projection's early loads contend (-3%).
+// the split kernel and the output projection's early loads contend. The
+// figures of both are in docs/PERFORMANCE.md.
 // Prefill grids (unsplit) stay in stream order too.
 size_t early_split_smem() {
   static std::mutex mu;
@@ -384,7 +382,7 @@ size_t early_split_smem() {
     int per_sm = 0, per_block = 0;
     BATON_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     BATON_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    // Half less 12 KiB: 102 KiB of the H200's 228 (100 measured).
+    // Half of the SM less 12 KiB, the room the kernels around it need.
     b = std::min<size_t>(size_t(per_sm) / 2 - (size_t(12) << 10), size_t(per_block));
     for (auto* k : {attention_kernel<2, true>, attention_kernel<4, true>, attention_kernel<8, true>,
                     attention_kernel<16, true>}) {

@@ -1,10 +1,9 @@
 // The cuBLAS entry points Baton calls, resolved from libcublas on first use
 // (dlopen) instead of linking the library. Linking libcublas.so costs every
-// process about 150 MiB of host memory at start (measured: a program that
-// only links it has 152 MiB resident against 1 MiB), because the loader
-// relocates cuBLAS and cuBLASLt before main; opened here, that memory is
-// spent by the first stage that needs a GEMM, after its weights are loaded
-// (engine/cuda/cuda_stage.h), so a load's peak host memory is the ring plus
+// process its relocated cuBLAS and cuBLASLt in host memory before main (the
+// figure is in docs/CUDA.md); opened here, that memory is spent by the first
+// stage that needs a GEMM, after its weights are loaded
+// (engine/cuda/stage_base.h), so a load's peak host memory is the ring plus
 // the CUDA context, not the ring plus cuBLAS. The definitions below carry
 // the names cublas_v2.h maps its calls to, so call sites are unchanged; a
 // missing library makes every call fail with CUBLAS_STATUS_NOT_INITIALIZED

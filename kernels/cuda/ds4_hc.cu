@@ -73,10 +73,10 @@ __device__ __forceinline__ void hc_pre_post_warp(float* mix, int n, const float*
 }
 
 // The comb weights (mix[2n ..]), n fixed at 4 for DeepSeek's streams where
-// it is. The rounds are still one warp's dependent chain (hc_comb_kernel
-// alone: 6.8 us a launch in the H200's node-by-node profile, launch
-// included), which is why decode runs it beside the sublayer (ds4_hc_comb)
-// rather than in the HC-pre kernel.
+// it is. The rounds are still one warp's dependent chain, long next to the
+// kernels around it (`baton bench --profile` shows it in the decode profile),
+// which is why decode runs it beside the sublayer (ds4_hc_comb) rather than
+// in the HC-pre kernel.
 __device__ void hc_comb_warp(float* comb, int n, const float* scale, const float* base, int iters, float eps) {
   if (n == 4) {
     hc_comb_warp_n<4>(comb, n, scale, base, iters, eps);
@@ -227,8 +227,8 @@ __global__ void head_input_kernel(const float* __restrict__ mix, int64_t mix_str
 
 // --- decode HC-pre split over the columns -------------------------------------------
 // A decode step's mix product (n_hc * (n_hc + 2) rows of n_hc * n_embd F16
-// weights, 768 KiB for Flash) on one matvec of a few blocks ran at 20 us.
-// Here block p takes columns [p * kHcMixCols, +kHcMixCols) of every row for
+// weights) is too small a matvec to spread over the device: a few blocks
+// would each read a long slice. Here block p takes columns [p * kHcMixCols, +kHcMixCols) of every row for
 // every token and writes the partial dot products plus the partial sum of
 // squares of x (for the RMS); the weights kernel adds the partials in a fixed
 // order, so the result does not depend on scheduling.

@@ -32,8 +32,8 @@ void check_cublas(cublasStatus_t st, const char* what) {
 bool is_plain_half(DType t) { return t == DType::F16 || t == DType::BF16; }
 
 // One thread per 8 elements: dequantize and store 8 halves (16 bytes). The
-// narrow step measured faster here than whole 32-element runs (more threads
-// in flight for a kernel that is all loads and stores).
+// narrow step beats whole 32-element runs here: more threads in flight for a
+// kernel that is all loads and stores.
 template <class Q>
 __global__ void dequant_f16_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t row0, int64_t n_rows,
                                    int64_t cols, __half* __restrict__ out) {

@@ -38,9 +38,9 @@ void moe_decode_xq(const MoeWeights& m, const void* xq, int64_t n_tokens, const 
     throw std::invalid_argument(std::string(who) + ": workspace too small or misaligned");
   }
   // Gate/up: 8 warps of 4 rows, the grid from shared memory and the sign
-  // masks by arithmetic: 35.2 us for a Flash token's 6 experts against 43.4
-  // with a shared sign table too and 39.2 with the grid through the cache
-  // (bench_cuda_kernels ds4 on the H200, bench/results/kernels_ds4_moe_h200.log).
+  // masks by arithmetic, the fastest of the variants bench_cuda_kernels ds4
+  // compares (a shared sign table too, the grid through the cache; figures
+  // in bench/results/kernels_ds4_moe_h200.log).
   detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>>(m, xq, n_tokens, ids, weights, k, out, out_stride,
                                                                       workspace, stream);
 }

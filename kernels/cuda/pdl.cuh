@@ -3,7 +3,7 @@
 //
 // A decode token is ~300 dependent kernels, most of them a few microseconds
 // long; between two ordinary launches the GPU drains the first grid, then
-// ramps the second (about 1 us each time, docs/PERFORMANCE.md). With PDL a
+// ramps the second (docs/PERFORMANCE.md has the cost). With PDL a
 // kernel may start while its predecessor still runs: each kernel calls
 // pdl_trigger() early, which lets the next one launch as soon as every block
 // of this one has started, and pdl_wait() before it touches anything an
