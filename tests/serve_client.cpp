@@ -313,7 +313,7 @@ int start_long_stream(int port, int max_tokens) {
   return fd;
 }
 
-fs::path serve_scripts() { return fs::path(__FILE__).parent_path() / "serve"; }
+fs::path serve_scripts() { return test::source_path("tests/serve"); }
 
 bool have_node() { return test::run_command({"/usr/bin/env", "node", "--version"}).exit_code == 0; }
 

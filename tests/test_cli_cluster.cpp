@@ -228,14 +228,10 @@ TEST(ClusterRun, SplitPartsGiveTheSameTokens) {
   EXPECT_NE(r.err.find("do not form one complete split"), std::string::npos) << r.err;
 }
 
-std::string repo_file(const std::string& rel) {
-  return (std::filesystem::path(__FILE__).parent_path().parent_path() / rel).string();
-}
-
 TEST(ClusterRun, LocalLoopbackConfigRunsTheCluster) {
   const std::vector<int32_t> reference = run_tokens({"-n", "30", "--temp", "0"});
-  auto r = test::run_command({test::baton_binary(), "run", "--config", repo_file("configs/local-loopback.toml"), "-p",
-                              "Once upon a time", "--json", "-t", "1", "-n", "30", "--temp", "0"});
+  auto r = test::run_command({test::baton_binary(), "run", "--config", test::source_path("configs/local-loopback.toml"),
+                              "-p", "Once upon a time", "--json", "-t", "1", "-n", "30", "--temp", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("tokens").get<std::vector<int32_t>>(), reference);
@@ -283,7 +279,7 @@ TEST(ClusterRun, ConfigNodesNameTheWorkersBackendOnlyWhenAllAgree) {
 }
 
 TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
-  for (const auto& e : std::filesystem::directory_iterator(repo_file("configs"))) {
+  for (const auto& e : std::filesystem::directory_iterator(test::source_path("configs"))) {
     if (e.path().extension() != ".toml") continue;
     SCOPED_TRACE(e.path().string());
     EXPECT_NO_THROW(load_cluster_config(e.path().string()));

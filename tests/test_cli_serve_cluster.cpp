@@ -204,7 +204,7 @@ TEST(ServeCluster, HostileBytesOnCoordinatorAndWorkerPortsChangeNothing) {
 // clearly, and after recovery every request succeeds.
 TEST(ServeCluster, ChaosQuick) {
   if (test::run_command({"/usr/bin/env", "python3", "--version"}).exit_code != 0) GTEST_SKIP() << "no python3";
-  const std::string script = (fs::path(__FILE__).parent_path() / "reliability" / "chaos.py").string();
+  const std::string script = test::source_path("tests/reliability/chaos.py");
   auto r = test::run_command({"/usr/bin/env", "python3", script, "--baton", test::baton_binary(), "--model", stories(),
                               "--seconds", "15", "--clients", "3", "--recovery-requests", "5", "--seed",
                               std::to_string(test::test_seed())});

@@ -489,7 +489,7 @@ TEST(GgufWriter, TensorTableHashFollowsTheTable) {
 // The committed fuzz seeds (tests/fuzz/corpus/gguf, made by fuzz_gguf_corpus)
 // must stay valid files, or the fuzzer starts from noise.
 TEST(GgufReader, FuzzSeedCorpusIsValid) {
-  auto dir = std::filesystem::path(__FILE__).parent_path() / "fuzz" / "corpus" / "gguf";
+  const std::filesystem::path dir = test::source_path("tests/fuzz/corpus/gguf");
   int seen = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     SCOPED_TRACE(entry.path().string());

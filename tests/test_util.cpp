@@ -37,6 +37,8 @@ std::string model_path(const std::string& name) {
 
 std::string baton_binary() { return BATON_BINARY; }
 
+std::string source_path(const std::string& rel) { return std::string(BATON_SOURCE_DIR) + "/" + rel; }
+
 TempDir::TempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "baton-test-XXXXXX").string();
   if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");

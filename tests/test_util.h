@@ -16,6 +16,10 @@ std::string shared_dir();
 std::string model_path(const std::string& name);  // shared_dir()/models/name, which must exist
 // Path of the built `baton` binary.
 std::string baton_binary();
+// A file or folder of the checkout, by its path from the top (e.g. "configs",
+// "tests/serve"): the source folder the build was configured from, so that it
+// does not depend on the folder a test runs in or on how __FILE__ was spelled.
+std::string source_path(const std::string& rel);
 
 // A fresh temporary folder, removed when the object dies.
 class TempDir {
