@@ -60,6 +60,25 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
   return dot_f32_by16(a, b, head) + tail;
 }
 
+// Row kernels of a family from its block dequantizer (kBytes per block of
+// kElems elements, kElems a multiple of 16).
+template <void (*Block)(const uint8_t*, float*), int kBytes, int kElems>
+void dequant_rows(const uint8_t* src, float* dst, int64_t nblocks) {
+  for (int64_t b = 0; b < nblocks; ++b) Block(src + b * kBytes, dst + b * kElems);
+}
+
+// Dequantize one block into a stack buffer, then a vectorized float dot.
+template <void (*Block)(const uint8_t*, float*), int kBytes, int kElems>
+float dot_rows(const uint8_t* w, const float* x, int64_t nblocks) {
+  float y[kElems];
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    Block(w + b * kBytes, y);
+    sum += dot_f32_by16(y, x + b * kElems, kElems);
+  }
+  return sum;
+}
+
 // Deterministic generator for random_blocks (splitmix64).
 class SplitMix64 {
  public:

@@ -157,23 +157,6 @@ void dequant_q6_k_block(const uint8_t* __restrict b, float* __restrict y) {
   }
 }
 
-template <void (*Block)(const uint8_t*, float*), int kBytes>
-void dequant_rows(const uint8_t* src, float* dst, int64_t nblocks) {
-  for (int64_t b = 0; b < nblocks; ++b) Block(src + b * kBytes, dst + b * kQK);
-}
-
-// Dequantize one block into a stack buffer, then a vectorized float dot.
-template <void (*Block)(const uint8_t*, float*), int kBytes>
-float dot_rows(const uint8_t* w, const float* x, int64_t nblocks) {
-  float y[kQK];
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nblocks; ++b) {
-    Block(w + b * kBytes, y);
-    sum += dot_f32_by16(y, x + b * kQK, kQK);
-  }
-  return sum;
-}
-
 // --- quantizers --------------------------------------------------------------
 
 inline int round_clamp(float v, int lo, int hi) {
@@ -393,7 +376,7 @@ void quant_rows(const float* src, uint8_t* dst, int64_t nblocks) {
 // The row entry points of one K-quant family, from its block kernels.
 template <void (*Dequant)(const uint8_t*, float*), void (*Quant)(const float*, uint8_t*), int kBytes>
 BlockKernels k_family() {
-  return {dequant_rows<Dequant, kBytes>, dot_rows<Dequant, kBytes>, quant_rows<Quant, kBytes>};
+  return {dequant_rows<Dequant, kBytes, kQK>, dot_rows<Dequant, kBytes, kQK>, quant_rows<Quant, kBytes>};
 }
 
 }  // namespace
