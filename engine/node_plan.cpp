@@ -32,16 +32,15 @@ double NodeSpec::effective_bandwidth() const {
 int64_t StageRequest::rows() const { return std::min(std::max(micro_batch, prefill_chunk), n_ctx); }
 
 StageConfig stage_config(const StageRequest& r) {
-  StageConfig c;
-  c.first_layer = r.layers.first;
-  c.last_layer = r.layers.last;
-  c.embedding = r.embedding;
-  c.head = r.head;
-  c.n_ctx = r.n_ctx;
-  c.n_seq = r.n_seq;
-  c.max_batch = r.rows();
-  c.n_threads = r.n_threads;
-  return c;
+  return {.first_layer = r.layers.first,
+          .last_layer = r.layers.last,
+          .embedding = r.embedding,
+          .head = r.head,
+          .n_ctx = r.n_ctx,
+          .n_seq = r.n_seq,
+          .max_batch = r.rows(),
+          .n_threads = r.n_threads,
+          .all_logits = false};
 }
 
 ModelPlanner::ModelPlanner(const GgufFile& f) : meta_(f), single_(&f) {
