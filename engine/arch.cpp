@@ -1,6 +1,13 @@
 #include "engine/arch.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
 #include "engine/arch_registry.h"
+#include "engine/kv_cache.h"
+#include "kernels/cpu_ops.h"
 
 namespace baton {
 
@@ -22,6 +29,25 @@ std::vector<KvStreamShape> Arch::kv_layer_streams(int /*layer*/, int64_t n_ctx) 
   std::vector<KvStreamShape> out;
   for (int64_t w : kv_stream_widths()) out.push_back({n_ctx, w, false});
   return out;
+}
+
+void check_forward_args(const ForwardArgs& a) {
+  const WorkspaceShape& s = a.shape;
+  const int64_t B = a.n_tokens;
+  if (B <= 0 || B > s.max_batch) {
+    throw std::invalid_argument(fmt::format("forward: {} tokens; the workspace holds 1..{}", B, s.max_batch));
+  }
+  if (a.pos0 < 0 || a.pos0 + B > s.n_ctx || a.pos0 + B > a.kv->n_ctx()) {
+    throw std::out_of_range(fmt::format("forward: positions [{}, {}) do not fit the context of {}", a.pos0, a.pos0 + B,
+                                        std::min(s.n_ctx, a.kv->n_ctx())));
+  }
+  if (a.pool->size() > s.n_threads) {
+    throw std::invalid_argument(fmt::format("forward: {} threads; the workspace was sized for {}", a.pool->size(), s.n_threads));
+  }
+  if (a.head && (a.logit_rows < 1 || a.logit_rows > std::min(B, s.max_logit_rows))) {
+    throw std::invalid_argument(fmt::format("forward: {} logit rows for {} tokens (at most {})", a.logit_rows, B,
+                                            s.max_logit_rows));
+  }
 }
 
 }  // namespace baton

@@ -94,6 +94,11 @@ struct ForwardArgs {
   ThreadPool* pool = nullptr;
 };
 
+// The checks every architecture's forward makes first: the token count, the
+// positions, the threads and the logit rows against the workspace shape and
+// the KV cache. Throws std::invalid_argument or std::out_of_range.
+void check_forward_args(const ForwardArgs& a);
+
 class Arch {
  public:
   // Builds the architecture named by `general.architecture` through the

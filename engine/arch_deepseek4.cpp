@@ -26,6 +26,16 @@ uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
+// One token's n hyper-connection streams (n rows of E) weighted into one
+// hidden row: out[d] = sum_s w[s] * x[s][d], summed in stream order.
+inline void hc_collapse(const float* w, const float* x, int n, int64_t E, float* out) {
+  for (int64_t d = 0; d < E; ++d) {
+    float acc = 0;
+    for (int s = 0; s < n; ++s) acc += w[s] * x[s * E + d];
+    out[d] = acc;
+  }
+}
+
 // Layer tensor name (after "blk.N.") -> slot.
 const std::map<std::string, int>& layer_slot_names() {
   using A = Deepseek4Arch;
@@ -294,12 +304,7 @@ void Deepseek4Arch::hc_pre(const Run& r, int layer, bool ffn) const {
     float* mt = mix + t * MIX;
     ds4_hc_weights(mt, n, scale, base, s_.hc_sinkhorn_iters, float(s_.hc_eps));
     float* ht = h + t * E;
-    const float* xt = x + t * HC;
-    for (int64_t d = 0; d < E; ++d) {
-      float acc = 0;
-      for (int s = 0; s < n; ++s) acc += mt[s] * xt[s * E + d];
-      ht[d] = acc;
-    }
+    hc_collapse(mt, x + t * HC, n, E, ht);
     rmsnorm(ht, norm, ht, E, eps);
   }
 }
@@ -342,12 +347,7 @@ void Deepseek4Arch::head(const Run& r, float* logits) const {
     float* w = mix + t * n;
     for (int s = 0; s < n; ++s) w[s] = sigmoid(w[s] * scale + base[s]) + float(s_.hc_eps);
     float* ht = h + t * E;
-    const float* xt = x + t * HC;
-    for (int64_t d = 0; d < E; ++d) {
-      float acc = 0;
-      for (int s = 0; s < n; ++s) acc += w[s] * xt[s * E + d];
-      ht[d] = acc;
-    }
+    hc_collapse(w, x + t * HC, n, E, ht);
     rmsnorm(ht, m.head(kOutputNorm)->f32(), ht, E, eps);
   }
   matmul(h, rows, E, m.head(kOutput)->view(), logits, s_.n_vocab, *a.pool, r.ws(r.L->rows));
@@ -358,20 +358,7 @@ void Deepseek4Arch::head(const Run& r, float* logits) const {
 const float* Deepseek4Arch::forward(const ForwardArgs& a) const {
   const WorkspaceShape& s = a.shape;
   const int64_t B = a.n_tokens;
-  if (B <= 0 || B > s.max_batch) {
-    throw std::invalid_argument(fmt::format("forward: {} tokens; the workspace holds 1..{}", B, s.max_batch));
-  }
-  if (a.pos0 < 0 || a.pos0 + B > s.n_ctx || a.pos0 + B > a.kv->n_ctx()) {
-    throw std::out_of_range(fmt::format("forward: positions [{}, {}) do not fit the context of {}", a.pos0, a.pos0 + B,
-                                        std::min(s.n_ctx, a.kv->n_ctx())));
-  }
-  if (a.pool->size() > s.n_threads) {
-    throw std::invalid_argument(fmt::format("forward: {} threads; the workspace was sized for {}", a.pool->size(), s.n_threads));
-  }
-  if (a.head && (a.logit_rows < 1 || a.logit_rows > std::min(B, s.max_logit_rows))) {
-    throw std::invalid_argument(fmt::format("forward: {} logit rows for {} tokens (at most {})", a.logit_rows, B,
-                                            s.max_logit_rows));
-  }
+  check_forward_args(a);
   if (s.layers.count() > 0 && (a.layers.first < s.layers.first || a.layers.last > s.layers.last)) {
     throw std::invalid_argument("forward: the workspace was sized for another layer range");
   }

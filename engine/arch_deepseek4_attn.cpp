@@ -24,17 +24,6 @@ namespace baton {
 
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  float tail = 0;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
-}
-
 // RoPE (adjacent pairs) on the last rot dims of n_heads heads of head_dim.
 inline void rope_tail(float* x, int n_heads, int64_t head_dim, int64_t rot, int64_t pos, const float* freqs) {
   rope(x + head_dim - rot, n_heads, int(head_dim), int(rot), pos, freqs, RopeMode::Normal);
@@ -121,7 +110,7 @@ void Deepseek4Arch::select_rows(const Run& r, int layer) const {
       for (int64_t w = 0; w < nv; ++w) {
         float s = 0;
         for (int h = 0; h < ih; ++h) {
-          s += std::max(0.0f, dot(iq + (t * ih + h) * id, rows + w * id, id)) * iw[t * ih + h];
+          s += std::max(0.0f, dot_f32_lanes8(iq + (t * ih + h) * id, rows + w * id, id)) * iw[t * ih + h];
         }
         sc[w] = s;
       }
@@ -229,7 +218,7 @@ void Deepseek4Arch::attention(const Run& r, int l) const {
       const float* qh = q + t * HD + int64_t(hh) * hd;
       float mx = sinks[hh];
       for (int64_t k = 0; k < n; ++k) {
-        sc[k] = scale * dot(qh, row(k), hd);
+        sc[k] = scale * dot_f32_lanes8(qh, row(k), hd);
         mx = std::max(mx, sc[k]);
       }
       double sum = std::exp(double(sinks[hh] - mx));  // the sink: in the denominator only

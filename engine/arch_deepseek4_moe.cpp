@@ -17,14 +17,6 @@ namespace baton {
 
 namespace {
 
-void clamped_swiglu(float* gate, const float* up, int64_t n, float limit) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = std::min(gate[i], limit);
-    const float u = std::clamp(up[i], -limit, limit);
-    gate[i] = silu(g) * u;
-  }
-}
-
 // Rows [e * rows, (e + 1) * rows) of a stacked expert tensor.
 WeightView expert(const Tensor& t, int e) {
   WeightView v = t.view();
@@ -103,7 +95,7 @@ void Deepseek4Arch::moe(const Run& r, int l) const {
       float* u = g + FF;
       matmul(h + t * E, 1, E, expert(*w(kGateExps), e), g, FF, pool);
       matmul(h + t * E, 1, E, expert(*w(kUpExps), e), u, FF, pool);
-      clamped_swiglu(g, u, FF, limit);
+      swiglu_clamped(g, u, g, FF, limit);
       matmul(g, 1, FF, expert(*w(kDownExps), e), out + t * E, E, pool);
       const float wk = wts[t * K + k];
       for (int64_t d = 0; d < E; ++d) h_out[t * E + d] += wk * out[t * E + d];
@@ -114,7 +106,7 @@ void Deepseek4Arch::moe(const Run& r, int l) const {
   float* su = sg + B * SF;
   matmul(h, B, E, w(kGateShexp)->view(), sg, SF, pool, rows);
   matmul(h, B, E, w(kUpShexp)->view(), su, SF, pool, rows);
-  clamped_swiglu(sg, su, B * SF, limit);
+  swiglu_clamped(sg, su, sg, B * SF, limit);
   matmul(sg, B, SF, w(kDownShexp)->view(), out, E, pool, rows);
   for (int64_t i = 0; i < B * E; ++i) h_out[i] += out[i];
 }

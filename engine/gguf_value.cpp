@@ -26,12 +26,21 @@ const char* gguf_type_name(GgufType t) {
   return "unknown";
 }
 
-GgufValue GgufValue::of_u32(uint32_t v) {
+namespace {
+
+// Every unsigned type, BOOL included, keeps its value in num.u.
+GgufValue unsigned_value(GgufType t, uint64_t v) {
   GgufValue r;
-  r.type = GgufType::UINT32;
+  r.type = t;
   r.num.u = v;
   return r;
 }
+
+}  // namespace
+
+GgufValue GgufValue::of_u32(uint32_t v) { return unsigned_value(GgufType::UINT32, v); }
+GgufValue GgufValue::of_u64(uint64_t v) { return unsigned_value(GgufType::UINT64, v); }
+GgufValue GgufValue::of_bool(bool v) { return unsigned_value(GgufType::BOOL, v ? 1 : 0); }
 
 GgufValue GgufValue::of_i32(int32_t v) {
   GgufValue r;
@@ -40,24 +49,10 @@ GgufValue GgufValue::of_i32(int32_t v) {
   return r;
 }
 
-GgufValue GgufValue::of_u64(uint64_t v) {
-  GgufValue r;
-  r.type = GgufType::UINT64;
-  r.num.u = v;
-  return r;
-}
-
 GgufValue GgufValue::of_f32(float v) {
   GgufValue r;
   r.type = GgufType::FLOAT32;
   r.num.f = v;
-  return r;
-}
-
-GgufValue GgufValue::of_bool(bool v) {
-  GgufValue r;
-  r.type = GgufType::BOOL;
-  r.num.u = v ? 1 : 0;
   return r;
 }
 

@@ -184,20 +184,7 @@ uint64_t LlamaFamilyArch::workspace_bytes(const WorkspaceShape& shape) const { r
 const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   const WorkspaceShape& s = a.shape;
   const int64_t B = a.n_tokens;
-  if (B <= 0 || B > s.max_batch) {
-    throw std::invalid_argument(fmt::format("forward: {} tokens; the workspace holds 1..{}", B, s.max_batch));
-  }
-  if (a.pos0 < 0 || a.pos0 + B > s.n_ctx || a.pos0 + B > a.kv->n_ctx()) {
-    throw std::out_of_range(fmt::format("forward: positions [{}, {}) do not fit the context of {}", a.pos0, a.pos0 + B,
-                                        std::min(s.n_ctx, a.kv->n_ctx())));
-  }
-  if (a.pool->size() > s.n_threads) {
-    throw std::invalid_argument(fmt::format("forward: {} threads; the workspace was sized for {}", a.pool->size(), s.n_threads));
-  }
-  if (a.head && (a.logit_rows < 1 || a.logit_rows > std::min(B, s.max_logit_rows))) {
-    throw std::invalid_argument(fmt::format("forward: {} logit rows for {} tokens (at most {})", a.logit_rows, B,
-                                            s.max_logit_rows));
-  }
+  check_forward_args(a);
   const Model& m = *a.model;
   const int64_t E = hp_.n_embd, F = hp_.n_ff;
   const int H = hp_.n_head, Hkv = hp_.n_head_kv, dk = hp_.head_dim_k, dv = hp_.head_dim_v;

@@ -165,30 +165,40 @@ std::vector<LoadItem> load_items(const WeightLayout& layout) {
   return out;
 }
 
-HostStagingSink::HostStagingSink(uint8_t* dst, uint64_t dst_bytes, int slots, uint64_t slot_bytes)
-    : dst_(dst), dst_bytes_(dst_bytes), slots_(slots), slot_bytes_(slot_bytes) {
+void check_staging_ring(int slots, uint64_t slot_bytes) {
   if (slots < 1 || slot_bytes < kDirectIoAlignment || slot_bytes % kDirectIoAlignment != 0) {
     throw std::invalid_argument(fmt::format("staging ring of {} x {} bytes: need at least one slot of a multiple of {}",
                                             slots, slot_bytes, kDirectIoAlignment));
   }
+}
+
+uint8_t* staging_slot(uint8_t* ring, int slots, uint64_t slot_bytes, int i) {
+  if (i < 0 || i >= slots) throw std::out_of_range(fmt::format("staging slot {} of {}", i, slots));
+  return ring + uint64_t(i) * slot_bytes;
+}
+
+void check_staging_copy(const uint8_t* slot, uint64_t slot_bytes, const uint8_t* src, uint64_t dst_offset, uint64_t n,
+                        uint64_t dst_bytes, const char* destination) {
+  if (src < slot || src + n > slot + slot_bytes) throw std::out_of_range("staging copy: source outside its slot");
+  if (dst_offset > dst_bytes || n > dst_bytes - dst_offset) {
+    throw std::out_of_range(fmt::format("staging copy of {} bytes at {} is outside the {} byte {}", n, dst_offset,
+                                        dst_bytes, destination));
+  }
+}
+
+HostStagingSink::HostStagingSink(uint8_t* dst, uint64_t dst_bytes, int slots, uint64_t slot_bytes)
+    : dst_(dst), dst_bytes_(dst_bytes), slots_(slots), slot_bytes_(slot_bytes) {
+  check_staging_ring(slots, slot_bytes);
   ring_ = static_cast<uint8_t*>(std::aligned_alloc(kDirectIoAlignment, uint64_t(slots) * slot_bytes));
   if (!ring_) throw std::bad_alloc();
 }
 
 HostStagingSink::~HostStagingSink() { std::free(ring_); }
 
-uint8_t* HostStagingSink::slot(int i) {
-  if (i < 0 || i >= slots_) throw std::out_of_range(fmt::format("staging slot {} of {}", i, slots_));
-  return ring_ + uint64_t(i) * slot_bytes_;
-}
+uint8_t* HostStagingSink::slot(int i) { return staging_slot(ring_, slots_, slot_bytes_, i); }
 
 void HostStagingSink::copy(int i, const uint8_t* src, uint64_t dst_offset, uint64_t n) {
-  const uint8_t* s = slot(i);
-  if (src < s || src + n > s + slot_bytes_) throw std::out_of_range("staging copy: source outside its slot");
-  if (dst_offset > dst_bytes_ || n > dst_bytes_ - dst_offset) {
-    throw std::out_of_range(fmt::format("staging copy of {} bytes at {} is outside the {} byte destination", n,
-                                        dst_offset, dst_bytes_));
-  }
+  check_staging_copy(slot(i), slot_bytes_, src, dst_offset, n, dst_bytes_, "destination");
   std::memcpy(dst_ + dst_offset, src, n);
 }
 

@@ -100,6 +100,17 @@ class StagingSink {
 // block size; 4096 covers every common device.
 inline constexpr uint64_t kDirectIoAlignment = 4096;
 
+// The checks every staging ring makes, whatever memory it copies into (the
+// host ring below, the CUDA build's pinned ring). check_staging_ring throws
+// std::invalid_argument unless there is at least one slot of a multiple of
+// kDirectIoAlignment; staging_slot gives slot i of the ring and
+// check_staging_copy refuses a source outside that slot or a destination
+// range outside dst_bytes (std::out_of_range; `destination` names it).
+void check_staging_ring(int slots, uint64_t slot_bytes);
+uint8_t* staging_slot(uint8_t* ring, int slots, uint64_t slot_bytes, int i);
+void check_staging_copy(const uint8_t* slot, uint64_t slot_bytes, const uint8_t* src, uint64_t dst_offset, uint64_t n,
+                        uint64_t dst_bytes, const char* destination);
+
 // A ring of host buffers copying synchronously into a host destination: the
 // CPU-side stand-in for the pinned ring (tests; a staged load into host memory).
 class HostStagingSink : public StagingSink {

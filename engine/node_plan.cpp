@@ -31,6 +31,18 @@ double NodeSpec::effective_bandwidth() const {
 
 int64_t StageRequest::rows() const { return std::min(std::max(micro_batch, prefill_chunk), n_ctx); }
 
+StageConfig stage_config(const StageRequest& r) {
+  return {.first_layer = r.layers.first,
+          .last_layer = r.layers.last,
+          .embedding = r.embedding,
+          .head = r.head,
+          .n_ctx = r.n_ctx,
+          .n_seq = r.n_seq,
+          .max_batch = r.rows(),
+          .n_threads = r.n_threads,
+          .all_logits = false};
+}
+
 ModelPlanner::ModelPlanner(const GgufFile& f) : meta_(f), single_(&f) {
   std::vector<const GgufTensorInfo*> tensors;
   for (const auto& t : f.tensors()) tensors.push_back(&t);
@@ -129,14 +141,8 @@ uint64_t ModelPlanner::workspace_bytes(const StageRequest& r) const {
   const auto key = std::make_tuple(r.layers.first, r.layers.last, r.embedding, r.head, r.rows(), r.n_ctx, r.n_seq);
   auto it = cuda_workspace_cache_.find(key);
   if (it == cuda_workspace_cache_.end()) {
-    StageConfig c;
-    c.first_layer = r.layers.first;
-    c.last_layer = r.layers.last;
-    c.embedding = r.embedding;
-    c.head = r.head;
-    c.n_ctx = r.n_ctx;
-    c.n_seq = r.n_seq;
-    c.max_batch = r.rows();
+    // The key leaves out n_threads: no CUDA stage reads it.
+    const StageConfig c = stage_config(r);
     it = cuda_workspace_cache_.emplace(key, cuda->plan(*single_, c, LoadOptions{}).bytes(PlanLine::Workspace)).first;
   }
   return it->second;

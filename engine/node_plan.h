@@ -34,6 +34,8 @@
 
 namespace baton {
 
+struct StageConfig;  // stage.h
+
 class ArchPlanner;
 class GgufFile;
 class ModelFiles;
@@ -102,6 +104,10 @@ struct StageRequest {
   // Rows a forward holds: max(micro_batch, prefill_chunk), at most n_ctx.
   int64_t rows() const;
 };
+
+// The stage configuration that builds the stage a request plans (its layers,
+// ends, context, sequences, rows() as the batch, threads).
+StageConfig stage_config(const StageRequest& r);
 
 // The model as the planner sees it: opened once from the header, then asked
 // for any number of stage plans. Keeps a reference to the file(s), which

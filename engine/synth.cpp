@@ -87,6 +87,29 @@ std::vector<uint8_t> encode(DType type, const std::vector<float>& values, int64_
   return out;
 }
 
+// The Llama tensor list in file order, shared by the small synthetic model and
+// the `baton synth` catalogue. The order is part of the output: the synthetic
+// model draws each tensor's values from one PRNG stream in this order.
+template <class Matrix, class Norm>
+void for_each_llama_tensor(int n_layer, int64_t E, int64_t F, int64_t kvw, int64_t n_vocab, bool tied,
+                           Matrix&& matrix, Norm&& norm) {
+  matrix("token_embd.weight", E, n_vocab);
+  for (int l = 0; l < n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    norm(p + "attn_norm.weight");
+    matrix(p + "attn_q.weight", E, E);
+    matrix(p + "attn_k.weight", E, kvw);
+    matrix(p + "attn_v.weight", E, kvw);
+    matrix(p + "attn_output.weight", E, E);
+    norm(p + "ffn_norm.weight");
+    matrix(p + "ffn_gate.weight", E, F);
+    matrix(p + "ffn_up.weight", E, F);
+    matrix(p + "ffn_down.weight", F, E);
+  }
+  norm("output_norm.weight");
+  if (!tied) matrix("output.weight", E, n_vocab);
+}
+
 }  // namespace
 
 void write_synthetic_model(const std::string& path, const SynthConfig& c) {
@@ -134,21 +157,7 @@ void write_synthetic_model(const std::string& path, const SynthConfig& c) {
     std::memcpy(bytes.data(), values.data(), bytes.size());
     w.add_tensor(name, DType::F32, {E}, std::move(bytes));
   };
-  matrix("token_embd.weight", E, V);
-  for (int l = 0; l < c.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    norm(p + "attn_norm.weight");
-    matrix(p + "attn_q.weight", E, E);
-    matrix(p + "attn_k.weight", E, kvw);
-    matrix(p + "attn_v.weight", E, kvw);
-    matrix(p + "attn_output.weight", E, E);
-    norm(p + "ffn_norm.weight");
-    matrix(p + "ffn_gate.weight", E, F);
-    matrix(p + "ffn_up.weight", E, F);
-    matrix(p + "ffn_down.weight", F, E);
-  }
-  norm("output_norm.weight");
-  if (!c.tied_output) matrix("output.weight", E, V);
+  for_each_llama_tensor(c.n_layer, E, F, kvw, V, c.tied_output, matrix, norm);
   w.write(path);
 }
 
@@ -483,21 +492,7 @@ std::vector<TensorPlan> llama_tensors(const LlamaDims& d, DType type, int64_t n_
   std::vector<TensorPlan> t;
   auto matrix = [&](std::string name, int64_t cols, int64_t rows) { t.push_back({std::move(name), type, {cols, rows}}); };
   auto norm = [&](std::string name) { t.push_back({std::move(name), DType::F32, {E}, Content::Norm}); };
-  matrix("token_embd.weight", E, n_vocab);
-  for (int l = 0; l < d.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    norm(p + "attn_norm.weight");
-    matrix(p + "attn_q.weight", E, E);
-    matrix(p + "attn_k.weight", E, kvw);
-    matrix(p + "attn_v.weight", E, kvw);
-    matrix(p + "attn_output.weight", E, E);
-    norm(p + "ffn_norm.weight");
-    matrix(p + "ffn_gate.weight", E, F);
-    matrix(p + "ffn_up.weight", E, F);
-    matrix(p + "ffn_down.weight", F, E);
-  }
-  norm("output_norm.weight");
-  if (!d.tied) matrix("output.weight", E, n_vocab);
+  for_each_llama_tensor(d.n_layer, E, F, kvw, n_vocab, d.tied, matrix, norm);
   return t;
 }
 

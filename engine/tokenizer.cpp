@@ -192,6 +192,11 @@ TokenType VocabTokenizer::token_type(int32_t id) const {
   return v_.types[id];
 }
 
+std::string VocabTokenizer::special_piece(int32_t id) const {
+  if (token_type(id) == TokenType::UserDefined) return v_.tokens[id];
+  return {};
+}
+
 int32_t VocabTokenizer::find(std::string_view text) const {
   const uint64_t h = text_hash(text);
   for (uint64_t k = h & slot_mask_;; k = (k + 1) & slot_mask_) {

@@ -102,6 +102,33 @@ class VocabTokenizer : public Tokenizer {
   // always, control and unknown ones only with parse_special.
   std::vector<Fragment> split_special(std::string_view text, bool parse_special) const;
 
+  // encode's frame, the same for every tokenizer: BOS, the special tokens
+  // split_special finds, EOS. encode_text(text, after_special, out) appends
+  // the tokens of one plain fragment; after_special is true at the start of
+  // the text and right after a special token.
+  template <class EncodeText>
+  std::vector<int32_t> encode_fragments(std::string_view text, bool add_special, bool parse_special,
+                                        EncodeText&& encode_text) const {
+    std::vector<int32_t> out;
+    if (add_special && add_bos_ && bos() >= 0) out.push_back(bos());
+    bool after_special = true;
+    for (const Fragment& f : split_special(text, parse_special)) {
+      if (f.token >= 0) {
+        out.push_back(f.token);
+        after_special = true;
+        continue;
+      }
+      encode_text(f.text, after_special, out);
+      after_special = false;
+    }
+    if (add_special && add_eos_ && eos() >= 0) out.push_back(eos());
+    return out;
+  }
+
+  // token_to_piece for the types every tokenizer shows alike: a user-defined
+  // token as written; control, unknown and unused ones as nothing.
+  std::string special_piece(int32_t id) const;
+
   TokenizerVocab v_;  // types always has one entry per token
   bool add_bos_ = false;
   bool add_eos_ = false;
@@ -115,6 +142,30 @@ class VocabTokenizer : public Tokenizer {
   std::vector<int32_t> specials_;  // control, user-defined and unknown ids, longest text first
   std::vector<int32_t> eog_;       // sorted
 };
+
+// The merge loop of both tokenizers over one word's symbols (a linked list in
+// a vector: prev/next indices, size 0 once merged away): take the best queued
+// pair, drop it when a side was merged away or stale(pair, left, right) says
+// it changed since it was queued, join the right symbol into the left
+// (join(pair, left) updates what else a symbol keeps), then queue the joined
+// symbol with each neighbour through try_pair(left, right).
+template <class Symbol, class Queue, class Stale, class Join, class TryPair>
+void merge_symbols(std::vector<Symbol>& syms, Queue& queue, Stale&& stale, Join&& join, TryPair&& try_pair) {
+  while (!queue.empty()) {
+    const auto p = queue.top();
+    queue.pop();
+    Symbol& l = syms[p.left];
+    Symbol& r = syms[p.right];
+    if (l.size == 0 || r.size == 0 || stale(p, l, r)) continue;
+    l.size += r.size;
+    join(p, l);
+    r.size = 0;
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = p.left;
+    try_pair(l.prev, p.left);
+    try_pair(p.left, l.next);
+  }
+}
 
 // Hash of a byte string for the tokenizers' flat tables.
 uint64_t text_hash(std::string_view s);

@@ -68,43 +68,29 @@ class BpeTokenizer final : public VocabTokenizer {
   }
 
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const override {
-    std::vector<int32_t> out;
-    if (add_special && add_bos_ && bos() >= 0) out.push_back(bos());
-    for (const Fragment& f : split_special(text, parse_special)) {
-      if (f.token >= 0) {
-        out.push_back(f.token);
-        continue;
-      }
-      for (std::string_view word : pre_.split(f.text)) encode_word(word, out);
-    }
-    if (add_special && add_eos_ && eos() >= 0) out.push_back(eos());
-    return out;
+    return encode_fragments(text, add_special, parse_special,
+                            [&](std::string_view plain, bool /*after_special*/, std::vector<int32_t>& out) {
+                              for (std::string_view word : pre_.split(plain)) encode_word(word, out);
+                            });
   }
 
   std::string token_to_piece(int32_t id) const override {
-    switch (token_type(id)) {
-      case TokenType::Normal: {
-        const std::string& t = v_.tokens[id];
-        const ByteAlphabet& a = byte_alphabet();
-        std::string out;
-        out.reserve(t.size());
-        for (size_t i = 0; i < t.size();) {
-          char32_t cp = 0;
-          const size_t n = utf8_decode(t, i, cp);
-          if (cp < ByteAlphabet::kMaxCp && a.decode[cp] >= 0) {
-            out.push_back(static_cast<char>(a.decode[cp]));
-          } else {
-            out.append(t, i, n);  // not a byte-level character: keep it as written
-          }
-          i += n;
-        }
-        return out;
+    if (token_type(id) != TokenType::Normal) return special_piece(id);
+    const std::string& t = v_.tokens[id];
+    const ByteAlphabet& a = byte_alphabet();
+    std::string out;
+    out.reserve(t.size());
+    for (size_t i = 0; i < t.size();) {
+      char32_t cp = 0;
+      const size_t n = utf8_decode(t, i, cp);
+      if (cp < ByteAlphabet::kMaxCp && a.decode[cp] >= 0) {
+        out.push_back(static_cast<char>(a.decode[cp]));
+      } else {
+        out.append(t, i, n);  // not a byte-level character: keep it as written
       }
-      case TokenType::UserDefined:
-        return v_.tokens[id];
-      default:  // control, unknown, unused: nothing to show
-        return {};
+      i += n;
     }
+    return out;
   }
 
  private:
@@ -186,20 +172,12 @@ class BpeTokenizer final : public VocabTokenizer {
     };
     for (int i = 1; i < static_cast<int>(syms.size()); ++i) try_pair(i - 1, i);
 
-    while (!queue.empty()) {
-      const Pair p = queue.top();
-      queue.pop();
-      Symbol& l = syms[p.left];
-      Symbol& r = syms[p.right];
-      if (l.size == 0 || r.size == 0 || l.next != p.right || l.id != p.left_id || r.id != p.right_id) continue;
-      l.size += r.size;
-      l.id = p.result;
-      r.size = 0;
-      l.next = r.next;
-      if (r.next >= 0) syms[r.next].prev = p.left;
-      try_pair(l.prev, p.left);
-      try_pair(p.left, l.next);
-    }
+    merge_symbols(
+        syms, queue,
+        [](const Pair& p, const Symbol& l, const Symbol& r) {
+          return l.next != p.right || l.id != p.left_id || r.id != p.right_id;
+        },
+        [](const Pair& p, Symbol& l) { l.id = p.result; }, try_pair);
 
     for (int i = syms.empty() ? -1 : 0; i != -1; i = syms[i].next) {
       if (syms[i].id >= 0) {

@@ -32,30 +32,20 @@ class SpmTokenizer final : public VocabTokenizer {
   }
 
   std::vector<int32_t> encode(std::string_view text, bool add_special, bool parse_special) const override {
-    std::vector<int32_t> out;
-    if (add_special && add_bos_ && bos() >= 0) out.push_back(bos());
-    bool after_special = true;  // the start of the text counts as after a special token
     std::string escaped;
-    for (const Fragment& f : split_special(text, parse_special)) {
-      if (f.token >= 0) {
-        out.push_back(f.token);
-        after_special = true;
-        continue;
-      }
-      escaped.clear();
-      if (add_space_prefix_ && after_special) escaped += kSpace;
-      for (char c : f.text) {
-        if (c == ' ') {
-          escaped += kSpace;
-        } else {
-          escaped.push_back(c);
-        }
-      }
-      encode_escaped(escaped, out);
-      after_special = false;
-    }
-    if (add_special && add_eos_ && eos() >= 0) out.push_back(eos());
-    return out;
+    return encode_fragments(text, add_special, parse_special,
+                            [&](std::string_view plain, bool after_special, std::vector<int32_t>& out) {
+                              escaped.clear();
+                              if (add_space_prefix_ && after_special) escaped += kSpace;
+                              for (char c : plain) {
+                                if (c == ' ') {
+                                  escaped += kSpace;
+                                } else {
+                                  escaped.push_back(c);
+                                }
+                              }
+                              encode_escaped(escaped, out);
+                            });
   }
 
   std::string token_to_piece(int32_t id) const override {
@@ -83,10 +73,8 @@ class SpmTokenizer final : public VocabTokenizer {
         }
         return t;
       }
-      case TokenType::UserDefined:
-        return v_.tokens[id];
-      default:  // control, unknown, unused: nothing to show
-        return {};
+      default:
+        return special_piece(id);
     }
   }
 
@@ -128,19 +116,9 @@ class SpmTokenizer final : public VocabTokenizer {
     };
     for (int i = 1; i < static_cast<int>(syms.size()); ++i) try_pair(i - 1, i);
 
-    while (!queue.empty()) {
-      const Bigram b = queue.top();
-      queue.pop();
-      Symbol& l = syms[b.left];
-      Symbol& r = syms[b.right];
-      if (l.size == 0 || r.size == 0 || l.size + r.size != b.size) continue;
-      l.size += r.size;
-      r.size = 0;
-      l.next = r.next;
-      if (r.next >= 0) syms[r.next].prev = b.left;
-      try_pair(l.prev, b.left);
-      try_pair(b.left, l.next);
-    }
+    merge_symbols(
+        syms, queue, [](const Bigram& b, const Symbol& l, const Symbol& r) { return l.size + r.size != b.size; },
+        [](const Bigram&, Symbol&) {}, try_pair);
 
     for (int i = syms.empty() ? -1 : 0; i != -1; i = syms[i].next) {
       const std::string_view piece = std::string_view(text).substr(syms[i].offset, syms[i].size);

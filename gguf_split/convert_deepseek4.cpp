@@ -701,17 +701,9 @@ ConvertResult convert_hf_deepseek4(const ConvertOptions& o, std::optional<DType>
   r.vocabulary = write_vocabulary(w, VocabSource{o.from_dir, "deepseek4", s.n_vocab, h.bos, h.eos}, note);
 
   std::vector<Planned>& plan = planner.plan();
-  for (const Planned& p : plan) {
-    uint64_t elements = 1;
-    for (int64_t d : p.ne) elements *= uint64_t(d);
-    r.tensor_bytes += *dtype_bytes(p.type, elements);
-  }
+  r.tensor_bytes += planned_tensor_bytes(plan);
   uint64_t done = 0;
-  const uint64_t total = r.tensor_bytes;
-  auto advanced = [&o, &done, total](uint64_t n) {
-    done += n;
-    if (o.progress) o.progress(done, total);
-  };
+  const ByteProgress advanced{&o.progress, &done, r.tensor_bytes};
   const int n_expert = s.n_expert;
   for (const Planned& p : plan) {
     if (p.table) {

@@ -332,17 +332,9 @@ ConvertResult convert_hf_llama(const ConvertOptions& o) {
   r.n_layer = h.n_layer;
   r.vocabulary = write_vocabulary(w, VocabSource{o.from_dir, a, V, h.bos, h.eos}, note);
 
-  for (const Planned& p : plan) {
-    uint64_t elements = 1;
-    for (int64_t d : p.ne) elements *= uint64_t(d);
-    r.tensor_bytes += *dtype_bytes(p.type, elements);
-  }
+  r.tensor_bytes += planned_tensor_bytes(plan);
   uint64_t done = 0;
-  const uint64_t total = r.tensor_bytes;
-  auto advanced = [&o, &done, total](uint64_t n) {
-    done += n;
-    if (o.progress) o.progress(done, total);
-  };
+  const ByteProgress advanced{&o.progress, &done, r.tensor_bytes};
 
   if (h.rope_scaling == "llama3") {
     std::vector<float> d = llama3_rope_divisors(h);

@@ -91,23 +91,6 @@ void ThreadPool::worker_loop(int index) {
 
 // ---------------------------------------------------------------- elementwise
 
-namespace {
-
-// Eight independent partial sums let the compiler vectorise without -ffast-math
-// and keep the rounding independent of the thread count.
-inline float dot_f32(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  float tail = 0;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
-}
-
-}  // namespace
-
 void rmsnorm(const float* x, const float* w, float* out, int64_t n, float eps) {
   double ss = 0;
   for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
@@ -152,8 +135,27 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
+namespace {
+
+// Both reads come before the write, so out may alias gate or up.
+template <bool kClamp>
+void swiglu_impl(const float* gate, const float* up, float* out, int64_t n, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = gate[i], u = up[i];
+    if constexpr (kClamp) {
+      g = std::min(g, limit);
+      u = std::clamp(u, -limit, limit);
+    }
+    out[i] = silu(g) * u;
+  }
+}
+
+}  // namespace
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n) { swiglu_impl<false>(gate, up, out, n, 0.0f); }
+
+void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float limit) {
+  swiglu_impl<true>(gate, up, out, n, limit);
 }
 
 // ---------------------------------------------------------------- matmul
@@ -166,13 +168,13 @@ void matmul(const float* x, int64_t n_tokens, int64_t x_stride, const WeightView
     if (w.type == DType::F32) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* wr = reinterpret_cast<const float*>(w.row(r));
-        for (int64_t t = 0; t < n_tokens; ++t) out[t * out_stride + r] = dot_f32(wr, x + t * x_stride, w.cols);
+        for (int64_t t = 0; t < n_tokens; ++t) out[t * out_stride + r] = dot_f32_lanes8(wr, x + t * x_stride, w.cols);
       }
     } else if (row_scratch) {
       float* wr = row_scratch + int64_t(worker) * w.cols;
       for (int64_t r = r0; r < r1; ++r) {
         dequantize_row(w.type, w.row(r), wr, w.cols);
-        for (int64_t t = 0; t < n_tokens; ++t) out[t * out_stride + r] = dot_f32(wr, x + t * x_stride, w.cols);
+        for (int64_t t = 0; t < n_tokens; ++t) out[t * out_stride + r] = dot_f32_lanes8(wr, x + t * x_stride, w.cols);
       }
     } else {
       for (int64_t r = r0; r < r1; ++r) {
@@ -207,7 +209,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       const float* q = a.q + t * a.q_stride + int64_t(h) * a.head_dim_k;
       int64_t n_pos = a.pos0 + t + 1;  // causal: itself and everything before
       const float* k = a.k_cache + int64_t(kvh) * a.head_dim_k;
-      for (int64_t p = 0; p < n_pos; ++p) scores[p] = a.scale * dot_f32(q, k + p * k_row, a.head_dim_k);
+      for (int64_t p = 0; p < n_pos; ++p) scores[p] = a.scale * dot_f32_lanes8(q, k + p * k_row, a.head_dim_k);
       softmax(scores, n_pos);
       float* o = a.out + t * a.out_stride + int64_t(h) * a.head_dim_v;
       std::fill(o, o + a.head_dim_v, 0.0f);

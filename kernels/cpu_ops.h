@@ -113,6 +113,23 @@ void softmax(float* x, int64_t n);
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 // out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// DeepSeek V4's SwiGLU: the gate clamped to at most limit and up to
+// [-limit, limit] before silu(gate) * up; out may alias gate or up.
+void swiglu_clamped(const float* gate, const float* up, float* out, int64_t n, float limit);
+
+// Eight independent partial sums let the compiler vectorise without -ffast-math
+// and keep the rounding independent of the thread count. Inline so that each
+// caller's loop keeps it in registers.
+inline float dot_f32_lanes8(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  float tail = 0;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
 
 // out[t][r] = sum_c w[r][c] * x[t][c] for t < n_tokens, r < w.rows.
 // x rows are x_stride floats apart, out rows out_stride floats apart.

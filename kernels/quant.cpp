@@ -13,12 +13,7 @@ namespace {
 
 using namespace quant_detail;
 
-struct Kernels {
-  DequantFn dequant = nullptr;
-  DotFn dot = nullptr;
-  QuantFn quant = nullptr;
-  RandomFn random = nullptr;  // only where random data is not quantized floats
-};
+using Kernels = BlockKernels;
 
 Kernels kernels_for(DType t) {
   switch (t) {
@@ -27,10 +22,10 @@ Kernels kernels_for(DType t) {
     case DType::BF16: return {dequant_bf16, dot_bf16, quant_bf16};
     case DType::Q8_0: return {dequant_q8_0, dot_q8_0, quant_q8_0};
     case DType::Q4_0: return {dequant_q4_0, dot_q4_0, quant_q4_0};
-    case DType::Q2_K: return {dequant_q2_k, dot_q2_k, quant_q2_k};
-    case DType::Q4_K: return {dequant_q4_k, dot_q4_k, quant_q4_k};
-    case DType::Q5_K: return {dequant_q5_k, dot_q5_k, quant_q5_k};
-    case DType::Q6_K: return {dequant_q6_k, dot_q6_k, quant_q6_k};
+    case DType::Q2_K: return q2_k_kernels();
+    case DType::Q4_K: return q4_k_kernels();
+    case DType::Q5_K: return q5_k_kernels();
+    case DType::Q6_K: return q6_k_kernels();
     case DType::IQ2_XXS: return {dequant_iq2_xxs, dot_iq2_xxs, nullptr, random_iq2_xxs};
     default: return {};
   }

@@ -60,6 +60,25 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
   return dot_f32_by16(a, b, head) + tail;
 }
 
+// Row kernels of a family from its block dequantizer (kBytes per block of
+// kElems elements, kElems a multiple of 16).
+template <void (*Block)(const uint8_t*, float*), int kBytes, int kElems>
+void dequant_rows(const uint8_t* src, float* dst, int64_t nblocks) {
+  for (int64_t b = 0; b < nblocks; ++b) Block(src + b * kBytes, dst + b * kElems);
+}
+
+// Dequantize one block into a stack buffer, then a vectorized float dot.
+template <void (*Block)(const uint8_t*, float*), int kBytes, int kElems>
+float dot_rows(const uint8_t* w, const float* x, int64_t nblocks) {
+  float y[kElems];
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nblocks; ++b) {
+    Block(w + b * kBytes, y);
+    sum += dot_f32_by16(y, x + b * kElems, kElems);
+  }
+  return sum;
+}
+
 // Deterministic generator for random_blocks (splitmix64).
 class SplitMix64 {
  public:
@@ -84,6 +103,14 @@ using DotFn = float (*)(const uint8_t* w, const float* x, int64_t nblocks);
 using QuantFn = void (*)(const float* src, uint8_t* dst, int64_t nblocks);
 using RandomFn = void (*)(uint8_t* dst, int64_t nblocks, uint64_t seed);
 
+// A type's kernels as quant.cpp dispatches to them.
+struct BlockKernels {
+  DequantFn dequant = nullptr;
+  DotFn dot = nullptr;
+  QuantFn quant = nullptr;
+  RandomFn random = nullptr;  // only where random data is not quantized floats
+};
+
 // quant_float.cpp
 void dequant_f32(const uint8_t* src, float* dst, int64_t n);
 float dot_f32_row(const uint8_t* w, const float* x, int64_t n);
@@ -103,19 +130,11 @@ void dequant_q4_0(const uint8_t* src, float* dst, int64_t nblocks);
 float dot_q4_0(const uint8_t* w, const float* x, int64_t nblocks);
 void quant_q4_0(const float* src, uint8_t* dst, int64_t nblocks);
 
-// quant_k.cpp
-void dequant_q2_k(const uint8_t* src, float* dst, int64_t nblocks);
-float dot_q2_k(const uint8_t* w, const float* x, int64_t nblocks);
-void quant_q2_k(const float* src, uint8_t* dst, int64_t nblocks);
-void dequant_q4_k(const uint8_t* src, float* dst, int64_t nblocks);
-float dot_q4_k(const uint8_t* w, const float* x, int64_t nblocks);
-void quant_q4_k(const float* src, uint8_t* dst, int64_t nblocks);
-void dequant_q5_k(const uint8_t* src, float* dst, int64_t nblocks);
-float dot_q5_k(const uint8_t* w, const float* x, int64_t nblocks);
-void quant_q5_k(const float* src, uint8_t* dst, int64_t nblocks);
-void dequant_q6_k(const uint8_t* src, float* dst, int64_t nblocks);
-float dot_q6_k(const uint8_t* w, const float* x, int64_t nblocks);
-void quant_q6_k(const float* src, uint8_t* dst, int64_t nblocks);
+// quant_k.cpp: one set per K-quant family.
+BlockKernels q2_k_kernels();
+BlockKernels q4_k_kernels();
+BlockKernels q5_k_kernels();
+BlockKernels q6_k_kernels();
 
 // quant_iq2.cpp
 void dequant_iq2_xxs(const uint8_t* src, float* dst, int64_t nblocks);

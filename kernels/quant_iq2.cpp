@@ -69,17 +69,11 @@ void dequant_iq2_xxs_block(const uint8_t* __restrict b, float* __restrict y) {
 }  // namespace
 
 void dequant_iq2_xxs(const uint8_t* src, float* dst, int64_t nblocks) {
-  for (int64_t b = 0; b < nblocks; ++b) dequant_iq2_xxs_block(src + b * kBytes, dst + b * kQK);
+  dequant_rows<dequant_iq2_xxs_block, kBytes, kQK>(src, dst, nblocks);
 }
 
 float dot_iq2_xxs(const uint8_t* w, const float* x, int64_t nblocks) {
-  float y[kQK];
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nblocks; ++b) {
-    dequant_iq2_xxs_block(w + b * kBytes, y);
-    sum += dot_f32_by16(y, x + b * kQK, kQK);
-  }
-  return sum;
+  return dot_rows<dequant_iq2_xxs_block, kBytes, kQK>(w, x, nblocks);
 }
 
 // Any bit pattern is a valid block except a non-finite d, so random blocks are

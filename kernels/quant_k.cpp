@@ -64,6 +64,19 @@ void pack_scale_min(const int sc[8], const int m[8], uint8_t* s) {
 
 // --- block dequantizers ------------------------------------------------------
 
+// Q4_K and Q5_K keep sub-blocks 2p and 2p + 1 in one run of nibbles: their
+// scales d1, d2 and mins m1, m2, already times the block's d and dmin.
+struct PairScales {
+  float d1, m1, d2, m2;
+};
+inline PairScales pair_scales(const uint8_t* scales, int p, float d, float dmin) {
+  int sc, m;
+  unpack_scale_min(scales, 2 * p, sc, m);
+  const float d1 = d * float(sc), m1 = dmin * float(m);
+  unpack_scale_min(scales, 2 * p + 1, sc, m);
+  return {d1, m1, d * float(sc), dmin * float(m)};
+}
+
 void dequant_q2_k_block(const uint8_t* __restrict b, float* __restrict y) {
   const uint8_t* scales = b;
   const uint8_t* qs = b + 16;
@@ -89,11 +102,7 @@ void dequant_q4_k_block(const uint8_t* __restrict b, float* __restrict y) {
   const uint8_t* scales = b + 4;
   const uint8_t* qs = b + 16;
   for (int p = 0; p < 4; ++p) {  // pairs of sub-blocks share 32 bytes of nibbles
-    int sc, m;
-    unpack_scale_min(scales, 2 * p, sc, m);
-    const float d1 = d * float(sc), m1 = dmin * float(m);
-    unpack_scale_min(scales, 2 * p + 1, sc, m);
-    const float d2 = d * float(sc), m2 = dmin * float(m);
+    const auto [d1, m1, d2, m2] = pair_scales(scales, p, d, dmin);
     const uint8_t* q = qs + 32 * p;
     float* out = y + 64 * p;
     for (int l = 0; l < 32; ++l) out[l] = d1 * float(q[l] & 0x0f) - m1;
@@ -108,11 +117,7 @@ void dequant_q5_k_block(const uint8_t* __restrict b, float* __restrict y) {
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + 48;
   for (int p = 0; p < 4; ++p) {
-    int sc, m;
-    unpack_scale_min(scales, 2 * p, sc, m);
-    const float d1 = d * float(sc), m1 = dmin * float(m);
-    unpack_scale_min(scales, 2 * p + 1, sc, m);
-    const float d2 = d * float(sc), m2 = dmin * float(m);
+    const auto [d1, m1, d2, m2] = pair_scales(scales, p, d, dmin);
     const uint8_t* q = qs + 32 * p;
     const int bit1 = 2 * p, bit2 = 2 * p + 1;
     float* out = y + 64 * p;
@@ -150,23 +155,6 @@ void dequant_q6_k_block(const uint8_t* __restrict b, float* __restrict y) {
       }
     }
   }
-}
-
-template <void (*Block)(const uint8_t*, float*), int kBytes>
-void dequant_rows(const uint8_t* src, float* dst, int64_t nblocks) {
-  for (int64_t b = 0; b < nblocks; ++b) Block(src + b * kBytes, dst + b * kQK);
-}
-
-// Dequantize one block into a stack buffer, then a vectorized float dot.
-template <void (*Block)(const uint8_t*, float*), int kBytes>
-float dot_rows(const uint8_t* w, const float* x, int64_t nblocks) {
-  float y[kQK];
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nblocks; ++b) {
-    Block(w + b * kBytes, y);
-    sum += dot_f32_by16(y, x + b * kQK, kQK);
-  }
-  return sum;
 }
 
 // --- quantizers --------------------------------------------------------------
@@ -385,46 +373,17 @@ void quant_rows(const float* src, uint8_t* dst, int64_t nblocks) {
   for (int64_t b = 0; b < nblocks; ++b) Block(src + b * kQK, dst + b * kBytes);
 }
 
+// The row entry points of one K-quant family, from its block kernels.
+template <void (*Dequant)(const uint8_t*, float*), void (*Quant)(const float*, uint8_t*), int kBytes>
+BlockKernels k_family() {
+  return {dequant_rows<Dequant, kBytes, kQK>, dot_rows<Dequant, kBytes, kQK>, quant_rows<Quant, kBytes>};
+}
+
 }  // namespace
 
-void dequant_q2_k(const uint8_t* src, float* dst, int64_t nblocks) {
-  dequant_rows<dequant_q2_k_block, kQ2Bytes>(src, dst, nblocks);
-}
-float dot_q2_k(const uint8_t* w, const float* x, int64_t nblocks) {
-  return dot_rows<dequant_q2_k_block, kQ2Bytes>(w, x, nblocks);
-}
-void quant_q2_k(const float* src, uint8_t* dst, int64_t nblocks) {
-  quant_rows<quant_q2_k_block, kQ2Bytes>(src, dst, nblocks);
-}
-
-void dequant_q4_k(const uint8_t* src, float* dst, int64_t nblocks) {
-  dequant_rows<dequant_q4_k_block, kQ4Bytes>(src, dst, nblocks);
-}
-float dot_q4_k(const uint8_t* w, const float* x, int64_t nblocks) {
-  return dot_rows<dequant_q4_k_block, kQ4Bytes>(w, x, nblocks);
-}
-void quant_q4_k(const float* src, uint8_t* dst, int64_t nblocks) {
-  quant_rows<quant_q4_k_block, kQ4Bytes>(src, dst, nblocks);
-}
-
-void dequant_q5_k(const uint8_t* src, float* dst, int64_t nblocks) {
-  dequant_rows<dequant_q5_k_block, kQ5Bytes>(src, dst, nblocks);
-}
-float dot_q5_k(const uint8_t* w, const float* x, int64_t nblocks) {
-  return dot_rows<dequant_q5_k_block, kQ5Bytes>(w, x, nblocks);
-}
-void quant_q5_k(const float* src, uint8_t* dst, int64_t nblocks) {
-  quant_rows<quant_q5_k_block, kQ5Bytes>(src, dst, nblocks);
-}
-
-void dequant_q6_k(const uint8_t* src, float* dst, int64_t nblocks) {
-  dequant_rows<dequant_q6_k_block, kQ6Bytes>(src, dst, nblocks);
-}
-float dot_q6_k(const uint8_t* w, const float* x, int64_t nblocks) {
-  return dot_rows<dequant_q6_k_block, kQ6Bytes>(w, x, nblocks);
-}
-void quant_q6_k(const float* src, uint8_t* dst, int64_t nblocks) {
-  quant_rows<quant_q6_k_block, kQ6Bytes>(src, dst, nblocks);
-}
+BlockKernels q2_k_kernels() { return k_family<dequant_q2_k_block, quant_q2_k_block, kQ2Bytes>(); }
+BlockKernels q4_k_kernels() { return k_family<dequant_q4_k_block, quant_q4_k_block, kQ4Bytes>(); }
+BlockKernels q5_k_kernels() { return k_family<dequant_q5_k_block, quant_q5_k_block, kQ5Bytes>(); }
+BlockKernels q6_k_kernels() { return k_family<dequant_q6_k_block, quant_q6_k_block, kQ6Bytes>(); }
 
 }  // namespace baton::quant_detail

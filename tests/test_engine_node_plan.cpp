@@ -166,16 +166,7 @@ TEST(NodePlan, LlamaNumbersEqualStagePlan) {
     SCOPED_TRACE(fmt::format("trial {}: layers {}-{} emb {} head {} ctx {} mb {} chunk {} seq {} threads {}", trial,
                              r.layers.first, r.layers.last, r.embedding, r.head, r.n_ctx, r.micro_batch,
                              r.prefill_chunk, r.n_seq, r.n_threads));
-    StageConfig c;
-    c.first_layer = r.layers.first;
-    c.last_layer = r.layers.last;
-    c.embedding = r.embedding;
-    c.head = r.head;
-    c.n_ctx = r.n_ctx;
-    c.n_seq = r.n_seq;
-    c.max_batch = std::max(r.micro_batch, r.prefill_chunk);
-    c.n_threads = r.n_threads;
-    const MemoryPlan stage = Stage::plan(f, c);
+    const MemoryPlan stage = Stage::plan(f, stage_config(r));
     const MemoryPlan plan = planner.plan(r);
     for (PlanLine line : {PlanLine::Weights, PlanLine::KvCache, PlanLine::Workspace}) {
       EXPECT_EQ(plan.bytes(line), stage.bytes(line)) << plan_line_name(line);

@@ -52,10 +52,7 @@ void PinnedAllocator::release(uint8_t* p) { cudaFreeHost(p); }
 
 PinnedStagingSink::PinnedStagingSink(uint8_t* device_dst, uint64_t dst_bytes, int slots, uint64_t slot_bytes)
     : dst_(device_dst), dst_bytes_(dst_bytes), slots_(slots), slot_bytes_(slot_bytes) {
-  if (slots < 1 || slot_bytes < kDirectIoAlignment || slot_bytes % kDirectIoAlignment != 0) {
-    throw std::invalid_argument(fmt::format("staging ring of {} x {} bytes: need at least one slot of a multiple of {}",
-                                            slots, slot_bytes, kDirectIoAlignment));
-  }
+  check_staging_ring(slots, slot_bytes);
   ring_ = PinnedBuffer(uint64_t(slots) * slot_bytes, "the staging ring");
   BATON_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   done_.assign(size_t(slots), nullptr);
@@ -71,10 +68,7 @@ PinnedStagingSink::~PinnedStagingSink() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-uint8_t* PinnedStagingSink::slot(int i) {
-  if (i < 0 || i >= slots_) throw std::out_of_range(fmt::format("staging slot {} of {}", i, slots_));
-  return ring_.data() + uint64_t(i) * slot_bytes_;
-}
+uint8_t* PinnedStagingSink::slot(int i) { return staging_slot(ring_.data(), slots_, slot_bytes_, i); }
 
 void PinnedStagingSink::wait(int i) {
   if (pending_[size_t(i)]) BATON_CUDA_CHECK(cudaEventSynchronize(done_[size_t(i)]));
@@ -82,12 +76,7 @@ void PinnedStagingSink::wait(int i) {
 }
 
 void PinnedStagingSink::copy(int i, const uint8_t* src, uint64_t dst_offset, uint64_t n) {
-  const uint8_t* s = slot(i);
-  if (src < s || src + n > s + slot_bytes_) throw std::out_of_range("staging copy: source outside its slot");
-  if (dst_offset > dst_bytes_ || n > dst_bytes_ - dst_offset) {
-    throw std::out_of_range(fmt::format("staging copy of {} bytes at {} is outside the {} byte device allocation", n,
-                                        dst_offset, dst_bytes_));
-  }
+  check_staging_copy(slot(i), slot_bytes_, src, dst_offset, n, dst_bytes_, "device allocation");
   BATON_CUDA_CHECK(cudaMemcpyAsync(dst_ + dst_offset, src, n, cudaMemcpyHostToDevice, stream_));
 }
 
