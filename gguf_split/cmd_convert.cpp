@@ -29,13 +29,13 @@ using Clock = std::chrono::steady_clock;
 // "converted X of Y GiB (P%)" at most twice a second, and once at the end.
 class Progress {
  public:
-  explicit Progress(bool quiet) : quiet_(quiet) {}
+  explicit Progress(bool quiet) : throttle_(quiet) {}
   // A conversion that throws unwinds through here before cli/ prints the error.
   ~Progress() { end_line(); }
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
   void operator()(uint64_t done, uint64_t total) {
-    if (quiet_ || !throttle_.due(Clock::now(), done, total)) return;
+    if (!throttle_.due(Clock::now(), done, total)) return;
     std::fprintf(stderr, "\rconverted %.2f of %.2f GiB (%3.0f%%)   ", gib(done), gib(total), percent(done, total));
     mid_line_ = done < total;
     if (!mid_line_) std::fputc('\n', stderr);
@@ -48,9 +48,8 @@ class Progress {
   }
 
  private:
-  bool quiet_;
-  bool mid_line_ = false;
   ProgressThrottle throttle_;
+  bool mid_line_ = false;
 };
 
 // config.json's model_type; "" when unreadable (the converter then says why).

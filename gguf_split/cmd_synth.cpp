@@ -18,36 +18,6 @@ namespace {
 namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
 
-// Prints "written X of Y GiB (P%), R GB/s, ETA T s" at most twice a second;
-// the rate counts from the first tensor byte (the header of a big vocabulary
-// takes a while before it).
-class Progress {
- public:
-  explicit Progress(bool quiet) : quiet_(quiet) {}
-  void operator()(uint64_t done, uint64_t total) {
-    const auto now = Clock::now();
-    if (!started_) {
-      started_ = true;
-      start_ = now;
-      throttle_ = ProgressThrottle(now);
-    }
-    if (quiet_ || !throttle_.due(now, done, total)) return;
-    const double s = std::chrono::duration<double>(now - start_).count();
-    const double rate = s > 0 ? double(done) / s : 0;
-    const double eta = rate > 0 ? double(total - done) / rate : 0;
-    std::fprintf(stderr, "\rwritten %.2f of %.2f GiB (%3.0f%%), %.2f GB/s, ETA %.0f s   ", gib(done), gib(total),
-                 percent(done, total), rate / 1e9, eta);
-    if (done == total) std::fputc('\n', stderr);
-    std::fflush(stderr);
-  }
-
- private:
-  bool quiet_;
-  bool started_ = false;
-  Clock::time_point start_;
-  ProgressThrottle throttle_;
-};
-
 std::string shapes_help() {
   std::string out = "shapes (NAME, or NAME-TYPE to pick the type):\n";
   for (const auto& s : synth_shapes()) {
@@ -58,6 +28,35 @@ std::string shapes_help() {
   }
   return out;
 }
+
+// Prints "written X of Y GiB (P%), R GB/s, ETA T s" at most twice a second;
+// the rate counts from the first tensor byte (the header of a big vocabulary
+// takes a while before it).
+class Progress {
+ public:
+  explicit Progress(bool quiet) : throttle_(quiet) {}
+  void operator()(uint64_t done, uint64_t total) {
+    const auto now = Clock::now();
+    if (!started_) {
+      started_ = true;
+      start_ = now;
+      throttle_.restart(now);
+    }
+    if (!throttle_.due(now, done, total)) return;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    const double rate = s > 0 ? double(done) / s : 0;
+    const double eta = rate > 0 ? double(total - done) / rate : 0;
+    std::fprintf(stderr, "\rwritten %.2f of %.2f GiB (%3.0f%%), %.2f GB/s, ETA %.0f s   ", gib(done), gib(total),
+                 percent(done, total), rate / 1e9, eta);
+    if (done == total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  ProgressThrottle throttle_;
+  bool started_ = false;
+  Clock::time_point start_;
+};
 
 }  // namespace
 

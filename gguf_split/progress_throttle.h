@@ -13,18 +13,21 @@ inline double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
 inline double percent(uint64_t done, uint64_t total) { return total ? 100.0 * double(done) / double(total) : 100.0; }
 
 // A line at most twice a second (more would only flicker), and always the
-// last one, so that the final figures are on screen.
+// last one, so that the final figures are on screen; none with --quiet.
 class ProgressThrottle {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit ProgressThrottle(Clock::time_point last = Clock::now()) : last_(last) {}
+  explicit ProgressThrottle(bool quiet) : quiet_(quiet), last_(Clock::now()) {}
+  // The half second counts from `now`.
+  void restart(Clock::time_point now) { last_ = now; }
   bool due(Clock::time_point now, uint64_t done, uint64_t total) {
-    if (done < total && now - last_ < std::chrono::milliseconds(500)) return false;
+    if (quiet_ || (done < total && now - last_ < std::chrono::milliseconds(500))) return false;
     last_ = now;
     return true;
   }
 
  private:
+  bool quiet_;
   Clock::time_point last_;
 };
 
