@@ -11,13 +11,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <optional>
 #include <string>
 
 #include "gguf_split/commands.h"
 #include "gguf_split/convert_deepseek4.h"
 #include "gguf_split/convert_llama.h"
+#include "gguf_split/progress_throttle.h"
+#include "engine/command_line.h"
 
 namespace baton {
 namespace {
@@ -25,22 +26,17 @@ namespace {
 namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
 
-double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
-
 // "converted X of Y GiB (P%)" at most twice a second, and once at the end.
 class Progress {
  public:
-  explicit Progress(bool quiet) : quiet_(quiet), last_(Clock::now()) {}
+  explicit Progress(bool quiet) : throttle_(quiet) {}
   // A conversion that throws unwinds through here before cli/ prints the error.
   ~Progress() { end_line(); }
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
   void operator()(uint64_t done, uint64_t total) {
-    const auto now = Clock::now();
-    if (quiet_ || (done < total && now - last_ < std::chrono::milliseconds(500))) return;
-    last_ = now;
-    std::fprintf(stderr, "\rconverted %.2f of %.2f GiB (%3.0f%%)   ", gib(done), gib(total),
-                 total ? 100.0 * double(done) / double(total) : 100.0);
+    if (!throttle_.due(Clock::now(), done, total)) return;
+    std::fprintf(stderr, "\rconverted %.2f of %.2f GiB (%3.0f%%)   ", gib(done), gib(total), percent(done, total));
     mid_line_ = done < total;
     if (!mid_line_) std::fputc('\n', stderr);
     std::fflush(stderr);
@@ -52,9 +48,8 @@ class Progress {
   }
 
  private:
-  bool quiet_;
+  ProgressThrottle throttle_;
   bool mid_line_ = false;
-  Clock::time_point last_;
 };
 
 // config.json's model_type; "" when unreadable (the converter then says why).
@@ -96,13 +91,8 @@ int cmd_convert(int argc, char** argv) {
                                   "quantized type goes to the roles the published files quantize, F16 to the rest")
       ("expert-type", po::value(&expert_type), "deepseek_v4: the routed experts' type (e.g. q2_k, q4_k)")
       ("quiet,q", "no progress on stderr");
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << opts << "\n";
-    return 0;
-  }
+  const auto vm = parse_command_line(argc, argv, {.options = opts});
+  if (!vm) return 0;
   if (from.empty() || out.empty()) {
     std::fprintf(stderr, "baton convert: --from and -o are required (see baton convert --help)\n");
     return 1;
@@ -131,7 +121,7 @@ int cmd_convert(int argc, char** argv) {
       return 1;
     }
   }
-  Progress progress(vm.count("quiet") > 0);
+  Progress progress(vm->count("quiet") > 0);
   o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
   o.note = [&](const std::string& s) {
     progress.end_line();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gguf_split/commands.h"
+#include "engine/command_line.h"
 #include "engine/gguf.h"
 
 namespace baton {
@@ -195,18 +196,18 @@ int cmd_inspect(int argc, char** argv) {
       ("help,h", "show this help")
       ("json", "print one JSON object instead of text")
       ("full", "print every array item instead of the first few");
-  po::options_description all;
-  all.add(visible).add_options()("file", po::value<std::string>(), "GGUF file");
+  po::options_description hidden;
+  hidden.add_options()("file", po::value<std::string>(), "GGUF file");
   po::positional_options_description positional;
   positional.add("file", 1);
-
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << visible << "\nPrints the header, metadata and tensor table of a GGUF file.\n";
-    return 0;
-  }
+  const auto parsed = parse_command_line(
+      argc, argv,
+      {.options = visible,
+       .help_tail = "\nPrints the header, metadata and tensor table of a GGUF file.\n",
+       .hidden = &hidden,
+       .positional = &positional});
+  if (!parsed) return 0;
+  const po::variables_map& vm = *parsed;
   if (!vm.count("file")) {
     std::fprintf(stderr, "baton inspect: no FILE given (see baton inspect --help)\n");
     return 1;

@@ -2,13 +2,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <iostream>
 #include <optional>
 
 #include <boost/program_options.hpp>
 
 #include "gguf_split/commands.h"
 #include "gguf_split/split.h"
+#include "engine/command_line.h"
 
 namespace po = boost::program_options;
 
@@ -68,16 +68,9 @@ int cmd_split(int argc, char** argv) {
   hidden.add_options()("model", po::value(&model));
   po::positional_options_description pos;
   pos.add("model", 1);
-  po::variables_map vm;
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << opts << "\n";
-    return 0;
-  }
-  const bool dry = vm.count("dry-run") > 0;
+  const auto vm = parse_command_line(argc, argv, {.options = opts, .hidden = &hidden, .positional = &pos});
+  if (!vm) return 0;
+  const bool dry = vm->count("dry-run") > 0;
   if (model.empty() || layers.empty() || (out_dir.empty() && !dry)) {
     std::fprintf(stderr, "baton split: MODEL, --layers and -o are required (see baton split --help)\n");
     return 1;
@@ -116,15 +109,8 @@ int cmd_merge(int argc, char** argv) {
   hidden.add_options()("parts", po::value(&parts));
   po::positional_options_description pos;
   pos.add("parts", -1);
-  po::variables_map vm;
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << opts << "\n";
-    return 0;
-  }
+  const auto vm = parse_command_line(argc, argv, {.options = opts, .hidden = &hidden, .positional = &pos});
+  if (!vm) return 0;
   if (parts.empty() || out.empty()) {
     std::fprintf(stderr, "baton merge: PART... and -o are required (see baton merge --help)\n");
     return 1;

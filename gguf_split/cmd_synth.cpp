@@ -5,10 +5,11 @@
 
 #include <chrono>
 #include <cstdio>
-#include <iostream>
 #include <string>
 
 #include "gguf_split/commands.h"
+#include "gguf_split/progress_throttle.h"
+#include "engine/command_line.h"
 #include "engine/synth.h"
 
 namespace baton {
@@ -16,37 +17,6 @@ namespace {
 
 namespace po = boost::program_options;
 using Clock = std::chrono::steady_clock;
-
-double gib(uint64_t b) { return double(b) / double(uint64_t(1) << 30); }
-
-// Prints "written X of Y GiB (P%), R GB/s, ETA T s" at most twice a second;
-// the rate counts from the first tensor byte (the header of a big vocabulary
-// takes a while before it).
-class Progress {
- public:
-  explicit Progress(bool quiet) : quiet_(quiet) {}
-  void operator()(uint64_t done, uint64_t total) {
-    const auto now = Clock::now();
-    if (!started_) {
-      started_ = true;
-      start_ = last_ = now;
-    }
-    if (quiet_ || (done < total && now - last_ < std::chrono::milliseconds(500))) return;
-    last_ = now;
-    const double s = std::chrono::duration<double>(now - start_).count();
-    const double rate = s > 0 ? double(done) / s : 0;
-    const double eta = rate > 0 ? double(total - done) / rate : 0;
-    std::fprintf(stderr, "\rwritten %.2f of %.2f GiB (%3.0f%%), %.2f GB/s, ETA %.0f s   ", gib(done), gib(total),
-                 total ? 100.0 * double(done) / double(total) : 100.0, rate / 1e9, eta);
-    if (done == total) std::fputc('\n', stderr);
-    std::fflush(stderr);
-  }
-
- private:
-  bool quiet_;
-  bool started_ = false;
-  Clock::time_point start_, last_;
-};
 
 std::string shapes_help() {
   std::string out = "shapes (NAME, or NAME-TYPE to pick the type):\n";
@@ -58,6 +28,35 @@ std::string shapes_help() {
   }
   return out;
 }
+
+// Prints "written X of Y GiB (P%), R GB/s, ETA T s" at most twice a second;
+// the rate counts from the first tensor byte (the header of a big vocabulary
+// takes a while before it).
+class Progress {
+ public:
+  explicit Progress(bool quiet) : throttle_(quiet) {}
+  void operator()(uint64_t done, uint64_t total) {
+    const auto now = Clock::now();
+    if (!started_) {
+      started_ = true;
+      start_ = now;
+      throttle_.restart(now);
+    }
+    if (!throttle_.due(now, done, total)) return;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    const double rate = s > 0 ? double(done) / s : 0;
+    const double eta = rate > 0 ? double(total - done) / rate : 0;
+    std::fprintf(stderr, "\rwritten %.2f of %.2f GiB (%3.0f%%), %.2f GB/s, ETA %.0f s   ", gib(done), gib(total),
+                 percent(done, total), rate / 1e9, eta);
+    if (done == total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  ProgressThrottle throttle_;
+  bool started_ = false;
+  Clock::time_point start_;
+};
 
 }  // namespace
 
@@ -85,13 +84,9 @@ int cmd_synth(int argc, char** argv) {
                                  "speed, full size on disk); sparse: header only, the data a sparse hole "
                                  "(reads as zeros; for planning)")
       ("quiet,q", "no progress on stderr");
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << opts << "\n" << shapes_help();
-    return 0;
-  }
+  const std::string help_tail = "\n" + shapes_help();
+  const auto vm = parse_command_line(argc, argv, {.options = opts, .help_tail = help_tail});
+  if (!vm) return 0;
   if (shape.empty() || out.empty()) {
     std::fprintf(stderr, "baton synth: --shape and -o are required (see baton synth --help)\n");
     return 1;
@@ -107,7 +102,7 @@ int cmd_synth(int argc, char** argv) {
   o.type = type;
   o.seed = seed;
   o.data = *mode;
-  Progress progress(vm.count("quiet") > 0);
+  Progress progress(vm->count("quiet") > 0);
   o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
   const auto t0 = Clock::now();
   SynthResult r = write_synth_model(out, o);

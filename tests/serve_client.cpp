@@ -1,7 +1,6 @@
 #include "tests/serve_client.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,24 +36,9 @@ ServeProcess::ServeProcess(std::vector<std::string> extra, bool wait_ready) {
   std::vector<std::string> argv = {test::baton_binary(), "serve", "--host", "127.0.0.1", "--port", "0",
                                    "--threads", "1"};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  int out[2];
-  if (pipe(out) != 0) throw std::runtime_error("pipe failed");
-  pid_ = fork();
-  if (pid_ < 0) throw std::runtime_error("fork failed");
-  if (pid_ == 0) {
-    int err = open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(out[1], 1);
-    dup2(err, 2);
-    close(out[0]);
-    close(out[1]);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(out[1]);
-  out_fd_ = out[0];
+  const test::Spawned child = test::spawn_piped(argv, err_path_);
+  pid_ = child.pid;
+  out_fd_ = child.stdout_fd;
   const std::string listening = "baton serve: listening on http://127.0.0.1:";
   std::string line;
   while (read_line(line, 60s)) {

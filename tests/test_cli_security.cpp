@@ -7,7 +7,6 @@
 // 408 and silent connections: test_cli_serve.cpp. Handshake rules in
 // depth: test_net_link.cpp.)
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -53,24 +52,9 @@ class Process {
  public:
   explicit Process(const std::vector<std::string>& argv) {
     err_path_ = dir_.file("stderr.txt");
-    int out[2];
-    if (pipe(out) != 0) throw std::runtime_error("pipe failed");
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      int err = open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      dup2(out[1], 1);
-      dup2(err, 2);
-      close(out[0]);
-      close(out[1]);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(out[1]);
-    out_fd_ = out[0];
+    const test::Spawned child = test::spawn_piped(argv, err_path_);
+    pid_ = child.pid;
+    out_fd_ = child.stdout_fd;
   }
   ~Process() {
     if (pid_ > 0) {

@@ -10,37 +10,13 @@
 
 #include "net/auth.h"
 #include "net/log.h"
+#include "tests/net_log_capture.h"
 #include "tests/test_util.h"
 
 namespace baton::net {
 namespace {
 
-// Collects net log lines for the duration of a test.
-class LogCapture {
- public:
-  LogCapture() {
-    prev_ = set_log_sink([this](LogLevel level, std::string_view line) {
-      std::lock_guard lock(mu_);
-      lines_.push_back(std::string(level_name(level)) + ": " + std::string(line));
-    });
-  }
-  ~LogCapture() { set_log_sink(prev_); }
-  std::vector<std::string> lines() const {
-    std::lock_guard lock(mu_);
-    return lines_;
-  }
-  bool contains(const std::string& s) const {
-    for (const std::string& l : lines()) {
-      if (l.find(s) != std::string::npos) return true;
-    }
-    return false;
-  }
-
- private:
-  LogSink prev_;
-  mutable std::mutex mu_;
-  std::vector<std::string> lines_;
-};
+using test::LogCapture;
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 

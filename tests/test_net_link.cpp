@@ -38,6 +38,7 @@
 #include "net/codec.h"
 #include "net/connection.h"
 #include "net/log.h"
+#include "tests/net_log_capture.h"
 #include "tests/test_util.h"
 
 namespace baton::net {
@@ -78,35 +79,7 @@ Hello worker_hello(const std::string& name) {
   return h;
 }
 
-// Collects net log lines for the duration of a test.
-class LogCapture {
- public:
-  LogCapture() {
-    prev_ = set_log_sink([this](LogLevel level, std::string_view line) {
-      std::lock_guard lock(mu_);
-      lines_.push_back(std::string(level_name(level)) + ": " + std::string(line));
-    });
-  }
-  ~LogCapture() { set_log_sink(prev_); }
-  bool contains(const std::string& s) const {
-    std::lock_guard lock(mu_);
-    for (const std::string& l : lines_) {
-      if (l.find(s) != std::string::npos) return true;
-    }
-    return false;
-  }
-  std::string all() const {
-    std::lock_guard lock(mu_);
-    std::string s;
-    for (const std::string& l : lines_) s += l + "\n";
-    return s;
-  }
-
- private:
-  LogSink prev_;
-  mutable std::mutex mu_;
-  std::vector<std::string> lines_;
-};
+using test::LogCapture;
 
 // A thread-safe queue to wait on from the test thread.
 template <class T>

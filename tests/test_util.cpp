@@ -20,6 +20,15 @@ namespace {
                            BATON_SHARED_DIR + ")");
 }
 
+// In a forked child: becomes argv[0] with the arguments, or exits with 127.
+[[noreturn]] void exec_argv(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
 }  // namespace
 
 std::string shared_dir() {
@@ -62,11 +71,7 @@ CommandResult run_command(const std::vector<std::string>& argv) {
     close(err_pipe[0]);
     close(out_pipe[1]);
     close(err_pipe[1]);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
+    exec_argv(argv);
   }
   close(out_pipe[1]);
   close(err_pipe[1]);
@@ -94,6 +99,23 @@ CommandResult run_command(const std::vector<std::string>& argv) {
   waitpid(pid, &status, 0);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+Spawned spawn_piped(const std::vector<std::string>& argv, const std::string& stderr_path) {
+  int out[2];
+  if (pipe(out) != 0) throw std::runtime_error("pipe failed");
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(out[1], 1);
+    dup2(err, 2);
+    close(out[0]);
+    close(out[1]);
+    exec_argv(argv);
+  }
+  close(out[1]);
+  return {pid, out[0]};
 }
 
 uint64_t test_seed() {

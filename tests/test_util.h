@@ -1,6 +1,8 @@
 // Shared helpers for the GoogleTest suites.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -40,6 +42,15 @@ struct CommandResult {
 };
 // Runs argv[0] with the arguments (no shell), capturing stdout and stderr.
 CommandResult run_command(const std::vector<std::string>& argv);
+
+// A started child: argv[0] with the arguments (no shell), its stdout on a pipe
+// the caller reads from `stdout_fd` (and closes), its stderr written to a file
+// so that it can be read after the child is gone. The caller waits for it.
+struct Spawned {
+  pid_t pid;
+  int stdout_fd;
+};
+Spawned spawn_piped(const std::vector<std::string>& argv, const std::string& stderr_path);
 
 // A seed for randomised tests: $BATON_TEST_SEED when set, else a fixed value.
 // Tests print it (SCOPED_TRACE) so a failure can be replayed.

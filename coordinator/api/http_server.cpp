@@ -5,6 +5,7 @@
 // Beast must stay out of every header (they are slow to compile), so they
 // cannot be split into files that see each other without a header full of Beast.
 #include "coordinator/api/http_server.h"
+#include "coordinator/api/http_request_from_beast.h"
 
 // Boost 1.74's Asio needs <utility> before it under C++20.
 #include <utility>
@@ -81,6 +82,23 @@ std::string response_head(int status, const std::string& content_type, const Htt
 }
 
 }  // namespace
+
+HttpRequest http_request_from(http::request<http::string_body>&& msg, std::string remote) {
+  HttpRequest req;
+  auto method = msg.method_string();
+  auto target = msg.target();
+  req.method.assign(method.data(), method.size());
+  req.target.assign(target.data(), target.size());
+  req.path = req.target.substr(0, req.target.find('?'));
+  for (const auto& f : msg) {
+    auto name = f.name_string();
+    auto value = f.value();
+    req.headers.emplace_back(lower(std::string_view(name.data(), name.size())), std::string(value.data(), value.size()));
+  }
+  req.body = std::move(msg.body());
+  req.remote = std::move(remote);
+  return req;
+}
 
 struct HttpServer::Impl {
   // Declared before the io_context: sessions destroyed with it still use these.
@@ -375,20 +393,7 @@ void Session::dispatch() {
   disarm_read_timer();
   auto msg = parser_->release();
   keep_alive_ = msg.keep_alive();
-  HttpRequest req;
-  auto method = msg.method_string();
-  auto target = msg.target();
-  req.method.assign(method.data(), method.size());
-  req.target.assign(target.data(), target.size());
-  req.path = req.target.substr(0, req.target.find('?'));
-  for (const auto& f : msg) {
-    auto name = f.name_string();
-    auto value = f.value();
-    req.headers.emplace_back(lower(std::string_view(name.data(), name.size())), std::string(value.data(), value.size()));
-  }
-  req.body = std::move(msg.body());
-  req.remote = remote_;
-  current_ = std::make_shared<ExchangeImpl>(weak_from_this(), executor(), std::move(req));
+  current_ = std::make_shared<ExchangeImpl>(weak_from_this(), executor(), http_request_from(std::move(msg), remote_));
   // Keep reading while the request is answered: the next request of a
   // pipelining client, or the end of the connection (client gone).
   new_parser();

@@ -21,11 +21,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iostream>
 #include <memory>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -35,6 +33,7 @@
 #include "coordinator/commands/load_report.h"
 #include "engine/backend.h"
 #include "engine/command_error.h"
+#include "engine/command_line.h"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "engine/llama_family.h"
@@ -113,15 +112,7 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "most memory the stage's plan may use (device lines with --backend cuda), e.g. 128GB: refused before "
        "loading when larger");
   // clang-format on
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::ostringstream s;
-    s << desc;
-    std::cout << s.str() << "\n";
-    return std::nullopt;
-  }
-  po::notify(vm);
+  if (!parse_command_line(argc, argv, {.options = desc})) return std::nullopt;
   if (o.model.empty()) throw std::invalid_argument("-m MODEL is required");
   auto b = backend_from_name(backend);
   if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");

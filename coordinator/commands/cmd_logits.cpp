@@ -22,7 +22,6 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
-#include <iostream>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -35,6 +34,7 @@
 #include "engine/arch.h"
 #include "engine/backend.h"
 #include "engine/command_error.h"
+#include "engine/command_line.h"
 #include "engine/gguf.h"
 #include "engine/node_plan.h"
 
@@ -213,13 +213,8 @@ int cmd_logits(int argc, char** argv) {
       ("batch,b", po::value(&batch), "tokens per forward pass (default 64)")
       ("workers", po::value(&workers), "run on K local worker processes (a pipeline); writes log-probabilities")
       ("log-softmax", "write log-probabilities (log-softmax of each row) instead of logits");
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << opts << "\n";
-    return 0;
-  }
+  const auto vm = parse_command_line(argc, argv, {.options = opts});
+  if (!vm) return 0;
   if (model.empty() || tokens.empty() || out.empty()) {
     throw std::invalid_argument("-m, --tokens and -o are required (see baton logits --help)");
   }
@@ -230,7 +225,7 @@ int cmd_logits(int argc, char** argv) {
   if (!backend) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend_name_arg + "'");
   if (std::string why = backend_unavailable(*backend); !why.empty()) throw CommandError(why, kExitRefused);
   const std::vector<int32_t> ids = parse_tokens(tokens);
-  const bool lsm = workers > 0 || vm.count("log-softmax") > 0;
+  const bool lsm = workers > 0 || vm->count("log-softmax") > 0;
 
   const bool npy = out.size() >= 4 && out.compare(out.size() - 4, 4, ".npy") == 0;
   const std::string tmp = out + ".tmp";

@@ -13,6 +13,7 @@
 #include "coordinator/commands/commands.h"
 #include "coordinator/cluster/placement.h"
 #include "engine/command_error.h"
+#include "engine/command_line.h"
 #include "engine/model_files.h"
 #include "engine/node_plan.h"
 
@@ -114,17 +115,14 @@ int cmd_plan(int argc, char** argv) {
        "deepseek4 KV storage: f32 (rows as float, the published engine's) or packed (FP8 + bf16 rope dims, FP4 "
        "indexer)")
       ("json", "print one JSON object instead of tables");
-  po::options_description all;
-  all.add(opts).add_options()("model", po::value(&model), "GGUF file");
+  po::options_description hidden;
+  hidden.add_options()("model", po::value(&model), "GGUF file");
   po::positional_options_description positional;
   positional.add("model", 1);
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
-  po::notify(vm);
-  if (vm.count("help")) {
-    std::cout << opts << kHelpTail;
-    return 0;
-  }
+  const auto parsed = parse_command_line(
+      argc, argv, {.options = opts, .help_tail = kHelpTail, .hidden = &hidden, .positional = &positional});
+  if (!parsed) return 0;
+  const po::variables_map& vm = *parsed;
   if (model.empty() || nodes_text.empty() || !vm.count("ctx")) {
     std::fprintf(stderr, "baton plan: MODEL, --nodes and --ctx are required (see baton plan --help)\n");
     return 1;

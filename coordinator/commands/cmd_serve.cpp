@@ -32,6 +32,7 @@
 #include "coordinator/api/metrics.h"
 #include "coordinator/api/openai_api.h"
 #include "engine/arch.h"
+#include "engine/command_line.h"
 #include "engine/gguf.h"
 #include "net/auth.h"
 #include "net/log.h"
@@ -63,38 +64,33 @@ struct ServeOptions {
   bool quiet = false;
 };
 
-std::string usage_text(const po::options_description& desc) {
-  std::string s =
-      "usage: baton serve (-m MODEL | --config FILE) [--host H] [--port P] [--api-key-file F] [options]\n\n"
-      "Serves a GGUF model over an OpenAI-compatible HTTP API:\n"
-      "  POST /v1/chat/completions   chat (messages rendered with the model's chat template)\n"
-      "  POST /v1/completions        plain text completion\n"
-      "  GET  /v1/models             the served model\n"
-      "  GET  /health                route state: stages, layers, loading progress, memory\n"
-      "  GET  /metrics               Prometheus metrics\n"
-      "Both completion routes stream server-sent events with \"stream\": true.\n\n"
-      "Concurrent requests share the model by continuous batching: up to --parallel\n"
-      "sequences hold a KV slot and advance in turns (prompt chunks of --batch tokens,\n"
-      "then one token at a time); up to --queue more wait, and beyond that requests get\n"
-      "429 with Retry-After. A client that disconnects has its generation cancelled.\n\n"
-      "Once the port is open, stdout gets one line\n"
-      "  baton serve: listening on http://HOST:PORT\n"
-      "(with the real port when --port 0), then \"baton serve: ready ...\" when the\n"
-      "model is loaded. Logs and one line per request go to stderr. SIGINT or SIGTERM\n"
-      "stops the server: generations in flight end, connections close.\n\n"
-      "With --api-key-file, every /v1/ request needs 'Authorization: Bearer KEY' (the\n"
-      "file's first line); /health and /metrics stay open for probes and scrapers.\n\n"
-      "With --workers K the model runs as a pipeline of K worker processes on this\n"
-      "machine (loopback TCP, a generated secret): each loads only its layers, and\n"
-      "--parallel sequences are in flight at once so that the stages overlap. A worker\n"
-      "that dies is started again; requests in flight fail within 2 s with an error\n"
-      "naming the worker and its stage, /health reports the route as incomplete, and\n"
-      "serving resumes once the worker has loaded again. With --parts (files written\n"
-      "by `baton split`) each worker loads one part, and the stages follow the parts.\n\n";
-  std::ostringstream o;
-  o << desc;
-  return s + o.str() + "\n";
-}
+constexpr const char* kUsage =
+    "usage: baton serve (-m MODEL | --config FILE) [--host H] [--port P] [--api-key-file F] [options]\n\n"
+    "Serves a GGUF model over an OpenAI-compatible HTTP API:\n"
+    "  POST /v1/chat/completions   chat (messages rendered with the model's chat template)\n"
+    "  POST /v1/completions        plain text completion\n"
+    "  GET  /v1/models             the served model\n"
+    "  GET  /health                route state: stages, layers, loading progress, memory\n"
+    "  GET  /metrics               Prometheus metrics\n"
+    "Both completion routes stream server-sent events with \"stream\": true.\n\n"
+    "Concurrent requests share the model by continuous batching: up to --parallel\n"
+    "sequences hold a KV slot and advance in turns (prompt chunks of --batch tokens,\n"
+    "then one token at a time); up to --queue more wait, and beyond that requests get\n"
+    "429 with Retry-After. A client that disconnects has its generation cancelled.\n\n"
+    "Once the port is open, stdout gets one line\n"
+    "  baton serve: listening on http://HOST:PORT\n"
+    "(with the real port when --port 0), then \"baton serve: ready ...\" when the\n"
+    "model is loaded. Logs and one line per request go to stderr. SIGINT or SIGTERM\n"
+    "stops the server: generations in flight end, connections close.\n\n"
+    "With --api-key-file, every /v1/ request needs 'Authorization: Bearer KEY' (the\n"
+    "file's first line); /health and /metrics stay open for probes and scrapers.\n\n"
+    "With --workers K the model runs as a pipeline of K worker processes on this\n"
+    "machine (loopback TCP, a generated secret): each loads only its layers, and\n"
+    "--parallel sequences are in flight at once so that the stages overlap. A worker\n"
+    "that dies is started again; requests in flight fail within 2 s with an error\n"
+    "naming the worker and its stage, /health reports the route as incomplete, and\n"
+    "serving resumes once the worker has loaded again. With --parts (files written\n"
+    "by `baton split`) each worker loads one part, and the stages follow the parts.\n\n";
 
 std::optional<ServeOptions> parse(int argc, char** argv) {
   ServeOptions r;
@@ -147,13 +143,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "seconds a client may take to accept each write before it is dropped")
       ("quiet,q", po::bool_switch(&r.quiet), "no per-request log lines");
   // clang-format on
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::cout << usage_text(desc);
-    return std::nullopt;
-  }
-  po::notify(vm);
+  const auto parsed = parse_command_line(argc, argv, {.options = desc, .help_head = kUsage});
+  if (!parsed) return std::nullopt;
+  const po::variables_map& vm = *parsed;
   if (vm.count("parts")) {
     std::stringstream list(vm["parts"].as<std::string>());
     for (std::string item; std::getline(list, item, ',');) {

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/api/generation.h"
+#include "coordinator/api/http_request_from_beast.h"
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/metrics.h"
 #include "coordinator/api/openai_api.h"
@@ -164,25 +165,6 @@ void play_events(FakeService& svc, const uint8_t* data, size_t size, int finish_
   svc.sink(std::move(last));
 }
 
-// Mirrors Session::dispatch in coordinator/api/http_server.cpp.
-HttpRequest to_request(http::request<http::string_body>&& msg) {
-  HttpRequest req;
-  auto method = msg.method_string();
-  auto target = msg.target();
-  req.method.assign(method.data(), method.size());
-  req.target.assign(target.data(), target.size());
-  req.path = req.target.substr(0, req.target.find('?'));
-  for (const auto& f : msg) {
-    auto name = f.name_string();
-    std::string lower(name.data(), name.size());
-    for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
-    req.headers.emplace_back(std::move(lower), std::string(f.value()));
-  }
-  req.body = std::move(msg.body());
-  req.remote = "127.0.0.1:1";
-  return req;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -238,7 +220,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     if (!parser.is_done()) return 0;  // the server answers 4xx (or waits) and closes
-    auto ex = std::make_shared<FakeExchange>(to_request(parser.release()));
+    auto ex = std::make_shared<FakeExchange>(http_request_from(parser.release(), "127.0.0.1:1"));
     api.handle(ex);
     require(ex->answered() || svc.request.has_value());
     if (svc.request) {

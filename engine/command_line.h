@@ -1,0 +1,47 @@
+// How every `baton` command reads its arguments: Boost.Program_options with
+// -h/--help. It lives here, beside engine/command_error.h, because engine/ is
+// below every command folder (coordinator/, gguf_split/, worker/) and commands
+// must not include cli/. Header only, so the engine library does not link
+// Program_options; the command folders that include it do.
+#pragma once
+
+#include <boost/program_options.hpp>
+
+#include <iostream>
+#include <optional>
+#include <string_view>
+
+namespace baton {
+
+// What one command accepts besides argv.
+struct CommandLine {
+  const boost::program_options::options_description& options;  // the ones --help lists
+  std::string_view help_head = "";                               // --help prints head, options, tail
+  std::string_view help_tail = "\n";
+  // Options --help does not list, filled from the positional arguments.
+  const boost::program_options::options_description* hidden = nullptr;
+  const boost::program_options::positional_options_description* positional = nullptr;
+};
+
+// The parsed arguments, or nullopt after the help went to stdout. --help is
+// looked at before notify(), so that it works without the required options.
+inline std::optional<boost::program_options::variables_map> parse_command_line(int argc, char** argv,
+                                                                               const CommandLine& cl) {
+  namespace po = boost::program_options;
+  po::options_description all;
+  all.add(cl.options);
+  if (cl.hidden) all.add(*cl.hidden);
+  po::command_line_parser parser(argc, argv);
+  parser.options(all);
+  if (cl.positional) parser.positional(*cl.positional);
+  po::variables_map vm;
+  po::store(parser.run(), vm);
+  if (vm.count("help")) {
+    std::cout << cl.help_head << cl.options << cl.help_tail;
+    return std::nullopt;
+  }
+  po::notify(vm);
+  return vm;
+}
+
+}  // namespace baton
