@@ -27,12 +27,6 @@ namespace {
 constexpr uint64_t kMiB = uint64_t(1) << 20;
 // cuBLAS and matmul() want 256-byte aligned scratch; every section is.
 constexpr uint64_t kSectionAlign = 256;
-// cuBLAS's scratch (cublasSetWorkspace): NVIDIA recommends 32 MiB on Hopper.
-constexpr uint64_t kCublasWorkspace = 32 * kMiB;
-// The F16 tile of a dequantized weight for prefill GEMMs: larger matrices are
-// multiplied in row chunks that fit (docs/CUDA.md: whole 14336 x 4096
-// matrices, 112 MiB, are one GEMM).
-constexpr uint64_t kMaxTileBytes = 128 * kMiB;
 
 MatrixView matrix_of(const Tensor& t) { return {t.type, t.data, t.rows(), t.ne[0], t.row_bytes}; }
 
@@ -258,18 +252,14 @@ void check_dims(const LlamaHparams& hp) {
 MemoryPlan make_plan(const CudaStage::Layout& L, const WeightLayout& wl, const StageConfig& c,
                      const LoadOptions& load, const Arch& arch) {
   MemoryPlan plan;
-  plan.add(PlanLine::Weights, wl.bytes,
-           fmt::format("{} tensors, layers {}-{}{}{}, device", wl.n_tensors, c.first_layer, c.last_layer,
-                       c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
+  add_stage_weights_line(plan, wl, c);
   plan.add(PlanLine::KvCache, L.kv_bytes,
            fmt::format("{} layers x {} seq x {} ctx x {} B, device", c.last_layer - c.first_layer + 1, c.n_seq,
                        c.n_ctx, arch.kv_bytes_per_token_per_layer()));
   plan.add(PlanLine::Workspace, L.bytes,
            fmt::format("batch {}; matmul {:.1f} MiB, cuBLAS {} MiB, attention splits {:.1f} MiB; device", L.B,
                        double(L.mm_bytes) / double(kMiB), L.cublas_bytes / kMiB, double(L.attn_bytes) / double(kMiB)));
-  plan.add(PlanLine::PinnedIo, L.io_bytes, "step parameters and outputs, host");
-  plan.add(PlanLine::LoadStaging, uint64_t(load.slots) * load.slot_bytes,
-           fmt::format("{} x {} MiB pinned, while loading, host", load.slots, load.slot_bytes / kMiB));
+  add_stage_host_lines(plan, L.io_bytes, load);
   return plan;
 }
 

@@ -26,11 +26,6 @@ using A = Deepseek4Arch;
 namespace {
 
 constexpr uint64_t kMiB = uint64_t(1) << 20;
-// cuBLAS's scratch (cublasSetWorkspace): NVIDIA recommends 32 MiB on Hopper.
-constexpr uint64_t kCublasWorkspace = 32 * kMiB;
-// Prefill GEMMs dequantize a weight to an F16 tile of at most this size and
-// multiply larger matrices in row chunks (the head's 129280 rows).
-constexpr uint64_t kMaxTileBytes = 128 * kMiB;
 // The decode attention splits a (token, head)'s rows across at most 256
 // blocks (ds4_attention.cu); the planned partials cover splits x tokens <= 256,
 // beyond which the kernel runs unsplit (same result).
@@ -369,18 +364,14 @@ uint64_t ds4_decode_bytes(const WeightLayout& wl, const Deepseek4Shape& s) {
 MemoryPlan make_plan(const CudaDs4Stage::Layout& L, const WeightLayout& wl, const StageConfig& c,
                      const LoadOptions& load) {
   MemoryPlan plan;
-  plan.add(PlanLine::Weights, wl.bytes,
-           fmt::format("{} tensors, layers {}-{}{}{}, device", wl.n_tensors, c.first_layer, c.last_layer,
-                       c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
+  add_stage_weights_line(plan, wl, c);
   plan.add(PlanLine::KvCache, L.kv_bytes,
            fmt::format("{} layers x {} seq x {} ctx (per-layer streams, f32), device", c.last_layer - c.first_layer + 1,
                        c.n_seq, c.n_ctx));
   plan.add(PlanLine::Workspace, L.bytes,
            fmt::format("batch {}; matmul {:.1f} MiB, experts {:.1f} MiB, cuBLAS {} MiB; device", L.B,
                        double(L.mm_bytes) / double(kMiB), double(L.moe_bytes) / double(kMiB), L.cublas_bytes / kMiB));
-  plan.add(PlanLine::PinnedIo, L.io_bytes, "step parameters and outputs, host");
-  plan.add(PlanLine::LoadStaging, uint64_t(load.slots) * load.slot_bytes,
-           fmt::format("{} x {} MiB pinned, while loading, host", load.slots, load.slot_bytes / kMiB));
+  add_stage_host_lines(plan, L.io_bytes, load);
   return plan;
 }
 

@@ -293,46 +293,35 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   }
 
   mark(st, n, kProj);
-  if (w.ratio > 0) {
+  // One compressor step; the attention's rows and the indexer's differ only
+  // in their lanes, width, projections and KV streams.
+  auto compress = [&](int lanes, int64_t dim, const float* kv, const float* gate, int64_t stride,
+                      const cuda::MatrixView& ape, const float* norm, int state_stream, int rows_stream) {
     cuda::Ds4CompressParams cp;
     cp.ratio = w.ratio;
-    cp.lanes = s.compressor_lanes(l);
-    cp.dim = hd;
+    cp.lanes = lanes;
+    cp.dim = dim;
     cp.rope_dim = int(rd);
     cp.eps = eps;
-    cp.kv = ckv;
-    cp.gate = cg;
-    cp.stride = cw;
-    cp.ape = w.comp_ape;
-    cp.norm = w.comp_norm;
+    cp.kv = kv;
+    cp.gate = gate;
+    cp.stride = stride;
+    cp.ape = ape;
+    cp.norm = norm;
     cp.inv_freq = freqs_comp;
-    cp.state = kv_stream(l, seq, A::kCompState);
-    cp.rows = kv_stream(l, seq, A::kCompRows);
+    cp.state = kv_stream(l, seq, state_stream);
+    cp.rows = kv_stream(l, seq, rows_stream);
     cp.pos0 = bound;
     cp.n_tokens = n;
     cp.pos0_dev = P;
     cuda::ds4_compress(cp, st);
+  };
+  if (w.ratio > 0) {
+    compress(s.compressor_lanes(l), hd, ckv, cg, cw, w.comp_ape, w.comp_norm, A::kCompState, A::kCompRows);
   }
   mark(st, n, kCompress);
   if (w.indexed) {
-    cuda::Ds4CompressParams cp;
-    cp.ratio = w.ratio;
-    cp.lanes = 2;
-    cp.dim = id;
-    cp.rope_dim = int(rd);
-    cp.eps = eps;
-    cp.kv = ikv;
-    cp.gate = ig;
-    cp.stride = iw2;
-    cp.ape = w.idx_ape;
-    cp.norm = w.idx_norm;
-    cp.inv_freq = freqs_comp;
-    cp.state = kv_stream(l, seq, A::kIdxState);
-    cp.rows = kv_stream(l, seq, A::kIdxRows);
-    cp.pos0 = bound;
-    cp.n_tokens = n;
-    cp.pos0_dev = P;
-    cuda::ds4_compress(cp, st);
+    compress(2, id, ikv, ig, iw2, w.idx_ape, w.idx_norm, A::kIdxState, A::kIdxRows);
     float* iq = f(L.iq);
     project(w.idx_qb, q_lat, xl, n, QR, iq, L.ih * id);
     cuda::rope(iq + id - rd, n, L.ih * id, int(L.ih), int(id), int(rd), d_pos, freqs_comp, RopeMode::Normal, st);

@@ -10,6 +10,19 @@
 
 namespace baton {
 
+void add_stage_weights_line(MemoryPlan& plan, const WeightLayout& wl, const StageConfig& c) {
+  plan.add(PlanLine::Weights, wl.bytes,
+           fmt::format("{} tensors, layers {}-{}{}{}, device", wl.n_tensors, c.first_layer, c.last_layer,
+                       c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
+}
+
+void add_stage_host_lines(MemoryPlan& plan, uint64_t io_bytes, const LoadOptions& load) {
+  constexpr uint64_t kMiB = uint64_t(1) << 20;
+  plan.add(PlanLine::PinnedIo, io_bytes, "step parameters and outputs, host");
+  plan.add(PlanLine::LoadStaging, uint64_t(load.slots) * load.slot_bytes,
+           fmt::format("{} x {} MiB pinned, while loading, host", load.slots, load.slot_bytes / kMiB));
+}
+
 CudaStageBase::CudaStageBase(std::unique_ptr<Arch> arch) : arch_(std::move(arch)) {}
 
 CudaStageBase::~CudaStageBase() = default;

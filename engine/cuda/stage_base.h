@@ -37,6 +37,20 @@ namespace baton {
 // gives the pointers the alignment a cudaMalloc base (256 bytes) would.
 inline const uint8_t* const kPlanningBase = reinterpret_cast<const uint8_t*>(uintptr_t(1) << 20);
 
+// cuBLAS's scratch (cublasSetWorkspace), in every stage's workspace: NVIDIA
+// recommends 32 MiB on Hopper.
+inline constexpr uint64_t kCublasWorkspace = uint64_t(32) << 20;
+// Prefill GEMMs dequantize a weight to an F16 tile of at most this size and
+// multiply larger matrices in row chunks that fit (the llama-8b FFN matrices
+// are one GEMM; deepseek4's head is chunked).
+inline constexpr uint64_t kMaxTileBytes = uint64_t(128) << 20;
+
+// The plan lines every CUDA stage words alike: the weights (first in the
+// plan), and after the stage's own kv cache and workspace lines the pinned
+// io and the loader's ring (host memory beside the device).
+void add_stage_weights_line(MemoryPlan& plan, const WeightLayout& wl, const StageConfig& c);
+void add_stage_host_lines(MemoryPlan& plan, uint64_t io_bytes, const LoadOptions& load);
+
 class CudaStageBase : public StageRunner {
  public:
   ~CudaStageBase() override;
