@@ -31,7 +31,7 @@ void MemoryPlan::add(PlanLine kind, uint64_t bytes, std::string detail) {
       return;
     }
   }
-  lines_.push_back({kind, plan_line_name(kind), bytes, std::move(detail)});
+  lines_.push_back({kind, bytes, std::move(detail)});
 }
 
 uint64_t MemoryPlan::bytes(PlanLine kind) const {
@@ -54,7 +54,7 @@ std::string MemoryPlan::to_string() const {
     if (!detail.empty()) out += fmt::format("  ({})", detail);
     out += '\n';
   };
-  for (const auto& l : lines_) row(l.name, l.bytes, l.detail);
+  for (const auto& l : lines_) row(l.name(), l.bytes, l.detail);
   row("total", total(), "");
   return out;
 }

@@ -40,9 +40,9 @@ class MemoryPlan {
  public:
   struct Line {
     PlanLine kind;
-    std::string name;    // plan_line_name(kind)
     uint64_t bytes = 0;
     std::string detail;  // how the number was made, for humans
+    const char* name() const { return plan_line_name(kind); }
   };
 
   // Adds a line, or grows the line of that kind.

@@ -184,7 +184,7 @@ TEST(NodePlan, LlamaNumbersEqualStagePlan) {
   whole.optional_caches = 12345;
   const MemoryPlan p = planner.plan(whole);
   std::vector<std::string> names;
-  for (const auto& l : p.lines()) names.push_back(l.name);
+  for (const auto& l : p.lines()) names.push_back(l.name());
   EXPECT_EQ(names, (std::vector<std::string>{"weights", "kv cache", "workspace", "link buffers", "backend",
                                              "load staging", "optional caches"}));
   EXPECT_EQ(p.bytes(PlanLine::Backend), kCudaContextBytes);
@@ -316,12 +316,12 @@ TEST(NodePlan, PlanLinesByKind) {
   p.add(PlanLine::Workspace, 5);
   p.add(PlanLine::Weights, 1, "b");
   ASSERT_EQ(p.lines().size(), 4u);
-  EXPECT_EQ(p.lines()[0].name, "weights");
+  EXPECT_EQ(std::string(p.lines()[0].name()), "weights");
   EXPECT_EQ(p.lines()[0].detail, "a; b");
   EXPECT_EQ(p.bytes(PlanLine::Weights), 101u);
   EXPECT_EQ(p.bytes(PlanLine::KvCache), 0u);
-  EXPECT_EQ(p.lines()[1].name, "pinned io");
-  EXPECT_EQ(p.lines()[2].name, "load staging");
+  EXPECT_EQ(std::string(p.lines()[1].name()), "pinned io");
+  EXPECT_EQ(std::string(p.lines()[2].name()), "load staging");
   EXPECT_TRUE(plan_line_is_host(PlanLine::PinnedIo));
   EXPECT_TRUE(plan_line_is_host(PlanLine::LoadStaging));
   EXPECT_FALSE(plan_line_is_host(PlanLine::Workspace));

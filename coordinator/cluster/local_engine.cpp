@@ -128,7 +128,7 @@ ServiceHealth LocalEngine::health() const {
   s.node = "local";
   s.first_layer = 0;
   s.embedding = s.head = true;
-  for (const auto& line : plan_.lines()) s.memory_planned.emplace_back(line.name, line.bytes);
+  for (const auto& line : plan_.lines()) s.memory_planned.emplace_back(line.name(), line.bytes);
   s.bytes_total = plan_.bytes(PlanLine::Weights);
   s.rss_bytes = resident_bytes();
   std::lock_guard lock(mu_);

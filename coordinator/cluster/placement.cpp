@@ -184,7 +184,7 @@ std::string plan_summary(const MemoryPlan& p) {
   std::string out;
   for (const auto& l : p.lines()) {
     if (l.bytes == 0) continue;
-    out += (out.empty() ? "" : ", ") + l.name + " " + format_size(l.bytes);
+    out += (out.empty() ? "" : ", ") + std::string(l.name()) + " " + format_size(l.bytes);
   }
   return out;
 }

@@ -58,7 +58,7 @@ Examples:
 
 Json plan_json(const MemoryPlan& p) {
   Json lines = Json::array();
-  for (const auto& l : p.lines()) lines.push_back({{"name", l.name}, {"bytes", l.bytes}, {"detail", l.detail}});
+  for (const auto& l : p.lines()) lines.push_back({{"name", l.name()}, {"bytes", l.bytes}, {"detail", l.detail}});
   return lines;
 }
 
@@ -76,7 +76,7 @@ void print_stage(const StagePlacement& s, const NodeSpec& n) {
     if (!detail.empty()) std::printf("  (%s)", detail.c_str());
     std::printf("\n");
   };
-  for (const auto& l : s.plan.lines()) row(l.name.c_str(), l.bytes, l.detail);
+  for (const auto& l : s.plan.lines()) row(l.name(), l.bytes, l.detail);
   row("total", s.plan.total(), "");
   row("usable", s.usable,
       n.reserve() ? fmt::format("{} less {} reserve", format_size(n.memory_bytes), format_size(n.reserve())) : "");

@@ -526,7 +526,7 @@ int run(const RunOptions& opt) {
       opt, {model_path, stage.arch().name(), stage.n_ctx(), prompt, prefill_s, gen},
       [&](nlohmann::json& j) {
         nlohmann::json plan = nlohmann::json::array();
-        for (const auto& l : stage.memory_plan().lines()) plan.push_back({{"name", l.name}, {"bytes", l.bytes}});
+        for (const auto& l : stage.memory_plan().lines()) plan.push_back({{"name", l.name()}, {"bytes", l.bytes}});
         j["threads"] = opt.n_threads;
         j["top_logits"] = top;
         j["memory_plan"] = plan;
