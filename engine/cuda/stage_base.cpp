@@ -120,7 +120,7 @@ void CudaStageBase::capture_decode_graphs() {
 }
 
 void CudaStageBase::enqueue_params() {
-  const uint64_t count = uint64_t((shared_.negated_positions ? 3 : 2) * shared_.batch + 1);
+  const uint64_t count = uint64_t(pos0_param() + 1);
   BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + shared_.params, io_.data() + shared_.h_params,
                                    count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_.get()));
 }
@@ -153,7 +153,7 @@ void CudaStageBase::run(int seq, const int32_t* tokens, const float* activations
     hp[S.batch + t] = int32_t(pos0 + t);
     if (S.negated_positions) hp[2 * S.batch + t] = -int32_t(pos0 + t);
   }
-  hp[(S.negated_positions ? 3 : 2) * S.batch] = int32_t(pos0);
+  hp[pos0_param()] = int32_t(pos0);
   if (activations) {
     std::memcpy(io_.data() + S.h_in, activations, uint64_t(n * S.row_width) * sizeof(float));
     if (!S.input_in_forward) enqueue_input_rows(n);
@@ -194,14 +194,12 @@ int32_t CudaStageBase::forward_greedy(int seq, std::span<const int32_t> tokens) 
 }
 
 std::span<const float> CudaStageBase::output_to_host() {
-  const SharedLayout& S = shared_;
-  const int64_t width = config_.head ? S.vocab : S.row_width;
-  const uint64_t src = config_.head ? S.logits : S.x;
-  BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + S.h_out, workspace_.data() + src,
+  const int64_t width = output_width();
+  BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + shared_.h_out, workspace_.data() + output_offset(),
                                    uint64_t(last_rows_ * width) * sizeof(float), cudaMemcpyDeviceToHost,
                                    stream_.get()));
   sync();
-  return {reinterpret_cast<const float*>(io_.data() + S.h_out), size_t(last_rows_ * width)};
+  return {reinterpret_cast<const float*>(io_.data() + shared_.h_out), size_t(last_rows_ * width)};
 }
 
 // The boundary rows stay where the forward computes them: the residual
@@ -212,9 +210,8 @@ std::span<const float> CudaStageBase::output_to_host() {
 StageRunner::DeviceRows CudaStageBase::device_output() const {
   if (shared_.input_in_forward) return StageRunner::device_output();
   if (last_rows_ == 0) return {};
-  const int64_t width = config_.head ? shared_.vocab : shared_.row_width;
-  const uint64_t src = config_.head ? shared_.logits : shared_.x;
-  return {reinterpret_cast<const float*>(workspace_.data() + src), last_rows_ * width, stream_.get()};
+  return {reinterpret_cast<const float*>(workspace_.data() + output_offset()), last_rows_ * output_width(),
+          stream_.get()};
 }
 
 float* CudaStageBase::device_input(int64_t n_tokens) {

@@ -185,6 +185,13 @@ class CudaStageBase : public StageRunner {
   void run(int seq, const int32_t* tokens, const float* activations, int64_t n);
   // Copies the last forward's output rows to the pinned io and synchronizes.
   std::span<const float> output_to_host();
+  // Where the output rows are: the logits on the last stage, else x; and
+  // their width.
+  uint64_t output_offset() const { return config_.head ? shared_.logits : shared_.x; }
+  int64_t output_width() const { return config_.head ? shared_.vocab : shared_.row_width; }
+  // The int32 index of pos0 in the step parameters (after tokens, positions
+  // and, when planned, the negated positions).
+  int64_t pos0_param() const { return (shared_.negated_positions ? 3 : 2) * shared_.batch; }
   void capture_decode_graphs();
   void profile_decode();
 };
