@@ -146,7 +146,8 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.F = hp.n_ff;
   L.V = hp.n_vocab;
   L.B = c.max_batch;
-  L.L = c.head ? (c.all_logits ? c.max_batch : 1) : 0;
+  // Logit rows: one per sequence of a batch (or every token's, all_logits).
+  L.L = c.head ? std::max<int64_t>(c.all_logits ? c.max_batch : 1, std::min<int64_t>(c.max_batch, c.n_seq)) : 0;
   L.qw = int64_t(hp.n_head) * hp.head_dim_k;
   L.kw = int64_t(hp.n_head_kv) * hp.head_dim_k;
   L.vw = int64_t(hp.n_head_kv) * hp.head_dim_v;
@@ -169,7 +170,9 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.ffh = take(B * L.F * f);
   L.logits = take(uint64_t(L.L) * L.V * f);
   L.freqs = take(uint64_t(hp.rope_dim / 2) * f);
-  L.params_bytes = (2 * B + 1) * sizeof(int32_t);
+  // tokens[B], positions[B], pos0, then a batch's seqs[B], out_rows[B], n_pos.
+  L.batch_params = 2 * L.B + 1;
+  L.params_bytes = (2 * B + 1 + uint64_t(L.batch_params)) * sizeof(int32_t);
   L.params = take(L.params_bytes);
   L.ids = take(uint64_t(std::max<int64_t>(L.L, 1)) * sizeof(int32_t));
   L.argmax_bytes = cuda::argmax_workspace_bytes(L.L);
@@ -207,7 +210,7 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   }
   any_xq = any_xq || (c.head && w.output.xq);
   if (any_xq && L.E % 32 == 0 && L.ow % 32 == 0 && L.F % 32 == 0) {
-    const int64_t rows = std::min<int64_t>(L.B, cuda::kMatvecMaxTokens);
+    const int64_t rows = std::min<int64_t>(L.B, kXqMaxRows);
     L.xq_bytes = uint64_t(rows) * cuda::xq_row_bytes(std::max({L.E, L.ow, L.F}));
   }
   L.xq = take(L.xq_bytes);
@@ -295,7 +298,9 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
     layout_ = std::make_unique<Layout>(Layout::make(hp, config_, w, arch_->kv_stream_widths()));
   }
   plan_ = make_plan(*layout_, wl, config_, load, *arch_);
-  open_device(f, wl, shared_of(*layout_, layout_->E), load);
+  SharedLayout shared = shared_of(*layout_, layout_->E);
+  shared.batch_params = layout_->batch_params;
+  open_device(f, wl, shared, load);
   w_ = std::make_unique<Weights>(Weights::collect(*model_, hp, config_));
 
   // RoPE frequencies exactly as the CPU forms them (LlamaFamilyArch).

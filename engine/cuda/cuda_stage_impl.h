@@ -12,6 +12,13 @@
 
 namespace baton {
 
+// Rows up to which a projection runs the integer-dot matvec (in launches of
+// kMatvecMaxTokens rows, each reading the weights) rather than the matmul
+// (one read of the weights, plus writing and reading an F16 tile): the
+// crossover measured on the H200 for llama-8b's Q4_K matrices (docs/CUDA.md,
+// `bench_cuda_kernels matmul`).
+inline constexpr int64_t kXqMaxRows = 32;
+
 struct CudaStage::Proj {
   cuda::MatrixView w;
   bool cublas_f32 = false;  // F32 rows the matvec cannot take: a float32 cuBLAS GEMM
@@ -49,8 +56,9 @@ struct CudaStage::Layout {
   uint64_t x = 0, y = 0, xn = 0, qkv = 0, att = 0, gu = 0, ffh = 0, logits = 0, freqs = 0, params = 0, ids = 0;
   uint64_t argmax = 0, argmax_bytes = 0;  // split argmax slots (zeroed at build, left zero by each call)
   uint64_t attn = 0, attn_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
-  uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kMatvecMaxTokens rows (matvec_xq)
-  uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0
+  uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kXqMaxRows rows (matvec_xq)
+  uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0, then batch_params
+  int64_t batch_params = 0;   // int32 seqs[B], out_rows[B], n_pos (SharedLayout::batch_params)
   // Pinned host io sections.
   uint64_t h_params = 0, h_ids = 0, h_out = 0, h_in = 0, io_bytes = 0;
   uint64_t kv_bytes = 0;
