@@ -96,6 +96,19 @@ std::span<const float> StageRunner::forward_batch(std::span<const BatchChunk> ch
   return forward_chunks(chunks, nullptr, activations.data());
 }
 
+std::span<const int32_t> StageRunner::forward_batch_greedy(std::span<const BatchChunk> chunks,
+                                                          std::span<const int32_t> tokens) {
+  if (!config().head) throw std::logic_error("forward_batch_greedy: this stage has no output head");
+  std::span<const float> logits = forward_batch(chunks, tokens);
+  const size_t v = size_t(n_vocab());
+  batch_ids_.resize(logits.size() / v);
+  for (size_t i = 0; i < batch_ids_.size(); ++i) {
+    const float* row = logits.data() + i * v;
+    batch_ids_[i] = int32_t(std::max_element(row, row + v) - row);  // the first maximum: lowest id
+  }
+  return batch_ids_;
+}
+
 std::span<const float> StageRunner::forward_batch_device_input(std::span<const BatchChunk> chunks) {
   if (chunks.size() != 1) throw std::logic_error("this stage runner takes device input one sequence at a time");
   check_batch(chunks);

@@ -77,6 +77,12 @@ class StageRunner {
   // one pass that reads the weights once.
   virtual std::span<const float> forward_batch(std::span<const BatchChunk> chunks, std::span<const int32_t> tokens);
   virtual std::span<const float> forward_batch(std::span<const BatchChunk> chunks, std::span<const float> activations);
+  // The greedy next token of every chunk that asks for output (argmax of
+  // its logits row, lowest id on ties, as Sampler at temperature 0), in
+  // chunk order; last stage only. A backend may pick them on the device and
+  // bring back only the ids. The span stays valid until the next call.
+  virtual std::span<const int32_t> forward_batch_greedy(std::span<const BatchChunk> chunks,
+                                                        std::span<const int32_t> tokens);
   // As forward_batch with the rows already written to device_input(total
   // tokens). The default takes one chunk (forward_device_input).
   virtual std::span<const float> forward_batch_device_input(std::span<const BatchChunk> chunks);
@@ -148,6 +154,7 @@ class StageRunner {
   std::span<const float> forward_chunks(std::span<const BatchChunk> chunks, const int32_t* tokens,
                                         const float* activations);
   std::vector<float> batch_out_;
+  std::vector<int32_t> batch_ids_;
 };
 
 // Bytes of weights one decode step reads from a layout: every distinct

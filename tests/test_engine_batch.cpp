@@ -55,8 +55,9 @@ struct Request {
 // Runs every request through batched forwards: each step holds a prompt
 // chunk (at most `chunk` tokens) or the next decode token of every request
 // that has started and not finished; finished requests free their slot for
-// later ones.
-void run_batched(StageRunner& r, std::vector<Request>& reqs, int64_t chunk) {
+// later ones. greedy_ids: the ids from forward_batch_greedy instead of the
+// argmax of forward_batch's logits.
+void run_batched(StageRunner& r, std::vector<Request>& reqs, int64_t chunk, bool greedy_ids = false) {
   const int n_seq = r.config().n_seq;
   std::vector<bool> busy(size_t(n_seq), false);
   for (int step = 0; step < 1000; ++step) {
@@ -88,14 +89,21 @@ void run_batched(StageRunner& r, std::vector<Request>& reqs, int64_t chunk) {
       if (std::all_of(reqs.begin(), reqs.end(), [](const Request& q) { return q.done(); })) return;
       continue;
     }
-    std::span<const float> out = r.forward_batch(chunks, tokens);
+    std::span<const float> out;
+    std::span<const int32_t> ids;
+    if (greedy_ids) {
+      ids = r.forward_batch_greedy(chunks, tokens);
+      ASSERT_EQ(ids.size(), size_t(batch_outputs(chunks)));
+    } else {
+      out = r.forward_batch(chunks, tokens);
+      ASSERT_EQ(out.size(), size_t(batch_outputs(chunks)) * size_t(r.n_vocab()));
+    }
     const size_t v = size_t(r.n_vocab());
-    ASSERT_EQ(out.size(), size_t(batch_outputs(chunks)) * v);
     size_t k = 0;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (!chunks[i].output) continue;
       Request& q = *order[i];
-      q.got.push_back(argmax(out.subspan(k * v, v)));
+      q.got.push_back(greedy_ids ? ids[k] : argmax(out.subspan(k * v, v)));
       ++k;
       if (q.done()) busy[size_t(q.slot)] = false;
     }
@@ -113,7 +121,8 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n, int32_t vocab
 // Six requests through four slots: prompts of different lengths (chunked
 // when longer than `chunk`), joining at different steps, finishing at
 // different steps; each must get its tokens alone.
-void expect_batched_equals_alone(StageRunner& batched, StageRunner& reference, uint64_t seed, int64_t chunk) {
+void expect_batched_equals_alone(StageRunner& batched, StageRunner& reference, uint64_t seed, int64_t chunk,
+                                 bool greedy_ids = false) {
   std::mt19937_64 rng(seed);
   const auto vocab = int32_t(reference.n_vocab());
   std::vector<Request> reqs;
@@ -127,7 +136,7 @@ void expect_batched_equals_alone(StageRunner& batched, StageRunner& reference, u
     q.n_gen = gens[i];
     reqs.push_back(q);
   }
-  run_batched(batched, reqs, chunk);
+  run_batched(batched, reqs, chunk, greedy_ids);
   for (size_t i = 0; i < reqs.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
     EXPECT_EQ(reqs[i].got, alone(reference, 0, reqs[i].prompt, reqs[i].n_gen, chunk));
@@ -149,6 +158,7 @@ TEST(EngineBatch, LlamaCpuBatchEqualsAlone) {
   auto batched = make_stage_runner(Backend::Cpu, f, batch_config());
   auto reference = make_stage_runner(Backend::Cpu, f, batch_config());
   expect_batched_equals_alone(*batched, *reference, seed, 4);
+  expect_batched_equals_alone(*batched, *reference, seed + 1, 3, /*greedy_ids=*/true);
 }
 
 TEST(EngineBatch, Deepseek4CpuBatchEqualsAlone) {
@@ -206,10 +216,15 @@ TEST(EngineBatch, CudaBatchEqualsCpu) {
     q.n_gen = 12;
     reqs.push_back(q);
   }
-  run_batched(*gpu, reqs, 3);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    SCOPED_TRACE("request " + std::to_string(i));
-    EXPECT_EQ(reqs[i].got, alone(*cpu, 0, reqs[i].prompt, reqs[i].n_gen, 3));
+  for (bool greedy_ids : {false, true}) {
+    SCOPED_TRACE(greedy_ids ? "ids from the device" : "logits");
+    std::vector<Request> run = reqs;
+    run_batched(*gpu, run, 3, greedy_ids);
+    for (size_t i = 0; i < run.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      EXPECT_EQ(run[i].got, alone(*cpu, 0, run[i].prompt, run[i].n_gen, 3));
+    }
+    for (int seq = 0; seq < sc.n_seq; ++seq) gpu->reset(seq);
   }
 }
 

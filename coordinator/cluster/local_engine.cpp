@@ -173,18 +173,27 @@ void LocalEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev, c
   emit(s, std::move(ev));
 }
 
-void LocalEngine::sample(Sequence& s, std::span<const float> logits) {
+namespace {
+
+// Greedy without bias or logprobs: the stage's own argmax is the sample.
+bool greedy_only(const GenerationRequest& r) {
+  return r.sampling.temperature <= 0 && r.logit_bias.empty() && r.top_logprobs < 0;
+}
+
+}  // namespace
+
+void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t greedy_id) {
   std::span<const float> dist = logits;
-  if (!s.req.logit_bias.empty()) {
+  if (!logits.empty() && !s.req.logit_bias.empty()) {
     biased_.assign(logits.begin(), logits.end());
     for (const auto& [id, bias] : s.req.logit_bias) biased_[size_t(id)] += bias;
     dist = biased_;
   }
-  const int32_t id = s.sampler->sample(dist);
+  const int32_t id = logits.empty() ? greedy_id : s.sampler->sample(dist);
   if (s.usage.completion_tokens == 0) s.usage.time_to_first_token_s = seconds_between(s.submitted, Clock::now());
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
-  if (s.req.top_logprobs >= 0) {
+  if (s.req.top_logprobs >= 0 && !logits.empty()) {
     std::vector<TokenLogprobEntry> entries;
     logprob = token_logprobs(dist, id, s.req.top_logprobs, &entries);
     for (const auto& e : entries) top.emplace_back(e.id, e.logprob);
@@ -226,10 +235,18 @@ bool LocalEngine::step() {
     const bool last_prompt_chunk = !c.prefill || s.prefilled + size_t(c.n_tokens) == s.req.prompt.size();
     chunks.push_back({c.slot, c.n_tokens, last_prompt_chunk});
   }
+  // All greedy: only the ids come back from the stage (no logits rows).
+  bool greedy = true;
+  for (const BatchChunk& c : chunks) greedy = greedy && (!c.output || greedy_only(slots_[size_t(c.seq)]->req));
   const auto t0 = Clock::now();
   std::span<const float> logits;
+  std::span<const int32_t> ids;
   try {
-    logits = stage_->forward_batch(chunks, tokens);
+    if (greedy) {
+      ids = stage_->forward_batch_greedy(chunks, tokens);
+    } else {
+      logits = stage_->forward_batch(chunks, tokens);
+    }
   } catch (const std::exception& e) {
     // The batch's sequences fail; their slots are reset by the caller.
     for (const BatchChunk& c : chunks) {
@@ -252,7 +269,11 @@ bool LocalEngine::step() {
       s.usage.decode_s += dt;
     }
     if (!chunks[i].output) continue;
-    sample(s, logits.subspan(row * width, width));
+    if (greedy) {
+      sample(s, {}, ids[row]);
+    } else {
+      sample(s, logits.subspan(row * width, width));
+    }
     ++row;
   }
   return true;

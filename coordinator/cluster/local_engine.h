@@ -82,7 +82,9 @@ class LocalEngine final : public GenerationService {
   void scheduler();
   // Runs one batch of the active sequences; false when none was ready.
   bool step();
-  void sample(Sequence& s, std::span<const float> logits);
+  // Samples from the logits row, or takes greedy_id when there is none
+  // (forward_batch_greedy).
+  void sample(Sequence& s, std::span<const float> logits, int32_t greedy_id = -1);
   void finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error = {});
   void emit(Sequence& s, GenerationEvent&& ev);
 

@@ -14,6 +14,7 @@
 #include "engine/kv_cache.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_small.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
@@ -64,6 +65,7 @@ CudaStage::Proj make_proj(const Tensor& t, int64_t x_stride, int64_t out_col, bo
     throw std::runtime_error(fmt::format("tensor {} cannot run on the CUDA backend: {}", t.name, why));
   }
   p.xq = cuda::matvec_xq_supported(t.type);
+  p.small = !p.cublas_f32 && cuda::small_matmul_supported(p.w);
   return p;
 }
 
@@ -184,12 +186,21 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.attn = take(L.attn_bytes);
   // Prefill GEMMs: x rounded to 16 bits plus a dequantized F16 tile.
   if (L.B > cuda::kMatvecMaxTokens) {
+    // One section serves both: batches of up to kSmallMatmulMaxTokens rows
+    // through small_matmul, larger ones through matmul.
     auto need = [&](const Proj& p) {
       if (p.cublas_f32) return;
       const uint64_t row = uint64_t(p.w.cols) * 2;
       const int64_t cap = std::max<int64_t>(64, int64_t(kMaxTileBytes / row) / 64 * 64);
-      L.mm_bytes = std::max<uint64_t>(
-          L.mm_bytes, cuda::matmul_workspace_bytes(p.w.type, p.w.cols, L.B, std::min(p.w.rows, cap)));
+      if (L.B > cuda::kSmallMatmulMaxTokens || !p.small) {
+        L.mm_bytes = std::max<uint64_t>(
+            L.mm_bytes, cuda::matmul_workspace_bytes(p.w.type, p.w.cols, L.B, std::min(p.w.rows, cap)));
+      }
+      if (p.small) {
+        L.mm_bytes = std::max<uint64_t>(
+            L.mm_bytes, cuda::small_matmul_workspace_bytes(p.w.rows, p.w.cols,
+                                                           std::min(L.B, cuda::kSmallMatmulMaxTokens)));
+      }
     };
     for (const auto& l : w.layers) {
       for (const auto& p : l.qkv) need(p);
@@ -210,7 +221,7 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   }
   any_xq = any_xq || (c.head && w.output.xq);
   if (any_xq && L.E % 32 == 0 && L.ow % 32 == 0 && L.F % 32 == 0) {
-    const int64_t rows = std::min<int64_t>(L.B, kXqMaxRows);
+    const int64_t rows = std::min<int64_t>(L.B, cuda::kMatvecMaxTokens);
     L.xq_bytes = uint64_t(rows) * cuda::xq_row_bytes(std::max({L.E, L.ow, L.F}));
   }
   L.xq = take(L.xq_bytes);

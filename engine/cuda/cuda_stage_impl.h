@@ -12,17 +12,11 @@
 
 namespace baton {
 
-// Rows up to which a projection runs the integer-dot matvec (in launches of
-// kMatvecMaxTokens rows, each reading the weights) rather than the matmul
-// (one read of the weights, plus writing and reading an F16 tile): the
-// crossover measured on the H200 for llama-8b's Q4_K matrices (docs/CUDA.md,
-// `bench_cuda_kernels matmul`).
-inline constexpr int64_t kXqMaxRows = 32;
-
 struct CudaStage::Proj {
   cuda::MatrixView w;
   bool cublas_f32 = false;  // F32 rows the matvec cannot take: a float32 cuBLAS GEMM
   bool xq = false;          // decode through the integer-dot matvec (quantized activations)
+  bool small = false;       // batches of up to kSmallMatmulMaxTokens rows through small_matmul
   int64_t out_col = 0;      // first column of the output row it writes
 };
 
@@ -56,7 +50,7 @@ struct CudaStage::Layout {
   uint64_t x = 0, y = 0, xn = 0, qkv = 0, att = 0, gu = 0, ffh = 0, logits = 0, freqs = 0, params = 0, ids = 0;
   uint64_t argmax = 0, argmax_bytes = 0;  // split argmax slots (zeroed at build, left zero by each call)
   uint64_t attn = 0, attn_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
-  uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kXqMaxRows rows (matvec_xq)
+  uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kMatvecMaxTokens rows (matvec_xq)
   uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0, then batch_params
   int64_t batch_params = 0;   // int32 seqs[B], out_rows[B], n_pos (SharedLayout::batch_params)
   // Pinned host io sections.

@@ -253,7 +253,7 @@ std::span<const float> CudaStageBase::run_one(const BatchChunk& c, const int32_t
 }
 
 std::span<const float> CudaStageBase::run_batch(std::span<const BatchChunk> chunks, const int32_t* tokens,
-                                                const float* activations) {
+                                                const float* activations, bool logits) {
   const SharedLayout& S = shared_;
   const int64_t n = check_batch(chunks);
   if (chunks.size() == 1) return run_one(chunks[0], tokens, activations);
@@ -296,11 +296,34 @@ std::span<const float> CudaStageBase::run_batch(std::span<const BatchChunk> chun
   }
   for (const BatchChunk& c : chunks) length_[size_t(c.seq)] += c.n_tokens;
   last_rows_ = config_.head ? n_out : n;
-  if (last_rows_ == 0) {
+  if (last_rows_ == 0 || !logits) {
     sync();
     return {};
   }
   return output_to_host();
+}
+
+std::span<const int32_t> CudaStageBase::forward_batch_greedy(std::span<const BatchChunk> chunks,
+                                                             std::span<const int32_t> tokens) {
+  if (!batches() || !config_.head || !config_.embedding || config_.all_logits) {
+    return StageRunner::forward_batch_greedy(chunks, tokens);
+  }
+  int64_t total = 0;
+  for (const BatchChunk& c : chunks) total += c.n_tokens;
+  if (int64_t(tokens.size()) != total) {
+    throw std::invalid_argument(fmt::format("a batch of {} tokens came with {} token ids", total, tokens.size()));
+  }
+  const int32_t* ids = reinterpret_cast<const int32_t*>(io_.data() + shared_.h_ids);
+  if (chunks.size() == 1) {
+    // The single-sequence path (its decode graph), as forward_greedy.
+    check_batch(chunks);
+    run(chunks[0].seq, tokens.data(), nullptr, chunks[0].n_tokens);
+    sync();
+    if (!chunks[0].output) return {};
+    return {ids + last_rows_ - 1, 1};
+  }
+  run_batch(chunks, tokens.data(), nullptr, /*logits=*/false);
+  return {ids, size_t(last_rows_)};
 }
 
 std::span<const float> CudaStageBase::forward_batch(std::span<const BatchChunk> chunks,

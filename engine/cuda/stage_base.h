@@ -84,6 +84,9 @@ class CudaStageBase : public StageRunner {
   std::span<const float> forward_batch(std::span<const BatchChunk> chunks,
                                        std::span<const float> activations) override;
   std::span<const float> forward_batch_device_input(std::span<const BatchChunk> chunks) override;
+  // The ids the head's argmax wrote; no logits cross to the host.
+  std::span<const int32_t> forward_batch_greedy(std::span<const BatchChunk> chunks,
+                                                std::span<const int32_t> tokens) override;
   bool batches() const override { return shared_.batch_params > 0; }
 
   int64_t position(int seq) const override;
@@ -220,7 +223,7 @@ class CudaStageBase : public StageRunner {
   // tokens that all ask for output, one graph per batch size, captured on
   // first use). Returns the output rows.
   std::span<const float> run_batch(std::span<const BatchChunk> chunks, const int32_t* tokens,
-                                   const float* activations);
+                                   const float* activations, bool logits = true);
   // The single-sequence path for a batch of one chunk.
   std::span<const float> run_one(const BatchChunk& c, const int32_t* tokens, const float* activations);
   GraphExecHandle capture(const std::function<void()>& enqueue_fn);
