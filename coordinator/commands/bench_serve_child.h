@@ -24,6 +24,7 @@ class ServeChild {
   ServeChild& operator=(const ServeChild&) = delete;
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_.load(); }  // -1 once reaped
   // True once the process has ended (its exit status is then in exit_text()).
   bool exited();
   std::string exit_text() const { return exit_text_; }

@@ -456,6 +456,7 @@ int bench(const Options& o) {
   LogFile log(o.server_log);
   std::fprintf(stderr, "baton bench: starting baton serve %s\n", config.c_str());
   ServeChild child(o.serve_args, log.path, std::chrono::seconds(120));
+  std::fprintf(stderr, "baton bench: baton serve runs as pid %d on port %d\n", int(child.pid()), child.port());
   SocketRegistry sockets;
   // Declared after the child: it stops watching before the child is reaped.
   SignalWatcher watcher([&] {
