@@ -352,7 +352,7 @@ void check_ignore_eos(int port) {
   EXPECT_EQ(c.j()["usage"]["completion_tokens"], max_tokens);
   EXPECT_EQ(c.j()["choices"][0]["finish_reason"], "length");
 
-  for (const json bad : {json("yes"), json(1), json::array({true})}) {
+  for (const json& bad : {json("yes"), json(1), json::array({true})}) {
     json r = {{"model", kModel}, {"prompt", "Hi"}, {"ignore_eos", bad}};
     expect_error(post(port, "/v1/completions", r), 400, "invalid_type", "ignore_eos");
     json rc = chat;
