@@ -310,8 +310,8 @@ std::string request_body(const Served& m, const Options& o, uint64_t stream) {
 
 // N clients at once, each sending its requests one after the other; the
 // records of every request. A level past --timeout has its sockets shut.
-std::vector<RequestRecord> run_level(int port, const Served& m, const Options& o, int n, uint64_t level,
-                                     SocketRegistry& sockets, bool& timed_out) {
+std::vector<RequestRecord> run_level(int port, const Served& m, const Options& o, int n, int per_client,
+                                     double duration_s, uint64_t level, SocketRegistry& sockets, bool& timed_out) {
   std::vector<std::vector<RequestRecord>> records(static_cast<size_t>(n));
   std::mutex mu;
   std::condition_variable cv;
@@ -334,9 +334,9 @@ std::vector<RequestRecord> run_level(int port, const Served& m, const Options& o
       }
       const auto start = Clock::now();
       for (int k = 0;; ++k) {
-        const bool more = o.duration_s > 0
-                              ? k == 0 || std::chrono::duration<double>(Clock::now() - start).count() < o.duration_s
-                              : k < o.requests_per_client;
+        const bool more = duration_s > 0
+                              ? k == 0 || std::chrono::duration<double>(Clock::now() - start).count() < duration_s
+                              : k < per_client;
         if (!more || sockets.closed()) break;
         const uint64_t stream = (level << 40) | (uint64_t(c) << 20) | uint64_t(k);
         records[size_t(c)].push_back(http.stream("/v1/completions", request_body(m, o, stream)));
@@ -352,7 +352,7 @@ std::vector<RequestRecord> run_level(int port, const Served& m, const Options& o
     go = true;
     cv.notify_all();
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(o.level_timeout_s + o.duration_s));
+                                             std::chrono::duration<double>(o.level_timeout_s + duration_s));
     if (!cv.wait_until(lock, deadline, [&] { return finished == n; })) {
       timed_out = true;
       sockets.shutdown_all();
@@ -473,10 +473,13 @@ int bench(const Options& o) {
   }
 
   // First-use costs (allocations, graph captures) stay out of the levels.
-  const RequestRecord warm = control.stream("/v1/completions", request_body(m, o, ~uint64_t(0)));
+  bool timed_out = false;
+  const std::vector<RequestRecord> warm =
+      run_level(child.port(), m, o, 1, 1, 0, o.concurrency.size(), sockets, timed_out);
   check_interrupted(watcher);
-  if (!warm.ok) {
-    server_failed(child, "the warm-up request failed: " + warm.error);
+  if (timed_out) throw std::runtime_error(fmt::format("the warm-up request took longer than --timeout {} s", o.level_timeout_s));
+  if (warm.size() != 1 || !warm[0].ok) {
+    server_failed(child, "the warm-up request failed: " + (warm.empty() ? std::string("not sent") : warm[0].error));
   }
 
   std::FILE* csv = stdout;
@@ -492,8 +495,8 @@ int bench(const Options& o) {
   for (size_t level = 0; level < o.concurrency.size(); ++level) {
     const int n = o.concurrency[level];
     std::fprintf(stderr, "baton bench: concurrency %d ...\n", n);
-    bool timed_out = false;
-    const std::vector<RequestRecord> recs = run_level(child.port(), m, o, n, level, sockets, timed_out);
+    const std::vector<RequestRecord> recs =
+        run_level(child.port(), m, o, n, o.requests_per_client, o.duration_s, level, sockets, timed_out);
     check_interrupted(watcher);
     if (timed_out) throw std::runtime_error(fmt::format("concurrency {} took longer than --timeout {} s", n, o.level_timeout_s));
     if (child.exited()) {
