@@ -95,6 +95,23 @@ TEST(CliBenchServe, TwoConcurrenciesWriteExactCountsAndStopTheServer) {
   EXPECT_TRUE(gone(pid));
 }
 
+// The server sends each event at once (TCP_NODELAY): with Nagle's algorithm
+// the first event after the response head waited for the client's delayed
+// ACK, and the time to first token of a keep-alive stream was 40 ms or more
+// whatever the model. stories260K answers in about a millisecond.
+TEST(CliBenchServe, FirstTokenIsNotHeldByNagle) {
+  auto r = test::run_command({test::baton_binary(), "bench", "--serve", "--concurrency", "1", "--prompt-tokens", "4",
+                              "--completion-tokens", "8", "--requests-per-client", "15", "--", "-m",
+                              test::model_path("stories260K.gguf"), "--threads", "1", "--quiet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = split(r.out, '\n');
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  const auto v = split(lines[1], ',');
+  ASSERT_GE(v.size(), 11u) << lines[1];
+  EXPECT_EQ(std::stoi(v[5]), 0) << lines[1];
+  EXPECT_LT(std::stod(v[10]), 25.0) << "TTFT p50 (ms): " << lines[1];
+}
+
 TEST(CliBenchServe, SigintStopsTheServerAndTheBenchmark) {
   test::TempDir dir;
   const std::string err_path = dir.file("err.txt"), log = dir.file("serve.log");
