@@ -99,10 +99,15 @@ TEST(CliBenchServe, TwoConcurrenciesWriteExactCountsAndStopTheServer) {
 // the first event after the response head waited for the client's delayed
 // ACK, and the time to first token of a keep-alive stream was 40 ms or more
 // whatever the model. stories260K answers in about a millisecond.
+// The server here wants an API key: the benchmark reads it from the serve
+// arguments (without it every request would fail with 401).
 TEST(CliBenchServe, FirstTokenIsNotHeldByNagle) {
+  test::TempDir dir;
+  test::write_file(dir.file("key"), {'s', 'k', '-', '1', '\n'});
   auto r = test::run_command({test::baton_binary(), "bench", "--serve", "--concurrency", "1", "--prompt-tokens", "4",
                               "--completion-tokens", "8", "--requests-per-client", "15", "--", "-m",
-                              test::model_path("stories260K.gguf"), "--threads", "1", "--quiet"});
+                              test::model_path("stories260K.gguf"), "--threads", "1", "--quiet", "--api-key-file",
+                              dir.file("key")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto lines = split(r.out, '\n');
   ASSERT_EQ(lines.size(), 2u) << r.out;

@@ -80,7 +80,8 @@ constexpr const char* kUsage =
     "  wall_s,agg_tps,stream_tps,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms\n\n"
     "The server queues what its slots cannot hold: give it --parallel (and --queue)\n"
     "of at least the largest concurrency, or requests wait (or get 429, counted as\n"
-    "errors). --host and --port are the benchmark's to choose.\n\n"
+    "errors). --host and --port are the benchmark's to choose. With --api-key-file\n"
+    "among SERVE-ARGS the clients send that key.\n\n"
     "Example:\n"
     "  baton bench --serve --concurrency 1,4,16,64 -- -m model.gguf --parallel 64\n\n";
 
