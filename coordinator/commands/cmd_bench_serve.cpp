@@ -28,6 +28,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -319,33 +320,44 @@ std::vector<RequestRecord> run_level(int port, const Served& m, const Options& o
   int ready = 0, finished = 0;
   bool go = false;
   std::vector<std::thread> clients;
-  for (int c = 0; c < n; ++c) {
-    clients.emplace_back([&, c] {
-      HttpClient http(port, o.api_key, sockets);
-      try {
-        http.connect();
-      } catch (const std::exception&) {
-        // stream() tries again and records the failure.
-      }
-      {
-        std::unique_lock lock(mu);
-        ++ready;
-        cv.notify_all();
-        cv.wait(lock, [&] { return go; });
-      }
-      const auto start = Clock::now();
-      for (int k = 0;; ++k) {
-        const bool more = duration_s > 0
-                              ? k == 0 || std::chrono::duration<double>(Clock::now() - start).count() < duration_s
-                              : k < per_client;
-        if (!more || sockets.closed()) break;
-        const uint64_t stream = (level << 40) | (uint64_t(c) << 20) | uint64_t(k);
-        records[size_t(c)].push_back(http.stream("/v1/completions", request_body(m, o, stream)));
-      }
-      std::lock_guard lock(mu);
-      ++finished;
+  auto client = [&](int c) {
+    HttpClient http(port, o.api_key, sockets);
+    try {
+      http.connect();
+    } catch (const std::exception&) {
+      // stream() tries again and records the failure.
+    }
+    {
+      std::unique_lock lock(mu);
+      ++ready;
       cv.notify_all();
-    });
+      cv.wait(lock, [&] { return go; });
+    }
+    const auto start = Clock::now();
+    for (int k = 0;; ++k) {
+      const bool more = duration_s > 0
+                            ? k == 0 || std::chrono::duration<double>(Clock::now() - start).count() < duration_s
+                            : k < per_client;
+      if (!more || sockets.closed()) break;
+      const uint64_t stream = (level << 40) | (uint64_t(c) << 20) | uint64_t(k);
+      records[size_t(c)].push_back(http.stream("/v1/completions", request_body(m, o, stream)));
+    }
+    std::lock_guard lock(mu);
+    ++finished;
+    cv.notify_all();
+  };
+  try {
+    for (int c = 0; c < n; ++c) clients.emplace_back(client, c);
+  } catch (const std::system_error& e) {
+    // Those started are waiting for the start: let them go, stopped.
+    sockets.shutdown_all();
+    {
+      std::lock_guard lock(mu);
+      go = true;
+    }
+    cv.notify_all();
+    for (auto& t : clients) t.join();
+    throw std::runtime_error(fmt::format("cannot start {} client threads: {}", n, e.what()));
   }
   {
     std::unique_lock lock(mu);
