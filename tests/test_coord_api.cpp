@@ -151,7 +151,8 @@ TEST(ServeApi, IgnoreEosKeepsEndOfGenerationTokens) {
   ASSERT_TRUE(m.tokenizer->is_eog(eos));
   ApiRequest c = parse_completion_request(R"({"model":"stories260K","prompt":[1,403],"ignore_eos":true})", m);
   EXPECT_TRUE(c.gen.ignore_eos);
-  EXPECT_FALSE(parse_completion_request(R"({"model":"stories260K","prompt":[1],"ignore_eos":false})", m).gen.ignore_eos);
+  EXPECT_FALSE(
+      parse_completion_request(R"({"model":"stories260K","prompt":[1],"ignore_eos":false})", m).gen.ignore_eos);
   EXPECT_FALSE(parse_completion_request(R"({"model":"stories260K","prompt":[1]})", m).gen.ignore_eos);
   ApiRequest chat = parse_chat_request(
       R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"ignore_eos":true,"stop":"x"})", m);

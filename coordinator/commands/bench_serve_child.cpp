@@ -42,7 +42,9 @@ ServeChild::ServeChild(const std::vector<std::string>& args, const std::string& 
   argv.push_back(nullptr);
 
   const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (log_fd < 0) throw std::runtime_error(fmt::format("cannot write the server log {}: {}", log_path, std::strerror(errno)));
+  if (log_fd < 0) {
+    throw std::runtime_error(fmt::format("cannot write the server log {}: {}", log_path, std::strerror(errno)));
+  }
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) {
     ::close(log_fd);

@@ -490,7 +490,9 @@ int bench(const Options& o) {
   const std::vector<RequestRecord> warm =
       run_level(child.port(), m, o, 1, 1, 0, o.concurrency.size(), sockets, timed_out);
   check_interrupted(watcher);
-  if (timed_out) throw std::runtime_error(fmt::format("the warm-up request took longer than --timeout {} s", o.level_timeout_s));
+  if (timed_out) {
+    throw std::runtime_error(fmt::format("the warm-up request took longer than --timeout {} s", o.level_timeout_s));
+  }
   if (warm.size() != 1 || !warm[0].ok) {
     server_failed(child, "the warm-up request failed: " + (warm.empty() ? std::string("not sent") : warm[0].error));
   }
@@ -511,7 +513,9 @@ int bench(const Options& o) {
     const std::vector<RequestRecord> recs =
         run_level(child.port(), m, o, n, o.requests_per_client, o.duration_s, level, sockets, timed_out);
     check_interrupted(watcher);
-    if (timed_out) throw std::runtime_error(fmt::format("concurrency {} took longer than --timeout {} s", n, o.level_timeout_s));
+    if (timed_out) {
+      throw std::runtime_error(fmt::format("concurrency {} took longer than --timeout {} s", n, o.level_timeout_s));
+    }
     if (child.exited()) {
       server_failed(child, fmt::format("baton serve {} during the benchmark", child.exit_text()));
     }
