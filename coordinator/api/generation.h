@@ -47,10 +47,10 @@ struct GenerationRequest {
   // Token ids that end generation (not returned), besides the model's
   // end-of-generation tokens (unless ignore_eos).
   std::vector<int32_t> stop_tokens;
-  // The model's end-of-generation tokens are generated and counted like any
-  // other (their text is empty) instead of ending the request: it ends at
-  // max_tokens, the context's end, a stop string or a stop token. For load
-  // benchmarks that need completions of an exact length.
+  // The model's end-of-generation tokens are returned and counted like any
+  // other instead of ending the request: it ends at max_tokens, the
+  // context's end, a stop string or a stop token. For load benchmarks that
+  // need completions of an exact length.
   bool ignore_eos = false;
   // Added to the raw logits before sampling (OpenAI's logit_bias); -100 bans.
   std::vector<std::pair<int32_t, float>> logit_bias;
