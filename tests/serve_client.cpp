@@ -303,6 +303,64 @@ bool have_node() { return test::run_command({"/usr/bin/env", "node", "--version"
 
 // The acceptance run is the pipeline of two local workers; the in-process
 // engine is checked the same way.
+void check_ignore_eos(int port) {
+  // stories260K ends its stories with BOS, almost never with EOS (2): a bias
+  // of +20 makes the greedy EOS come at the 20th token of this prompt.
+  const int max_tokens = 40;
+  json req = {{"model", kModel},      {"prompt", "Once upon a time"}, {"max_tokens", max_tokens},
+              {"temperature", 0},     {"logit_bias", {{"2", 20}}},     {"logprobs", 0}};
+  Response early = post(port, "/v1/completions", req);
+  ASSERT_EQ(early.status, 200) << early.body;
+  const json e = early.j();
+  EXPECT_EQ(e["choices"][0]["finish_reason"], "stop");
+  const int n_early = e["usage"]["completion_tokens"];
+  EXPECT_GT(n_early, 2);
+  EXPECT_LT(n_early, max_tokens);
+
+  req["ignore_eos"] = true;
+  Response full = post(port, "/v1/completions", req);
+  ASSERT_EQ(full.status, 200) << full.body;
+  const json f = full.j();
+  EXPECT_EQ(f["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(f["usage"]["completion_tokens"], max_tokens);
+  const json& tokens = f["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), size_t(max_tokens));
+  // The same tokens up to the EOS, which is now generated (its text is empty).
+  EXPECT_EQ(tokens[n_early], "");
+  const std::string early_text = e["choices"][0]["text"];
+  EXPECT_EQ(f["choices"][0]["text"].get<std::string>().rfind(early_text, 0), 0u) << f.dump();
+
+  // Streamed: the usage says the same.
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  Response s = post(port, "/v1/completions", req);
+  ASSERT_EQ(s.status, 200) << s.body;
+  auto events = sse_events(s.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(json::parse(events[events.size() - 2])["usage"]["completion_tokens"], max_tokens);
+
+  // A chat: the family's end-of-turn tokens no longer end it either.
+  json chat = {{"model", kModel},
+               {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+               {"max_tokens", max_tokens},
+               {"temperature", 0},
+               {"logit_bias", {{"2", 100}}},
+               {"ignore_eos", true}};
+  Response c = post(port, "/v1/chat/completions", chat);
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.j()["usage"]["completion_tokens"], max_tokens);
+  EXPECT_EQ(c.j()["choices"][0]["finish_reason"], "length");
+
+  for (const json& bad : {json("yes"), json(1), json::array({true})}) {
+    json r = {{"model", kModel}, {"prompt", "Hi"}, {"ignore_eos", bad}};
+    expect_error(post(port, "/v1/completions", r), 400, "invalid_type", "ignore_eos");
+    json rc = chat;
+    rc["ignore_eos"] = bad;
+    expect_error(post(port, "/v1/chat/completions", rc), 400, "invalid_type", "ignore_eos");
+  }
+}
+
 void check_official_client(const std::vector<std::string>& extra) {
   if (!have_node()) GTEST_SKIP() << "node is not installed";
   ASSERT_TRUE(fs::exists(serve_scripts() / "node_modules" / "openai" / "package.json"))

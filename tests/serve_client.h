@@ -90,6 +90,11 @@ int start_long_stream(int port, int max_tokens);
 
 // ---- whole runs ----
 
+// ignore_eos against a server of the stories model: a request whose EOS comes
+// early (logit_bias on it) stops there without the field and runs to exactly
+// max_tokens with it, plain, streamed and as a chat; bad types get 400.
+void check_ignore_eos(int port);
+
 // The official openai npm client (tests/serve/) against a server started with `extra`.
 void check_official_client(const std::vector<std::string>& extra);
 int env_int(const char* name, int def);

@@ -558,6 +558,10 @@ void HttpServer::Impl::accept() {
         beast::error_code ignored;
         socket.close(ignored);  // far over the limit: not even a 503
       } else {
+        // Streamed events are small writes: with Nagle each one after the
+        // first would wait for the client's delayed ACK (40 ms on Linux).
+        beast::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
         auto s = std::make_shared<Session>(*this, std::move(socket));
         if (n >= cfg.max_connections) {
           s->reject();

@@ -205,6 +205,8 @@ void parse_common(const json& body, ApiRequest& r, const ModelInfo& model) {
     }
   }
 
+  // vLLM's and llama.cpp's extension (docs/SERVING.md).
+  r.gen.ignore_eos = bool_param(body, "ignore_eos", false);
   r.stream = bool_param(body, "stream", false);
   if (const json* v = field(body, "stream_options")) {
     if (!v->is_object()) throw wrong_type("stream_options", "an object", *v);
@@ -337,8 +339,12 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   if (r.gen.prompt.empty()) throw invalid("The conversation gives no tokens.", "messages");
 
   parse_common(body, r, model);
-  for (const auto& s : model.chat_stop_strings) r.gen.stop.push_back(s);
-  r.gen.stop_tokens = model.chat_stop_tokens;
+  // The family's end-of-turn tokens and strings are the model's way to end
+  // generation: ignore_eos drops them along with the tokenizer's EOS.
+  if (!r.gen.ignore_eos) {
+    for (const auto& s : model.chat_stop_strings) r.gen.stop.push_back(s);
+    r.gen.stop_tokens = model.chat_stop_tokens;
+  }
 
   r.logprobs = bool_param(body, "logprobs", false);
   const json* top = field(body, "top_logprobs");
