@@ -1,8 +1,8 @@
 // Small-batch tensor-core matmul over quantized weights (matmul_small.cuh).
 //
-// Layout of one block's work: 4 warps, 64 rows of W (warp w owns rows
+// Layout of one block's work: 8 warps, 128 rows of W (warp w owns rows
 // [16w, 16w + 16)), all NT token rows of x (NT = 16, 32 or 64), a range of
-// 256-column tiles. Per tile: the block dequantizes its 64 x 256 slice of W
+// 256-column tiles. Per tile: the block dequantizes its 128 x 256 slice of W
 // to F16 in shared memory, copies the
 // NT x 256 slice of x (already F16 in the workspace), then each warp runs 16
 // k-steps of WMMA over its rows and every 16-token group. The dequantization
@@ -30,7 +30,7 @@ namespace {
 using namespace detail;
 namespace wmma = nvcuda::wmma;
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kRows = 16 * kWarps;  // rows of W per block
 constexpr int kTileK = 256;         // columns per tile: a whole block of every K-quant
 constexpr int kLd = kTileK + 16;    // shared row stride in halves
