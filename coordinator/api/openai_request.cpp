@@ -83,7 +83,46 @@ bool bool_param(const json& body, const char* key, bool def) {
   return v->get<bool>();
 }
 
+// A first pass over the body that builds nothing: it stops at the first
+// container nested deeper than kMaxJsonDepth, so that a body of brackets costs
+// no memory beyond the body itself (the tree nlohmann builds costs tens of
+// bytes per level).
+class DepthCheck : public nlohmann::json_sax<json> {
+ public:
+  bool too_deep = false;
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return enter(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return leave(); }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_array() override { return leave(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  bool enter() {
+    too_deep = ++depth_ > kMaxJsonDepth;
+    return !too_deep;
+  }
+  bool leave() {
+    --depth_;
+    return true;
+  }
+  int depth_ = 0;
+};
+
 json parse_body(std::string_view body) {
+  DepthCheck check;
+  if (!json::sax_parse(body.begin(), body.end(), &check) && check.too_deep) {
+    throw invalid(fmt::format("The JSON body nests arrays and objects deeper than {} levels.", kMaxJsonDepth), "",
+                  "invalid_json");
+  }
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     throw invalid("We could not parse the JSON body of your request. The body must be a JSON object (with valid "

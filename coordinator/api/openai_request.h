@@ -41,6 +41,10 @@ std::string error_body(const std::string& message, const std::string& type, cons
                        const std::string& code);
 std::string error_body(const ApiError& e);
 
+// Arrays and objects nested deeper than this are refused (400 invalid_json)
+// before any of the body is turned into a tree.
+inline constexpr int kMaxJsonDepth = 64;
+
 enum class ApiEndpoint { chat, completions };
 
 struct ApiRequest {
