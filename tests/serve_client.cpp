@@ -102,15 +102,30 @@ bool ServeProcess::read_line(std::string& line, std::chrono::seconds timeout) {
 }
 
 int connect_to(int port, std::chrono::seconds recv_timeout) {
+  const int fd = connect_from("127.0.0.1", port, recv_timeout);
+  if (fd < 0) throw std::runtime_error("connect failed");
+  return fd;
+}
+
+int connect_from(const std::string& source_ip, int port, std::chrono::seconds recv_timeout) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error("socket failed");
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  if (source_ip != "127.0.0.1") {
+    if (inet_pton(AF_INET, source_ip.c_str(), &src.sin_addr) != 1 ||
+        bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+      close(fd);
+      throw std::runtime_error("cannot bind to " + source_ip);
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     close(fd);
-    throw std::runtime_error("connect failed");
+    return -1;
   }
   timeval tv{recv_timeout.count(), 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -179,6 +194,41 @@ Response parse_response(const std::string& raw) {
     r.complete = rest.size() >= len;
   }
   return r;
+}
+
+size_t response_length(const std::string& raw) {
+  const size_t head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string::npos) return std::string::npos;
+  const Response head = parse_response(raw.substr(0, head_end + 4));
+  auto it = head.headers.find("transfer-encoding");
+  if (it != head.headers.end() && it->second == "chunked") {
+    for (size_t at = head_end + 4;;) {
+      const size_t nl = raw.find("\r\n", at);
+      if (nl == std::string::npos) return std::string::npos;
+      const size_t n = std::stoul(raw.substr(at, nl - at), nullptr, 16);
+      if (nl + 2 + n + 2 > raw.size()) return std::string::npos;
+      at = nl + 2 + n + 2;
+      if (n == 0) return at;
+    }
+  }
+  it = head.headers.find("content-length");
+  const size_t len = it == head.headers.end() ? 0 : std::stoul(it->second);
+  return raw.size() >= head_end + 4 + len ? head_end + 4 + len : std::string::npos;
+}
+
+Response read_response(int fd, std::string& buf) {
+  char chunk[16384];
+  for (;;) {
+    const size_t len = response_length(buf);
+    if (len != std::string::npos) {
+      Response r = parse_response(buf.substr(0, len));
+      buf.erase(0, len);
+      return r;
+    }
+    const ssize_t n = recv(fd, chunk, sizeof chunk, 0);
+    if (n <= 0) return parse_response(buf);
+    buf.append(chunk, size_t(n));
+  }
 }
 
 std::string request_text(const std::string& method, const std::string& path, const std::string& body,
