@@ -73,7 +73,8 @@ Response parse_response(const std::string& raw);
 // body), or std::string::npos while it is incomplete.
 size_t response_length(const std::string& raw);
 // The next response on a kept-alive connection; `buf` carries what was read
-// beyond it. status 0 when the connection ended first.
+// beyond it. complete is false when the connection ended first (status 0 when
+// nothing came).
 Response read_response(int fd, std::string& buf);
 std::string request_text(const std::string& method, const std::string& path, const std::string& body,
                          const std::vector<std::string>& headers = {});
