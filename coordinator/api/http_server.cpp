@@ -4,7 +4,8 @@
 // piece: they share private types and the session's strand, and Asio and
 // Beast must stay out of every header (they are slow to compile), so they
 // cannot be split into files that see each other without a header full of Beast.
-// Which connections are admitted is decided in connection_admission.cpp.
+// Which connections are admitted is decided in connection_admission.cpp; the
+// request and response heads are made in http_message.cpp.
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/http_request_from_beast.h"
 #include "coordinator/api/connection_admission.h"
@@ -37,73 +38,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
-
-const char* http_reason(int status) {
-  switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case kStatusClientGone: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
-  }
-}
-
-std::optional<std::string_view> HttpRequest::header(std::string_view name) const {
-  for (const auto& [k, v] : headers) {
-    if (k == name) return std::string_view(v);
-  }
-  return std::nullopt;
-}
-
-namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-// Header names and values come from our own code, but a CR or LF in one would
-// split the response: drop such headers rather than trust every caller.
-bool header_safe(std::string_view s) { return s.find_first_of("\r\n") == std::string_view::npos; }
-
-std::string response_head(int status, const std::string& content_type, const HttpHeaders& headers, bool keep_alive) {
-  std::string h = fmt::format("HTTP/1.1 {} {}\r\n", status, http_reason(status));
-  if (!content_type.empty() && header_safe(content_type)) h += "Content-Type: " + content_type + "\r\n";
-  for (const auto& [k, v] : headers) {
-    if (header_safe(k) && header_safe(v)) h += k + ": " + v + "\r\n";
-  }
-  h += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
-  return h;
-}
-
-}  // namespace
-
-HttpRequest http_request_from(http::request<http::string_body>&& msg, std::string remote) {
-  HttpRequest req;
-  auto method = msg.method_string();
-  auto target = msg.target();
-  req.method.assign(method.data(), method.size());
-  req.target.assign(target.data(), target.size());
-  req.path = req.target.substr(0, req.target.find('?'));
-  for (const auto& f : msg) {
-    auto name = f.name_string();
-    auto value = f.value();
-    req.headers.emplace_back(lower(std::string_view(name.data(), name.size())), std::string(value.data(), value.size()));
-  }
-  req.body = std::move(msg.body());
-  req.remote = std::move(remote);
-  return req;
-}
 
 namespace {
 class Session;
@@ -148,7 +82,7 @@ struct HttpServer::Impl {
                              const HttpHeaders& headers) const {
     if (hooks.on_error) hooks.on_error(status, kind);
     std::string body = error_body(status, message, kind);
-    std::string data = response_head(status, "application/json", headers, false);
+    std::string data = http_response_head(status, "application/json", headers, false);
     data += fmt::format("Content-Length: {}\r\n\r\n", body.size());
     return data + body;
   }
@@ -491,8 +425,7 @@ void Session::on_request() {
 // middle of another response.
 void Session::maybe_continue() {
   if (current_ || !accepting_ || continue_sent_ || !parser_->is_header_done() || parser_->is_done()) return;
-  auto expect = parser_->get()[http::field::expect];
-  if (lower(std::string_view(expect.data(), expect.size())) == "100-continue") {
+  if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
     continue_sent_ = true;
     queue("HTTP/1.1 100 Continue\r\n\r\n");
   }
@@ -547,7 +480,7 @@ void Session::ex_respond(const std::shared_ptr<ExchangeState>& ex, int status, c
   if (ex != current_ || ex->complete || ex->streaming) return;
   ex->complete = true;
   ex->status = status;
-  std::string data = response_head(status, content_type, headers, keep_alive_);
+  std::string data = http_response_head(status, content_type, headers, keep_alive_);
   data += fmt::format("Content-Length: {}\r\n\r\n", body.size());
   data += body;
   ex->bytes_out += data.size();
@@ -559,7 +492,7 @@ void Session::ex_begin_stream(const std::shared_ptr<ExchangeState>& ex, int stat
   if (ex != current_ || ex->complete || ex->streaming) return;
   ex->streaming = true;
   ex->status = status;
-  std::string data = response_head(status, content_type, headers, keep_alive_);
+  std::string data = http_response_head(status, content_type, headers, keep_alive_);
   data += "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
   ex->bytes_out += data.size();
   queue(std::move(data));
