@@ -177,7 +177,7 @@ int64_t request_peak(const ServeProcess& server, const std::string& body, Respon
   return int64_t(status_bytes(server.pid(), "VmHWM")) - int64_t(before);
 }
 
-TEST(ServeAttacks, DeeplyNestedJsonIsRefusedWithoutBuildingIt) {
+TEST(ServeAttacks, JsonThatWouldBuildAHugeTreeIsRefusedWithoutBuildingIt) {
   ServeProcess server({"-m", stories()});
   const std::string head = R"({"model":"stories260K","prompt":"Once","max_tokens":1,"x":)";
   auto nested = [&](size_t depth) { return head + std::string(depth, '[') + std::string(depth, ']') + "}"; };
@@ -187,12 +187,19 @@ TEST(ServeAttacks, DeeplyNestedJsonIsRefusedWithoutBuildingIt) {
   Response r = http(server.port(), "POST", "/v1/completions", nested(1000000));
   expect_error(r, 400, "invalid_json");
   EXPECT_NE(r.body.find("deeper than 64"), std::string::npos) << r.body;
-  // A body of brackets up to the size limit costs about the body itself.
-  const std::string brackets((size_t(4) << 20) - 1024, '[');
-  const int64_t peak = request_peak(server, brackets, &r);
-  expect_error(r, 400, "invalid_json");
-  std::printf("[json-memory] %zu bytes of '[': peak +%.1f MiB\n", brackets.size(), double(peak) / (1 << 20));
-  EXPECT_LT(peak, int64_t(3 * brackets.size() + (size_t(16) << 20)));
+  // Bodies up to the size limit cost about the body itself: brackets (tens
+  // of bytes of tree per level), and two million zeros (per value).
+  const size_t size = (size_t(4) << 20) - 1024;
+  std::string zeros = head + "[0";
+  while (zeros.size() + 4 < size) zeros += ",0";
+  zeros += "]}";
+  for (const std::string& body : {std::string(size, '['), zeros}) {
+    const int64_t peak = request_peak(server, body, &r);
+    expect_error(r, 400, "invalid_json");
+    std::printf("[json-memory] %zu bytes starting %s: peak +%.1f MiB\n", body.size(), body.substr(0, 8).c_str(),
+                double(peak) / (1 << 20));
+    EXPECT_LT(peak, int64_t(3 * body.size() + (size_t(16) << 20))) << body.substr(0, 80);
+  }
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 
