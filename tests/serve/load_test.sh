@@ -26,7 +26,7 @@ while (($#)); do
     --workers) workers="$2"; shift ;;
     --in-process) suite=test_cli_serve filter=Serve.LoadStreamsAllFinishAndMetricsMatch ;;
     --build) build="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
