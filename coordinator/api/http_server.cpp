@@ -23,7 +23,6 @@
 #pragma GCC diagnostic pop
 
 #include <array>
-#include <cctype>
 #include <deque>
 #include <fmt/format.h>
 #include <mutex>

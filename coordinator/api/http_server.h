@@ -98,7 +98,7 @@ using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
 
 struct HttpServerHooks {
   // Body of an error the server itself answers (400 bad HTTP, 408, 413, 431,
-  // 503 over the connection limit); kind is a short fixed word for metrics.
+  // 503 for a connection not admitted); kind is a short fixed word for metrics.
   std::function<std::string(int status, const std::string& message, const std::string& kind)> error_body;
   // Called for every response the server itself sends as an error.
   std::function<void(int status, const std::string& kind)> on_error;
