@@ -202,6 +202,42 @@ TEST(ServeApi, IgnoreEosKeepsEndOfGenerationTokens) {
     EXPECT_EQ(accept_token(req, *m.tokenizer, eos, 0, {}, false, text, usage, ev), FinishReason::length);
     EXPECT_EQ(usage.completion_tokens, 3);
   }
+
+// The body's shape is checked before nlohmann builds a tree of it: deep
+// nesting and huge numbers of values are refused by name, the limits
+// themselves pass.
+TEST(ServeApi, JsonDepthAndValueCountAreBoundedBeforeParsing) {
+  ModelInfo m = stories_info();
+  const std::string head = R"({"model":"stories260K","prompt":"Once","max_tokens":1,"x":)";
+  auto refusal = [&](const std::string& body) -> std::string {
+    try {
+      parse_completion_request(body, m);
+      return "";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code, "invalid_json");
+      return e.what();
+    }
+  };
+  auto nested = [&](int depth) { return head + std::string(depth, '[') + std::string(depth, ']') + "}"; };
+  EXPECT_EQ(refusal(nested(kMaxJsonDepth - 1)), "");  // the body's own object is one level
+  EXPECT_NE(refusal(nested(kMaxJsonDepth)).find("deeper than 64"), std::string::npos);
+  EXPECT_NE(refusal(std::string(1 << 20, '[')).find("deeper than 64"), std::string::npos);
+  // The body's object and its 4 keys and 3 values come first.
+  const int64_t room = max_json_values(m.n_ctx) - 8 - 1;  // the array is a value too
+  auto zeros = [&](int64_t n) {
+    std::string b = head + "[";
+    for (int64_t i = 0; i < n; ++i) b += i ? ",0" : "0";
+    return b + "]}";
+  };
+  EXPECT_EQ(refusal(zeros(room)), "");
+  EXPECT_NE(refusal(zeros(room + 1)).find("more than"), std::string::npos);
+  // A prompt of token ids that fills the context is not refused for its size.
+  std::string ids = R"({"model":"stories260K","max_tokens":1,"prompt":[)";
+  for (int64_t i = 0; i + 1 < m.n_ctx; ++i) ids += i ? ",1" : "1";
+  EXPECT_EQ(refusal(ids + "]}"), "");
+  // Malformed JSON is still reported as such.
+  EXPECT_NE(refusal("{\"model\":").find("could not parse"), std::string::npos);
 }
 
 }  // namespace

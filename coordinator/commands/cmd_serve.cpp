@@ -2,6 +2,7 @@
 // the model runs in this process (LocalEngine); the distributed coordinator
 // will plug in behind the same GenerationService.
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <boost/program_options.hpp>
@@ -146,7 +147,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("max-body", po::value<uint64_t>(&max_body)->default_value(max_body),
        "largest request body in bytes; larger gets 413")
       ("max-connections", po::value<int>(&r.http.max_connections)->default_value(256),
-       "open connections at most; more get 503")
+       "open connections at most; more get 503 (the last quarter only for clients holding fewer than 4)")
+      ("max-connections-per-client", po::value<int>(&r.http.max_connections_per_client)->default_value(0),
+       "open connections from one client address at most; more get 503; 0 = half of --max-connections")
       ("request-timeout", po::value<double>(&r.request_timeout_s)->default_value(10),
        "seconds a request may take to arrive once it started; slower gets 408")
       ("idle-timeout", po::value<double>(&r.idle_timeout_s)->default_value(60),
@@ -222,6 +225,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   if (max_body < 1024) throw std::invalid_argument("--max-body must be at least 1024");
   r.http.max_body_bytes = max_body;
   if (r.http.max_connections < 1) throw std::invalid_argument("--max-connections must be >= 1");
+  if (r.http.max_connections_per_client < 0) throw std::invalid_argument("--max-connections-per-client must be >= 0");
   for (double t : {r.request_timeout_s, r.idle_timeout_s, r.write_timeout_s}) {
     if (!(t > 0) || t > 86400) throw std::invalid_argument("timeouts must be in (0, 86400] seconds");
   }
@@ -235,8 +239,12 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
 }
 
 // The key is the file's first line without surrounding whitespace; it is
-// never printed.
+// never printed. A file others may read gets the cluster secret's warning.
 std::string read_api_key(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO))) {
+    net::log(net::LogLevel::warn, "API key file " + path + " is accessible by group or others (chmod 600 it)");
+  }
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read the API key file " + path);
   std::string line;
@@ -388,12 +396,13 @@ int serve(const ServeOptions& opt) {
     metrics.http_response("other", status);
   };
   const bool quiet = opt.quiet;
-  hooks.access_log = [&metrics, quiet](const HttpRequest& req, int status, uint64_t bytes, double seconds) {
+  hooks.access_log = [&metrics, quiet](const HttpRequest& req, int status, uint64_t bytes, double seconds,
+                                       bool complete) {
     metrics.http_response(route_name(req.path), status);
     if (quiet) return;
-    std::fprintf(stderr, "baton serve: %s %s %d %.1f ms %llu B %s\n", net::printable(req.method, 16).c_str(),
+    std::fprintf(stderr, "baton serve: %s %s %d %.1f ms %llu B %s%s\n", net::printable(req.method, 16).c_str(),
                  net::printable(req.path, 200).c_str(), status, seconds * 1000, (unsigned long long)bytes,
-                 req.remote.c_str());
+                 req.remote.c_str(), complete ? "" : " (cut: the connection closed first)");
   };
   HttpServer server(opt.http, [&api](std::shared_ptr<HttpExchange> ex) { api.handle(ex); }, hooks);
   server.start();
