@@ -202,6 +202,7 @@ TEST(ServeApi, IgnoreEosKeepsEndOfGenerationTokens) {
     EXPECT_EQ(accept_token(req, *m.tokenizer, eos, 0, {}, false, text, usage, ev), FinishReason::length);
     EXPECT_EQ(usage.completion_tokens, 3);
   }
+}
 
 // The body's shape is checked before nlohmann builds a tree of it: deep
 // nesting and huge numbers of values are refused by name, the limits

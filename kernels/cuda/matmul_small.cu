@@ -2,15 +2,18 @@
 //
 // Layout of one block's work: 8 warps, 128 rows of W (warp w owns rows
 // [16w, 16w + 16)), all NT token rows of x (NT = 16, 32 or 64), a range of
-// 256-column tiles. Per tile: the block dequantizes its 128 x 256 slice of W
-// to F16 in shared memory, copies the
-// NT x 256 slice of x (already F16 in the workspace), then each warp runs 16
-// k-steps of WMMA over its rows and every 16-token group. The dequantization
-// goes a 32-value run per call (dequant.cuh's `dequant`) with every thread's
-// runs unrolled: a step of 8 values per call kept too few loads in flight
-// and ran 25% slower than matmul()'s two passes. Shared rows are
-// padded by 16 halves (32 bytes): WMMA wants 32-byte aligned rows, and the
-// pad spreads the rows over the banks.
+// 256-column tiles, each in four passes of 64 columns: the block dequantizes
+// its 128 x 64 slice of W to F16 in shared memory, copies the NT x 64 slice
+// of x (already F16 in the workspace), then each warp runs 4 k-steps of WMMA
+// over its rows and every 16-token group. The kernel is bound by latency
+// (ncu: 14 cycles per issued instruction, 25% occupancy with whole 256-column
+// slices): small slices let 4-5 blocks share an SM. Dequantization goes a
+// 32-value run per call (dequant.cuh's `dequant`; a step of 8 values per call
+// ran 25% slower than matmul()'s two passes). Q4_K (the files people run)
+// goes through shared memory twice: its raw blocks, copied coalesced once
+// per 256-column tile, then decoded in half arithmetic. Shared rows are
+// padded by 8 halves: rows start 4 banks apart, and WMMA needs only 32-byte
+// aligned tiles and a stride that is a multiple of 8 halves.
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/matmul_small.cuh"
 
@@ -33,7 +36,9 @@ namespace wmma = nvcuda::wmma;
 constexpr int kWarps = 8;
 constexpr int kRows = 16 * kWarps;  // rows of W per block
 constexpr int kTileK = 256;         // columns per tile: a whole block of every K-quant
-constexpr int kLd = kTileK + 16;    // shared row stride in halves
+constexpr int kSubK = 64;           // columns multiplied per pass over shared memory
+constexpr int kLd = kSubK + 8;      // shared row stride in halves (144 bytes: rows start 4 banks apart)
+constexpr int kQ4KRaw = 144;        // bytes of one Q4_K block: a tile's row
 constexpr int kTargetBlocks = 256;  // split K until about this many blocks run
 constexpr int kMaxSplits = 8;
 constexpr size_t kAlign = 256;
@@ -81,15 +86,24 @@ bool dispatch_small(DType t, Fn&& fn) {
 // subtracted exactly, then one fused d*sc*q - dmin*m per pair. About five
 // instructions per pair where dequant's float path takes about fifteen; the
 // values differ from it only by rounding d*sc and dmin*m to half.
+// b is the block in shared memory (plain loads, 16-byte aligned).
 __device__ __forceinline__ void q4k_run_half(const uint8_t* b, int j, uint4 out[4]) {
-  const uint32_t dd = ld_u32(b);
+  const uint32_t* bw = reinterpret_cast<const uint32_t*>(b);
+  const uint32_t dd = bw[0], s0 = bw[1], s1 = bw[2], s2 = bw[3];
   float sc, m;
-  k_scale_min(b, j, sc, m);
+  if (j < 4) {
+    sc = float((s0 >> (8 * j)) & 63);
+    m = float((s1 >> (8 * j)) & 63);
+  } else {
+    const int k = 8 * (j - 4);
+    sc = float(((s2 >> k) & 0x0f) | (((s0 >> k) >> 6 & 3) << 4));
+    m = float(((s2 >> k) >> 4 & 0x0f) | (((s1 >> k) >> 6 & 3) << 4));
+  }
   const __half2 d2 = __float2half2_rn(half_bits_to_float(dd & 0xffffu) * sc);
   const __half2 m2 = __float2half2_rn(-half_bits_to_float(dd >> 16) * m);
   const __half2 k1024 = __float2half2_rn(1024.0f);
   const uint8_t* qp = b + 16 + 32 * (j >> 1);
-  const uint4 qa = ld_u128(qp), qb = ld_u128(qp + 16);
+  const uint4 qa = *reinterpret_cast<const uint4*>(qp), qb = *reinterpret_cast<const uint4*>(qp + 16);
   const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
   const int shift = 4 * (j & 1);
   uint32_t h[16];
@@ -125,10 +139,12 @@ __global__ void __launch_bounds__(kWarps * 32)
                         const __half* __restrict__ xh, int tiles_per_split, float* __restrict__ partial,
                         int64_t rows_pad) {
   static_assert(Q::kStep == 32, "runs of 32 values");
-  constexpr int kRuns = kRows * (kTileK / 32) / (kWarps * 32);
+  constexpr int kRuns = kRows * (kSubK / 32) / (kWarps * 32);
+  constexpr bool kStaged = std::is_same_v<Q, DqQ4_K>;
   extern __shared__ __align__(128) unsigned char smem[];
   __half* ws = reinterpret_cast<__half*>(smem);  // kRows x kLd
   __half* xs = ws + kRows * kLd;                 // NT x kLd
+  uint8_t* raw = reinterpret_cast<uint8_t*>(xs + NT * kLd);  // Q4_K: kRows x 144 bytes of the tile
   const int warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * kRows;
   const int64_t tiles = cols / kTileK;
@@ -141,56 +157,78 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   for (int64_t tile = t_begin; tile < t_end; ++tile) {
     const int64_t k0 = tile * kTileK;
-    // W: kRows x 256 values in runs of 32 (a sub-block or a small block:
-    // the header is decoded once per run), kRuns runs per thread, unrolled
-    // so that their loads are in flight together.
+    if constexpr (kStaged) {
+      // Q4_K: the tile's raw blocks first, in 16-byte pieces that
+      // neighbouring threads take from one row (coalesced, no byte read
+      // twice); then each run is decoded from shared memory. Reading the
+      // runs straight from global memory, eight threads per block each
+      // fetching its header and quants, kept L1 busy at 83% for 9% of DRAM.
+      for (int i = threadIdx.x; i < kRows * (kQ4KRaw / 16); i += blockDim.x) {
+        const int r = i / (kQ4KRaw / 16), o = (i % (kQ4KRaw / 16)) * 16;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r0 + r < rows) v = ld_u128(w + uint64_t(r0 + r) * row_bytes + uint64_t(tile) * kQ4KRaw + o);
+        *reinterpret_cast<uint4*>(raw + r * kQ4KRaw + o) = v;
+      }
+      __syncthreads();
+    }
+    // The tile in passes of kSubK columns, so that the F16 slices of W
+    // and x in shared memory stay small and 4-5 blocks share an SM (the
+    // kernel is bound by latency: more warps hide it).
+    for (int sub = 0; sub < kTileK / kSubK; ++sub) {
+      const int64_t ks = k0 + sub * kSubK;
+      // W: kRows x kSubK values in runs of 32 (a sub-block or a small
+      // block: the header is decoded once per run).
 #pragma unroll
-    for (int u = 0; u < kRuns; ++u) {
-      const int i = threadIdx.x + u * kWarps * 32;
-      const int r = i / (kTileK / 32), j = i % (kTileK / 32);
-      uint4* dst = reinterpret_cast<uint4*>(ws + r * kLd + 32 * j);
-      const int64_t c = k0 + 32 * j;
-      const uint8_t* blk = w + uint64_t(r0 + r) * row_bytes + uint64_t(c / Q::kQK) * Q::kBytes;
-      if (r0 + r >= rows) {
+      for (int u = 0; u < kRuns; ++u) {
+        const int i = threadIdx.x + u * kWarps * 32;
+        const int r = i / (kSubK / 32), jj = i % (kSubK / 32);
+        const int j = sub * (kSubK / 32) + jj;  // run of the tile
+        uint4* dst = reinterpret_cast<uint4*>(ws + r * kLd + 32 * jj);
+        if constexpr (kStaged) {
+          // Zero rows past the matrix come from the zeroed raw blocks.
+          uint4 h[4];
+          q4k_run_half(raw + r * kQ4KRaw, j, h);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) dst[q] = make_uint4(0, 0, 0, 0);
-      } else if constexpr (std::is_same_v<Q, DqQ4_K>) {
-        uint4 h[4];
-        q4k_run_half(blk, int(c % Q::kQK) / 32, h);
+          for (int q = 0; q < 4; ++q) dst[q] = h[q];
+        } else {
+          const int64_t c = k0 + 32 * j;
+          const uint8_t* blk = w + uint64_t(r0 + r) * row_bytes + uint64_t(c / Q::kQK) * Q::kBytes;
+          float v[32];
+          if (r0 + r < rows) {
+            Q::dequant(blk, int(c % Q::kQK) / 8, v);
+          } else {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) dst[q] = h[q];
-      } else {
-        float v[32];
-        Q::dequant(blk, int(c % Q::kQK) / 8, v);
+            for (int k = 0; k < 32; ++k) v[k] = 0.0f;
+          }
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          __align__(16) __half2 h[4];
+          for (int q = 0; q < 4; ++q) {
+            __align__(16) __half2 h[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(v[8 * q + 2 * k], v[8 * q + 2 * k + 1]);
-          dst[q] = *reinterpret_cast<const uint4*>(h);
+            for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(v[8 * q + 2 * k], v[8 * q + 2 * k + 1]);
+            dst[q] = *reinterpret_cast<const uint4*>(h);
+          }
         }
       }
-    }
-    // x: NT x 256 halves, 16 bytes a step.
-    for (int i = threadIdx.x; i < NT * (kTileK / 8); i += blockDim.x) {
-      const int t = i / (kTileK / 8), e = (i % (kTileK / 8)) * 8;
-      *reinterpret_cast<uint4*>(xs + t * kLd + e) =
-          *reinterpret_cast<const uint4*>(xh + int64_t(t) * cols + k0 + e);
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (int kk = 0; kk < kTileK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-      wmma::load_matrix_sync(a, ws + warp * 16 * kLd + kk, kLd);
-#pragma unroll
-      for (int j = 0; j < NT / 16; ++j) {
-        // B(k, t) = x[t][k]: column-major with the shared row stride.
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-        wmma::load_matrix_sync(b, xs + j * 16 * kLd + kk, kLd);
-        wmma::mma_sync(acc[j], a, b, acc[j]);
+      // x: NT x kSubK halves, 16 bytes a step.
+      for (int i = threadIdx.x; i < NT * (kSubK / 8); i += blockDim.x) {
+        const int t = i / (kSubK / 8), e = (i % (kSubK / 8)) * 8;
+        *reinterpret_cast<uint4*>(xs + t * kLd + e) = *reinterpret_cast<const uint4*>(xh + int64_t(t) * cols + ks + e);
       }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kSubK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+        wmma::load_matrix_sync(a, ws + warp * 16 * kLd + kk, kLd);
+#pragma unroll
+        for (int jt = 0; jt < NT / 16; ++jt) {
+          // B(k, t) = x[t][k]: column-major with the shared row stride.
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+          wmma::load_matrix_sync(b, xs + jt * 16 * kLd + kk, kLd);
+          wmma::mma_sync(acc[jt], a, b, acc[jt]);
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
   // C(r, t) at partial[(split * NT + t) * rows_pad + r]: column-major, ld rows_pad.
   float* dst = partial + int64_t(blockIdx.y) * NT * rows_pad + r0 + warp * 16;
@@ -216,7 +254,11 @@ unsigned grid_for(int64_t work, int threads) {
   return unsigned(std::clamp<int64_t>((work + threads - 1) / threads, 1, int64_t(sm_count()) * 16));
 }
 
-size_t smem_bytes(int nt) { return size_t(kRows + nt) * kLd * sizeof(__half); }
+template <class Q>
+size_t smem_bytes(int nt) {
+  const size_t raw = std::is_same_v<Q, DqQ4_K> ? size_t(kRows) * kQ4KRaw : 0;
+  return size_t(kRows + nt) * kLd * sizeof(__half) + raw;
+}
 
 // More than 48 KiB of shared memory needs the opt-in, once per kernel and device.
 template <class Kernel>
@@ -234,7 +276,7 @@ void allow_smem(Kernel kernel, size_t bytes) {
 template <class Q, int NT>
 void launch(const MatrixView& w, const __half* xh, float* partial, int64_t rows_pad, cudaStream_t stream) {
   const int per = int(tiles_per_split(w.rows, w.cols));
-  const size_t smem = smem_bytes(NT);
+  const size_t smem = smem_bytes<Q>(NT);
   auto kernel = small_matmul_kernel<Q, NT>;
   allow_smem(kernel, smem);
   const dim3 grid(unsigned(row_blocks(w.rows)), unsigned(launched_splits(w.rows, w.cols)));
