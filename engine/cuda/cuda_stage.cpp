@@ -185,14 +185,14 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.attn_bytes = split_tokens >= 1 ? cuda::attention_workspace_bytes(split_tokens, hp.n_head, hp.head_dim_v) : 0;
   L.attn = take(L.attn_bytes);
   // Prefill GEMMs: x rounded to 16 bits plus a dequantized F16 tile.
-  if (L.B > cuda::kMatvecMaxTokens) {
+  if (L.B > kXqMaxRows) {
     // One section serves both: batches of up to kSmallMatmulMaxTokens rows
     // through small_matmul, larger ones through matmul.
     auto need = [&](const Proj& p) {
       if (p.cublas_f32) return;
       const uint64_t row = uint64_t(p.w.cols) * 2;
       const int64_t cap = std::max<int64_t>(64, int64_t(kMaxTileBytes / row) / 64 * 64);
-      if (L.B > cuda::kSmallMatmulMaxTokens || !p.small) {
+      if (L.B > cuda::kMatvecMaxTokens && (L.B > cuda::kSmallMatmulMaxTokens || !p.small)) {
         L.mm_bytes = std::max<uint64_t>(
             L.mm_bytes, cuda::matmul_workspace_bytes(p.w.type, p.w.cols, L.B, std::min(p.w.rows, cap)));
       }
@@ -208,7 +208,7 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
       for (const auto& p : l.gate_up) need(p);
       need(l.down);
     }
-    if (L.L > cuda::kMatvecMaxTokens) need(w.output);
+    if (L.L > kXqMaxRows) need(w.output);
   }
   L.mm = take(L.mm_bytes);
   // One buffer serves every projection input in turn (norm output, attention
@@ -221,7 +221,7 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   }
   any_xq = any_xq || (c.head && w.output.xq);
   if (any_xq && L.E % 32 == 0 && L.ow % 32 == 0 && L.F % 32 == 0) {
-    const int64_t rows = std::min<int64_t>(L.B, cuda::kMatvecMaxTokens);
+    const int64_t rows = std::min<int64_t>(L.B, kXqMaxRows);
     L.xq_bytes = uint64_t(rows) * cuda::xq_row_bytes(std::max({L.E, L.ow, L.F}));
   }
   L.xq = take(L.xq_bytes);

@@ -82,7 +82,7 @@ CudaStage::Forward::Forward(CudaStage& stage, int seq_, int64_t n_, int64_t pos0
   d_out_rows = d_seqs + L.B;
   d_n_pos = d_out_rows + L.B;
   eps = hp.rms_eps;
-  xq_buf = L.xq_bytes > 0 && n <= cuda::kMatvecMaxTokens ? ws + L.xq : nullptr;
+  xq_buf = L.xq_bytes > 0 && n <= kXqMaxRows ? ws + L.xq : nullptr;
 }
 
 uint8_t* CudaStage::Forward::xq_for(const Proj* ps, size_t count) const {
@@ -231,7 +231,7 @@ void CudaStage::Forward::head(const float* pending) {
     // has added it into x), quantized there for the matvec when it takes them.
     cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, nullptr);
     cuda::get_rows({DType::F32, xn, n, E, uint64_t(E) * sizeof(float)}, d_out_rows, rows, y, E, s);
-    xq = rows <= cuda::kMatvecMaxTokens ? xq : nullptr;
+    xq = rows <= kXqMaxRows ? xq : nullptr;
     if (xq) cuda::quantize_xq(y, E, rows, E, xq, s);
     st.project(W.output, y, xq, rows, E, logits, L.V);
   } else {
@@ -258,7 +258,7 @@ void CudaStage::project(const Proj& p, const float* x, const void* xq, int64_t n
                         int64_t out_stride) {
   const Layout& L = *layout_;
   float* o = out + p.out_col;
-  if (xq && p.xq && n <= cuda::kMatvecMaxTokens) {
+  if (xq && p.xq && n <= kXqMaxRows) {
     cuda::matvec_xq(p.w, xq, n, o, out_stride, stream_.get());
   } else if (p.cublas_f32) {
     const float one = 1.0f, zero = 0.0f;
@@ -266,12 +266,12 @@ void CudaStage::project(const Proj& p, const float* x, const void* xq, int64_t n
                              static_cast<const float*>(p.w.data), int(p.w.row_bytes / sizeof(float)), x, int(x_stride),
                              &zero, o, int(out_stride)),
                  "cublasSgemm (F32 weights)");
+  } else if (p.small && n > kXqMaxRows && n <= cuda::kSmallMatmulMaxTokens) {
+    // A batch of a few to 64 rows: W read once, no F16 copy of it
+    // (bench_cuda_kernels matmul: 1.3-2x faster than matmul at 8-64 rows).
+    cuda::small_matmul(p.w, x, n, x_stride, o, out_stride, workspace_.data() + L.mm, L.mm_bytes, stream_.get());
   } else if (n <= cuda::kMatvecMaxTokens) {
     cuda::matvec(p.w, x, n, x_stride, o, out_stride, stream_.get());
-  } else if (p.small && n <= cuda::kSmallMatmulMaxTokens) {
-    // A batch of a few dozen rows: W read once, no F16 copy of it
-    // (bench_cuda_kernels matmul: 3-5x faster than matmul at 16-64 rows).
-    cuda::small_matmul(p.w, x, n, x_stride, o, out_stride, workspace_.data() + L.mm, L.mm_bytes, stream_.get());
   } else {
     cuda::matmul(cublas_.get(), p.w, x, n, x_stride, o, out_stride, workspace_.data() + L.mm, L.mm_bytes,
                  stream_.get());

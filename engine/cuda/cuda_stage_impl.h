@@ -12,6 +12,15 @@
 
 namespace baton {
 
+// Rows up to which a projection takes the integer-dot matvec; from there to
+// kSmallMatmulMaxTokens, small_matmul. On speed alone they cross at 4-5 rows
+// (matvec_xq's dp4a arithmetic grows with the rows, small_matmul's cost
+// barely does; docs/CUDA.md); but small_matmul rounds x to F16 (about 1e-3
+// of sum |w x|) where the integer-dot matvec keeps 16-bit activations
+// (1.5e-5), so short prompt chunks and batches of up to 8 keep the matvec's
+// precision, which the CPU comparisons of the CUDA stage hold it to.
+inline constexpr int64_t kXqMaxRows = 8;
+
 struct CudaStage::Proj {
   cuda::MatrixView w;
   bool cublas_f32 = false;  // F32 rows the matvec cannot take: a float32 cuBLAS GEMM
@@ -50,7 +59,7 @@ struct CudaStage::Layout {
   uint64_t x = 0, y = 0, xn = 0, qkv = 0, att = 0, gu = 0, ffh = 0, logits = 0, freqs = 0, params = 0, ids = 0;
   uint64_t argmax = 0, argmax_bytes = 0;  // split argmax slots (zeroed at build, left zero by each call)
   uint64_t attn = 0, attn_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
-  uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kMatvecMaxTokens rows (matvec_xq)
+  uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kXqMaxRows rows (matvec_xq)
   uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0, then batch_params
   int64_t batch_params = 0;   // int32 seqs[B], out_rows[B], n_pos (SharedLayout::batch_params)
   // Pinned host io sections.
