@@ -140,6 +140,17 @@ void CudaStageBase::enqueue_input_rows(int64_t n) {
                                    stream_.get()));
 }
 
+void CudaStageBase::put_row(int64_t row, int32_t id, int64_t pos) {
+  const SharedLayout& S = shared_;
+  if (id < 0 || id >= S.vocab) {
+    throw std::out_of_range(fmt::format("token id {} is outside the vocabulary [0, {})", id, S.vocab));
+  }
+  int32_t* hp = reinterpret_cast<int32_t*>(io_.data() + S.h_params);
+  hp[row] = id;
+  hp[S.batch + row] = int32_t(pos);
+  if (S.negated_positions) hp[2 * S.batch + row] = -int32_t(pos);
+}
+
 void CudaStageBase::run(int seq, const int32_t* tokens, const float* activations, int64_t n) {
   check_seq(seq);
   const SharedLayout& S = shared_;
@@ -153,15 +164,7 @@ void CudaStageBase::run(int seq, const int32_t* tokens, const float* activations
         fmt::format("sequence {} would reach {} tokens; the context is {}", seq, pos0 + n, config_.n_ctx));
   }
   int32_t* hp = reinterpret_cast<int32_t*>(io_.data() + S.h_params);
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t id = tokens ? tokens[t] : 0;
-    if (id < 0 || id >= S.vocab) {
-      throw std::out_of_range(fmt::format("token id {} is outside the vocabulary [0, {})", id, S.vocab));
-    }
-    hp[t] = id;
-    hp[S.batch + t] = int32_t(pos0 + t);
-    if (S.negated_positions) hp[2 * S.batch + t] = -int32_t(pos0 + t);
-  }
+  for (int64_t t = 0; t < n; ++t) put_row(t, tokens ? tokens[t] : 0, pos0 + t);
   hp[pos0_param()] = int32_t(pos0);
   if (activations) {
     std::memcpy(io_.data() + S.h_in, activations, uint64_t(n * S.row_width) * sizeof(float));
@@ -266,13 +269,7 @@ std::span<const float> CudaStageBase::run_batch(std::span<const BatchChunk> chun
   for (const BatchChunk& c : chunks) {
     const int64_t pos0 = length_[size_t(c.seq)];
     for (int64_t t = 0; t < c.n_tokens; ++t, ++row) {
-      const int32_t id = tokens ? tokens[row] : 0;
-      if (id < 0 || id >= S.vocab) {
-        throw std::out_of_range(fmt::format("token id {} is outside the vocabulary [0, {})", id, S.vocab));
-      }
-      hp[row] = id;
-      hp[S.batch + row] = int32_t(pos0 + t);
-      if (S.negated_positions) hp[2 * S.batch + row] = -int32_t(pos0 + t);
+      put_row(row, tokens ? tokens[row] : 0, pos0 + t);
       seqs[row] = c.seq;
     }
     if (c.output) out_rows[n_out++] = int32_t(row - 1);

@@ -224,6 +224,9 @@ class CudaStageBase : public StageRunner {
   // first use). Returns the output rows.
   std::span<const float> run_batch(std::span<const BatchChunk> chunks, const int32_t* tokens,
                                    const float* activations, bool logits = true);
+  // Row `row` of the pinned step parameters: its token id (checked against
+  // the vocabulary) and position.
+  void put_row(int64_t row, int32_t id, int64_t pos);
   // The single-sequence path for a batch of one chunk.
   std::span<const float> run_one(const BatchChunk& c, const int32_t* tokens, const float* activations);
   GraphExecHandle capture(const std::function<void()>& enqueue_fn);

@@ -69,16 +69,20 @@ int launched_splits(int64_t rows, int64_t cols) {
 }
 
 // The dtypes it is built for: those of the llama-family files people run.
+template <class Q>
+constexpr bool kSmallType = std::is_same_v<Q, DqQ8_0> || std::is_same_v<Q, DqQ4_0> || std::is_same_v<Q, DqQ4_K> ||
+                            std::is_same_v<Q, DqQ5_K> || std::is_same_v<Q, DqQ6_K>;
+
 template <class Fn>
 bool dispatch_small(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::Q8_0: fn(DqQ8_0{}); return true;
-    case DType::Q4_0: fn(DqQ4_0{}); return true;
-    case DType::Q4_K: fn(DqQ4_K{}); return true;
-    case DType::Q5_K: fn(DqQ5_K{}); return true;
-    case DType::Q6_K: fn(DqQ6_K{}); return true;
-    default: return false;
-  }
+  bool taken = false;
+  dispatch_dtype(t, [&](auto q) {
+    if constexpr (kSmallType<decltype(q)>) {
+      taken = true;
+      fn(q);
+    }
+  });
+  return taken;
 }
 
 // Q4_K's run j (32 values) of block b, as 16 half2, in half arithmetic: a
