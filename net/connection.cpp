@@ -343,6 +343,7 @@ void Connection::Impl::close_now(std::error_code ec, const std::string& reason) 
     queue.clear();
     queued.store(0, std::memory_order_relaxed);
   }
+  handshake_stage.store(HandshakeStage::over);
   // Drop the handlers after calling them: they often hold the Connection.
   HandshakeHandler d = std::move(done);
   CloseHandler c = std::move(close_handler);
