@@ -233,6 +233,43 @@ TEST(ServeCluster, ASigkilledCoordinatorLeavesNoSecretBehind) {
   }
 }
 
+// The coordinator's cluster port and worker-0's listening port, from the
+// worker's log line; empty when not found.
+std::vector<int> cluster_ports(const ServeProcess& server) {
+  std::smatch m;
+  const std::string err = server.stderr_text();
+  static const std::regex line(
+      R"(worker-0: registered with the coordinator at 127\.0\.0\.1:(\d+), listening on 127\.0\.0\.1:(\d+))");
+  if (!std::regex_search(err, m, line)) return {};
+  return {std::stoi(m[1].str()), std::stoi(m[2].str())};
+}
+
+// Regression: 64 silent connections on the coordinator's cluster port,
+// reopened as the handshake timeout closed them, filled every handshake slot,
+// so each restarted worker was refused and the route stayed down for as long
+// as the flood lasted. A newcomer now takes the slot of the oldest silent one.
+TEST(ServeCluster, AHandshakeFloodOnTheClusterPortDoesNotStopHealing) {
+  ServeProcess server({"-m", stories(), "--workers", "2"});
+  const int port = server.port();
+  const std::vector<int> ports = cluster_ports(server);
+  ASSERT_EQ(ports.size(), 2u) << server.stderr_text();
+  test::ConnectionFlood flood(uint16_t(ports[0]), 64);  // the coordinator's max_pending_handshakes
+  std::this_thread::sleep_for(300ms);
+  const pid_t victim = worker_pid(server, 1);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + 20s;
+  while (worker_pid(server, 1) == victim && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(wait_status(port, "ok", 20s)) << health(port).dump() << server.stderr_text();
+  std::printf("route healed %.2f s after the kill, under a flood of 64 silent connections\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  Response after = post(port, "/v1/completions", {{"model", kModel}, {"prompt", "Hi"}, {"max_tokens", 2}});
+  EXPECT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(server.stop(), 0) << server.stderr_text();
+}
+
 // Wrong secret, wrong version, a truncated frame, an oversized length and
 // random bytes on the coordinator's port and on a worker's port: each closes
 // only that connection; the cluster serves on, with the same tokens.
@@ -242,11 +279,8 @@ TEST(ServeCluster, HostileBytesOnCoordinatorAndWorkerPortsChangeNothing) {
   const json req = {{"model", kModel}, {"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}};
   Response before = post(port, "/v1/completions", req);
   ASSERT_EQ(before.status, 200) << before.body;
-  std::smatch m;
-  const std::string err = server.stderr_text();
-  ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(worker-0: registered with the coordinator at 127\.0\.0\.1:(\d+), listening on 127\.0\.0\.1:(\d+))")))
-      << err;
-  const int ports[2] = {std::stoi(m[1].str()), std::stoi(m[2].str())};
+  const std::vector<int> ports = cluster_ports(server);
+  ASSERT_EQ(ports.size(), 2u) << server.stderr_text();
 
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));

@@ -687,30 +687,8 @@ TEST(NetLink, HandshakeFloodCannotKeepOutAClientWithTheSecret) {
   for (int fd : first) ::close(fd);
   for (const bool say_hello : {false, true}) {
     SCOPED_TRACE(say_hello ? "flood of HELLOs" : "silent flood");
-    std::atomic<bool> stop{false};
-    std::atomic<int> reopened{0};
-    std::thread flood([&] {
-      const std::vector<uint8_t> hello = Codec::encode(worker_hello("intruder"));
-      auto open_one = [&] {
-        const int fd = raw_connect(port);
-        if (fd >= 0 && say_hello) raw_write(fd, hello);
-        return fd;
-      };
-      std::vector<int> fds(cfg.max_pending_handshakes);
-      for (int& fd : fds) fd = open_one();
-      while (!stop.load()) {
-        for (int& fd : fds) {
-          pollfd p{fd, POLLIN, 0};
-          uint8_t buf[256];
-          if (fd >= 0 && (::poll(&p, 1, 0) <= 0 || ::recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0)) continue;
-          if (fd >= 0) ::close(fd);
-          fd = open_one();
-          reopened.fetch_add(1);
-        }
-        std::this_thread::sleep_for(1ms);
-      }
-      for (int fd : fds) ::close(fd);
-    });
+    test::ConnectionFlood flood(port, cfg.max_pending_handshakes,
+                                say_hello ? Codec::encode(worker_hello("intruder")) : std::vector<uint8_t>{});
     std::this_thread::sleep_for(300ms);  // the table is full and past the grace
     const auto t0 = Clock::now();
     for (int i = 0; i < 5; ++i) {
@@ -718,9 +696,7 @@ TEST(NetLink, HandshakeFloodCannotKeepOutAClientWithTheSecret) {
       EXPECT_FALSE(ok.ec) << ok.reason;
     }
     EXPECT_LT(Clock::now() - t0, 2000ms);
-    stop.store(true);
-    flood.join();
-    EXPECT_GE(reopened.load(), 1) << "the clients displaced the flood's sockets";
+    EXPECT_GE(flood.reopened(), 1) << "the clients displaced the flood's sockets";
   }
 }
 
