@@ -19,9 +19,9 @@ constexpr std::string_view kSplitPrefix = "baton.split.";
 constexpr std::string_view kSourceIndex = "baton.split.source_index";
 // llama.cpp shard keys: a part or a merged file is a whole file, not a shard.
 constexpr std::string_view kShardPrefix = "split.";
-// Header and metadata of one part, beyond its tensor bytes (the tokenizer's
-// vocabulary is most of it): a generous bound for the free-space check.
-constexpr uint64_t kMetadataAllowance = uint64_t(64) << 20;
+// A part's header is the source's metadata plus the baton.split.* keys and
+// its tensor table: the source's header and this much more bounds it.
+constexpr uint64_t kPartHeaderExtra = uint64_t(1) << 20;
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
@@ -136,8 +136,9 @@ SplitPlan plan_split(const ModelFiles& model, const std::vector<LayerRange>& ran
 
 void check_free_space(const ModelFiles& model, const SplitPlan& plan) {
   if (plan.parts.empty()) return;
+  const uint64_t header = model.meta().data_offset() + kPartHeaderExtra;
   uint64_t need = 0;
-  for (const SplitPart& p : plan.parts) need += p.tensor_bytes + kMetadataAllowance;
+  for (const SplitPart& p : plan.parts) need += p.tensor_bytes + header;
   // A sparse source (a synthetic model) splits into sparse parts: its holes
   // cost no space, so it needs at most what it occupies itself.
   uint64_t occupied = 0;
@@ -146,7 +147,7 @@ void check_free_space(const ModelFiles& model, const SplitPlan& plan) {
     if (::stat(f.path().c_str(), &st) != 0) return;
     occupied += uint64_t(st.st_blocks) * 512;
   }
-  need = std::min(need, occupied + kMetadataAllowance * plan.parts.size());
+  need = std::min(need, occupied + header * plan.parts.size());
   const uint64_t free = free_bytes_at(plan.parts.front().path);
   if (free < need) {
     throw std::runtime_error("not enough free space for the parts in " +
