@@ -207,22 +207,27 @@ void LocalCluster::relay(int fd, Relay* r) {
       const std::string line = pending.substr(0, nl);
       pending.erase(0, nl + 1);
       std::fprintf(stderr, "%s\n", line.c_str());
-      // A progress line ends in '\r' updates: keep what follows the last one.
-      const std::string text = line.substr(line.rfind('\r') == std::string::npos ? 0 : line.rfind('\r') + 1);
-      if (text.find_first_not_of(" \t") != std::string::npos) {
-        std::lock_guard lock(err_mu_);
-        last_line_[r->worker] = text;
-      }
+      remember_error(r->worker, line);
     }
   }
   ::close(fd);
   if (!pending.empty()) std::fprintf(stderr, "%s\n", pending.c_str());
+  remember_error(r->worker, pending);
   {
     std::lock_guard lock(err_mu_);
-    if (pending.find_first_not_of(" \t\r") != std::string::npos) last_line_[r->worker] = pending;
     r->done = true;
   }
   err_cv_.notify_all();
+}
+
+void LocalCluster::remember_error(size_t worker, const std::string& line) {
+  // The line cli/ prints when a command fails; after a '\r' progress line
+  // it may follow the progress text on the same line.
+  static const std::string kPrefix = "baton worker: ";
+  const size_t at = line.rfind(kPrefix);
+  if (at == std::string::npos || (at != 0 && line[at - 1] != '\r' && line[at - 1] != ' ')) return;
+  std::lock_guard lock(err_mu_);
+  last_line_[worker] = line.substr(at);
 }
 
 void LocalCluster::join_finished_relays() {

@@ -3,7 +3,8 @@
 // freshly generated secret that never touches the file system: each worker
 // reads it from a pipe at descriptor 3 (`--secret-file /dev/fd/3`), the only
 // descriptor besides stdio it inherits. Each worker's stderr passes through
-// this process line by line, so its last error can be reported (/health).
+// this process line by line, so the error a failed worker printed can be
+// reported (/health, the 503 body, the log).
 // Used by `baton run --workers K`, `serve --workers K`, `logits --workers K`.
 #pragma once
 
@@ -50,8 +51,8 @@ class LocalCluster {
   // "worker-0", ... in stage order of registration names.
   static std::string worker_name(int i);
 
-  // "" while every worker runs, else which one exited, how, and its last
-  // error line (reaps it).
+  // "" while every worker runs, else which one exited, how, and the error
+  // it printed, if any (reaps it).
   std::string exited_worker();
   // From now on a worker that exits is started again, so the cluster can
   // heal its route; stopped by the destructor. The pause before a restart
@@ -84,6 +85,7 @@ class LocalCluster {
   std::string reap(size_t i, bool block);  // with mu_ held: "" when still running
   std::string last_error(size_t i);        // waits briefly for the relay to drain
   void relay(int fd, Relay* r);
+  void remember_error(size_t worker, const std::string& line);  // keeps "baton worker: ..." lines
   void join_finished_relays();
   // A worker's link closed: the process is of no use any more (stalled,
   // deadlocked), so it is killed and, when restarts are on, replaced.
@@ -101,7 +103,7 @@ class LocalCluster {
   std::thread supervisor_;
   std::mutex err_mu_;
   std::condition_variable err_cv_;
-  std::vector<std::string> last_line_;  // per worker, its last stderr line
+  std::vector<std::string> last_line_;  // per worker, its last error line ("baton worker: ...")
   std::vector<std::unique_ptr<Relay>> relays_;
 };
 
