@@ -330,7 +330,9 @@ void Connection::Impl::close_now(std::error_code ec, const std::string& reason) 
   closed_ec = ec;
   closed_reason = reason;
   const bool quiet = ec == Errc::closed_locally || ec == Errc::peer_closed;
-  log(quiet ? LogLevel::info : LogLevel::warn, describe() + ": closed: " + reason);
+  // Displaced handshakes come in floods: the Listener logs a count instead.
+  log(ec == Errc::too_many_handshakes ? LogLevel::debug : quiet ? LogLevel::info : LogLevel::warn,
+      describe() + ": closed: " + reason);
 
   boost::system::error_code ignore;
   handshake_timer.cancel();

@@ -255,6 +255,8 @@ struct Listener::Impl : std::enable_shared_from_this<Listener::Impl> {
     std::chrono::steady_clock::time_point since;
   };
   std::deque<Waiting> waiting;
+  uint64_t displaced = 0;  // since the last report (at most one a second)
+  std::chrono::steady_clock::time_point last_report{};
   std::atomic<bool> closed{false};
   // Held while a handler runs and while close() sets `closed`, so close()
   // returns only when no handler is running. Recursive: a handler may close.
@@ -316,6 +318,14 @@ void Listener::Impl::make_room() {
   std::shared_ptr<Connection::Impl> c = victim->conn.lock();
   waiting.erase(victim);
   if (!c) return;
+  ++displaced;
+  if (now - last_report >= std::chrono::seconds(1)) {
+    log(LogLevel::warn, "listener on port " + std::to_string(port) + ": " + std::to_string(displaced) +
+                            " unauthenticated connection(s) displaced by newer ones since the last report (all " +
+                            std::to_string(cfg.max_pending_handshakes) + " handshake slots were taken)");
+    displaced = 0;
+    last_report = now;
+  }
   asio::post(c->strand, [c, max = cfg.max_pending_handshakes] {
     if (c->state == LinkState::closed || c->handshake_stage.load() == HandshakeStage::over) return;
     c->close_now(Errc::too_many_handshakes,
