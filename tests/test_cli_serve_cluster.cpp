@@ -198,7 +198,11 @@ TEST(ServeCluster, AWorkerThatCannotLoadBacksOffAndHealthSaysWhy) {
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_NE(r.body.find(cause), std::string::npos) << r.body;
   // Restarts 0.5 s, 1 s, 2 s apart... (the first after the kill).
-  std::this_thread::sleep_for(2s);
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (server.stderr_text().find("starting it again in 2.0 s") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(100ms);
+  }
   const std::string log = server.stderr_text();
   for (const char* delay : {"starting it again in 0.5 s", "starting it again in 1.0 s", "starting it again in 2.0 s"}) {
     EXPECT_NE(log.find(delay), std::string::npos) << delay << "\n" << log;
