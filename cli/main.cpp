@@ -11,6 +11,7 @@
 
 #include "coordinator/commands/commands.h"
 #include "engine/command_error.h"
+#include "engine/progress_line.h"
 #include "gguf_split/commands.h"
 #include "worker/commands.h"
 
@@ -50,6 +51,7 @@ void usage(FILE* to) {
 // failed comes before the error.
 int fail(const Command& c, std::string msg, const char* tail, int status) {
   std::fflush(stdout);
+  baton::end_progress_line();  // an error cuts a progress line short: start a new one
   std::replace(msg.begin(), msg.end(), '\n', ' ');
   std::fprintf(stderr, "baton %s: %s%s\n", c.name, msg.c_str(), tail);
   return status;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/temp_file.h"
 #include "kernels/quant.h"
 
 namespace baton {
@@ -173,16 +174,21 @@ class GgufWriter {
   // final_value() before the rename. Numeric scalar types only; the final value
   // must have the placeholder's type.
   void set_deferred(std::string key, GgufValue placeholder, std::function<GgufValue()> final_value);
-  // Throws std::runtime_error on I/O failure; writes to path + ".tmp" and renames.
+  // Throws std::runtime_error on I/O failure; writes to a temporary name
+  // beside path (engine/temp_file.h) and renames it when complete.
   // Alignment: general.alignment when set (a u32 power of two), else 32.
   void write(const std::string& path) const;
   // Same header, but the data section is left a sparse hole of its full size
   // (reads as zeros) and no fill is called: a file for tools that read only
   // the header (planning tests), made in milliseconds whatever its size.
   void write_sparse(const std::string& path) const;
+  // write() without the rename: the complete, synced file under its
+  // temporary name, for a caller that renames several files together (or
+  // none, when one fails: destroying the TempFile removes it).
+  TempFile write_uncommitted(const std::string& path) const;
 
  private:
-  void write_file(const std::string& path, bool sparse) const;
+  TempFile write_file(const std::string& path, bool sparse) const;
   struct Pending {
     std::string name;
     DType type;

@@ -1,6 +1,7 @@
 // GGUF v3 writer. Everything is validated before the file is created; the
-// file is written to path + ".tmp" and renamed into place only when complete,
-// so a reader never sees a half-written model.
+// file is written under a temporary name beside the target (TempFile) and
+// renamed into place only when complete, so a reader never sees a
+// half-written model.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -275,16 +276,18 @@ uint64_t GgufWriter::alignment() const {
   return kDefaultAlignment;
 }
 
-void GgufWriter::write(const std::string& path) const { write_file(path, false); }
+void GgufWriter::write(const std::string& path) const { write_file(path, false).commit(); }
 
-void GgufWriter::write_sparse(const std::string& path) const { write_file(path, true); }
+void GgufWriter::write_sparse(const std::string& path) const { write_file(path, true).commit(); }
 
-void GgufWriter::write_file(const std::string& path, bool sparse) const {
+TempFile GgufWriter::write_uncommitted(const std::string& path) const { return write_file(path, false); }
+
+TempFile GgufWriter::write_file(const std::string& path, bool sparse) const {
   const uint64_t align = alignment();
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + tmp);
-  try {
+  TempFile file(path);  // removed again if anything below throws
+  const int fd = file.fd();
+  const std::string& tmp = file.path();
+  {
     FileOut out(fd, tmp);
     out.put("GGUF", 4);
     out.scalar<uint32_t>(kVersion);
@@ -370,20 +373,9 @@ void GgufWriter::write_file(const std::string& path, bool sparse) const {
         throw std::system_error(errno, std::generic_category(), "cannot patch " + *p.key + " in " + tmp);
       }
     }
-    if (::fsync(fd) != 0) throw std::system_error(errno, std::generic_category(), "cannot sync " + tmp);
-    if (::close(fd) != 0) {
-      fd = -1;
-      throw std::system_error(errno, std::generic_category(), "cannot close " + tmp);
-    }
-    fd = -1;
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      throw std::system_error(errno, std::generic_category(), "cannot rename " + tmp + " to " + path);
-    }
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
   }
+  file.finish();
+  return file;
 }
 
 }  // namespace baton

@@ -78,7 +78,7 @@ struct SynthResult {
   int64_t n_vocab = 0;
 };
 
-// Writes the model as GGUF v3 (through path + ".tmp", renamed when complete).
+// Writes the model as GGUF v3 (through a temporary name beside path, renamed when complete).
 // Throws std::invalid_argument for an unknown shape, type or arch mismatch.
 // Memory stays bounded by a few MiB per thread whatever the model size.
 SynthResult write_synth_model(const std::string& path, const SynthOptions& options);

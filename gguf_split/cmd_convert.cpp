@@ -19,6 +19,7 @@
 #include "gguf_split/convert_llama.h"
 #include "gguf_split/progress_throttle.h"
 #include "engine/command_line.h"
+#include "engine/progress_line.h"
 
 namespace baton {
 namespace {
@@ -30,26 +31,18 @@ using Clock = std::chrono::steady_clock;
 class Progress {
  public:
   explicit Progress(bool quiet) : throttle_(quiet) {}
-  // A conversion that throws unwinds through here before cli/ prints the error.
-  ~Progress() { end_line(); }
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
   void operator()(uint64_t done, uint64_t total) {
     if (!throttle_.due(Clock::now(), done, total)) return;
     std::fprintf(stderr, "\rconverted %.2f of %.2f GiB (%3.0f%%)   ", gib(done), gib(total), percent(done, total));
-    mid_line_ = done < total;
-    if (!mid_line_) std::fputc('\n', stderr);
+    if (done >= total) std::fputc('\n', stderr);
+    set_progress_line_open(done < total);  // cli/ ends it before an error
     std::fflush(stderr);
-  }
-  // Ends a progress line cut short, so that an error starts on its own line.
-  void end_line() {
-    if (mid_line_) std::fputc('\n', stderr);
-    mid_line_ = false;
   }
 
  private:
   ProgressThrottle throttle_;
-  bool mid_line_ = false;
 };
 
 // config.json's model_type; "" when unreadable (the converter then says why).
@@ -85,7 +78,7 @@ int cmd_convert(int argc, char** argv) {
   opts.add_options()
       ("help,h", "show this help")
       ("from", po::value(&from), "checkpoint folder")
-      ("output,o", po::value(&out), "GGUF file to write (through FILE.tmp, renamed when complete)")
+      ("output,o", po::value(&out), "GGUF file to write (through a temporary name beside it, renamed when complete)")
       ("type", po::value(&type), "matrix type: auto (keep each tensor's f32/f16/bf16) | f32 | f16 | bf16 | q8_0 | "
                                   "q4_0 | q4_k | q5_k | q6_k | q2_k; norms and biases stay f32; deepseek_v4: a "
                                   "quantized type goes to the roles the published files quantize, F16 to the rest")
@@ -124,7 +117,7 @@ int cmd_convert(int argc, char** argv) {
   Progress progress(vm->count("quiet") > 0);
   o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
   o.note = [&](const std::string& s) {
-    progress.end_line();
+    end_progress_line();
     std::fprintf(stderr, "note: %s\n", s.c_str());
   };
   const auto t0 = Clock::now();

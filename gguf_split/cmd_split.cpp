@@ -9,6 +9,7 @@
 #include "gguf_split/commands.h"
 #include "gguf_split/split.h"
 #include "engine/command_line.h"
+#include "engine/progress_line.h"
 
 namespace po = boost::program_options;
 
@@ -43,6 +44,7 @@ Progress progress_printer(const char* verb) {
     std::fprintf(stderr, "\r%s %s of %s (%.2f GB/s, ETA %.0f s)   ", verb, human_bytes(done).c_str(),
                  human_bytes(total).c_str(), rate / 1e9, eta);
     if (done == total) std::fputc('\n', stderr);
+    set_progress_line_open(done != total);
   };
 }
 
@@ -55,8 +57,9 @@ int cmd_split(int argc, char** argv) {
       "that stage's tensors, and baton.split.* keys (layer range, part index and\n"
       "count, source tensor-table hash, tensor-data checksum). MODEL may be a\n"
       "llama.cpp shard set (give any shard). Tensors are copied in 4 MiB pieces, so\n"
-      "memory stays bounded whatever the model size; each part is written under a\n"
-      "temporary name and renamed only when complete.\n\noptions");
+      "memory stays bounded whatever the model size. All parts or none: each is\n"
+      "written under a temporary name and all are renamed once every one is\n"
+      "complete; the free space is checked first.\n\noptions");
   std::string model, layers, out_dir;
   opts.add_options()("help,h", "show this help")
       ("layers", po::value(&layers), "ranges FIRST:LAST,... covering every layer in order; LAST may be "

@@ -10,6 +10,7 @@
 #include "gguf_split/commands.h"
 #include "gguf_split/progress_throttle.h"
 #include "engine/command_line.h"
+#include "engine/progress_line.h"
 #include "engine/synth.h"
 
 namespace baton {
@@ -49,6 +50,7 @@ class Progress {
     std::fprintf(stderr, "\rwritten %.2f of %.2f GiB (%3.0f%%), %.2f GB/s, ETA %.0f s   ", gib(done), gib(total),
                  percent(done, total), rate / 1e9, eta);
     if (done == total) std::fputc('\n', stderr);
+    set_progress_line_open(done != total);
     std::fflush(stderr);
   }
 
@@ -77,7 +79,7 @@ int cmd_synth(int argc, char** argv) {
       ("type", po::value(&type), "llama: f32|f16|q8_0|q4_k (matrices; norms stay f32); deepseek4: q2 (IQ2_XXS "
                                  "gate/up, Q2_K down experts) | q4 (Q4_K experts); other tensors as published: "
                                  "Q8_0 attention/shared/output, F16 embedding/HC/compressor/indexer")
-      ("output,o", po::value(&out), "file to write (through FILE.tmp, renamed when complete)")
+      ("output,o", po::value(&out), "file to write (through a temporary name beside it, renamed when complete)")
       ("seed", po::value(&seed), "random seed (default 0x5eed = 24301)")
       ("data", po::value(&data), "random: every tensor its own random data; alias: tensors of one name "
                                  "pattern, type and shape share one repeated random tile (written at disk "

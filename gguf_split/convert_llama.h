@@ -24,7 +24,7 @@ namespace baton {
 
 struct ConvertOptions {
   std::string from_dir;            // config.json + model.safetensors[.index.json]
-  std::string out;                 // GGUF file (written through out + ".tmp")
+  std::string out;                 // GGUF file (written through a temporary name beside it)
   std::optional<DType> type;       // matrices; nullopt = keep each tensor's dtype
   std::function<void(uint64_t, uint64_t)> progress;  // tensor bytes written, total
   std::function<void(const std::string&)> note;      // one-line remarks (fallbacks, vocabulary)

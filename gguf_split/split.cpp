@@ -1,5 +1,9 @@
 #include "gguf_split/split.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <map>
@@ -15,6 +19,9 @@ constexpr std::string_view kSplitPrefix = "baton.split.";
 constexpr std::string_view kSourceIndex = "baton.split.source_index";
 // llama.cpp shard keys: a part or a merged file is a whole file, not a shard.
 constexpr std::string_view kShardPrefix = "split.";
+// A part's header is the source's metadata plus the baton.split.* keys and
+// its tensor table: the source's header and this much more bounds it.
+constexpr uint64_t kPartHeaderExtra = uint64_t(1) << 20;
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
@@ -127,12 +134,39 @@ SplitPlan plan_split(const ModelFiles& model, const std::vector<LayerRange>& ran
   return plan;
 }
 
+void check_free_space(const ModelFiles& model, const SplitPlan& plan) {
+  if (plan.parts.empty()) return;
+  const uint64_t header = model.meta().data_offset() + kPartHeaderExtra;
+  uint64_t need = 0;
+  for (const SplitPart& p : plan.parts) need += p.tensor_bytes + header;
+  // A sparse source (a synthetic model) splits into sparse parts: its holes
+  // cost no space, so it needs at most what it occupies itself.
+  uint64_t occupied = 0;
+  for (const GgufFile& f : model.files()) {
+    struct stat st {};
+    if (::stat(f.path().c_str(), &st) != 0) return;
+    occupied += uint64_t(st.st_blocks) * 512;
+  }
+  need = std::min(need, occupied + header * plan.parts.size());
+  const uint64_t free = free_bytes_at(plan.parts.front().path);
+  if (free < need) {
+    throw std::runtime_error("not enough free space for the parts in " +
+                             std::filesystem::path(plan.parts.front().path).parent_path().string() + ": they need " +
+                             std::to_string(need >> 20) + " MiB, " + std::to_string(free >> 20) + " MiB are free");
+  }
+}
+
 void write_split(const ModelFiles& model, const SplitPlan& plan, const Progress& progress) {
+  check_free_space(model, plan);
   uint64_t total = 0, done = 0;
   for (const SplitPart& p : plan.parts) total += p.tensor_bytes;
   std::map<const GgufTensorInfo*, uint32_t> source_index;
   for (size_t i = 0; i < model.tensors().size(); ++i) source_index[model.tensors()[i].info] = uint32_t(i);
 
+  // Every part is written under a temporary name and renamed only once all
+  // are complete: a failure (a full disk) leaves no part, never a partial set
+  // (the TempFiles remove themselves as this unwinds).
+  std::vector<TempFile> written;
   for (const SplitPart& p : plan.parts) {
     GgufWriter w;
     for (const auto& [key, value] : model.meta().metadata()) {
@@ -162,12 +196,20 @@ void write_split(const ModelFiles& model, const SplitPlan& plan, const Progress&
     w.set_deferred(split_keys::kDataChecksum, GgufValue::of_u64(0),
                    [hash] { return GgufValue::of_u64(XXH3_64bits_digest(hash)); });
     try {
-      w.write(p.path);
+      written.push_back(w.write_uncommitted(p.path));
     } catch (...) {
       XXH3_freeState(hash);
       throw;
     }
     XXH3_freeState(hash);
+  }
+  for (size_t i = 0; i < written.size(); ++i) {
+    try {
+      written[i].commit();
+    } catch (...) {
+      for (size_t k = 0; k < i; ++k) ::unlink(written[k].target().c_str());
+      throw;
+    }
   }
 }
 

@@ -45,7 +45,12 @@ SplitPlan plan_split(const ModelFiles& model, const std::vector<LayerRange>& ran
 // Progress: bytes copied so far, total bytes.
 using Progress = std::function<void(uint64_t done, uint64_t total)>;
 
-// Writes every part (each through a temporary name, renamed when complete).
+// Throws when the parts' folder has less free space than they need (a sparse
+// source counts what it occupies), with both figures in the message.
+void check_free_space(const ModelFiles& model, const SplitPlan& plan);
+
+// Writes every part, or none: each goes to a temporary name and all are
+// renamed once every one is complete (checks the free space first).
 // Memory: one copy chunk plus metadata, whatever the model size.
 void write_split(const ModelFiles& model, const SplitPlan& plan, const Progress& progress);
 

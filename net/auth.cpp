@@ -35,8 +35,12 @@ Secret load_secret_file(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) {
     throw std::runtime_error("secret file " + path + ": " + std::strerror(errno));
   }
-  if (!S_ISREG(st.st_mode)) throw std::runtime_error("secret file " + path + " is not a regular file");
-  if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+  // A pipe (/dev/fd/N) is how a local cluster hands its workers the secret
+  // without writing it anywhere.
+  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+    throw std::runtime_error("secret file " + path + " is not a regular file or a pipe");
+  }
+  if (S_ISREG(st.st_mode) && (st.st_mode & (S_IRWXG | S_IRWXO))) {
     log(LogLevel::warn, "secret file " + path + " is accessible by group or others (chmod 600 it)");
   }
   std::ifstream in(path, std::ios::binary);

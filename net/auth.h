@@ -32,7 +32,7 @@ class Secret {
   std::vector<uint8_t> bytes_;
 };
 
-// Reads the secret file. Trailing whitespace is dropped (so `openssl rand -hex
+// Reads the secret file (or a pipe, e.g. /dev/fd/3). Trailing whitespace is dropped (so `openssl rand -hex
 // 32 > file` works). Throws std::runtime_error when the file is missing,
 // unreadable or empty; logs a warning when group or others may read it, and
 // when it holds fewer than 16 bytes.

@@ -330,7 +330,9 @@ void Connection::Impl::close_now(std::error_code ec, const std::string& reason) 
   closed_ec = ec;
   closed_reason = reason;
   const bool quiet = ec == Errc::closed_locally || ec == Errc::peer_closed;
-  log(quiet ? LogLevel::info : LogLevel::warn, describe() + ": closed: " + reason);
+  // Displaced handshakes come in floods: the Listener logs a count instead.
+  log(ec == Errc::too_many_handshakes ? LogLevel::debug : quiet ? LogLevel::info : LogLevel::warn,
+      describe() + ": closed: " + reason);
 
   boost::system::error_code ignore;
   handshake_timer.cancel();
@@ -343,6 +345,7 @@ void Connection::Impl::close_now(std::error_code ec, const std::string& reason) 
     queue.clear();
     queued.store(0, std::memory_order_relaxed);
   }
+  handshake_stage.store(HandshakeStage::over);
   // Drop the handlers after calling them: they often hold the Connection.
   HandshakeHandler d = std::move(done);
   CloseHandler c = std::move(close_handler);

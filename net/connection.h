@@ -50,7 +50,9 @@ struct LinkConfig {
   std::chrono::milliseconds peer_timeout{2000};           // close when nothing arrives for this long
   std::chrono::milliseconds handshake_timeout{5000};      // connect + authenticate, or close
   uint64_t max_send_queue_bytes = uint64_t(256) << 20;    // close rather than grow past this
-  uint32_t max_pending_handshakes = 64;                   // Listener: unauthenticated sockets at once
+  // Listener: unauthenticated sockets at once; a newcomer to a full table
+  // displaces the oldest silent one (else the oldest unproven one).
+  uint32_t max_pending_handshakes = 64;
 };
 
 struct LinkStats {
@@ -127,7 +129,9 @@ void connect(boost::asio::io_context& io, const std::string& host, uint16_t port
 // port()), challenges every client and hands authenticated connections to
 // on_accept. Failed handshakes are logged and reported to on_reject (may be
 // empty); a silent client is dropped after handshake_timeout and at most
-// max_pending_handshakes sockets are in the handshake at once.
+// max_pending_handshakes sockets are in the handshake at once: a new socket
+// always gets a slot, taking that of the oldest which has sent nothing (or,
+// when every one has spoken, of the oldest that has not proved the secret).
 class Listener {
  public:
   using AcceptHandler = std::function<void(std::shared_ptr<Connection>)>;

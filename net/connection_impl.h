@@ -29,6 +29,13 @@ namespace baton::net {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
+// How far a server-side handshake got, read by the Listener from its strand.
+enum class HandshakeStage : uint8_t {
+  silent,  // nothing received yet
+  spoke,   // HELLO received, proof not yet
+  over,    // authenticated, or closed
+};
+
 enum class LinkState {
   client_connecting,  // resolving / connecting
   client_await_challenge,
@@ -119,6 +126,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
 
   // Read from any thread.
   std::atomic<bool> open_flag{false};
+  std::atomic<HandshakeStage> handshake_stage{HandshakeStage::silent};
   std::atomic<uint64_t> queued{0};
   std::atomic<uint64_t> frames_in{0}, frames_out{0}, bytes_in{0}, bytes_out{0};
   std::atomic<int64_t> last_rtt_us{-1};

@@ -21,6 +21,8 @@
 #include <boost/asio/post.hpp>
 // clang-format on
 
+#include <algorithm>
+#include <deque>
 #include <stdexcept>
 
 #include "net/log.h"
@@ -138,6 +140,7 @@ void Connection::Impl::start_server() {
 }
 
 void Connection::Impl::handle_hello(const Hello& h) {
+  handshake_stage.store(HandshakeStage::spoke);
   hello_payload = payload;  // the exact bytes the client's proof covers
   peer.role = h.role;
   peer.node_name = h.node_name;
@@ -191,6 +194,7 @@ void Connection::Impl::handle_handshake_error(const Error& e) {
 }
 
 void Connection::Impl::handshake_done() {
+  handshake_stage.store(HandshakeStage::over);
   handshake_timer.cancel();
   read_limit = cfg.max_payload;
   state = LinkState::authenticated;
@@ -229,6 +233,7 @@ struct Listener::Impl : std::enable_shared_from_this<Listener::Impl> {
       : io(io_), strand(asio::make_strand(io_)), acceptor(strand), retry_timer(strand), cfg(c) {}
 
   void accept_next();
+  void make_room();  // on the strand: evicts one waiting handshake when full
 
   asio::io_context& io;
   asio::strand<asio::io_context::executor_type> strand;
@@ -240,7 +245,18 @@ struct Listener::Impl : std::enable_shared_from_this<Listener::Impl> {
   AcceptHandler on_accept;
   RejectHandler on_reject;
   uint16_t port = 0;
-  std::atomic<uint32_t> pending{0};
+  // Server handshakes in progress, oldest first (on the strand). When a new
+  // socket finds it full, it takes the place of the oldest that has sent
+  // nothing (else the oldest that has not proved the secret): whoever holds
+  // the slots without the secret cannot keep a worker out, as refusing the
+  // newcomer would let them (docs/PROTOCOL.md, "Handshake").
+  struct Waiting {
+    std::weak_ptr<Connection::Impl> conn;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::deque<Waiting> waiting;
+  uint64_t displaced = 0;  // since the last report (at most one a second)
+  std::chrono::steady_clock::time_point last_report{};
   std::atomic<bool> closed{false};
   // Held while a handler runs and while close() sets `closed`, so close()
   // returns only when no handler is running. Recursive: a handler may close.
@@ -265,7 +281,6 @@ void Listener::Impl::accept_next() {
           return;
         }
         conn->done = [self](std::error_code e, const std::string& reason, std::shared_ptr<Connection> c) {
-          self->pending.fetch_sub(1);
           std::lock_guard lock(self->user_mu);
           if (self->closed.load()) return;  // c (if any) closes as it goes out of scope
           if (e) {
@@ -274,20 +289,48 @@ void Listener::Impl::accept_next() {
             self->on_accept(std::move(c));
           }
         };
-        self->pending.fetch_add(1);
-        if (self->pending.load() > self->cfg.max_pending_handshakes) {
-          asio::post(conn->strand, [conn, max = self->cfg.max_pending_handshakes] {
-            boost::system::error_code ignore;
-            const tcp::endpoint ep = conn->socket.remote_endpoint(ignore);
-            if (!ignore) conn->peer.address = endpoint_text(ep);
-            conn->close_now(Errc::too_many_handshakes,
-                            "refused: " + std::to_string(max) + " handshakes already in progress");
-          });
-        } else {
-          asio::post(conn->strand, [conn] { conn->start_server(); });
-        }
+        self->make_room();
+        self->waiting.push_back({conn, std::chrono::steady_clock::now()});
+        asio::post(conn->strand, [conn] { conn->start_server(); });
         self->accept_next();
       }));
+}
+
+void Listener::Impl::make_room() {
+  std::erase_if(waiting, [](const Waiting& w) {
+    auto c = w.conn.lock();
+    return !c || c->handshake_stage.load() == HandshakeStage::over;
+  });
+  if (waiting.size() < cfg.max_pending_handshakes) return;
+  // A newcomer gets a moment to say HELLO (a client sends it right after
+  // connecting) before it counts as silent; so does this one.
+  const auto grace = std::min<std::chrono::milliseconds>(cfg.handshake_timeout / 4, std::chrono::milliseconds(100));
+  const auto now = std::chrono::steady_clock::now();
+  auto pick = [&](auto pred) {
+    return std::find_if(waiting.begin(), waiting.end(), [&](const Waiting& w) {
+      auto c = w.conn.lock();
+      return c && pred(c->handshake_stage.load(), now - w.since);
+    });
+  };
+  auto victim = pick([&](HandshakeStage s, auto age) { return s == HandshakeStage::silent && age >= grace; });
+  if (victim == waiting.end()) victim = pick([](HandshakeStage s, auto) { return s == HandshakeStage::spoke; });
+  if (victim == waiting.end()) victim = waiting.begin();
+  std::shared_ptr<Connection::Impl> c = victim->conn.lock();
+  waiting.erase(victim);
+  if (!c) return;
+  ++displaced;
+  if (now - last_report >= std::chrono::seconds(1)) {
+    log(LogLevel::warn, "listener on port " + std::to_string(port) + ": " + std::to_string(displaced) +
+                            " unauthenticated connection(s) displaced by newer ones since the last report (all " +
+                            std::to_string(cfg.max_pending_handshakes) + " handshake slots were taken)");
+    displaced = 0;
+    last_report = now;
+  }
+  asio::post(c->strand, [c, max = cfg.max_pending_handshakes] {
+    if (c->state == LinkState::closed || c->handshake_stage.load() == HandshakeStage::over) return;
+    c->close_now(Errc::too_many_handshakes,
+                 "dropped: the oldest of " + std::to_string(max) + " unauthenticated connections, to make room");
+  });
 }
 
 Listener::Listener(asio::io_context& io, const std::string& bind_address, uint16_t port, LocalIdentity identity,

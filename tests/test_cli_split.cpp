@@ -143,7 +143,7 @@ TEST(Split, BadRangesAndBadPartsAreRefused) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp.file("m.gguf")));
-  EXPECT_FALSE(fs::exists(tmp.file("m.gguf.tmp")));
+  for (const std::string& f : files_in(tmp.path())) EXPECT_EQ(f.find(".tmp"), std::string::npos) << f << " is left";
 }
 
 // Regression (the split fuzz target's invariants): part keys are range
@@ -223,6 +223,50 @@ TEST(Split, ShardSetInputIsReadAsOneModel) {
   r = baton({"inspect", tmp.file("model-00002-of-00002.gguf")});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THROW(ModelFiles::open(tmp.file("model-00001-of-00002.gguf")), std::exception);
+}
+
+// Regression: the writers opened PATH.tmp with O_CREAT|O_TRUNC, so a link
+// planted at that name made split, synth and logits overwrite the link's
+// target, and the link was then renamed into place.
+TEST(Split, WritersNeverFollowALinkPlantedBesideTheirOutput) {
+  test::TempDir tmp;
+  const std::vector<uint8_t> keep = {'k', 'e', 'e', 'p'};
+  const std::string victim = tmp.file("victim");
+  test::write_file(victim, keep);
+  fs::create_directories(tmp.path() / "parts");
+  const std::vector<std::string> outs = {tmp.file("parts/stories260K-part1-of-2-layers-0-0.gguf"),
+                                         tmp.file("parts/stories260K-part2-of-2-layers-1-4.gguf"),
+                                         tmp.file("synth.gguf"), tmp.file("logits.npy")};
+  for (const std::string& o : outs) fs::create_symlink(victim, o + ".tmp");
+  CommandResult r = baton({"split", model_path("stories260K.gguf"), "--layers", "0:0,1:output", "-o", tmp.file("parts")});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = baton({"synth", "--shape", "llama-tiny", "--quiet", "-o", outs[2]});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = baton({"logits", "-m", model_path("stories260K.gguf"), "--tokens", "1,2", "-o", outs[3]});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::read_file(victim), keep);
+  for (const std::string& o : outs) {
+    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(o))) << o;
+    EXPECT_TRUE(fs::is_symlink(fs::symlink_status(o + ".tmp"))) << o << ".tmp was replaced";
+  }
+}
+
+// Regression: when part 2 failed (a full disk), part 1 stayed. All parts or
+// none; the error starts a line of its own after the progress line. The
+// file size limit stands in for the full disk: part 1 (318 KiB) fits under
+// 600 KiB (POSIX sh counts ulimit -f in 512-byte blocks), part 2 (852 KiB)
+// does not.
+TEST(Split, AFailedPartLeavesNoPartAndNoTemporaryFile) {
+  test::TempDir tmp;
+  fs::create_directories(tmp.path() / "parts");
+  const std::string cmd = "trap '' XFSZ; ulimit -f 1200; exec \"$0\" \"$@\"";
+  CommandResult r = test::run_command({"/bin/sh", "-c", cmd, test::baton_binary(), "split",
+                                       model_path("stories260K.gguf"), "--layers", "0:0,1:output", "-o",
+                                       tmp.file("parts")});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\nbaton split: "), std::string::npos) << "the error shares the progress line: " << r.err;
+  EXPECT_EQ(files_in(tmp.path() / "parts"), std::vector<std::string>{});
 }
 
 TEST(Split, ShardPathNaming) {

@@ -1,7 +1,10 @@
 #include "tests/test_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -121,6 +124,46 @@ Spawned spawn_piped(const std::vector<std::string>& argv, const std::string& std
 uint64_t test_seed() {
   if (const char* env = std::getenv("BATON_TEST_SEED")) return std::strtoull(env, nullptr, 10);
   return 20261129;
+}
+
+ConnectionFlood::ConnectionFlood(uint16_t port, size_t n, std::vector<uint8_t> first_bytes) {
+  thread_ = std::thread([this, port, n, bytes = std::move(first_bytes)] {
+    auto open_one = [&] {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(port);
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+          (!bytes.empty() && ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != ssize_t(bytes.size()))) {
+        ::close(fd);
+        return -1;
+      }
+      return fd;
+    };
+    std::vector<int> fds(n, -1);
+    for (int& fd : fds) fd = open_one();
+    while (!stop_.load()) {
+      for (int& fd : fds) {
+        uint8_t buf[512];
+        pollfd p{fd, POLLIN, 0};
+        // Still open: nothing to read, or what the server said (CHALLENGE).
+        if (fd >= 0 && (::poll(&p, 1, 0) <= 0 || ::recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0)) continue;
+        if (fd >= 0) ::close(fd);
+        fd = open_one();
+        reopened_.fetch_add(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  });
+}
+
+ConnectionFlood::~ConnectionFlood() {
+  stop_.store(true);
+  thread_.join();
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {

@@ -3,9 +3,11 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace baton::test {
@@ -55,6 +57,23 @@ Spawned spawn_piped(const std::vector<std::string>& argv, const std::string& std
 // A seed for randomised tests: $BATON_TEST_SEED when set, else a fixed value.
 // Tests print it (SCOPED_TRACE) so a failure can be replayed.
 uint64_t test_seed();
+
+// An attacker on a port: a thread holds `n` TCP connections to
+// 127.0.0.1:port open, sends `first_bytes` on each (empty: stays silent) and
+// reopens every one the server closes, until destroyed.
+class ConnectionFlood {
+ public:
+  ConnectionFlood(uint16_t port, size_t n, std::vector<uint8_t> first_bytes = {});
+  ~ConnectionFlood();
+  ConnectionFlood(const ConnectionFlood&) = delete;
+  ConnectionFlood& operator=(const ConnectionFlood&) = delete;
+  int reopened() const { return reopened_.load(); }  // connections the server closed
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> reopened_{0};
+  std::thread thread_;
+};
 
 std::vector<uint8_t> read_file(const std::string& path);
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes);

@@ -55,7 +55,7 @@ int cmd_worker(int argc, char** argv) {
       ("listen", po::value<std::string>(&opt.listen)->default_value(opt.listen),
        "HOST:PORT where the previous stage connects (port 0: any free port); HOST must be reachable by it")
       ("secret-file", po::value<std::string>(&opt.secret_file)->required(),
-       "file with the cluster's shared secret (chmod 600)")
+       "file with the cluster's shared secret (chmod 600), or a pipe such as /dev/fd/3")
       ("model,m", po::value<std::string>(&opt.model), "the full GGUF (default: the path the coordinator assigns)")
       ("backend", po::value<std::string>(&backend)->default_value("auto"),
        "auto (the GPU when one is usable, else the CPU; one log line says which), cpu, or cuda (refused "

@@ -111,6 +111,7 @@ struct Cluster::Member {
   bool ready = false;
   net::Ready ready_msg;
   uint64_t bytes_done = 0, bytes_total = 0;
+  Clock::time_point registered_at{};
   Clock::time_point assigned_at{};
   Clock::time_point last_progress_log{};
   bool healing = false;  // assigned to a vacant stage after the first assign
@@ -184,6 +185,7 @@ void Cluster::on_accept(std::shared_ptr<net::Connection> c) {
     m->conn = c;
     m->hello = c->peer().hello;
     m->address = c->peer().address;
+    m->registered_at = Clock::now();
     index = members_.size();
     members_.push_back(std::move(m));
   }
@@ -370,11 +372,17 @@ void Cluster::on_close(size_t index, const std::string& reason) {
   ClusterObserver* obs = nullptr;
   std::string broken;
   Sends sends;
+  std::string lost;
+  Clock::time_point lost_registered{};
   {
     std::lock_guard lock(mu_);
     Member& m = *members_[index];
     m.closed = true;
     obs = observer_;
+    if (!shutting_down_) {
+      lost = m.hello.node_name;
+      lost_registered = m.registered_at;
+    }
     if (!shutting_down_ && (m.stage >= 0 || !assigned_)) {
       const std::string why = describe(index) + " disconnected: " + reason;
       net::log(net::LogLevel::error, why);
@@ -392,7 +400,21 @@ void Cluster::on_close(size_t index, const std::string& reason) {
   }
   send_all(sends);
   cv_.notify_all();
+  if (!lost.empty() && opt_.on_worker_lost) opt_.on_worker_lost(lost, lost_registered);
   if (obs && !broken.empty()) obs->on_route_broken(broken);
+}
+
+void Cluster::report_worker_failure(const std::string& why) {
+  ClusterObserver* obs = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (!assigned_ || shutting_down_ || failure_.empty()) return;
+    failure_ = why;
+    obs = observer_;
+  }
+  net::log(net::LogLevel::error, why);
+  cv_.notify_all();
+  if (obs) obs->on_route_broken(why);
 }
 
 void Cluster::throw_if_failed() const {

@@ -53,6 +53,11 @@ struct ClusterOptions {
   // How activations cross each stage link (--link): auto uses NCCL where both
   // workers can (net/link_choice.h); nccl refuses to start when a link cannot.
   net::LinkMode link_mode = net::LinkMode::automatic;
+  // Called when a registered worker's link closes outside shutdown (it
+  // exited, or stalled past the heartbeat timeout): its name and when it
+  // registered. On the io thread, without the cluster's lock; must not block.
+  // LocalCluster kills the process so that it can be replaced.
+  std::function<void(const std::string& name, std::chrono::steady_clock::time_point registered)> on_worker_lost;
 };
 
 // One stage of the pipeline: a contiguous layer range.
@@ -159,6 +164,12 @@ class Cluster {
 
   // "" while every stage has a loaded worker, else why not.
   std::string route_problem() const;
+
+  // What the process supervising local workers knows of a failure (a worker
+  // exited with an error: its last error line). While the route is broken
+  // this becomes the route's problem, replacing the bare "disconnected"
+  // text, and the observer hears it as on_route_broken. Ignored otherwise.
+  void report_worker_failure(const std::string& why);
 
   // Sends SHUTDOWN to every worker and closes the links (idempotent).
   void shutdown(const std::string& reason);

@@ -4,16 +4,15 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
-#include <thread>
+#include <utility>
 
 #include "net/auth.h"
 
@@ -34,22 +33,34 @@ std::string hex(const net::Nonce& bytes) {
   return s;
 }
 
-// The secret file is created 0600 with O_EXCL inside a 0700 folder of our
-// own, so no other user can read it or swap it.
-void write_secret(const std::string& path) {
-  const std::string text = hex(net::random_nonce()) + "\n";
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create the cluster secret file");
-  const bool ok = ::write(fd, text.data(), text.size()) == ssize_t(text.size());
-  ::close(fd);
-  if (!ok) throw std::runtime_error("cannot write the cluster secret file");
-}
-
 std::string self_executable() {
   std::error_code ec;
   fs::path p = fs::read_symlink("/proc/self/exe", ec);
   if (ec) throw std::runtime_error("cannot find this program's path to start workers");
   return p.string();
+}
+
+struct Pipe {
+  int r = -1, w = -1;
+  Pipe() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "cannot make a pipe");
+    r = fds[0];
+    w = fds[1];
+  }
+  ~Pipe() {
+    if (r >= 0) ::close(r);
+    if (w >= 0) ::close(w);
+  }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+  int take_r() { return std::exchange(r, -1); }
+};
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f s", double(ms.count()) / 1000.0);
+  return b;
 }
 
 }  // namespace
@@ -61,27 +72,29 @@ LocalCluster::LocalCluster(LocalClusterOptions opt) : opt_(std::move(opt)) {
   if (!opt_.worker_models.empty() && int(opt_.worker_models.size()) != opt_.n_workers) {
     throw std::invalid_argument("one model file per worker is needed");
   }
-  std::string tmpl = (fs::temp_directory_path() / "baton-cluster-XXXXXX").string();
-  if (!mkdtemp(tmpl.data())) throw std::system_error(errno, std::generic_category(), "cannot create a temporary folder");
-  dir_ = tmpl;  // mkdtemp makes it 0700
+  secret_text_ = hex(net::random_nonce());
+  opt_.cluster.on_worker_lost = [this](const std::string& name, Clock::time_point registered) {
+    on_worker_lost(name, registered);
+  };
   try {
-    secret_path_ = dir_ + "/cluster.secret";
-    write_secret(secret_path_);
-    cluster_ = std::make_unique<Cluster>(net::load_secret_file(secret_path_), opt_.cluster);
+    cluster_ = std::make_unique<Cluster>(net::Secret({secret_text_.begin(), secret_text_.end()}), opt_.cluster);
     binary_ = opt_.binary.empty() ? self_executable() : opt_.binary;
     {
       std::lock_guard lock(mu_);
-      pids_.assign(size_t(opt_.n_workers), -1);
-      reaped_.assign(size_t(opt_.n_workers), true);
-      for (size_t i = 0; i < pids_.size(); ++i) spawn(i);
+      procs_.assign(size_t(opt_.n_workers), Proc{});
+      {
+        std::lock_guard elock(err_mu_);
+        last_line_.assign(size_t(opt_.n_workers), "");
+      }
+      for (size_t i = 0; i < procs_.size(); ++i) spawn(i);
     }
     if (opt_.wait_for_registration) cluster_->wait_for_workers(opt_.n_workers, [this] { return exited_worker(); });
   } catch (...) {
     if (cluster_) cluster_->shutdown("start-up failed");
     stop_workers();
     cluster_.reset();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
+    join_finished_relays();
+    std::fill(secret_text_.begin(), secret_text_.end(), '\0');
     throw;
   }
 }
@@ -96,8 +109,8 @@ LocalCluster::~LocalCluster() {
   if (cluster_) cluster_->shutdown("run finished");
   stop_workers();
   cluster_.reset();
-  std::error_code ec;
-  fs::remove_all(dir_, ec);
+  join_finished_relays();  // every worker is gone: each relay has seen its end
+  std::fill(secret_text_.begin(), secret_text_.end(), '\0');
 }
 
 void LocalCluster::spawn(size_t i) {
@@ -110,7 +123,7 @@ void LocalCluster::spawn(size_t i) {
                                    "--listen",
                                    opt_.cluster.bind_host + ":0",
                                    "--secret-file",
-                                   secret_path_,
+                                   "/dev/fd/3",
                                    "--model",
                                    model,
                                    "--name",
@@ -136,73 +149,214 @@ void LocalCluster::spawn(size_t i) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  join_finished_relays();
+  // The secret waits in the pipe (65 bytes: far below its buffer) for the
+  // worker to read; the write end is closed before the fork.
+  Pipe secret;
+  const std::string line = secret_text_ + "\n";
+  if (::write(secret.w, line.data(), line.size()) != ssize_t(line.size())) {
+    throw std::system_error(errno, std::generic_category(), "cannot hand the secret to a worker");
+  }
+  ::close(std::exchange(secret.w, -1));
+  Pipe err;
+  const long open_max = std::max(1024L, ::sysconf(_SC_OPEN_MAX));
   const pid_t pid = fork();
   if (pid < 0) throw std::system_error(errno, std::generic_category(), "cannot start a worker");
   if (pid == 0) {
-    // Workers write nothing to stdout; keep the run's output clean.
+    // Only async-signal-safe calls until exec. Workers write nothing to
+    // stdout; keep the run's output clean.
     int devnull = ::open("/dev/null", O_WRONLY);
-    if (devnull >= 0) dup2(devnull, 1);
-    execv(argv[0], argv.data());
+    if (devnull >= 0) ::dup2(devnull, 1);
+    ::dup2(err.w, 2);
+    if (secret.r == 3) {
+      ::fcntl(3, F_SETFD, 0);
+    } else {
+      ::dup2(secret.r, 3);
+    }
+    // Nothing else of ours reaches the worker: not the listening sockets,
+    // the clients' connections, nor the other workers' links and pipes.
+    if (::close_range(4, ~0U, 0) != 0) {
+      for (long fd = 4; fd < open_max; ++fd) ::close(int(fd));
+    }
+    ::execv(argv[0], argv.data());
     _exit(127);
   }
-  pids_[i] = pid;
-  reaped_[i] = false;
+  procs_[i].pid = pid;
+  procs_[i].reaped = false;
+  procs_[i].started = Clock::now();
+  procs_[i].restart_pending = false;
+  {
+    std::lock_guard elock(err_mu_);
+    last_line_[i].clear();
+    auto r = std::make_unique<Relay>();
+    r->worker = i;
+    Relay* raw = r.get();
+    const int fd = err.take_r();
+    raw->thread = std::thread([this, fd, raw] { relay(fd, raw); });
+    relays_.push_back(std::move(r));
+  }
   std::fprintf(stderr, "baton: started %s (pid %d)\n", worker_name(int(i)).c_str(), int(pid));
 }
 
+void LocalCluster::relay(int fd, Relay* r) {
+  std::string pending;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    pending.append(buf, size_t(n));
+    size_t nl = 0;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      const std::string line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      std::fprintf(stderr, "%s\n", line.c_str());
+      remember_error(r->worker, line);
+    }
+  }
+  ::close(fd);
+  if (!pending.empty()) std::fprintf(stderr, "%s\n", pending.c_str());
+  remember_error(r->worker, pending);
+  {
+    std::lock_guard lock(err_mu_);
+    r->done = true;
+  }
+  err_cv_.notify_all();
+}
+
+void LocalCluster::remember_error(size_t worker, const std::string& line) {
+  // The line cli/ prints when a command fails; after a '\r' progress line
+  // it may follow the progress text on the same line.
+  static const std::string kPrefix = "baton worker: ";
+  const size_t at = line.rfind(kPrefix);
+  if (at == std::string::npos || (at != 0 && line[at - 1] != '\r' && line[at - 1] != ' ')) return;
+  std::lock_guard lock(err_mu_);
+  last_line_[worker] = line.substr(at);
+}
+
+void LocalCluster::join_finished_relays() {
+  std::vector<std::unique_ptr<Relay>> finished;
+  {
+    std::lock_guard lock(err_mu_);
+    auto it = std::stable_partition(relays_.begin(), relays_.end(), [](const auto& r) { return !r->done; });
+    std::move(it, relays_.end(), std::back_inserter(finished));
+    relays_.erase(it, relays_.end());
+  }
+  for (auto& r : finished) r->thread.join();
+  if (stopping_ || !cluster_) {
+    // Destruction: every worker has been reaped, so every relay ends.
+    std::vector<std::unique_ptr<Relay>> rest;
+    {
+      std::lock_guard lock(err_mu_);
+      rest = std::move(relays_);
+      relays_.clear();
+    }
+    for (auto& r : rest) r->thread.join();
+  }
+}
+
+std::string LocalCluster::last_error(size_t i) {
+  std::unique_lock lock(err_mu_);
+  // The process is gone; its last bytes may still be on their way through
+  // the relay.
+  err_cv_.wait_for(lock, 500ms, [&] {
+    return std::none_of(relays_.begin(), relays_.end(), [&](const auto& r) { return r->worker == i && !r->done; });
+  });
+  return last_line_[i];
+}
+
 std::string LocalCluster::reap(size_t i, bool block) {
-  if (reaped_[i]) return "";
+  Proc& p = procs_[i];
+  if (p.reaped) return "";
   int status = 0;
-  if (waitpid(pids_[i], &status, block ? 0 : WNOHANG) != pids_[i]) return "";
-  reaped_[i] = true;
-  const std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
-                                            : "was killed by signal " + std::to_string(WTERMSIG(status));
-  return worker_name(int(i)) + " (pid " + std::to_string(pids_[i]) + ") " + how;
+  if (waitpid(p.pid, &status, block ? 0 : WNOHANG) != p.pid) return "";
+  p.reaped = true;
+  std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                      : "was killed by signal " + std::to_string(WTERMSIG(status));
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+    const std::string last = last_error(i);
+    if (!last.empty()) how += ": " + last;
+  }
+  return worker_name(int(i)) + " (pid " + std::to_string(p.pid) + ") " + how;
 }
 
 std::string LocalCluster::exited_worker() {
   std::lock_guard lock(mu_);
-  for (size_t i = 0; i < pids_.size(); ++i) {
+  for (size_t i = 0; i < procs_.size(); ++i) {
     std::string why = reap(i, false);
-    if (!why.empty()) return why + " before registering";
+    if (!why.empty()) return why + " (before registering)";
   }
   return "";
+}
+
+void LocalCluster::on_worker_lost(const std::string& name, Clock::time_point registered) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  for (size_t i = 0; i < procs_.size(); ++i) {
+    Proc& p = procs_[i];
+    // Only the process that made that link: a successor started after it
+    // registered is left alone.
+    if (worker_name(int(i)) != name || p.reaped || p.started > registered) continue;
+    std::fprintf(stderr, "baton: %s (pid %d) lost its link to the coordinator; stopping it\n", name.c_str(),
+                 int(p.pid));
+    ::kill(p.pid, SIGKILL);
+  }
+  cv_.notify_all();
 }
 
 void LocalCluster::restart_exited_workers() {
   std::lock_guard lock(mu_);
   if (supervisor_.joinable()) return;
-  supervisor_ = std::thread([this] {
-    std::unique_lock lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, 200ms);
-      for (size_t i = 0; i < pids_.size() && !stopping_; ++i) {
-        const std::string why = reap(i, false);
-        if (why.empty()) continue;
-        std::fprintf(stderr, "baton: %s; starting it again\n", why.c_str());
-        // A second's pause: a worker that cannot start does not spin.
-        cv_.wait_for(lock, 1s, [&] { return stopping_; });
-        if (stopping_) break;
+  supervisor_ = std::thread([this] { supervise(); });
+}
+
+void LocalCluster::supervise() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, 100ms);
+    if (stopping_) break;
+    // A worker that has loaded is healthy: its next failure starts the
+    // back-off over.
+    for (const WorkerStatus& w : cluster_->workers()) {
+      for (size_t i = 0; i < procs_.size(); ++i) {
+        if (w.state == "loaded" && w.name == worker_name(int(i))) procs_[i].failures = 0;
+      }
+    }
+    const auto now = Clock::now();
+    for (size_t i = 0; i < procs_.size() && !stopping_; ++i) {
+      Proc& p = procs_[i];
+      const std::string why = reap(i, false);
+      if (!why.empty()) {
+        const auto delay = std::min<std::chrono::milliseconds>(kMaxRestartDelay,
+                                                                kFirstRestartDelay * (1LL << std::min(p.failures, 16)));
+        ++p.failures;
+        p.restart_pending = true;
+        p.restart_at = now + delay;
+        std::fprintf(stderr, "baton: %s; starting it again in %s\n", why.c_str(), seconds_text(delay).c_str());
+        cluster_->report_worker_failure(why);
+      }
+      if (p.restart_pending && now >= p.restart_at) {
         try {
           spawn(i);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "baton: cannot restart %s: %s\n", worker_name(int(i)).c_str(), e.what());
+          p.restart_at = now + kMaxRestartDelay;
         }
       }
     }
-  });
+  }
 }
 
 void LocalCluster::stop_workers() {
   // Workers exit on SHUTDOWN or when the coordinator's link closes; give
   // them a moment, then make sure.
   std::lock_guard lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + 3s;
-  for (size_t i = 0; i < pids_.size(); ++i) {
-    while (!reaped_[i]) {
+  const auto deadline = Clock::now() + 3s;
+  for (size_t i = 0; i < procs_.size(); ++i) {
+    while (!procs_[i].reaped) {
       if (!reap(i, false).empty()) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        kill(pids_[i], SIGKILL);
+      if (Clock::now() >= deadline) {
+        kill(procs_[i].pid, SIGKILL);
         reap(i, true);
         break;
       }

@@ -20,7 +20,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <random>
@@ -35,6 +34,7 @@
 #include "engine/backend.h"
 #include "engine/command_error.h"
 #include "engine/command_line.h"
+#include "engine/temp_file.h"
 #include "engine/gguf.h"
 #include "engine/kv_cache.h"
 #include "engine/llama_family.h"
@@ -260,15 +260,16 @@ int bench(const BenchOptions& o) {
   }
   if (!o.load_csv.empty()) {
     const DeviceMemoryReport m = r.device_memory();
-    std::ofstream out(o.load_csv);
-    out << "model,backend,weights_bytes,load_seconds,load_gbps,direct_io,file_read_gbps,h2d_gbps,staging_bytes,"
-           "rss_before_bytes,rss_peak_bytes,rss_peak_reset,plan_device_bytes,device_allocated_bytes,"
+    std::string out = "model,backend,weights_bytes,load_seconds,load_gbps,direct_io,file_read_gbps,h2d_gbps,staging_bytes,"
+                    "rss_before_bytes,rss_peak_bytes,rss_peak_reset,plan_device_bytes,device_allocated_bytes,"
            "device_measured_bytes\n";
-    out << fmt::format("{},{},{},{:.3f},{:.3f},{},{:.3f},{:.3f},{},{},{},{},{},{},{}\n", o.model,
+    out += fmt::format("{},{},{},{:.3f},{:.3f},{},{:.3f},{:.3f},{},{},{},{},{},{},{}\n", o.model,
                        backend_name(o.backend), ls.bytes, ls.seconds, ls.gbps(), int(ls.direct_io), read_bps / 1e9,
                        ceil.h2d_bytes_per_s / 1e9, ls.staging_bytes, ls.rss_before, ls.rss_peak,
                        int(ls.rss_peak_reset), m.planned, m.allocated, m.measured);
-    if (!out) throw std::runtime_error("cannot write " + o.load_csv);
+    TempFile csv(o.load_csv);  // exclusive, beside the target, renamed when complete
+    csv.write(out.data(), out.size());
+    csv.commit();
   }
   if (o.load_only) return 0;
 

@@ -36,6 +36,7 @@
 #include "engine/command_error.h"
 #include "engine/command_line.h"
 #include "engine/gguf.h"
+#include "engine/temp_file.h"
 #include "engine/node_plan.h"
 
 namespace baton {
@@ -79,10 +80,6 @@ std::string npy_header(uint64_t rows, uint64_t cols) {
   h += char(dict.size() & 0xff);
   h += char(dict.size() >> 8);
   return h + dict;
-}
-
-void write_all(FILE* f, const void* p, size_t n, const std::string& path) {
-  if (std::fwrite(p, 1, n, f) != n) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
 }
 
 // In place, with the arithmetic of the sampler's token_logprobs (the
@@ -228,39 +225,26 @@ int cmd_logits(int argc, char** argv) {
   const bool lsm = workers > 0 || vm->count("log-softmax") > 0;
 
   const bool npy = out.size() >= 4 && out.compare(out.size() - 4, 4, ".npy") == 0;
-  const std::string tmp = out + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno));
+  // Created exclusively beside `out` and renamed when complete; removed if
+  // anything throws.
+  TempFile file(out);
   const size_t V = size_t(Arch::from_gguf(GgufFile::open(model))->dims().n_vocab);
   size_t n_rows = 0;
-  try {
-    if (npy) {
-      const std::string h = npy_header(ids.size(), V);
-      write_all(f, h.data(), h.size(), tmp);
-    }
-    const RowSink sink = [&](std::span<const float> row) {
-      if (row.size() != V) throw std::logic_error("a row of " + std::to_string(row.size()) + " values");
-      ++n_rows;
-      write_all(f, row.data(), row.size_bytes(), tmp);
-    };
-    if (workers > 0) {
-      pipeline_rows(model, ids, *backend, workers, n_threads, sink);
-    } else {
-      local_rows(model, ids, *backend, n_threads, batch, lsm, sink);
-    }
-    if (std::fclose(f) != 0) {
-      f = nullptr;
-      throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
-    }
-    f = nullptr;
-    if (std::rename(tmp.c_str(), out.c_str()) != 0) {
-      throw std::runtime_error("cannot rename " + tmp + " to " + out + ": " + std::strerror(errno));
-    }
-  } catch (...) {
-    if (f) std::fclose(f);
-    std::remove(tmp.c_str());
-    throw;
+  if (npy) {
+    const std::string h = npy_header(ids.size(), V);
+    file.write(h.data(), h.size());
   }
+  const RowSink sink = [&](std::span<const float> row) {
+    if (row.size() != V) throw std::logic_error("a row of " + std::to_string(row.size()) + " values");
+    ++n_rows;
+    file.write(row.data(), row.size_bytes());
+  };
+  if (workers > 0) {
+    pipeline_rows(model, ids, *backend, workers, n_threads, sink);
+  } else {
+    local_rows(model, ids, *backend, n_threads, batch, lsm, sink);
+  }
+  file.commit();
   const std::string where = workers > 0 ? ", " + std::to_string(workers) + " workers" : "";
   std::printf("wrote %s: %zu x %zu float32 %s (%s, %s backend%s)\n", out.c_str(), n_rows, V,
               lsm ? "log-probabilities" : "logits", npy ? "npy" : "raw", backend_name(*backend), where.c_str());

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <memory>
 
+#include "engine/progress_line.h"
+
 namespace baton {
 
 namespace {
@@ -22,6 +24,7 @@ std::function<void(const LoadProgress&)> stderr_load_progress(std::string what) 
     *last = now;
     std::fprintf(stderr, "\rloading %s: %s   ", what.c_str(), format_progress(p).c_str());
     if (p.done == p.total) std::fputc('\n', stderr);
+    set_progress_line_open(p.done != p.total);
     std::fflush(stderr);
   };
 }
