@@ -25,7 +25,9 @@ bool flag(const CallArgs& a, size_t i, const char* name) {
 size_t py_len(const Value& v) {
   switch (v.kind) {
     case Kind::String: return utf8_length(v.s);
-    case Kind::List: return v.list->size();
+    case Kind::List:
+      if (v.generator) type_error("object of type 'generator' has no len()");
+      return v.list->size();
     case Kind::Dict: return v.dict->items.size();
     case Kind::Undefined: return 0;
     default: type_error(fmt::format("object of type '{}' has no len()", kind_name(v)));
@@ -53,7 +55,6 @@ Value fold(const Value& v, bool case_sensitive) {
 }
 
 Value f_tojson(Renderer&, const Value& v, CallArgs& a) {
-  if (flag(a, 0, "ensure_ascii")) throw RenderError("tojson: ensure_ascii is not supported");
   const Value* ind = arg(a, 1, "indent");
   const int indent = ind && !ind->is_none() ? int(ind->i) : -1;
   std::string item_sep = indent >= 0 ? "," : ", ", key_sep = ": ";
@@ -62,12 +63,16 @@ Value f_tojson(Renderer&, const Value& v, CallArgs& a) {
     item_sep = to_str((*sep->list)[0]);
     key_sep = to_str((*sep->list)[1]);
   }
-  return Value::string(to_json(v, indent, item_sep, key_sep, flag(a, 3, "sort_keys")));
+  return Value::string(to_json(v, indent, item_sep, key_sep, flag(a, 3, "sort_keys"), flag(a, 0, "ensure_ascii")));
 }
 
 Value f_length(Renderer&, const Value& v, CallArgs&) { return Value::integer(int64_t(py_len(v))); }
 Value f_string(Renderer&, const Value& v, CallArgs&) { return Value::string(to_str(v)); }
-Value f_safe(Renderer&, const Value& v, CallArgs&) { return v; }
+Value f_safe(Renderer&, const Value& v, CallArgs&) {
+  Value m = Value::string(to_str(v));
+  m.markup = true;
+  return m;
+}
 Value f_trim(Renderer&, const Value& v, CallArgs& a) {
   const Value* chars = arg(a, 0, "chars");
   return Value::string(py_strip(to_str(v), chars && !chars->is_none() ? chars : nullptr, true, true));
@@ -114,6 +119,7 @@ Value f_first(Renderer&, const Value& v, CallArgs&) {
   return l.empty() ? Value::undefined() : l.front();
 }
 Value f_last(Renderer&, const Value& v, CallArgs&) {
+  if (v.is_list() && v.generator) type_error("'generator' object is not reversible");
   List l = iterate(v);
   return l.empty() ? Value::undefined() : l.back();
 }
@@ -127,14 +133,14 @@ Value f_reverse(Renderer&, const Value& v, CallArgs&) {
   }
   List l = iterate(v);
   std::reverse(l.begin(), l.end());
-  return Value::make_list(std::move(l));
+  return Value::make_generator(std::move(l));  // reversed(): an iterator
 }
 Value f_items(Renderer&, const Value& v, CallArgs&) {
   if (v.is_undefined()) return Value::make_list({});
   if (!v.is_dict()) type_error("Can only get item pairs from a mapping.");
   List out;
-  for (const auto& [k, e] : v.dict->items) out.push_back(Value::make_list({Value::string(k), e}, true));
-  return Value::make_list(std::move(out));
+  for (const auto& [k, e] : v.dict->items) out.push_back(Value::make_list({dict_key_value(k), e}, true));
+  return Value::make_generator(std::move(out));
 }
 Value f_dictsort(Renderer&, const Value& v, CallArgs& a) {
   if (!v.is_dict()) type_error("dictsort: a mapping is required");
@@ -142,7 +148,7 @@ Value f_dictsort(Renderer&, const Value& v, CallArgs& a) {
   const Value* by = arg(a, 1, "by");
   const bool by_value = by && to_str(*by) == "value";
   List out;
-  for (const auto& [k, e] : v.dict->items) out.push_back(Value::make_list({Value::string(k), e}, true));
+  for (const auto& [k, e] : v.dict->items) out.push_back(Value::make_list({dict_key_value(k), e}, true));
   std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
     const size_t i = by_value ? 1 : 0;
     return less(fold((*x.list)[i], cs), fold((*y.list)[i], cs));
@@ -225,6 +231,7 @@ Value f_indent(Renderer&, const Value& v, CallArgs& a) {
 // map / select / reject / selectattr / rejectattr.
 Value f_map(Renderer& r, const Value& v, CallArgs& a) {
   List out;
+  if (!v.truthy()) return Value::make_generator({});
   const Value* attr = arg(a, SIZE_MAX, "attribute");
   if (attr) {
     const Value* def = arg(a, SIZE_MAX, "default");
@@ -243,10 +250,11 @@ Value f_map(Renderer& r, const Value& v, CallArgs& a) {
       out.push_back(r.filter(name, e, c, 0));
     }
   }
-  return Value::make_list(std::move(out));
+  return Value::make_generator(std::move(out));
 }
 List select_impl(Renderer& r, const Value& v, CallArgs& a, bool by_attr, bool keep) {
   List out;
+  if (!v.truthy()) return out;
   size_t i = 0;
   std::string attr;
   if (by_attr) {
@@ -265,10 +273,10 @@ List select_impl(Renderer& r, const Value& v, CallArgs& a, bool by_attr, bool ke
   }
   return out;
 }
-Value f_select(Renderer& r, const Value& v, CallArgs& a) { return Value::make_list(select_impl(r, v, a, false, true)); }
-Value f_reject(Renderer& r, const Value& v, CallArgs& a) { return Value::make_list(select_impl(r, v, a, false, false)); }
-Value f_selectattr(Renderer& r, const Value& v, CallArgs& a) { return Value::make_list(select_impl(r, v, a, true, true)); }
-Value f_rejectattr(Renderer& r, const Value& v, CallArgs& a) { return Value::make_list(select_impl(r, v, a, true, false)); }
+Value f_select(Renderer& r, const Value& v, CallArgs& a) { return Value::make_generator(select_impl(r, v, a, false, true)); }
+Value f_reject(Renderer& r, const Value& v, CallArgs& a) { return Value::make_generator(select_impl(r, v, a, false, false)); }
+Value f_selectattr(Renderer& r, const Value& v, CallArgs& a) { return Value::make_generator(select_impl(r, v, a, true, true)); }
+Value f_rejectattr(Renderer& r, const Value& v, CallArgs& a) { return Value::make_generator(select_impl(r, v, a, true, false)); }
 
 Value sort_key(const Value& e, const Value* attr, bool cs) {
   return fold(attr && !attr->is_none() ? attr_path(e, to_str(*attr)) : e, cs);
@@ -299,7 +307,7 @@ Value f_unique(Renderer&, const Value& v, CallArgs& a) {
       out.push_back(e);
     }
   }
-  return Value::make_list(std::move(out));
+  return Value::make_generator(std::move(out));
 }
 Value minmax(const Value& v, CallArgs& a, bool want_max) {
   const bool cs = flag(a, 0, "case_sensitive");
@@ -332,18 +340,10 @@ Value f_sum(Renderer& r, const Value& v, CallArgs& a) {
   return total;
 }
 Value f_escape(Renderer&, const Value& v, CallArgs&) {
-  std::string out;
-  for (char c : to_str(v)) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return Value::string(out);
+  if (v.is_string() && v.markup) return v;
+  Value m = Value::string(html_escape(to_str(v)));
+  m.markup = true;
+  return m;
 }
 
 const std::map<std::string, FilterFn>& filters() {
@@ -375,7 +375,7 @@ bool t_iterable(Renderer&, const Value& v, CallArgs&) {
   return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
 }
 bool t_sequence(Renderer&, const Value& v, CallArgs&) {
-  return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
+  return v.is_string() || (v.is_list() && !v.generator) || v.is_dict() || v.is_undefined();
 }
 bool t_callable(Renderer&, const Value& v, CallArgs&) { return v.kind == Kind::Function; }
 const Value& other(const CallArgs& a) {

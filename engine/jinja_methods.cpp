@@ -308,15 +308,16 @@ bool call_method(const Value& obj, const std::string& name, CallArgs& a, Value& 
     if (name == "get") {
       const Value* k = a.get(0, "key");
       const Value* d = a.get(1, "default");
-      const Value* v = k && k->is_string() ? obj.dict->find(k->s) : nullptr;
+      std::string key;
+      const Value* v = k && dict_key(*k, key) ? obj.dict->find(key) : nullptr;
       r = v ? *v : d ? *d : Value::none();
     } else if (name == "copy") {
       r = Value::make_dict(*obj.dict);
     } else {
       List out;
       for (const auto& [k, v] : obj.dict->items) {
-        if (name == "items") out.push_back(Value::make_list({Value::string(k), v}, true));
-        else if (name == "keys") out.push_back(Value::string(k));
+        if (name == "items") out.push_back(Value::make_list({dict_key_value(k), v}, true));
+        else if (name == "keys") out.push_back(dict_key_value(k));
         else out.push_back(v);
       }
       r = Value::make_list(std::move(out));
@@ -354,9 +355,11 @@ Value get_attr(const Value& obj, const std::string& name) {
 
 Value get_item(const Value& obj, const Value& key) {
   if (obj.is_undefined()) throw RenderError(fmt::format("'{}' is undefined (item access)", obj.s.empty() ? "value" : obj.s));
-  if (obj.is_dict() && key.is_string()) {
-    if (const Value* v = obj.dict->find(key.s)) return *v;
+  std::string k;
+  if (obj.is_dict() && dict_key(key, k)) {
+    if (const Value* v = obj.dict->find(k)) return *v;
   }
+  if (obj.is_list() && obj.generator) return Value::undefined();
   if ((obj.is_list() || obj.is_string()) && (key.kind == Kind::Int || key.kind == Kind::Bool)) {
     const int64_t k0 = key.kind == Kind::Bool ? int64_t(key.b) : key.i;
     if (obj.is_list()) {

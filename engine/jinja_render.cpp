@@ -297,9 +297,10 @@ Value Renderer::eval(const Expr& e, const ScopeP& scope) {
     case Expr::DictLit: {
       Dict d;
       for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
-        Value key = eval(*e.args[k], scope);
-        if (!key.is_string()) throw RenderError(fmt::format("line {}: only string keys are supported in dict literals", e.line));
-        d.set(key.s, eval(*e.args[k + 1], scope));
+        std::string key;
+        if (!dict_key(eval(*e.args[k], scope), key))
+          throw RenderError(fmt::format("line {}: only string and integer keys are supported in dict literals", e.line));
+        d.set(key, eval(*e.args[k + 1], scope));
       }
       return Value::make_dict(std::move(d));
     }
@@ -338,8 +339,17 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, in
   if (op == "+") {
     if (ints) return Value::integer(inum(a) + inum(b));
     if (nums) return Value::number(num(a) + num(b));
-    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
-    if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
+    if (a.is_string() && b.is_string()) {
+      if (a.markup == b.markup) {
+        Value r = Value::string(a.s + b.s);
+        r.markup = a.markup;
+        return r;
+      }
+      Value r = Value::string(a.markup ? a.s + html_escape(b.s) : html_escape(a.s) + b.s);
+      r.markup = true;
+      return r;
+    }
+    if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
       List l = *a.list;
       l.insert(l.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(l), a.tuple);

@@ -50,6 +50,25 @@ Value Value::make_list(List items, bool is_tuple) {
   v.list = std::make_shared<List>(std::move(items));
   return v;
 }
+Value Value::make_generator(List items) {
+  Value v = make_list(std::move(items));
+  v.generator = true;
+  return v;
+}
+
+bool dict_key(const Value& key, std::string& out) {
+  if (key.is_string()) out = key.s;
+  else if (key.kind == Kind::Int) out = "\x01" + std::to_string(key.i);
+  else if (key.kind == Kind::Bool) out = "\x01" + std::to_string(int(key.b));
+  else return false;
+  return true;
+}
+
+Value dict_key_value(const std::string& stored) {
+  if (!stored.empty() && stored[0] == '\x01') return Value::integer(std::stoll(stored.substr(1)));
+  return Value::string(stored);
+}
+
 Value Value::make_dict(Dict d) {
   Value v;
   v.kind = Kind::Dict;
@@ -101,7 +120,7 @@ bool Value::truthy() const {
     case Kind::Int: return i != 0;
     case Kind::Float: return f != 0;
     case Kind::String: return !s.empty();
-    case Kind::List: return !list->empty();
+    case Kind::List: return generator || !list->empty();
     case Kind::Dict: return !dict->items.empty();
     default: return true;
   }
@@ -256,6 +275,7 @@ std::string to_repr(const Value& v) {
     case Kind::Float: return float_repr(v.f);
     case Kind::String: return str_repr(v.s);
     case Kind::List: {
+      if (v.generator) return "<generator object>";
       std::string out(1, v.tuple ? '(' : '[');
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
@@ -271,7 +291,7 @@ std::string to_repr(const Value& v) {
       for (const auto& [k, e] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += str_repr(k) + ": " + to_repr(e);
+        out += to_repr(dict_key_value(k)) + ": " + to_repr(e);
       }
       return out + "}";
     }
@@ -281,14 +301,41 @@ std::string to_repr(const Value& v) {
   return "";
 }
 
+std::string html_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 // ---- JSON --------------------------------------------------------------------
 
 namespace {
 
-std::string json_string(std::string_view s) {
+std::string json_string(std::string_view s, bool ensure_ascii) {
   std::string out = "\"";
-  for (char ch : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char ch = s[i];
     const auto c = static_cast<unsigned char>(ch);
+    if (ensure_ascii && c >= 0x80) {
+      const size_t n = utf8_len_at(s, i);
+      const uint32_t cp = decode_at(s, i, n);
+      if (cp >= 0x10000) {
+        out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF));
+      } else {
+        out += fmt::format("\\u{:04x}", cp);
+      }
+      i += n - 1;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -305,8 +352,14 @@ std::string json_string(std::string_view s) {
   return out + "\"";
 }
 
-void json_into(std::string& out, const Value& v, int indent, int level, std::string_view item_sep,
-               std::string_view key_sep, bool sort_keys) {
+struct JsonStyle {
+  int indent;
+  std::string_view item_sep, key_sep;
+  bool sort_keys, ensure_ascii;
+};
+
+void json_into(std::string& out, const Value& v, const JsonStyle& st, int level) {
+  const int indent = st.indent;
   auto newline = [&](int lvl) {
     if (indent >= 0) out += "\n" + std::string(size_t(indent) * lvl, ' ');
   };
@@ -317,17 +370,18 @@ void json_into(std::string& out, const Value& v, int indent, int level, std::str
     case Kind::Float:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
       return;
-    case Kind::String: out += json_string(v.s); return;
+    case Kind::String: out += json_string(v.s, st.ensure_ascii); return;
     case Kind::List: {
+      if (v.generator) break;
       if (v.list->empty()) {
         out += "[]";
         return;
       }
       out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) out += item_sep;
+        if (k) out += st.item_sep;
         newline(level + 1);
-        json_into(out, (*v.list)[k], indent, level + 1, item_sep, key_sep, sort_keys);
+        json_into(out, (*v.list)[k], st, level + 1);
       }
       newline(level);
       out += ']';
@@ -340,30 +394,31 @@ void json_into(std::string& out, const Value& v, int indent, int level, std::str
       }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.dict->items) items.push_back(&kv);
-      if (sort_keys)
+      if (st.sort_keys)
         std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
       out += '{';
       for (size_t k = 0; k < items.size(); ++k) {
-        if (k) out += item_sep;
+        if (k) out += st.item_sep;
         newline(level + 1);
-        out += json_string(items[k]->first);
-        out += key_sep;
-        json_into(out, items[k]->second, indent, level + 1, item_sep, key_sep, sort_keys);
+        out += json_string(to_str(dict_key_value(items[k]->first)), st.ensure_ascii);
+        out += st.key_sep;
+        json_into(out, items[k]->second, st, level + 1);
       }
       newline(level);
       out += '}';
       return;
     }
-    default: throw RenderError(fmt::format("Object of type {} is not JSON serializable", kind_name(v)));
+    default: break;
   }
+  throw RenderError(fmt::format("Object of type {} is not JSON serializable", kind_name(v)));
 }
 
 }  // namespace
 
 std::string to_json(const Value& v, int indent, std::string_view item_sep, std::string_view key_sep,
-                    bool sort_keys) {
+                    bool sort_keys, bool ensure_ascii) {
   std::string out;
-  json_into(out, v, indent, 0, item_sep, key_sep, sort_keys);
+  json_into(out, v, JsonStyle{indent, item_sep, key_sep, sort_keys, ensure_ascii}, 0);
   return out;
 }
 
@@ -386,6 +441,7 @@ bool equals(const Value& a, const Value& b) {
     case Kind::None: return true;
     case Kind::String: return a.s == b.s;
     case Kind::List:
+      if (a.generator || b.generator) return a.list == b.list;
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
@@ -420,7 +476,10 @@ bool contains(const Value& c, const Value& item) {
     case Kind::String:
       if (!item.is_string()) throw RenderError("'in <string>' requires string as left operand");
       return c.s.find(item.s) != std::string::npos;
-    case Kind::Dict: return item.is_string() && c.dict->find(item.s) != nullptr;
+    case Kind::Dict: {
+      std::string k;
+      return dict_key(item, k) && c.dict->find(k) != nullptr;
+    }
     case Kind::Undefined: return false;
     case Kind::List:
       for (const Value& e : *c.list)
@@ -436,7 +495,7 @@ List iterate(const Value& v) {
     case Kind::List: return *v.list;
     case Kind::Dict: {
       List keys;
-      for (const auto& kv : v.dict->items) keys.push_back(Value::string(kv.first));
+      for (const auto& kv : v.dict->items) keys.push_back(dict_key_value(kv.first));
       return keys;
     }
     case Kind::String: {
@@ -456,7 +515,7 @@ const char* kind_name(const Value& v) {
     case Kind::Int: return "int";
     case Kind::Float: return "float";
     case Kind::String: return "str";
-    case Kind::List: return v.tuple ? "tuple" : "list";
+    case Kind::List: return v.generator ? "generator" : v.tuple ? "tuple" : "list";
     case Kind::Dict: return "dict";
     case Kind::Namespace: return "Namespace";
     case Kind::Function: return "function";

@@ -38,7 +38,10 @@ enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespa
 
 struct Value {
   Kind kind = Kind::Undefined;
-  bool tuple = false;  // a List that Python would hold as a tuple (repr uses parentheses)
+  bool tuple = false;      // a List that Python would hold as a tuple (repr uses parentheses)
+  bool markup = false;     // a String marked safe (Markup): `+` HTML-escapes a plain str operand
+  bool generator = false;  // a List that Jinja2 returns as a generator (map, select...): always
+                           // true, no len(), not JSON serializable, not subscriptable
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -55,6 +58,7 @@ struct Value {
   static Value number(double v);
   static Value string(std::string v);
   static Value make_list(List items, bool is_tuple = false);
+  static Value make_generator(List items);
   static Value make_dict(Dict d);
   static Value make_namespace(Dict d);
   static Value function(Function fn);
@@ -75,6 +79,12 @@ struct Dict {
   void set(const std::string& key, Value v);
 };
 
+// Dict keys are strings; an integer key (Python allows them in dict literals)
+// is stored as "\x01" and its digits. These convert between the two forms;
+// dict_key returns false for keys of other types.
+bool dict_key(const Value& key, std::string& out);
+Value dict_key_value(const std::string& stored);
+
 struct CallArgs {
   std::vector<Value> pos;
   std::vector<std::pair<std::string, Value>> kw;
@@ -87,10 +97,12 @@ std::string to_str(const Value& v);
 std::string to_repr(const Value& v);
 // Python's repr of a float (shortest round trip, "1e-05", "1.0", "inf").
 std::string float_repr(double d);
+// markupsafe's escape (& < > " ').
+std::string html_escape(std::string_view s);
 // json.dumps(v, ensure_ascii=False, indent=..., separators=..., sort_keys=...);
 // indent < 0 means None. Throws RenderError for what JSON cannot hold.
 std::string to_json(const Value& v, int indent, std::string_view item_sep, std::string_view key_sep,
-                    bool sort_keys);
+                    bool sort_keys, bool ensure_ascii = false);
 // Python ==, and <  (throws RenderError for types Python cannot order).
 bool equals(const Value& a, const Value& b);
 bool less(const Value& a, const Value& b);
