@@ -1,6 +1,10 @@
 // Attribute and item access, and the Python str / dict / list methods chat
 // templates call, under Hugging Face's immutable sandbox: methods that would
 // change a list or dict (append, pop, update...) raise, as they do there.
+#include <clocale>
+#include <cwctype>
+#include <locale.h>
+
 #include <algorithm>
 #include <set>
 
@@ -397,13 +401,47 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
   return out;
 }
 
-std::string py_lower(std::string s) {
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+namespace {
+// Unicode simple case mapping from the C library (the C.UTF-8 locale's
+// tables); ASCII only if that locale is missing. Python's special cases
+// (German sharp s to "SS"...) are not applied.
+uint32_t map_case(uint32_t cp, bool upper) {
+  static const locale_t loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", locale_t(0));
+  if (cp < 0x80 || !loc) {
+    if (cp >= 0x80) return cp;
+    return uint32_t(upper ? std::toupper(int(cp)) : std::tolower(int(cp)));
+  }
+  return uint32_t(upper ? towupper_l(wint_t(cp), loc) : towlower_l(wint_t(cp), loc));
 }
-std::string py_upper(std::string s) {
-  for (char& c : s) c = char(std::toupper(static_cast<unsigned char>(c)));
-  return s;
+
+std::string encode(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xC0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += char(0xE0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  } else {
+    out += char(0xF0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3F));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  }
+  return out;
 }
+
+std::string map_string(const std::string& s, bool upper) {
+  std::string out;
+  for (const std::string& ch : utf8_chars(s)) out += ch.size() == 1 ? std::string(1, char(map_case(uint8_t(ch[0]), upper))) : encode(map_case(cp_of(ch), upper));
+  return out;
+}
+}  // namespace
+
+std::string py_lower(std::string s) { return map_string(s, false); }
+std::string py_upper(std::string s) { return map_string(s, true); }
 
 }  // namespace baton::jinja

@@ -14,6 +14,8 @@ raise_exception and strftime_now as globals. strftime_now reads a fixed clock
 (the `now` of the conversations file, local time) so outputs are stable.
 
 usage: render_oracle.py TEMPLATE_DIR CONVERSATIONS_JSON OUT_JSON
+       render_oracle.py --snippets SNIPPETS_JSON OUT_JSON
+The second form renders small inline templates, each with its own context.
 """
 import datetime
 import json
@@ -56,7 +58,29 @@ def make_env(now):
     return env
 
 
+def render_one(env, source, context):
+    try:
+        template = env.from_string(source)
+    except Exception as e:
+        return {"load_error": f"{type(e).__name__}: {e}"}
+    try:
+        return {"output": template.render(**context)}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def snippets(spec_path, out_path):
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    env = make_env(spec["now"])
+    results = {s["name"]: render_one(env, s["template"], s["context"]) for s in spec["snippets"]}
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(results, f, ensure_ascii=False, indent=1)
+
+
 def main():
+    if sys.argv[1] == "--snippets":
+        return snippets(sys.argv[2], sys.argv[3])
     template_dir, conv_path, out_path = sys.argv[1:4]
     with open(conv_path, encoding="utf-8") as f:
         spec = json.load(f)
