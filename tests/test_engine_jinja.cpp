@@ -10,8 +10,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/chat_jinja.h"
+#include "engine/chat_template.h"
+#include "engine/gguf.h"
 #include "engine/jinja_ast.h"
 #include "engine/jinja_template.h"
+#include "engine/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -144,6 +148,27 @@ TEST(Jinja, ContextMustBeAnObject) {
   const JinjaTemplate t = JinjaTemplate::parse("x");
   EXPECT_THROW(t.render(ojson::array()), jinja::RenderError);
   EXPECT_EQ(t.render(ojson::object()), "x");
+}
+
+// The Phi-3 vocabulary fixture carries its model's template: rendered by the
+// Jinja engine it gives what the Phi3 family renderer writes for alternating
+// turns ending with the user (docs/CHAT_TEMPLATES.md), BOS and EOS from the vocabulary.
+TEST(Jinja, GgufTemplateAgreesWithItsFamilyRenderer) {
+  GgufFile f = GgufFile::open(test::shared_dir() + "/models/vocab/ggml-vocab-phi-3.gguf");
+  auto tok = Tokenizer::from_gguf(f);
+  const auto t = gguf_chat_template(f);
+  ASSERT_NE(t, nullptr);
+  ChatTemplateInput in;
+  in.messages = ojson::parse(R"([{"role":"user","content":"Hi!"},{"role":"assistant","content":"Hello."},
+                                 {"role":"user","content":"What is 2+2?"}])");
+  in.bos_token = chat_bos_text(*tok);
+  in.eos_token = chat_eos_text(*tok);
+  std::vector<ChatMessage> msgs;
+  for (const auto& m : in.messages) msgs.push_back({m["role"], m["content"]});
+  EXPECT_EQ(render_chat(*t, in), render_chat(ChatFamily::Phi3, msgs, ChatOptions{}, in.bos_token));
+  EXPECT_EQ(in.eos_token, "<|endoftext|>");
+  // stories260K has no template.
+  EXPECT_EQ(gguf_chat_template(GgufFile::open(test::model_path("stories260K.gguf"))), nullptr);
 }
 
 }  // namespace
