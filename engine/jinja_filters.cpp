@@ -168,13 +168,14 @@ Value f_replace(Renderer&, const Value& v, CallArgs& a) {
   call_method(Value::string(to_str(v)), "replace", m, r);
   return r;
 }
+bool fits_int(double f) { return std::isfinite(f) && std::fabs(f) < 9.2e18; }
 Value f_int(Renderer&, const Value& v, CallArgs& a) {
   const Value* d = arg(a, 0, "default");
   const Value def = d ? *d : Value::integer(0);
   switch (v.kind) {
     case Kind::Int: return v;
     case Kind::Bool: return Value::integer(v.b);
-    case Kind::Float: return std::isfinite(v.f) ? Value::integer(int64_t(v.f)) : def;
+    case Kind::Float: return fits_int(v.f) ? Value::integer(int64_t(v.f)) : def;
     case Kind::String: {
       std::string s = py_strip(v.s, nullptr, true, true);
       try {
@@ -182,7 +183,7 @@ Value f_int(Renderer&, const Value& v, CallArgs& a) {
         const long long i = std::stoll(s, &used, 10);
         if (used == s.size()) return Value::integer(i);
         const double f = std::stod(s, &used);
-        if (used == s.size() && std::isfinite(f)) return Value::integer(int64_t(f));
+        if (used == s.size() && fits_int(f)) return Value::integer(int64_t(f));
       } catch (const std::exception&) {
       }
       return def;
@@ -211,7 +212,9 @@ Value f_abs(Renderer&, const Value& v, CallArgs&) {
 }
 Value f_indent(Renderer&, const Value& v, CallArgs& a) {
   const Value* w = arg(a, 0, "width");
-  const std::string ind = w && w->is_string() ? w->s : std::string(size_t(w ? w->i : 4), ' ');
+  const int64_t width = w && !w->is_string() ? w->i : 4;
+  check_size(size_t(std::max<int64_t>(width, 0)));
+  const std::string ind = w && w->is_string() ? w->s : std::string(size_t(std::max<int64_t>(width, 0)), ' ');
   const bool first = flag(a, 1, "first"), blank = flag(a, 2, "blank");
   std::string s = to_str(v) + "\n";
   std::vector<std::string> lines;
@@ -463,9 +466,10 @@ Dict builtin_globals(std::time_t now) {
     if (a.pos.size() == 3) step = a.pos[2].i;
     if (a.pos.empty() || a.pos.size() > 3 || step == 0) type_error("range: bad arguments");
     List out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       if (out.size() >= 100000) type_error("range too big");
       out.push_back(Value::integer(i));
+      if (__builtin_add_overflow(i, step, &i)) break;
     }
     return Value::make_list(std::move(out));
   }));

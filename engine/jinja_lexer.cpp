@@ -60,6 +60,7 @@ std::string unescape(std::string_view s, int line) {
       if (h.empty() || h.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
         throw TemplateError(fmt::format("chat template: bad escape in a string at line {}", line));
       const uint32_t cp = uint32_t(std::stoul(h, nullptr, 16));
+      if (cp > 0x10FFFF) throw TemplateError(fmt::format("chat template: bad escape in a string at line {}", line));
       i += n;
       append_utf8(out, cp);
     };
@@ -289,8 +290,12 @@ class Lexer {
     for (size_t k = pos_; k < e; ++k)
       if (s_[k] != '_') text += s_[k];
     Token t{is_float ? Tok::Float : Tok::Int, text, line_};
-    if (is_float) t.f = std::stod(text);
-    else t.i = std::stoll(text);
+    try {
+      if (is_float) t.f = std::stod(text);
+      else t.i = std::stoll(text);
+    } catch (const std::exception&) {
+      throw error("number literal out of range");
+    }
     toks_.push_back(t);
     pos_ = e;
   }

@@ -290,9 +290,10 @@ Value slice(const Value& obj, const CallArgs& a) {
   const int64_t stop = clamp(arg(1), step > 0 ? n : -1);
   std::string s;
   List l;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
     if (is_str) s += chars[size_t(i)];
     else l.push_back((*obj.list)[size_t(i)]);
+    if (__builtin_add_overflow(i, step, &i)) break;
   }
   return is_str ? Value::string(s) : Value::make_list(std::move(l), obj.tuple);
 }

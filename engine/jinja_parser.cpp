@@ -96,7 +96,19 @@ class Parser {
     expect_block_end();
   }
 
+  // Bounds the parser's (and so the evaluator's) recursion: a template from
+  // an untrusted file must not overflow the stack.
+  struct Nest {
+    explicit Nest(Parser& p) : p(p) {
+      if (++p.nest_ > kMaxNesting) throw p.fail("nesting too deep");
+    }
+    ~Nest() { --p.nest_; }
+    Parser& p;
+  };
+  static constexpr int kMaxNesting = 200;
+
   void parse_statement(Body& body) {
+    Nest guard(*this);
     const int line = cur().line;
     const std::string kw = expect_name();
     auto n = std::make_unique<Node>();
@@ -255,7 +267,10 @@ class Parser {
     return t;
   }
 
-  ExprP parse_expr(bool condexpr) { return condexpr ? parse_cond() : parse_or(); }
+  ExprP parse_expr(bool condexpr) {
+    Nest guard(*this);
+    return condexpr ? parse_cond() : parse_or();
+  }
 
   ExprP parse_cond() {
     ExprP e = parse_or();
@@ -294,6 +309,7 @@ class Parser {
     return e;
   }
   ExprP parse_not() {
+    Nest guard(*this);
     if (is_name("not")) {
       auto n = make(Expr::Not);
       ++pos_;
@@ -364,6 +380,7 @@ class Parser {
     return e;
   }
   ExprP parse_unary(bool with_filter) {
+    Nest guard(*this);
     ExprP e;
     if (is_op("-") || is_op("+")) {
       e = make(is_op("-") ? Expr::Neg : Expr::Pos);
@@ -563,6 +580,7 @@ class Parser {
   const std::vector<Token>& t_;
   size_t pos_ = 0;
   int soft_ = 0;
+  int nest_ = 0;
   bool attr_set_ = false;
 };
 

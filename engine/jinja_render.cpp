@@ -11,8 +11,16 @@ namespace baton::jinja {
 
 [[noreturn]] void type_error(const std::string& what) { throw RenderError(what); }
 
-Renderer::Renderer(const Program& program, Dict globals, std::time_t now)
-    : program_(program), globals_(std::move(globals)), now_(now) {}
+void check_size(size_t n) {
+  if (n > kMaxValueBytes) throw RenderError("the template builds a value larger than 64 MiB");
+}
+
+void Renderer::step() {
+  if (++steps_ > max_steps_) throw RenderError(fmt::format("the template runs too long (more than {} steps)", max_steps_));
+}
+
+Renderer::Renderer(const Program& program, Dict globals, std::time_t now, uint64_t max_steps)
+    : program_(program), globals_(std::move(globals)), now_(now), max_steps_(max_steps) {}
 
 std::string Renderer::run() {
   auto root = std::make_shared<Scope>();
@@ -33,6 +41,8 @@ Value Renderer::lookup(const std::string& name, const ScopeP& scope) const {
 Renderer::Flow Renderer::exec(const Body& body, const ScopeP& scope, std::string& out) {
   for (const NodeP& np : body) {
     const Node& n = *np;
+    step();
+    check_size(out.size());
     switch (n.k) {
       case Node::Text: out += n.text; break;
       case Node::Output: out += to_str(eval(*n.expr, scope)); break;
@@ -115,27 +125,37 @@ Renderer::Flow Renderer::exec_for(const Node& n, const ScopeP& scope, std::strin
   }
   if (items.empty()) return exec(n.else_body, scope, out);
   const int64_t len = int64_t(items.size());
+  // One `loop` object, updated in place each iteration (cheaper than a new
+  // one; previtem / nextitem are undefined where there is none).
+  enum Slot { Index, Index0, Revindex, Revindex0, First, Last, Previtem, Nextitem, Length, Depth, Depth0, Cycle };
+  auto counter = std::make_shared<int64_t>(0);
+  Dict d;
+  for (const char* name : {"index", "index0", "revindex", "revindex0", "first", "last", "previtem", "nextitem"})
+    d.items.emplace_back(name, Value());
+  d.items.emplace_back("length", Value::integer(len));
+  d.items.emplace_back("depth", Value::integer(1));
+  d.items.emplace_back("depth0", Value::integer(0));
+  d.items.emplace_back("cycle", Value::function([counter](CallArgs& a) -> Value {
+    if (a.pos.empty()) throw RenderError("no items for cycling given");
+    return a.pos[size_t(*counter) % a.pos.size()];
+  }));
+  const Value loop = Value::make_dict(std::move(d));
+  auto& slot = loop.dict->items;
   for (int64_t k = 0; k < len; ++k) {
+    step();
+    *counter = k;
+    slot[Index].second = Value::integer(k + 1);
+    slot[Index0].second = Value::integer(k);
+    slot[Revindex].second = Value::integer(len - k);
+    slot[Revindex0].second = Value::integer(len - k - 1);
+    slot[First].second = Value::boolean(k == 0);
+    slot[Last].second = Value::boolean(k == len - 1);
+    slot[Previtem].second = k > 0 ? items[size_t(k - 1)] : Value::undefined("previtem");
+    slot[Nextitem].second = k + 1 < len ? items[size_t(k + 1)] : Value::undefined("nextitem");
     auto s = std::make_shared<Scope>();
     s->parent = scope;
     bind_targets(*s, n.targets, items[size_t(k)], n.line);
-    Dict loop;
-    loop.set("index", Value::integer(k + 1));
-    loop.set("index0", Value::integer(k));
-    loop.set("revindex", Value::integer(len - k));
-    loop.set("revindex0", Value::integer(len - k - 1));
-    loop.set("first", Value::boolean(k == 0));
-    loop.set("last", Value::boolean(k == len - 1));
-    loop.set("length", Value::integer(len));
-    loop.set("depth", Value::integer(1));
-    loop.set("depth0", Value::integer(0));
-    if (k > 0) loop.set("previtem", items[size_t(k - 1)]);
-    if (k + 1 < len) loop.set("nextitem", items[size_t(k + 1)]);
-    loop.set("cycle", Value::function([k](CallArgs& a) -> Value {
-      if (a.pos.empty()) throw RenderError("no items for cycling given");
-      return a.pos[size_t(k) % a.pos.size()];
-    }));
-    s->vars["loop"] = Value::make_dict(std::move(loop));
+    s->vars["loop"] = loop;
     if (exec(n.body, s, out) == Flow::Break) break;
   }
   return Flow::Normal;
@@ -157,7 +177,7 @@ Value Renderer::make_macro(const Node& n, const ScopeP& scope) {
   return Value::function([this, node, weak](CallArgs& args) -> Value {
     ScopeP parent = weak.lock();
     if (!parent) throw RenderError("macro called after its scope ended");
-    if (++depth_ > 200) throw RenderError("macro recursion too deep");
+    if (++depth_ > kMaxMacroDepth) throw RenderError("macro recursion too deep");
     auto s = std::make_shared<Scope>();
     s->parent = parent;
     const auto& params = node->params;
@@ -247,7 +267,10 @@ Value Renderer::eval(const Expr& e, const ScopeP& scope) {
       Value v = eval(*e.a, scope);
       if (!v.is_number()) throw RenderError(fmt::format("line {}: bad operand type for unary -: '{}'", e.line, kind_name(v)));
       if (e.k == Expr::Pos) return v;
-      return v.kind == Kind::Float ? Value::number(-v.f) : Value::integer(-(v.kind == Kind::Bool ? int64_t(v.b) : v.i));
+      if (v.kind == Kind::Float) return Value::number(-v.f);
+      const int64_t i = v.kind == Kind::Bool ? int64_t(v.b) : v.i;
+      if (i == INT64_MIN) throw RenderError("integer overflow");
+      return Value::integer(-i);
     }
     case Expr::Not: return Value::boolean(!eval(*e.a, scope).truthy());
     case Expr::And: {
@@ -311,12 +334,30 @@ Value Renderer::eval(const Expr& e, const ScopeP& scope) {
 namespace {
 double num(const Value& v) { return v.kind == Kind::Float ? v.f : v.kind == Kind::Bool ? double(v.b) : double(v.i); }
 int64_t inum(const Value& v) { return v.kind == Kind::Bool ? int64_t(v.b) : v.i; }
+[[noreturn]] void overflow() { throw RenderError("integer overflow (Baton's integers are 64-bit)"); }
+int64_t add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) overflow();
+  return r;
+}
+int64_t sub(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) overflow();
+  return r;
+}
+int64_t mul(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) overflow();
+  return r;
+}
 int64_t floor_div(int64_t a, int64_t b) {
+  if (a == INT64_MIN && b == -1) overflow();
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
 }
 Value repeat(const Value& seq, int64_t n) {
+  if (n > 0) check_size(size_t(std::min<int64_t>(n, int64_t(kMaxValueBytes) + 1)) * (seq.is_string() ? seq.s.size() : seq.list->size()));
   if (seq.is_string()) {
     std::string out;
     for (int64_t k = 0; k < n; ++k) out += seq.s;
@@ -329,7 +370,15 @@ Value repeat(const Value& seq, int64_t n) {
 }  // namespace
 
 Value Renderer::binary(const std::string& op, const Value& a, const Value& b, int line) {
-  if (op == "~") return Value::string(to_str(a) + to_str(b));
+  if (op == "~") {
+    if (a.is_string() && b.is_string()) {
+      check_size(a.s.size() + b.s.size());
+      return Value::string(a.s + b.s);
+    }
+    std::string sa = to_str(a), sb = to_str(b);
+    check_size(sa.size() + sb.size());
+    return Value::string(sa + sb);
+  }
   auto unsupported = [&]() -> Value {
     throw RenderError(fmt::format("line {}: unsupported operand type(s) for {}: '{}' and '{}'", line, op,
                                   kind_name(a), kind_name(b)));
@@ -337,9 +386,10 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, in
   const bool nums = a.is_number() && b.is_number();
   const bool ints = nums && a.kind != Kind::Float && b.kind != Kind::Float;
   if (op == "+") {
-    if (ints) return Value::integer(inum(a) + inum(b));
+    if (ints) return Value::integer(add(inum(a), inum(b)));
     if (nums) return Value::number(num(a) + num(b));
     if (a.is_string() && b.is_string()) {
+      check_size(a.s.size() + b.s.size());
       if (a.markup == b.markup) {
         Value r = Value::string(a.s + b.s);
         r.markup = a.markup;
@@ -350,6 +400,7 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, in
       return r;
     }
     if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
+      check_size(a.list->size() + b.list->size());
       List l = *a.list;
       l.insert(l.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(l), a.tuple);
@@ -357,14 +408,15 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, in
     return unsupported();
   }
   if (op == "*") {
-    if (ints) return Value::integer(inum(a) * inum(b));
+    if (ints) return Value::integer(mul(inum(a), inum(b)));
     if (nums) return Value::number(num(a) * num(b));
     if ((a.is_string() || a.is_list()) && b.kind == Kind::Int) return repeat(a, b.i);
     if ((b.is_string() || b.is_list()) && a.kind == Kind::Int) return repeat(b, a.i);
     return unsupported();
   }
   if (!nums) return unsupported();
-  if (op == "-") return ints ? Value::integer(inum(a) - inum(b)) : Value::number(num(a) - num(b));
+  if (op == "-")
+    return ints ? Value::integer(sub(inum(a), inum(b))) : Value::number(num(a) - num(b));
   if (op == "/") {
     if (num(b) == 0) throw RenderError(fmt::format("line {}: division by zero", line));
     return Value::number(num(a) / num(b));
@@ -373,16 +425,19 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, in
     if (num(b) == 0) throw RenderError(fmt::format("line {}: integer division or modulo by zero", line));
     if (ints) {
       const int64_t q = floor_div(inum(a), inum(b));
-      return Value::integer(op == "//" ? q : inum(a) - q * inum(b));
+      return Value::integer(op == "//" ? q : sub(inum(a), mul(q, inum(b))));
     }
     const double q = std::floor(num(a) / num(b));
     return Value::number(op == "//" ? q : num(a) - q * num(b));
   }
   if (op == "**") {
     if (ints && inum(b) >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < inum(b); ++k) r *= inum(a);
-      return Value::integer(r);
+      int64_t base = inum(a), result = 1;
+      for (int64_t e = inum(b); e > 0; e >>= 1) {
+        if (e & 1) result = mul(result, base);
+        if (e > 1) base = mul(base, base);
+      }
+      return Value::integer(result);
     }
     return Value::number(std::pow(num(a), num(b)));
   }

@@ -20,7 +20,7 @@ using ScopeP = std::shared_ptr<Scope>;
 
 class Renderer {
  public:
-  Renderer(const Program& program, Dict globals, std::time_t now);
+  Renderer(const Program& program, Dict globals, std::time_t now, uint64_t max_steps);
   std::string run();
 
   Value eval(const Expr& e, const ScopeP& scope);
@@ -39,11 +39,23 @@ class Renderer {
   Value lookup(const std::string& name, const ScopeP& scope) const;
   Value binary(const std::string& op, const Value& a, const Value& b, int line);
 
+  // Limits for templates from untrusted files: Jinja2 has none, but a prompt
+  // never needs this much.
+  static constexpr int kMaxMacroDepth = 100;
+  void step();
+
   const Program& program_;
   Dict globals_;
   std::time_t now_;
   int depth_ = 0;
+  uint64_t steps_ = 0, max_steps_;
 };
+
+// Largest string or list a template may build (a guard against runaway
+// repetition or concatenation).
+inline constexpr size_t kMaxValueBytes = size_t(64) << 20;
+// The value's size for that guard (string bytes or list items).
+void check_size(size_t n);
 
 // Jinja2's environment.getattr / getitem (sandboxed): a missing key or index
 // gives Undefined; any access on Undefined raises.

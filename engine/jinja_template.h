@@ -6,6 +6,7 @@
 // for byte what Jinja2 gives; docs/CHAT_TEMPLATES.md lists the subset.
 #pragma once
 
+#include <cstdint>
 #include <ctime>
 #include <memory>
 #include <string>
@@ -33,7 +34,11 @@ class JinjaTemplate {
   // does). `now` is the clock strftime_now reads (local time). Throws
   // jinja::RenderError for what Jinja2 raises (raise_exception, type errors,
   // undefined attribute access...).
-  std::string render(const nlohmann::ordered_json& context, std::time_t now) const;
+  // `max_steps` bounds the statements run and loop iterations (a template from
+  // an untrusted file must not run forever; a prompt needs far fewer).
+  static constexpr uint64_t kDefaultMaxSteps = 5'000'000;
+  std::string render(const nlohmann::ordered_json& context, std::time_t now,
+                     uint64_t max_steps = kDefaultMaxSteps) const;
   std::string render(const nlohmann::ordered_json& context) const;
 
  private:

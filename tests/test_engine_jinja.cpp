@@ -171,5 +171,42 @@ TEST(Jinja, GgufTemplateAgreesWithItsFamilyRenderer) {
   EXPECT_EQ(gguf_chat_template(GgufFile::open(test::model_path("stories260K.gguf"))), nullptr);
 }
 
+// Templates come from untrusted files: nesting, recursion, runaway loops and
+// values, and 64-bit integer overflow end in an error, never a crash or a hang.
+TEST(Jinja, HostileTemplatesFailCleanly) {
+  EXPECT_NE(load_error("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("nesting too deep"),
+            std::string::npos);
+  EXPECT_NE(load_error("{{ " + std::string(5000, '-') + "1 }}").find("nesting too deep"), std::string::npos);
+  std::string nested_ifs;
+  for (int i = 0; i < 1000; ++i) nested_ifs += "{% if true %}";
+  EXPECT_NE(load_error(nested_ifs).find("nesting too deep"), std::string::npos);
+  EXPECT_NE(load_error("{{ 99999999999999999999999 }}").find("out of range"), std::string::npos);
+  EXPECT_NE(load_error("{{ '\\U0011ffff' }}").find("bad escape"), std::string::npos);
+  auto render_error = [](const std::string& source) -> std::string {
+    try {
+      JinjaTemplate::parse(source).render(ojson::object(), 0, 100'000);
+    } catch (const jinja::RenderError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(render_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}").find("recursion"), std::string::npos);
+  EXPECT_NE(render_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+                .find("runs too long"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ 'x' * 100000000000 }}").find("larger than"), std::string::npos);
+  EXPECT_NE(render_error("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+                .find("larger than"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ 'a' | indent(100000000000) }}").find("larger than"), std::string::npos);
+  for (const char* overflow : {"{{ 2 ** 64 }}", "{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+                               "{{ 4611686018427387904 * 2 }}", "{{ -(-9223372036854775807 - 1) }}"}) {
+    EXPECT_NE(render_error(overflow).find("overflow"), std::string::npos) << overflow;
+  }
+  EXPECT_EQ(JinjaTemplate::parse("{{ 2 ** 62 }} {{ range(0, 9223372036854775807, 4611686018427387904) | list }}")
+                .render(ojson::object(), 0),
+            "4611686018427387904 [0, 4611686018427387904]");
+}
+
 }  // namespace
 }  // namespace baton
