@@ -443,7 +443,7 @@ TEST(Serve, CommandLineRefusals) {
   EXPECT_EQ(help.exit_code, 0);
   for (const char* s : {"--model", "--config", "--workers", "--host", "--port", "--api-key-file", "--ctx",
                         "--parallel", "--queue", "--threads", "--max-body", "--request-timeout", "/v1/chat/completions",
-                        "/health", "/metrics", "429", "listening on"}) {
+                        "/health", "/metrics", "429", "listening on", "--chat-template"}) {
     EXPECT_NE(help.out.find(s), std::string::npos) << s;
   }
 }
