@@ -66,11 +66,9 @@ std::vector<std::string> split_ws(const std::string& s, int64_t maxsplit) {
     while (k < chars.size() && is_py_space(cp_of(chars[k]))) ++k;
     if (k == chars.size()) break;
     std::string word;
-    if (maxsplit >= 0 && int64_t(out.size()) == maxsplit) {
+    if (maxsplit >= 0 && int64_t(out.size()) == maxsplit) {  // the rest, trailing whitespace kept
       for (; k < chars.size(); ++k) word += chars[k];
-      size_t e = word.size();
-      out.push_back(py_strip(word, nullptr, false, true));
-      (void)e;
+      out.push_back(word);
       break;
     }
     while (k < chars.size() && !is_py_space(cp_of(chars[k]))) word += chars[k++];
