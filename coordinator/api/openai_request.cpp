@@ -303,12 +303,12 @@ std::string render_with_template(std::string_view body_text, const json& body, c
                                  const ModelInfo& model) {
   const auto ordered = nlohmann::ordered_json::parse(body_text.begin(), body_text.end());
   ChatTemplateInput in;
-  in.messages = ordered["messages"];
+  in.messages = ordered.at("messages");
   in.bos_token = chat_bos_text(*model.tokenizer);
   in.eos_token = chat_eos_text(*model.tokenizer);
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
-    in.kwargs = ordered["chat_template_kwargs"];
+    in.kwargs = ordered.at("chat_template_kwargs");
   }
   if (const json* effort = field(body, "reasoning_effort"); effort && effort->is_string() &&
                                                              !in.kwargs.contains("reasoning_effort")) {
