@@ -32,6 +32,7 @@
 #include "bench/cuda_bench.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_small.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/matvec_impl.cuh"
 #include "kernels/cuda/matvec_xq_impl.cuh"
@@ -335,23 +336,39 @@ void bench_matmul(cudaStream_t s) {
       }
     }
   }
-  // Crossover: at 8 tokens the matvec reads the weights once; past that it
-  // reads them once per 8 tokens.
-  std::printf("\nmatvec vs matmul, Q4_K 4096x4096 (us per call)\n%5s %10s %10s\n", "T", "matvec", "matmul");
-  const std::vector<uint8_t> host = host_matrix(DType::Q4_K, 4096, 4096, 19);
-  DeviceCopies copies(host);
-  for (int64_t T : {int64_t(1), int64_t(8), int64_t(16), int64_t(32), int64_t(64)}) {
-    const std::vector<float> hx = random_floats(size_t(T * 4096), 23);
-    Buf x(hx.size() * 4), out(size_t(T * 4096) * 4);
-    BATON_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-    const size_t wsb = matmul_workspace_bytes(DType::Q4_K, 4096, T, 4096);
-    Buf ws(wsb);
-    auto view = [&](int i) { return MatrixView{DType::Q4_K, copies.ptrs[size_t(i) % copies.ptrs.size()], 4096, 4096, *dtype_bytes(DType::Q4_K, 4096)}; };
-    const double mv = time_calls(s, 20, 7, [&](int i) { matvec(view(i), x.as<float>(), T, 4096, out.as<float>(), 4096, s); });
-    const double mm = time_calls(s, 20, 7, [&](int i) {
-      matmul(h, view(i), x.as<float>(), T, 4096, out.as<float>(), 4096, ws.p, wsb, s);
-    });
-    std::printf("%5lld %10.1f %10.1f\n", (long long)T, mv * 1e3, mm * 1e3);
+  // Crossover of a batch's projections: the matvecs read the weights once
+  // per 8 tokens, the matmul once (plus its F16 tile); the batched decode
+  // (engine/cuda/cuda_stage_forward.cpp) picks by these figures.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {4096, 14336}}) {
+    std::printf("\nmatvec vs integer-dot matvec vs small_matmul vs matmul, Q4_K %lldx%lld (us per call)\n"
+                "%5s %10s %10s %12s %10s\n",
+                (long long)rows, (long long)cols, "T", "matvec", "matvec_xq", "small_matmul", "matmul");
+    const std::vector<uint8_t> host = host_matrix(DType::Q4_K, rows, cols, 19);
+    DeviceCopies copies(host);
+    for (int64_t T : {int64_t(1), int64_t(8), int64_t(16), int64_t(24), int64_t(32), int64_t(48), int64_t(64),
+                      int64_t(96), int64_t(128)}) {
+      const std::vector<float> hx = random_floats(size_t(T * cols), 23);
+      Buf x(hx.size() * 4), out(size_t(T * rows) * 4), xq(size_t(T) * xq_row_bytes(cols));
+      BATON_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+      quantize_xq(x.as<float>(), cols, T, cols, xq.p, s);
+      const size_t wsb = std::max(matmul_workspace_bytes(DType::Q4_K, cols, T, rows),
+                                  small_matmul_workspace_bytes(rows, cols, std::min<int64_t>(T, kSmallMatmulMaxTokens)));
+      Buf ws(wsb);
+      auto view = [&](int i) {
+        return MatrixView{DType::Q4_K, copies.ptrs[size_t(i) % copies.ptrs.size()], rows, cols,
+                          *dtype_bytes(DType::Q4_K, cols)};
+      };
+      const double mv = time_calls(s, 20, 7, [&](int i) { matvec(view(i), x.as<float>(), T, cols, out.as<float>(), rows, s); });
+      const double mq = time_calls(s, 20, 7, [&](int i) { matvec_xq(view(i), xq.p, T, out.as<float>(), rows, s); });
+      const double mm = time_calls(s, 20, 7, [&](int i) {
+        matmul(h, view(i), x.as<float>(), T, cols, out.as<float>(), rows, ws.p, wsb, s);
+      });
+      double sm = 0;
+      if (T <= kSmallMatmulMaxTokens) {
+        sm = time_calls(s, 20, 7, [&](int i) { small_matmul(view(i), x.as<float>(), T, cols, out.as<float>(), rows, ws.p, wsb, s); });
+      }
+      std::printf("%5lld %10.1f %10.1f %12.1f %10.1f\n", (long long)T, mv * 1e3, mq * 1e3, sm * 1e3, mm * 1e3);
+    }
   }
   cublasDestroy(h);
 }

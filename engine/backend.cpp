@@ -38,6 +38,86 @@ uint64_t decode_weight_bytes(const WeightLayout& layout) {
   return total;
 }
 
+int64_t StageRunner::check_batch(std::span<const BatchChunk> chunks) const {
+  return baton::check_batch(chunks, config().n_seq, config().max_batch, config().n_ctx,
+                            [this](int seq) { return position(seq); });
+}
+
+std::span<const float> StageRunner::forward_chunks(std::span<const BatchChunk> chunks, const int32_t* tokens,
+                                                   const float* activations) {
+  const int64_t total = check_batch(chunks);
+  const bool head = config().head;
+  const int64_t width = head ? n_vocab() : arch().boundary_elems_per_token();
+  const int64_t in_width = arch().boundary_elems_per_token();
+  batch_out_.resize(size_t((head ? batch_outputs(chunks) : total) * width));
+  float* out = batch_out_.data();
+  int64_t row = 0;
+  for (const BatchChunk& c : chunks) {
+    std::span<const float> y;
+    if (tokens) {
+      y = forward(c.seq, std::span<const int32_t>(tokens + row, size_t(c.n_tokens)));
+    } else {
+      y = forward(c.seq, std::span<const float>(activations + row * in_width, size_t(c.n_tokens * in_width)),
+                  c.n_tokens);
+    }
+    row += c.n_tokens;
+    if (!head) {
+      std::copy(y.begin(), y.end(), out);
+      out += y.size();
+    } else if (c.output) {
+      // all_logits gives a row per token: the chunk's last token is the last row.
+      std::copy(y.end() - width, y.end(), out);
+      out += width;
+    }
+  }
+  return {batch_out_.data(), batch_out_.size()};
+}
+
+std::span<const float> StageRunner::forward_batch(std::span<const BatchChunk> chunks, std::span<const int32_t> tokens) {
+  if (!config().embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
+  int64_t total = 0;
+  for (const BatchChunk& c : chunks) total += c.n_tokens;
+  if (int64_t(tokens.size()) != total) {
+    throw std::invalid_argument(fmt::format("a batch of {} tokens came with {} token ids", total, tokens.size()));
+  }
+  return forward_chunks(chunks, tokens.data(), nullptr);
+}
+
+std::span<const float> StageRunner::forward_batch(std::span<const BatchChunk> chunks,
+                                                  std::span<const float> activations) {
+  if (config().embedding) throw std::logic_error("this stage has the embedding: give it token ids");
+  int64_t total = 0;
+  for (const BatchChunk& c : chunks) total += c.n_tokens;
+  const int64_t width = arch().boundary_elems_per_token();
+  if (int64_t(activations.size()) != total * width) {
+    throw std::invalid_argument(
+        fmt::format("stage input: {} floats for a batch of {} tokens of width {}", activations.size(), total, width));
+  }
+  return forward_chunks(chunks, nullptr, activations.data());
+}
+
+std::span<const int32_t> StageRunner::forward_batch_greedy(std::span<const BatchChunk> chunks,
+                                                          std::span<const int32_t> tokens) {
+  if (!config().head) throw std::logic_error("forward_batch_greedy: this stage has no output head");
+  std::span<const float> logits = forward_batch(chunks, tokens);
+  const size_t v = size_t(n_vocab());
+  batch_ids_.resize(logits.size() / v);
+  for (size_t i = 0; i < batch_ids_.size(); ++i) {
+    const float* row = logits.data() + i * v;
+    batch_ids_[i] = int32_t(std::max_element(row, row + v) - row);  // the first maximum: lowest id
+  }
+  return batch_ids_;
+}
+
+std::span<const float> StageRunner::forward_batch_device_input(std::span<const BatchChunk> chunks) {
+  if (chunks.size() != 1) throw std::logic_error("this stage runner takes device input one sequence at a time");
+  check_batch(chunks);
+  std::span<const float> y = forward_device_input(chunks[0].seq, chunks[0].n_tokens);
+  if (!config().head) return y;
+  if (!chunks[0].output) return {};
+  return y.subspan(y.size() - size_t(n_vocab()));
+}
+
 namespace {
 
 class CpuStageRunner final : public StageRunner {
@@ -72,6 +152,18 @@ std::optional<Backend> backend_from_name(std::string_view name) {
   if (name == "cpu") return Backend::Cpu;
   if (name == "cuda") return Backend::Cuda;
   return std::nullopt;
+}
+
+Backend resolve_backend(std::string_view name, std::string* note) {
+  if (name == "auto") {
+    const std::string why = backend_unavailable(Backend::Cuda);
+    if (note) *note = why.empty() ? "backend cuda (auto: a CUDA device is usable)" : "backend cpu (auto: " + why + ")";
+    return why.empty() ? Backend::Cuda : Backend::Cpu;
+  }
+  const std::optional<Backend> b = backend_from_name(name);
+  if (!b) throw std::invalid_argument("--backend must be auto, cpu or cuda, got '" + std::string(name) + "'");
+  if (note) *note = "backend " + std::string(name);
+  return *b;
 }
 
 std::string backend_unavailable(Backend b) {

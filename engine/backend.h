@@ -14,7 +14,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "engine/batch.h"
 #include "engine/loader.h"
 #include "engine/memory_plan.h"
 #include "engine/node_plan.h"  // enum class Backend, backend_name()
@@ -27,6 +29,11 @@ class GgufFile;
 struct WeightLayout;
 
 std::optional<Backend> backend_from_name(std::string_view name);
+
+// "cpu", "cuda", or "auto": the GPU when one is usable, else the CPU.
+// Throws std::invalid_argument naming the choices for another name. *note
+// (when given) gets one line saying which backend and why, for the log.
+Backend resolve_backend(std::string_view name, std::string* note = nullptr);
 
 // Empty when backend b can run on this machine; otherwise why not, naming
 // the backend ("cuda: this build has no CUDA backend ..." or "cuda: no CUDA
@@ -59,6 +66,28 @@ class StageRunner {
   // lowest id on ties, as Sampler does at temperature 0). A backend may do
   // this without bringing the logits back to the host. Needs the head.
   virtual int32_t forward_greedy(int seq, std::span<const int32_t> tokens);
+
+  // One forward over the chunks of several sequences (engine/batch.h): the
+  // tokens (first stage) or the boundary rows (others) follow the chunks in
+  // order. Returns one logits row per chunk that asks for output (last
+  // stage) or every row's boundary activations; the span stays valid until
+  // the next call. Each sequence's rows, KV and outputs are what forward()
+  // of its chunk alone gives. The default runs the chunks one after another
+  // through forward() (the reference); a runner that batches() runs them in
+  // one pass that reads the weights once.
+  virtual std::span<const float> forward_batch(std::span<const BatchChunk> chunks, std::span<const int32_t> tokens);
+  virtual std::span<const float> forward_batch(std::span<const BatchChunk> chunks, std::span<const float> activations);
+  // The greedy next token of every chunk that asks for output (argmax of
+  // its logits row, lowest id on ties, as Sampler at temperature 0), in
+  // chunk order; last stage only. A backend may pick them on the device and
+  // bring back only the ids. The span stays valid until the next call.
+  virtual std::span<const int32_t> forward_batch_greedy(std::span<const BatchChunk> chunks,
+                                                        std::span<const int32_t> tokens);
+  // As forward_batch with the rows already written to device_input(total
+  // tokens). The default takes one chunk (forward_device_input).
+  virtual std::span<const float> forward_batch_device_input(std::span<const BatchChunk> chunks);
+  // True when forward_batch reads the weights once for the whole batch.
+  virtual bool batches() const { return false; }
 
   // Device-resident boundary rows, for stage links that move activations GPU
   // to GPU (NCCL, net/nccl_link.h). The defaults say "none": such a link then
@@ -115,6 +144,17 @@ class StageRunner {
   // Bytes of weights one decode step reads: every tensor of the stage except
   // the embedding table, of which one row is read.
   virtual uint64_t weight_bytes_per_token() const = 0;
+
+ protected:
+  // Checks a batch against this runner's config and positions; the total tokens.
+  int64_t check_batch(std::span<const BatchChunk> chunks) const;
+
+ private:
+  // The reference forward_batch: chunk by chunk, outputs gathered here.
+  std::span<const float> forward_chunks(std::span<const BatchChunk> chunks, const int32_t* tokens,
+                                        const float* activations);
+  std::vector<float> batch_out_;
+  std::vector<int32_t> batch_ids_;
 };
 
 // Bytes of weights one decode step reads from a layout: every distinct

@@ -20,7 +20,7 @@ namespace baton::net {
 
 // Bumped on any change of a message's layout or meaning. Peers must speak the
 // same version (checked in the handshake, before anything else is trusted).
-inline constexpr uint32_t kProtocolVersion = 3;
+inline constexpr uint32_t kProtocolVersion = 4;
 
 // Frame type codes. APPEND-ONLY: never renumber, never reuse a retired value;
 // a new message takes the next number (and bumps kProtocolVersion).
@@ -325,11 +325,14 @@ struct TokenLogprob {
   bool operator==(const TokenLogprob&) const = default;
 };
 
-// Last stage -> coordinator: what was sampled for one sequence of a FORWARD.
+// Last stage -> coordinator: what was sampled for one sequence of a FORWARD,
+// one RESULT per chunk with `sample` set, in chunk order. v4: a FORWARD
+// without such a chunk is answered by one RESULT with no tokens (seq: its
+// first chunk's), so that every micro-batch is seen to leave the pipeline.
 struct Result {
   uint64_t request_id = 0;
   uint32_t seq = 0;
-  std::vector<int32_t> tokens;                 // sampled ids, in order (>= 1)
+  std::vector<int32_t> tokens;                 // sampled ids, in order; empty: the acknowledgement
   std::vector<float> logprobs;                 // empty, or one per token
   std::vector<std::vector<TokenLogprob>> top;  // empty, or one list per token, most likely first
 

@@ -102,15 +102,30 @@ bool ServeProcess::read_line(std::string& line, std::chrono::seconds timeout) {
 }
 
 int connect_to(int port, std::chrono::seconds recv_timeout) {
+  const int fd = connect_from("127.0.0.1", port, recv_timeout);
+  if (fd < 0) throw std::runtime_error("connect failed");
+  return fd;
+}
+
+int connect_from(const std::string& source_ip, int port, std::chrono::seconds recv_timeout) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error("socket failed");
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  if (source_ip != "127.0.0.1") {
+    if (inet_pton(AF_INET, source_ip.c_str(), &src.sin_addr) != 1 ||
+        bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+      close(fd);
+      throw std::runtime_error("cannot bind to " + source_ip);
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     close(fd);
-    throw std::runtime_error("connect failed");
+    return -1;
   }
   timeval tv{recv_timeout.count(), 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -179,6 +194,41 @@ Response parse_response(const std::string& raw) {
     r.complete = rest.size() >= len;
   }
   return r;
+}
+
+size_t response_length(const std::string& raw) {
+  const size_t head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string::npos) return std::string::npos;
+  const Response head = parse_response(raw.substr(0, head_end + 4));
+  auto it = head.headers.find("transfer-encoding");
+  if (it != head.headers.end() && it->second == "chunked") {
+    for (size_t at = head_end + 4;;) {
+      const size_t nl = raw.find("\r\n", at);
+      if (nl == std::string::npos) return std::string::npos;
+      const size_t n = std::stoul(raw.substr(at, nl - at), nullptr, 16);
+      if (nl + 2 + n + 2 > raw.size()) return std::string::npos;
+      at = nl + 2 + n + 2;
+      if (n == 0) return at;
+    }
+  }
+  it = head.headers.find("content-length");
+  const size_t len = it == head.headers.end() ? 0 : std::stoul(it->second);
+  return raw.size() >= head_end + 4 + len ? head_end + 4 + len : std::string::npos;
+}
+
+Response read_response(int fd, std::string& buf) {
+  char chunk[16384];
+  for (;;) {
+    const size_t len = response_length(buf);
+    if (len != std::string::npos) {
+      Response r = parse_response(buf.substr(0, len));
+      buf.erase(0, len);
+      return r;
+    }
+    const ssize_t n = recv(fd, chunk, sizeof chunk, 0);
+    if (n <= 0) return parse_response(buf);
+    buf.append(chunk, size_t(n));
+  }
 }
 
 std::string request_text(const std::string& method, const std::string& path, const std::string& body,
@@ -303,6 +353,64 @@ bool have_node() { return test::run_command({"/usr/bin/env", "node", "--version"
 
 // The acceptance run is the pipeline of two local workers; the in-process
 // engine is checked the same way.
+void check_ignore_eos(int port) {
+  // stories260K ends its stories with BOS, almost never with EOS (2): a bias
+  // of +20 makes the greedy EOS come at the 20th token of this prompt.
+  const int max_tokens = 40;
+  json req = {{"model", kModel},      {"prompt", "Once upon a time"}, {"max_tokens", max_tokens},
+              {"temperature", 0},     {"logit_bias", {{"2", 20}}},     {"logprobs", 0}};
+  Response early = post(port, "/v1/completions", req);
+  ASSERT_EQ(early.status, 200) << early.body;
+  const json e = early.j();
+  EXPECT_EQ(e["choices"][0]["finish_reason"], "stop");
+  const int n_early = e["usage"]["completion_tokens"];
+  EXPECT_GT(n_early, 2);
+  EXPECT_LT(n_early, max_tokens);
+
+  req["ignore_eos"] = true;
+  Response full = post(port, "/v1/completions", req);
+  ASSERT_EQ(full.status, 200) << full.body;
+  const json f = full.j();
+  EXPECT_EQ(f["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(f["usage"]["completion_tokens"], max_tokens);
+  const json& tokens = f["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), size_t(max_tokens));
+  // The same tokens up to the EOS, which is now generated (its text is empty).
+  EXPECT_EQ(tokens[n_early], "");
+  const std::string early_text = e["choices"][0]["text"];
+  EXPECT_EQ(f["choices"][0]["text"].get<std::string>().rfind(early_text, 0), 0u) << f.dump();
+
+  // Streamed: the usage says the same.
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  Response s = post(port, "/v1/completions", req);
+  ASSERT_EQ(s.status, 200) << s.body;
+  auto events = sse_events(s.body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(json::parse(events[events.size() - 2])["usage"]["completion_tokens"], max_tokens);
+
+  // A chat: the family's end-of-turn tokens no longer end it either.
+  json chat = {{"model", kModel},
+               {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+               {"max_tokens", max_tokens},
+               {"temperature", 0},
+               {"logit_bias", {{"2", 100}}},
+               {"ignore_eos", true}};
+  Response c = post(port, "/v1/chat/completions", chat);
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.j()["usage"]["completion_tokens"], max_tokens);
+  EXPECT_EQ(c.j()["choices"][0]["finish_reason"], "length");
+
+  for (const json& bad : {json("yes"), json(1), json::array({true})}) {
+    json r = {{"model", kModel}, {"prompt", "Hi"}, {"ignore_eos", bad}};
+    expect_error(post(port, "/v1/completions", r), 400, "invalid_type", "ignore_eos");
+    json rc = chat;
+    rc["ignore_eos"] = bad;
+    expect_error(post(port, "/v1/chat/completions", rc), 400, "invalid_type", "ignore_eos");
+  }
+}
+
 void check_official_client(const std::vector<std::string>& extra) {
   if (!have_node()) GTEST_SKIP() << "node is not installed";
   ASSERT_TRUE(fs::exists(serve_scripts() / "node_modules" / "openai" / "package.json"))
@@ -354,8 +462,31 @@ uint64_t cluster_rss(const ServeProcess& server) {
   return total;
 }
 
+// A stream whose client leaves after its first event (resetting the
+// connection when `reset`); false when no stream began.
+bool leave_a_stream(int port, json req, const std::string& path, bool reset) {
+  const int fd = connect_to(port);
+  send_all(fd, request_text("POST", path, req.dump()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: ") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+  }
+  if (reset) {
+    linger l{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  }
+  close(fd);
+  return got.rfind("HTTP/1.1 200", 0) == 0;
+}
+
 // BATON_SERVE_LOAD_CLIENTS / BATON_SERVE_LOAD_SECONDS scale it up
-// (tests/serve/load_test.sh --full: 64 clients for 2 minutes).
+// (tests/serve/load_test.sh --full: 64 clients for 2 minutes). One request
+// in 16 is a client that leaves its stream after the first event: its
+// generation is cancelled (or ends on its own), it is counted once, and no
+// slot stays busy.
 void run_load_test(const std::vector<std::string>& extra, int clients, int seconds) {
   const uint64_t seed = test::test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + ", " + std::to_string(clients) + " clients, " +
@@ -367,7 +498,7 @@ void run_load_test(const std::vector<std::string>& extra, int clients, int secon
   const int port = server.port();
   const std::vector<std::string> prompts = {"Once upon a time", "Tom and his dog", "The little bird", "One day",
                                             "Lily wanted to"};
-  std::atomic<int64_t> requests{0}, failures{0}, tokens{0}, prompt_tokens{0}, chunks{0};
+  std::atomic<int64_t> requests{0}, failures{0}, tokens{0}, prompt_tokens{0}, chunks{0}, leavers{0};
   std::mutex fail_mu;
   std::string first_failure;
   auto fail = [&](const std::string& why) {
@@ -401,6 +532,14 @@ void run_load_test(const std::vector<std::string>& extra, int clients, int secon
           req["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
         } else {
           req["prompt"] = prompt;
+        }
+        if (rng() % 16 == 0) {
+          req["max_tokens"] = 200 + rng() % 200;
+          if (!leave_a_stream(port, req, chat ? "/v1/chat/completions" : "/v1/completions", rng() % 2)) {
+            fail("a leaving client got no stream");
+          }
+          leavers.fetch_add(1);
+          continue;
         }
         Response r = post(port, chat ? "/v1/chat/completions" : "/v1/completions", req);
         requests.fetch_add(1);
@@ -449,22 +588,33 @@ void run_load_test(const std::vector<std::string>& extra, int clients, int secon
   }
   EXPECT_GT(requests.load(), clients);
   ASSERT_TRUE(wait_idle(port, 10s));
-  // What the clients received is what the server counted.
-  EXPECT_EQ(metric(port, "baton_completion_tokens_total"), double(tokens.load()));
-  EXPECT_EQ(metric(port, "baton_prompt_tokens_total"), double(prompt_tokens.load()));
+  // What the clients received is what the server counted; the tokens of
+  // the leavers' generations only the server knows.
+  const double server_tokens = metric(port, "baton_completion_tokens_total");
+  const double server_prompt_tokens = metric(port, "baton_prompt_tokens_total");
+  if (leavers.load() == 0) {
+    EXPECT_EQ(server_tokens, double(tokens.load()));
+    EXPECT_EQ(server_prompt_tokens, double(prompt_tokens.load()));
+  } else {
+    EXPECT_GE(server_tokens, double(tokens.load()));
+    EXPECT_GT(server_prompt_tokens, double(prompt_tokens.load()));
+  }
+  // Every request counted once, the leavers' too (their stream had begun: 200).
   const double ok = metric(port, "baton_http_responses_total{endpoint=\"chat\",code=\"200\"}") +
                     metric(port, "baton_http_responses_total{endpoint=\"completions\",code=\"200\"}");
-  EXPECT_EQ(ok, double(requests.load()));
+  EXPECT_EQ(ok, double(requests.load() + leavers.load()));
+  const double cancelled = std::max(0.0, metric(port, "baton_generations_total{finish=\"cancelled\"}"));
   EXPECT_EQ(metric(port, "baton_generations_total{finish=\"stop\"}") +
-                metric(port, "baton_generations_total{finish=\"length\"}"),
-            double(requests.load()));
+                metric(port, "baton_generations_total{finish=\"length\"}") + cancelled,
+            double(requests.load() + leavers.load()));
+  EXPECT_LE(cancelled, double(leavers.load()));
   EXPECT_EQ(metric(port, "baton_generations_total{finish=\"error\"}"), 0);
   EXPECT_EQ(metric(port, "baton_streams_open"), 0);
-  std::printf("[load] %d clients, %d s: %lld streams, %lld tokens, %lld chunks, %lld failed; RSS %.1f -> %.1f MiB "
-              "(%+.2f%%)\n",
+  std::printf("[load] %d clients, %d s: %lld streams, %lld tokens, %lld chunks, %lld failed, %lld left early "
+              "(%.0f cancelled); RSS %.1f -> %.1f MiB (%+.2f%%)\n",
               clients, seconds, (long long)requests.load(), (long long)tokens.load(), (long long)chunks.load(),
-              (long long)failures.load(), double(rss_early.load()) / (1 << 20), double(rss_end) / (1 << 20),
-              growth * 100);
+              (long long)failures.load(), (long long)leavers.load(), cancelled, double(rss_early.load()) / (1 << 20),
+              double(rss_end) / (1 << 20), growth * 100);
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 

@@ -53,6 +53,9 @@ class ServeProcess {
 // ---- a raw HTTP client ----
 
 int connect_to(int port, std::chrono::seconds recv_timeout = std::chrono::seconds(60));
+// The same from another loopback source address (127.x.y.z), so that one test
+// can play several clients; -1 when the connection fails.
+int connect_from(const std::string& source_ip, int port, std::chrono::seconds recv_timeout = std::chrono::seconds(20));
 bool send_all(int fd, const std::string& data);
 std::string read_all(int fd);
 
@@ -66,6 +69,13 @@ struct Response {
 };
 
 Response parse_response(const std::string& raw);
+// The length of the first whole response in `raw` (Content-Length or chunked
+// body), or std::string::npos while it is incomplete.
+size_t response_length(const std::string& raw);
+// The next response on a kept-alive connection; `buf` carries what was read
+// beyond it. complete is false when the connection ended first (status 0 when
+// nothing came).
+Response read_response(int fd, std::string& buf);
 std::string request_text(const std::string& method, const std::string& path, const std::string& body,
                          const std::vector<std::string>& headers = {});
 Response http(int port, const std::string& method, const std::string& path, const std::string& body = "",
@@ -89,6 +99,11 @@ json run_json(const std::string& prompt, int n);
 int start_long_stream(int port, int max_tokens);
 
 // ---- whole runs ----
+
+// ignore_eos against a server of the stories model: a request whose EOS comes
+// early (logit_bias on it) stops there without the field and runs to exactly
+// max_tokens with it, plain, streamed and as a chat; bad types get 400.
+void check_ignore_eos(int port);
 
 // The official openai npm client (tests/serve/) against a server started with `extra`.
 void check_official_client(const std::vector<std::string>& extra);

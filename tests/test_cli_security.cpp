@@ -206,7 +206,7 @@ std::string post(int port, const std::string& path, const std::string& body, con
 }
 
 TEST(SecurityHttp, ConnectionsBeyondTheLimitGet503AndTheServerRecovers) {
-  Server s({"--max-connections", "4"});
+  Server s({"--max-connections", "4", "--max-connections-per-client", "4"});
   // Four kept-alive connections, each proven accepted by one answered request.
   std::vector<int> held;
   for (int i = 0; i < 4; ++i) {

@@ -165,6 +165,11 @@ TEST(Serve, ChatStreamsTheSameAsNonStreamingAndSeedsRepeat) {
   expect_error(http(port, "GET", "/v1/models/gpt-4"), 404, "model_not_found");
 }
 
+TEST(Serve, IgnoreEosRunsToMaxTokens) {
+  ServeProcess server({"-m", stories(), "--quiet"});
+  check_ignore_eos(server.port());
+}
+
 TEST(Serve, HealthAndMetricsDescribeTheRoute) {
   ServeProcess server({"-m", stories(), "--parallel", "3", "--queue", "5", "--ctx", "256"});
   const int port = server.port();

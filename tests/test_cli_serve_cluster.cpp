@@ -35,6 +35,12 @@ using namespace std::chrono_literals;
 
 TEST(ServeCluster, OfficialOpenAiNodeClientOnTwoWorkers) { check_official_client({"--workers", "2"}); }
 
+// accept_token is shared, so ignore_eos holds through the worker pipeline too.
+TEST(ServeCluster, IgnoreEosRunsToMaxTokensOnTwoWorkers) {
+  ServeProcess server({"-m", stories(), "--workers", "2", "--quiet"});
+  check_ignore_eos(server.port());
+}
+
 // ---- load ----
 
 // The same load through a pipeline of two worker processes

@@ -185,5 +185,103 @@ TEST(ServeApi, ChatPromptFromTheModelsJinjaTemplate) {
                ApiError);
 }
 
+// ignore_eos: parsed on both routes, refused when not a boolean; a chat drops
+// the family's end-of-turn tokens and strings; accept_token keeps an EOS.
+TEST(ServeApi, IgnoreEosKeepsEndOfGenerationTokens) {
+  ModelInfo m = stories_info();
+  const int32_t eos = m.tokenizer->eos();
+  ASSERT_TRUE(m.tokenizer->is_eog(eos));
+  ApiRequest c = parse_completion_request(R"({"model":"stories260K","prompt":[1,403],"ignore_eos":true})", m);
+  EXPECT_TRUE(c.gen.ignore_eos);
+  EXPECT_FALSE(
+      parse_completion_request(R"({"model":"stories260K","prompt":[1],"ignore_eos":false})", m).gen.ignore_eos);
+  EXPECT_FALSE(parse_completion_request(R"({"model":"stories260K","prompt":[1]})", m).gen.ignore_eos);
+  ApiRequest chat = parse_chat_request(
+      R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"ignore_eos":true,"stop":"x"})", m);
+  EXPECT_TRUE(chat.gen.ignore_eos);
+  EXPECT_TRUE(chat.gen.stop_tokens.empty());
+  EXPECT_EQ(chat.gen.stop, std::vector<std::string>{"x"});  // the client's stop strings stay
+  for (const char* bad : {R"("yes")", "1", "[true]", R"({"a":1})"}) {
+    SCOPED_TRACE(bad);
+    for (bool is_chat : {false, true}) {
+      const std::string body =
+          is_chat ? std::string(R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"ignore_eos":)") +
+                        bad + "}"
+                  : std::string(R"({"model":"stories260K","prompt":"Hi","ignore_eos":)") + bad + "}";
+      try {
+        is_chat ? parse_chat_request(body, m) : parse_completion_request(body, m);
+        ADD_FAILURE() << "accepted " << body;
+      } catch (const ApiError& e) {
+        EXPECT_EQ(e.status, 400);
+        EXPECT_EQ(e.param, "ignore_eos");
+        EXPECT_EQ(e.code, "invalid_type");
+      }
+    }
+  }
+
+  // The same EOS ends a request without ignore_eos and is counted with it;
+  // a stop token the request names still ends it.
+  GenerationRequest req = c.gen;
+  req.max_tokens = 3;
+  req.stop_tokens = {7};
+  for (bool ignore : {false, true}) {
+    req.ignore_eos = ignore;
+    TextAssembler text({});
+    Usage usage;
+    GenerationEvent ev;
+    auto reason = accept_token(req, *m.tokenizer, eos, 0, {}, false, text, usage, ev);
+    if (!ignore) {
+      EXPECT_EQ(reason, FinishReason::stop);
+      EXPECT_EQ(usage.completion_tokens, 0);
+      continue;
+    }
+    EXPECT_FALSE(reason);
+    EXPECT_EQ(usage.completion_tokens, 1);
+    ASSERT_EQ(ev.tokens.size(), 1u);
+    EXPECT_EQ(ev.tokens[0].id, eos);
+    EXPECT_EQ(accept_token(req, *m.tokenizer, 7, 0, {}, false, text, usage, ev), FinishReason::stop);
+    EXPECT_EQ(accept_token(req, *m.tokenizer, eos, 0, {}, false, text, usage, ev), std::nullopt);
+    EXPECT_EQ(accept_token(req, *m.tokenizer, eos, 0, {}, false, text, usage, ev), FinishReason::length);
+    EXPECT_EQ(usage.completion_tokens, 3);
+  }
+}
+
+// The body's shape is checked before nlohmann builds a tree of it: deep
+// nesting and huge numbers of values are refused by name, the limits
+// themselves pass.
+TEST(ServeApi, JsonDepthAndValueCountAreBoundedBeforeParsing) {
+  ModelInfo m = stories_info();
+  const std::string head = R"({"model":"stories260K","prompt":"Once","max_tokens":1,"x":)";
+  auto refusal = [&](const std::string& body) -> std::string {
+    try {
+      parse_completion_request(body, m);
+      return "";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code, "invalid_json");
+      return e.what();
+    }
+  };
+  auto nested = [&](int depth) { return head + std::string(depth, '[') + std::string(depth, ']') + "}"; };
+  EXPECT_EQ(refusal(nested(kMaxJsonDepth - 1)), "");  // the body's own object is one level
+  EXPECT_NE(refusal(nested(kMaxJsonDepth)).find("deeper than 64"), std::string::npos);
+  EXPECT_NE(refusal(std::string(1 << 20, '[')).find("deeper than 64"), std::string::npos);
+  // The body's object and its 4 keys and 3 values come first.
+  const int64_t room = max_json_values(m.n_ctx) - 8 - 1;  // the array is a value too
+  auto zeros = [&](int64_t n) {
+    std::string b = head + "[";
+    for (int64_t i = 0; i < n; ++i) b += i ? ",0" : "0";
+    return b + "]}";
+  };
+  EXPECT_EQ(refusal(zeros(room)), "");
+  EXPECT_NE(refusal(zeros(room + 1)).find("more than"), std::string::npos);
+  // A prompt of token ids that fills the context is not refused for its size.
+  std::string ids = R"({"model":"stories260K","max_tokens":1,"prompt":[)";
+  for (int64_t i = 0; i + 1 < m.n_ctx; ++i) ids += i ? ",1" : "1";
+  EXPECT_EQ(refusal(ids + "]}"), "");
+  // Malformed JSON is still reported as such.
+  EXPECT_NE(refusal("{\"model\":").find("could not parse"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace baton

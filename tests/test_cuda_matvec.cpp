@@ -1,4 +1,5 @@
-// CUDA dequantizing matvec and the cuBLAS prefill matmul against float64
+// CUDA dequantizing matvec, the cuBLAS prefill matmul and the small-batch
+// tensor-core matmul against float64
 // references built from the CPU dequantizer, on seeded random blocks of every
 // device dtype, with strided rows and activations and poisoned outputs.
 #include <cublas_v2.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_small.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/quant.h"
@@ -404,6 +406,57 @@ TEST(CudaMatmul, AllTypesInChunks) {
   EXPECT_THROW(cuda::matmul(handle, view(m, dw), dx.get(), 1, 256, dout.get(), 4, ws.get(), 100, nullptr),
                std::invalid_argument);
   cublasDestroy(handle);
+}
+
+// The batched decode's tensor-core matmul: every dtype it takes, token
+// counts at and between its tiles (16, 32, 64), rows that end mid-block,
+// several column splits (4096 columns over 3 row blocks) and one (a tall
+// matrix), strided x and out around a poisoned gap.
+TEST(CudaMatmul, SmallBatchTensorCoreMatchesReference) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 2);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (Shape sh : {Shape{300, 4096}, Shape{2100, 512}}) {
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+      const HostMatrix m = random_matrix(t, sh.rows, sh.cols, 0, rng());
+      DeviceArray<uint8_t> dw(m.bytes);
+      ASSERT_TRUE(cuda::small_matmul_supported(view(m, dw)));
+      for (int64_t n_tokens : {1, 9, 16, 17, 33, 64}) {
+        const std::string what = std::string(dtype_name(t)) + " " + std::to_string(sh.rows) + "x" +
+                                 std::to_string(sh.cols) + " tokens " + std::to_string(n_tokens);
+        SCOPED_TRACE(what);
+        const int64_t x_stride = sh.cols + 8, out_stride = sh.rows + 5;
+        const std::vector<float> x = test::random_floats(rng, size_t(n_tokens * x_stride));
+        DeviceArray<float> dx(x);
+        DeviceArray<float> dout(size_t(n_tokens * out_stride));
+        dout.poison();
+        const size_t ws_bytes = cuda::small_matmul_workspace_bytes(sh.rows, sh.cols, n_tokens);
+        DeviceArray<uint8_t> ws(ws_bytes);
+        cuda::small_matmul(view(m, dw), dx.get(), n_tokens, x_stride, dout.get(), out_stride, ws.get(), ws_bytes,
+                           nullptr);
+        std::vector<double> ref, mag;
+        reference(m, x, n_tokens, x_stride, ref, mag);
+        expect_close(dout.download(), n_tokens, sh.rows, out_stride, ref, mag, matmul_tolerance(t), what);
+      }
+    }
+  }
+  // Refused: a row length that is not a multiple of 256, more than 64 tokens, a short workspace.
+  const HostMatrix odd = random_matrix(DType::Q8_0, 4, 96, 0, rng());
+  DeviceArray<uint8_t> dodd(odd.bytes);
+  EXPECT_FALSE(cuda::small_matmul_supported(view(odd, dodd)));
+  const HostMatrix m = random_matrix(DType::Q4_K, 4, 256, 0, rng());
+  DeviceArray<uint8_t> dw(m.bytes);
+  DeviceArray<float> dx(size_t(65 * 256)), dout(size_t(65 * 4));
+  const size_t need = cuda::small_matmul_workspace_bytes(4, 256, 64);
+  DeviceArray<uint8_t> ws(need);
+  EXPECT_THROW(cuda::small_matmul(view(m, dw), dx.get(), 65, 256, dout.get(), 4, ws.get(), need, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::small_matmul(view(m, dw), dx.get(), 64, 256, dout.get(), 4, ws.get(), need - 256, nullptr),
+               std::invalid_argument);
 }
 
 }  // namespace

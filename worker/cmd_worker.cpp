@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "worker/commands.h"
 #include "worker/worker.h"
@@ -21,11 +23,30 @@ namespace {
 
 namespace po = boost::program_options;
 
+// Makes GPU `index` of the visible ones the only one this process sees
+// (CUDA_VISIBLE_DEVICES, read when CUDA initialises), so every thread of the
+// worker uses it without a per-thread device switch.
+void select_gpu(int index) {
+  if (index < 0) throw std::invalid_argument("--gpu must be >= 0");
+  std::vector<std::string> visible;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
+    std::stringstream list(v);
+    for (std::string item; std::getline(list, item, ',');) visible.push_back(item);
+    if (size_t(index) >= visible.size()) {
+      throw std::invalid_argument("--gpu " + std::to_string(index) + ": only " + std::to_string(visible.size()) +
+                                  " GPUs are visible (CUDA_VISIBLE_DEVICES=" + v + ")");
+    }
+  }
+  const std::string chosen = visible.empty() ? std::to_string(index) : visible[size_t(index)];
+  setenv("CUDA_VISIBLE_DEVICES", chosen.c_str(), 1);
+}
+
 }  // namespace
 
 int cmd_worker(int argc, char** argv) {
   WorkerOptions opt;
-  std::string backend = "cpu", mem_limit, fault;
+  std::string backend = "auto", mem_limit, fault;
+  int gpu = -1;
   po::options_description desc("options");
   // clang-format off
   desc.add_options()
@@ -36,8 +57,10 @@ int cmd_worker(int argc, char** argv) {
       ("secret-file", po::value<std::string>(&opt.secret_file)->required(),
        "file with the cluster's shared secret (chmod 600)")
       ("model,m", po::value<std::string>(&opt.model), "the full GGUF (default: the path the coordinator assigns)")
-      ("backend", po::value<std::string>(&backend)->default_value("cpu"),
-       "cpu, or cuda (the first GPU; refused when the build has no CUDA or no GPU is present)")
+      ("backend", po::value<std::string>(&backend)->default_value("auto"),
+       "auto (the GPU when one is usable, else the CPU; one log line says which), cpu, or cuda (refused "
+       "when the build has no CUDA or no GPU is present)")
+      ("gpu", po::value<int>(&gpu), "with cuda: the index of the GPU to use among the visible ones (default: the first)")
       ("mem-limit", po::value<std::string>(&mem_limit), "most memory the stage's plan may use, e.g. 16GiB")
       ("name", po::value<std::string>(&opt.name), "this worker's name in logs and errors (default: worker-PID)")
       ("threads,t", po::value<int>(&opt.n_threads)->default_value(1), "CPU threads for the forward pass")
@@ -58,10 +81,13 @@ int cmd_worker(int argc, char** argv) {
     return 0;
   }
   po::notify(vm);
-  const auto b = backend_from_name(backend);
-  if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");
-  if (const std::string why = backend_unavailable(*b); !why.empty()) throw std::runtime_error(why);
-  opt.backend = *b;
+  // Before anything touches CUDA: the device is chosen for the whole process.
+  if (vm.count("gpu")) select_gpu(gpu);
+  std::string note;
+  const Backend b = resolve_backend(backend, &note);
+  if (const std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
+  if (backend == "auto") std::fprintf(stderr, "baton worker: %s\n", note.c_str());
+  opt.backend = b;
   if (!mem_limit.empty()) opt.mem_limit = parse_size(mem_limit);
   if (opt.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
   if (opt.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");

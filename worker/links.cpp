@@ -265,10 +265,12 @@ bool Worker::receive_rows(const net::Forward& f, Upstream* from, std::vector<flo
     // the host and refused later, as over TCP: device_input() would throw
     // here, before the rows are received, and lose the link's step.
     float* device = nullptr;
-    if (stage_ && f.chunks.size() == 1 && !assign_.has_embedding &&
-        int64_t(f.row_width) == stage_->arch().boundary_elems_per_token() && f.chunks[0].n_tokens >= 1 &&
-        int64_t(f.chunks[0].n_tokens) <= stage_->max_batch()) {
-      device = stage_->device_input(int64_t(f.chunks[0].n_tokens));
+    const uint64_t total = f.total_tokens();
+    bool chunks_ok = !f.chunks.empty();
+    for (const net::SeqChunk& c : f.chunks) chunks_ok = chunks_ok && c.n_tokens >= 1;
+    if (stage_ && chunks_ok && (f.chunks.size() == 1 || stage_->batches()) && !assign_.has_embedding &&
+        int64_t(f.row_width) == stage_->arch().boundary_elems_per_token() && int64_t(total) <= stage_->max_batch()) {
+      device = stage_->device_input(int64_t(total));
     }
     if (device) {
       // recv returns once the rows are in place: forward_device_input()
@@ -299,8 +301,10 @@ void Worker::send_rows_over_nccl(net::Forward& out) {
     if (!link) throw std::runtime_error(next_link_name() + ": aborted");
     const uint64_t n = out.activations.size() / sizeof(float);
     // A runner that keeps its output on the device hands it over there
-    // (one chunk: the device rows are the last forward's only).
-    const StageRunner::DeviceRows d = out.chunks.size() == 1 ? stage_->device_output() : StageRunner::DeviceRows{};
+    // (one chunk, or a runner that batches: the device rows are all of the
+    // last forward's).
+    const StageRunner::DeviceRows d =
+        out.chunks.size() == 1 || stage_->batches() ? stage_->device_output() : StageRunner::DeviceRows{};
     if (d.data && uint64_t(d.n_floats) == n) {
       link->send(d.data, n, d.stream);
     } else {

@@ -282,17 +282,16 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
     rows.resize(f.activations.size() / sizeof(float));
     std::memcpy(rows.data(), f.activations.data(), rows.size() * sizeof(float));
   }
-  net::Forward out;
-  out.request_id = f.request_id;
-  out.chunks = f.chunks;
-  out.row_width = uint32_t(in_width);
-  size_t row = 0;
+  // The micro-batch runs as one batched forward (engine/batch.h): every
+  // chunk continues its sequence, and a chunk at position 0 starts a new
+  // sequence in that slot.
+  std::vector<BatchChunk> batch;
+  batch.reserve(f.chunks.size());
   for (const net::SeqChunk& c : f.chunks) {
     const int seq = int(c.seq);
     if (seq >= stage_->config().n_seq) {
       return send_error(net::WireError::bad_request, f.request_id, "sequence " + std::to_string(seq) + " out of range");
     }
-    // A chunk at position 0 starts a new sequence in that slot.
     if (c.start_pos == 0 && stage_->position(seq) != 0) {
       stage_->reset(seq);
       samplers_.erase(c.seq);
@@ -304,24 +303,44 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
                             std::to_string(c.start_pos) + " with " + std::to_string(c.n_tokens) +
                             " tokens (context " + std::to_string(stage_->n_ctx()) + ")");
     }
-    std::span<const float> y;
-    if (assign_.has_embedding) {
-      y = stage_->forward(seq, std::span<const int32_t>(f.tokens.data() + row, c.n_tokens));
-    } else if (rows_on_device) {
-      y = stage_->forward_device_input(seq, c.n_tokens);
-    } else {
-      y = stage_->forward(seq, std::span<const float>(rows.data() + row * size_t(in_width), c.n_tokens * size_t(in_width)),
-                          c.n_tokens);
-    }
-    row += c.n_tokens;
-    if (!assign_.has_output) {
-      const auto* b = reinterpret_cast<const uint8_t*>(y.data());
-      out.activations.insert(out.activations.end(), b, b + y.size_bytes());
-    } else if (c.sample) {
-      coord_->send(sample(c, y, f.request_id));
-    }
+    batch.push_back({seq, int64_t(c.n_tokens), assign_.has_output && c.sample});
   }
-  if (assign_.has_output) return;
+  std::span<const float> y;
+  try {
+    if (assign_.has_embedding) {
+      y = stage_->forward_batch(batch, f.tokens);
+    } else if (rows_on_device) {
+      y = stage_->forward_batch_device_input(batch);
+    } else {
+      y = stage_->forward_batch(batch, rows);
+    }
+  } catch (const std::invalid_argument& e) {
+    return send_error(net::WireError::bad_request, f.request_id, e.what());
+  } catch (const std::out_of_range& e) {
+    return send_error(net::WireError::bad_request, f.request_id, e.what());
+  }
+  if (assign_.has_output) {
+    const size_t width = size_t(stage_->n_vocab());
+    size_t k = 0;
+    for (const net::SeqChunk& c : f.chunks) {
+      if (!c.sample) continue;
+      coord_->send(sample(c, y.subspan(k * width, width), f.request_id));
+      ++k;
+    }
+    if (k == 0) {
+      net::Result ack;  // v4: the micro-batch left the pipeline, nothing sampled
+      ack.request_id = f.request_id;
+      ack.seq = f.chunks.front().seq;
+      coord_->send(ack);
+    }
+    return;
+  }
+  net::Forward out;
+  out.request_id = f.request_id;
+  out.chunks = f.chunks;
+  out.row_width = uint32_t(in_width);
+  const auto* b = reinterpret_cast<const uint8_t*>(y.data());
+  out.activations.assign(b, b + y.size_bytes());
   tokens_sent_ += out.total_tokens();
   if (next_ && next_nccl_ok_) send_rows_over_nccl(out);
   if (!next_ || !next_->send(out)) {

@@ -161,7 +161,7 @@ void validate_request(GenerationRequest& request, const ModelInfo& info) {
 std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
                                          float logprob, const std::vector<std::pair<int32_t, float>>& top,
                                          bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev) {
-  if (tok.is_eog(id) || std::binary_search(req.stop_tokens.begin(), req.stop_tokens.end(), id)) {
+  if ((!req.ignore_eos && tok.is_eog(id)) || std::binary_search(req.stop_tokens.begin(), req.stop_tokens.end(), id)) {
     return FinishReason::stop;
   }
   ++usage.completion_tokens;

@@ -47,8 +47,13 @@ struct GenerationRequest {
   // text; the stop text itself is not returned.
   std::vector<std::string> stop;
   // Token ids that end generation (not returned), besides the model's
-  // end-of-generation tokens, which always do.
+  // end-of-generation tokens (unless ignore_eos).
   std::vector<int32_t> stop_tokens;
+  // The model's end-of-generation tokens are returned and counted like any
+  // other instead of ending the request: it ends at max_tokens, the
+  // context's end, a stop string or a stop token. For load benchmarks that
+  // need completions of an exact length.
+  bool ignore_eos = false;
   // Added to the raw logits before sampling (OpenAI's logit_bias); -100 bans.
   std::vector<std::pair<int32_t, float>> logit_bias;
   // -1: no logprobs; 0..kMaxTopLogprobs: the chosen token's log-probability
@@ -80,7 +85,7 @@ const char* finish_reason_name(FinishReason r);
 
 struct Usage {
   int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;  // sampled tokens, end-of-generation tokens excluded
+  int64_t completion_tokens = 0;  // sampled tokens, the one that ends generation (EOS, stop token) excluded
   double queue_s = 0;             // submit to admission into a slot
   double time_to_first_token_s = 0;  // submit to the first sampled token
   double prefill_s = 0;           // forward time of the prompt
@@ -212,8 +217,8 @@ ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const
 // them).
 void validate_request(GenerationRequest& request, const ModelInfo& info);
 
-// Records one sampled token of a request: an end-of-generation or stop token
-// ends it (not returned); otherwise the token, its logprobs when asked
+// Records one sampled token of a request: an end-of-generation token (unless
+// the request ignores them) or a stop token ends it (not returned); otherwise the token, its logprobs when asked
 // (`logprob` and `top`, most likely first) and the text it releases go into
 // `ev`. Returns the finish reason when this token ends the request: a stop
 // string, max_tokens, or `context_full` (no room for another token).

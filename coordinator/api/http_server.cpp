@@ -1,11 +1,14 @@
 // The HTTP server: see http_server.h.
 //
-// Over 600 lines because a connection's session and its exchanges are one
+// Over 700 lines because a connection's session and its exchanges are one
 // piece: they share private types and the session's strand, and Asio and
 // Beast must stay out of every header (they are slow to compile), so they
 // cannot be split into files that see each other without a header full of Beast.
+// Which connections are admitted is decided in connection_admission.cpp; the
+// request and response heads are made in http_message.cpp.
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/http_request_from_beast.h"
+#include "coordinator/api/connection_admission.h"
 
 // Boost 1.74's Asio needs <utility> before it under C++20.
 #include <utility>
@@ -20,11 +23,12 @@
 #pragma GCC diagnostic pop
 
 #include <array>
-#include <cctype>
+#include <deque>
 #include <fmt/format.h>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 namespace baton {
 
@@ -34,116 +38,140 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-const char* http_reason(int status) {
-  switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
-  }
-}
-
-std::optional<std::string_view> HttpRequest::header(std::string_view name) const {
-  for (const auto& [k, v] : headers) {
-    if (k == name) return std::string_view(v);
-  }
-  return std::nullopt;
-}
-
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-// Header names and values come from our own code, but a CR or LF in one would
-// split the response: drop such headers rather than trust every caller.
-bool header_safe(std::string_view s) { return s.find_first_of("\r\n") == std::string_view::npos; }
-
-std::string response_head(int status, const std::string& content_type, const HttpHeaders& headers, bool keep_alive) {
-  std::string h = fmt::format("HTTP/1.1 {} {}\r\n", status, http_reason(status));
-  if (!content_type.empty() && header_safe(content_type)) h += "Content-Type: " + content_type + "\r\n";
-  for (const auto& [k, v] : headers) {
-    if (header_safe(k) && header_safe(v)) h += k + ": " + v + "\r\n";
-  }
-  h += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
-  return h;
-}
-
+class Session;
+// Complete requests that may wait behind the one being answered (pipelining);
+// past this, or past --max-body bytes of waiting bodies, the connection reads
+// no more requests and closes once those are answered.
+constexpr size_t kMaxPipelined = 8;
 }  // namespace
-
-HttpRequest http_request_from(http::request<http::string_body>&& msg, std::string remote) {
-  HttpRequest req;
-  auto method = msg.method_string();
-  auto target = msg.target();
-  req.method.assign(method.data(), method.size());
-  req.target.assign(target.data(), target.size());
-  req.path = req.target.substr(0, req.target.find('?'));
-  for (const auto& f : msg) {
-    auto name = f.name_string();
-    auto value = f.value();
-    req.headers.emplace_back(lower(std::string_view(name.data(), name.size())), std::string(value.data(), value.size()));
-  }
-  req.body = std::move(msg.body());
-  req.remote = std::move(remote);
-  return req;
-}
 
 struct HttpServer::Impl {
   // Declared before the io_context: sessions destroyed with it still use these.
   HttpServerConfig cfg;
   HttpHandler handler;
   HttpServerHooks hooks;
-  std::atomic<int> connections{0};
+  ConnectionAdmission admission;
+  std::atomic<int> rejecting{0};  // sessions answering 503, not admitted
+  std::mutex sessions_mu;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;  // every live session, for stop()
 
   asio::io_context ioc;
   tcp::acceptor acceptor;
+  asio::steady_timer accept_backoff;
   std::vector<std::thread> threads;
   std::mutex stop_mu;
   bool stopped = false;
 
   Impl(HttpServerConfig c, HttpHandler h, HttpServerHooks k)
-      : cfg(std::move(c)), handler(std::move(h)), hooks(std::move(k)), ioc(std::max(1, cfg.threads)), acceptor(ioc) {}
+      : cfg(std::move(c)),
+        handler(std::move(h)),
+        hooks(std::move(k)),
+        admission(cfg.max_connections, cfg.max_connections_per_client),
+        ioc(std::max(1, cfg.threads)),
+        acceptor(ioc),
+        accept_backoff(ioc) {}
 
   std::string error_body(int status, const std::string& message, const std::string& kind) const {
     if (hooks.error_body) return hooks.error_body(status, message, kind);
     return "{\"error\":{\"message\":\"" + message + "\"}}";
   }
+  // A whole error response that closes the connection (on_error is called).
+  std::string error_response(int status, const std::string& message, const std::string& kind,
+                             const HttpHeaders& headers) const {
+    if (hooks.on_error) hooks.on_error(status, kind);
+    std::string body = error_body(status, message, kind);
+    std::string data = http_response_head(status, "application/json", headers, false);
+    data += fmt::format("Content-Length: {}\r\n\r\n", body.size());
+    return data + body;
+  }
+  // Past every session's budget of rejections: answered and closed at once.
+  int max_rejecting() const { return std::max(64, cfg.max_connections); }
   void accept();
+  void admit(tcp::socket socket);
+  void refuse_now(tcp::socket& socket, const std::string& message);
 };
 
 namespace {
 
-class ExchangeImpl;
+std::string client_address(const tcp::endpoint& ep) {
+  auto a = ep.address();
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return a.to_string();
+}
 
-// One connection. Every member is touched only on the session's strand.
+// The session's side of one exchange: strand only, but for the abort
+// callback, which any thread may set.
+struct ExchangeState {
+  explicit ExchangeState(HttpRequest r) : req(std::move(r)) {}
+
+  void on_abort(std::function<void()> callback) {
+    std::unique_lock lock(mu);
+    if (aborted) {
+      lock.unlock();
+      callback();
+      return;
+    }
+    abort_cb = std::move(callback);
+  }
+  void abort() {
+    std::function<void()> cb;
+    {
+      std::lock_guard lock(mu);
+      if (aborted) return;
+      aborted = true;
+      cb = std::move(abort_cb);
+    }
+    if (cb) cb();
+  }
+
+  const HttpRequest req;  // never changes: any thread may read it
+  bool complete = false;  // the whole response is queued
+  bool streaming = false;  // the head of a chunked response was queued
+  bool logged = false;     // the access log has it: nothing more happens to it
+  int status = 0;
+  uint64_t bytes_out = 0;
+  Clock::time_point start = Clock::now();
+
+  std::mutex mu;
+  std::atomic<bool> aborted{false};
+  std::function<void()> abort_cb;
+};
+
+// A complete request waiting behind the one being answered.
+struct Waiting {
+  HttpRequest req;
+  bool keep_alive;
+};
+
+// One connection. Every member is touched only on the session's strand (or,
+// in stop(), by the one thread left).
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(HttpServer::Impl& srv, tcp::socket socket)
+  Session(HttpServer::Impl& srv, tcp::socket socket, std::string address, bool admitted)
       : srv_(srv),
         socket_(std::move(socket)),
+        address_(std::move(address)),
+        admitted_(admitted),
         buffer_(srv.cfg.max_header_bytes + (size_t(128) << 10)),
         read_timer_(socket_.get_executor()),
         write_timer_(socket_.get_executor()) {
-    srv_.connections.fetch_add(1);
     beast::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
-    if (!ec) remote_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+    if (!ec) remote_ = address_ + ":" + std::to_string(ep.port());
   }
-  ~Session() { srv_.connections.fetch_sub(1); }
+  ~Session() {
+    if (admitted_) {
+      srv_.admission.release(address_);
+    } else {
+      srv_.rejecting.fetch_sub(1);
+    }
+    std::lock_guard lock(srv_.sessions_mu);
+    srv_.sessions.erase(this);
+  }
 
   void start() {
+    enroll();
     asio::dispatch(socket_.get_executor(), [self = shared_from_this()] {
       self->new_parser();
       self->arm_read_timer(self->srv_.cfg.request_timeout);
@@ -151,24 +179,34 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // Over the connection limit: one 503 and close.
-  void reject() {
-    asio::dispatch(socket_.get_executor(), [self = shared_from_this()] {
-      self->send_error(503, "too many connections; retry later", "too_many_connections", {{"Retry-After", "1"}});
+  // Not admitted: one 503 and close.
+  void reject(std::string message) {
+    enroll();
+    asio::dispatch(socket_.get_executor(), [self = shared_from_this(), message = std::move(message)] {
+      self->send_error(503, message, "too_many_connections", {{"Retry-After", "1"}});
     });
   }
+
+  // stop(): no io thread runs any more.
+  void close_for_stop() { hard_close(); }
 
   asio::any_io_executor executor() { return socket_.get_executor(); }
 
   // Called through ExchangeImpl, on the strand.
-  void ex_respond(const std::shared_ptr<ExchangeImpl>& ex, int status, const std::string& content_type,
+  void ex_respond(const std::shared_ptr<ExchangeState>& ex, int status, const std::string& content_type,
                   const std::string& body, const HttpHeaders& headers);
-  void ex_begin_stream(const std::shared_ptr<ExchangeImpl>& ex, int status, const std::string& content_type,
+  void ex_begin_stream(const std::shared_ptr<ExchangeState>& ex, int status, const std::string& content_type,
                        const HttpHeaders& headers);
-  void ex_write(const std::shared_ptr<ExchangeImpl>& ex, const std::string& data);
-  void ex_end(const std::shared_ptr<ExchangeImpl>& ex);
+  void ex_write(const std::shared_ptr<ExchangeState>& ex, const std::string& data);
+  void ex_end(const std::shared_ptr<ExchangeState>& ex);
+  void ex_released(const std::shared_ptr<ExchangeState>& ex);
 
  private:
+  void enroll() {
+    std::lock_guard lock(srv_.sessions_mu);
+    srv_.sessions[this] = weak_from_this();
+  }
+
   void new_parser() {
     parser_.emplace();
     parser_->header_limit(srv_.cfg.max_header_bytes);
@@ -192,123 +230,124 @@ class Session : public std::enable_shared_from_this<Session> {
     read_timer_.cancel();
   }
 
+  // A read is pending whenever the connection is open, so that a client that
+  // leaves is noticed at once: the next request, or (when no more requests
+  // are taken) bytes that are dropped.
   void do_read() {
-    if (reading_ || closing_ || close_after_write_ || parser_->is_done()) return;
+    if (reading_ || closing_ || close_after_write_) return;
     reading_ = true;
-    http::async_read_some(socket_, buffer_, *parser_,
-                          [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    if (accepting_) {
+      http::async_read_some(socket_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    } else {
+      socket_.async_read_some(asio::buffer(discard_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+        self->on_discard(ec, n);
+      });
+    }
+  }
+  // No more requests on this connection: those waiting are answered, then it closes.
+  void stop_accepting() {
+    accepting_ = false;
+    buffer_.consume(buffer_.size());
   }
 
   void on_read(beast::error_code ec);
+  void on_discard(beast::error_code ec, size_t n);
+  void on_request();
+  void maybe_continue();
   void on_read_deadline();
-  void dispatch();
+  void dispatch(HttpRequest req, bool keep_alive);
   void queue(std::string data) {
     outq_ += std::move(data);
     do_write();
   }
   void do_write();
   void on_exchange_done();
-  void client_gone();
+  // The exchange's one access-log line.
+  void log(ExchangeState& ex, bool complete);
+  // The connection ends: the exchange in progress is aborted, and it and
+  // every waiting request are logged.
+  void drop_pending();
   void send_error(int status, const std::string& message, const std::string& kind, HttpHeaders headers = {});
   void linger_close();
-  void hard_close() {
-    closing_ = true;
-    beast::error_code ec;
-    socket_.shutdown(tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
-    disarm_read_timer();
-    write_timer_.cancel();
-  }
+  void hard_close();
 
   HttpServer::Impl& srv_;
   tcp::socket socket_;
-  std::string remote_;
+  const std::string address_;  // the client's IP address (the admission key)
+  const bool admitted_;
+  std::string remote_;  // address:port
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   asio::steady_timer read_timer_, write_timer_;
   uint64_t read_gen_ = 0, write_gen_ = 0;
   bool reading_ = false;
+  bool accepting_ = true;         // more requests are read on this connection
   bool request_started_ = false;  // the current parser got its first byte
   bool continue_sent_ = false;
-  bool request_waiting_ = false;  // parser_ holds a complete request behind the current one
-  bool idle_wait_ = false;        // the read deadline is the keep-alive idle one
-  bool keep_alive_ = true;
+  bool idle_wait_ = false;  // the read deadline is the keep-alive idle one
+  bool keep_alive_ = true;  // of the exchange in progress
   bool closing_ = false;            // closed, or lingering before the close: no more reads or writes
-  bool close_after_write_ = false;  // no more requests: send what is queued, then close
-  std::shared_ptr<ExchangeImpl> current_;
+  bool close_after_write_ = false;  // an error response: send what is queued, then close
+  std::shared_ptr<ExchangeState> current_;
+  // The session itself while an exchange is in progress: it must outlive the
+  // exchange even when no read or write is pending (the handler holds only a
+  // weak pointer).
+  std::shared_ptr<Session> keep_;
+  std::deque<Waiting> waiting_;
+  uint64_t waiting_bytes_ = 0;
+  uint64_t discarded_ = 0;
   std::string outq_;     // bytes waiting for the next write
   std::string writing_;  // bytes of the write in flight
   bool write_busy_ = false;
   std::array<char, 4096> discard_{};
 };
 
-class ExchangeImpl : public HttpExchange, public std::enable_shared_from_this<ExchangeImpl> {
+// The handler's side of an exchange.
+class ExchangeImpl : public HttpExchange {
  public:
-  ExchangeImpl(std::weak_ptr<Session> session, asio::any_io_executor ex, HttpRequest req)
-      : session_(std::move(session)), executor_(std::move(ex)), req_(std::move(req)) {}
+  ExchangeImpl(std::weak_ptr<Session> session, std::shared_ptr<ExchangeState> state)
+      : session_(std::move(session)), state_(std::move(state)) {}
+  // A response the handler never completed is completed here.
+  ~ExchangeImpl() override {
+    post([](Session& s, const std::shared_ptr<ExchangeState>& ex) { s.ex_released(ex); });
+  }
 
-  const HttpRequest& request() const override { return req_; }
+  const HttpRequest& request() const override { return state_->req; }
 
   void respond(int status, std::string content_type, std::string body, HttpHeaders headers) override {
     post([status, ct = std::move(content_type), body = std::move(body), h = std::move(headers)](
-             Session& s, const std::shared_ptr<ExchangeImpl>& self) { s.ex_respond(self, status, ct, body, h); });
+             Session& s, const std::shared_ptr<ExchangeState>& ex) { s.ex_respond(ex, status, ct, body, h); });
   }
   void begin_stream(int status, std::string content_type, HttpHeaders headers) override {
     post([status, ct = std::move(content_type), h = std::move(headers)](Session& s,
-                                                                       const std::shared_ptr<ExchangeImpl>& self) {
-      s.ex_begin_stream(self, status, ct, h);
+                                                                       const std::shared_ptr<ExchangeState>& ex) {
+      s.ex_begin_stream(ex, status, ct, h);
     });
   }
   void write(std::string data) override {
-    post([d = std::move(data)](Session& s, const std::shared_ptr<ExchangeImpl>& self) { s.ex_write(self, d); });
+    post([d = std::move(data)](Session& s, const std::shared_ptr<ExchangeState>& ex) { s.ex_write(ex, d); });
   }
   void end() override {
-    post([](Session& s, const std::shared_ptr<ExchangeImpl>& self) { s.ex_end(self); });
+    post([](Session& s, const std::shared_ptr<ExchangeState>& ex) { s.ex_end(ex); });
   }
 
-  void on_abort(std::function<void()> callback) override {
-    std::unique_lock lock(mu_);
-    if (aborted_) {
-      lock.unlock();
-      callback();
-      return;
-    }
-    abort_cb_ = std::move(callback);
-  }
-  bool aborted() const override { return aborted_.load(); }
-
-  void abort() {
-    std::function<void()> cb;
-    {
-      std::lock_guard lock(mu_);
-      if (aborted_) return;
-      aborted_ = true;
-      cb = std::move(abort_cb_);
-    }
-    if (cb) cb();
-  }
-
-  // Session-side state (strand only).
-  bool complete = false;   // the whole response is queued
-  bool streaming = false;  // the head of a chunked response was sent
-  int status = 0;
-  uint64_t bytes_out = 0;
-  Clock::time_point start = Clock::now();
+  void on_abort(std::function<void()> callback) override { state_->on_abort(std::move(callback)); }
+  bool aborted() const override { return state_->aborted.load(); }
 
  private:
+  // Onto the session's strand, unless the session is gone (then nothing is
+  // left to answer, and its io_context may be gone too).
   template <class F>
   void post(F f) {
-    asio::post(executor_, [w = session_, self = shared_from_this(), f = std::move(f)]() mutable {
-      if (auto s = w.lock()) f(*s, self);
-    });
+    auto s = session_.lock();
+    if (!s) return;
+    auto executor = s->executor();
+    asio::post(executor, [s = std::move(s), ex = state_, f = std::move(f)]() mutable { f(*s, ex); });
   }
 
   std::weak_ptr<Session> session_;
-  asio::any_io_executor executor_;
-  HttpRequest req_;
-  std::mutex mu_;
-  std::atomic<bool> aborted_{false};
-  std::function<void()> abort_cb_;
+  std::shared_ptr<ExchangeState> state_;
 };
 
 void Session::on_read(beast::error_code ec) {
@@ -318,12 +357,13 @@ void Session::on_read(beast::error_code ec) {
     const bool protocol = &ec.category() == &http::make_error_code(http::error::bad_method).category();
     if (!protocol || ec == http::error::end_of_stream || ec == http::error::partial_message) {
       // The client closed or reset the connection.
-      client_gone();
+      hard_close();
       return;
     }
     if (current_) {
-      // Garbage behind a request in progress: finish that one, then close.
-      keep_alive_ = false;
+      // Garbage behind a request in progress: answer what came before it, then close.
+      stop_accepting();
+      do_read();
       return;
     }
     if (ec == http::error::body_limit) {
@@ -344,22 +384,50 @@ void Session::on_read(beast::error_code ec) {
       arm_read_timer(srv_.cfg.request_timeout);
     }
   }
-  if (parser_->is_header_done() && !parser_->is_done() && !continue_sent_ && !current_) {
-    auto expect = parser_->get()[http::field::expect];
-    if (lower(std::string_view(expect.data(), expect.size())) == "100-continue") {
-      continue_sent_ = true;
-      queue("HTTP/1.1 100 Continue\r\n\r\n");
-    }
-  }
+  maybe_continue();
   if (parser_->is_done()) {
-    if (current_) {
-      request_waiting_ = true;
-    } else {
-      dispatch();
-    }
+    on_request();
     return;
   }
   do_read();
+}
+
+void Session::on_discard(beast::error_code ec, size_t n) {
+  reading_ = false;
+  if (closing_ || close_after_write_) return;
+  discarded_ += n;
+  // A client that leaves, or floods a connection that takes no more requests.
+  if (ec || discarded_ > srv_.cfg.max_body_bytes + srv_.cfg.max_header_bytes) {
+    hard_close();
+    return;
+  }
+  do_read();
+}
+
+void Session::on_request() {
+  auto msg = parser_->release();
+  const bool keep_alive = msg.keep_alive();
+  HttpRequest req = http_request_from(std::move(msg), remote_);
+  new_parser();
+  if (!keep_alive) stop_accepting();  // nothing after a "Connection: close" request is read
+  if (!current_) {
+    dispatch(std::move(req), keep_alive);
+  } else {
+    waiting_bytes_ += req.body.size();
+    waiting_.push_back({std::move(req), keep_alive});
+    if (waiting_.size() >= kMaxPipelined || waiting_bytes_ > srv_.cfg.max_body_bytes) stop_accepting();
+  }
+  do_read();
+}
+
+// "Expect: 100-continue" is answered only between exchanges: never in the
+// middle of another response.
+void Session::maybe_continue() {
+  if (current_ || !accepting_ || continue_sent_ || !parser_->is_header_done() || parser_->is_done()) return;
+  if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+    continue_sent_ = true;
+    queue("HTTP/1.1 100 Continue\r\n\r\n");
+  }
 }
 
 void Session::on_read_deadline() {
@@ -389,16 +457,15 @@ void Session::on_read_deadline() {
   }
 }
 
-void Session::dispatch() {
+void Session::dispatch(HttpRequest req, bool keep_alive) {
   disarm_read_timer();
-  auto msg = parser_->release();
-  keep_alive_ = msg.keep_alive();
-  current_ = std::make_shared<ExchangeImpl>(weak_from_this(), executor(), http_request_from(std::move(msg), remote_));
-  // Keep reading while the request is answered: the next request of a
-  // pipelining client, or the end of the connection (client gone).
-  new_parser();
-  do_read();
-  asio::post(executor(), [self = shared_from_this(), ex = current_] {
+  // The last request a connection takes says so in its response.
+  keep_alive_ = keep_alive && (accepting_ || !waiting_.empty());
+  current_ = std::make_shared<ExchangeState>(std::move(req));
+  keep_ = shared_from_this();
+  auto ex = std::make_shared<ExchangeImpl>(weak_from_this(), current_);
+  asio::post(executor(), [self = shared_from_this(), ex] {
+    if (self->closing_) return;  // the client left before the handler ran; the request is logged
     try {
       self->srv_.handler(ex);
     } catch (const std::exception& e) {
@@ -407,30 +474,30 @@ void Session::dispatch() {
   });
 }
 
-void Session::ex_respond(const std::shared_ptr<ExchangeImpl>& ex, int status, const std::string& content_type,
+void Session::ex_respond(const std::shared_ptr<ExchangeState>& ex, int status, const std::string& content_type,
                          const std::string& body, const HttpHeaders& headers) {
   if (ex != current_ || ex->complete || ex->streaming) return;
   ex->complete = true;
   ex->status = status;
-  std::string data = response_head(status, content_type, headers, keep_alive_);
+  std::string data = http_response_head(status, content_type, headers, keep_alive_);
   data += fmt::format("Content-Length: {}\r\n\r\n", body.size());
   data += body;
   ex->bytes_out += data.size();
   queue(std::move(data));
 }
 
-void Session::ex_begin_stream(const std::shared_ptr<ExchangeImpl>& ex, int status, const std::string& content_type,
+void Session::ex_begin_stream(const std::shared_ptr<ExchangeState>& ex, int status, const std::string& content_type,
                               const HttpHeaders& headers) {
   if (ex != current_ || ex->complete || ex->streaming) return;
   ex->streaming = true;
   ex->status = status;
-  std::string data = response_head(status, content_type, headers, keep_alive_);
+  std::string data = http_response_head(status, content_type, headers, keep_alive_);
   data += "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
   ex->bytes_out += data.size();
   queue(std::move(data));
 }
 
-void Session::ex_write(const std::shared_ptr<ExchangeImpl>& ex, const std::string& data) {
+void Session::ex_write(const std::shared_ptr<ExchangeState>& ex, const std::string& data) {
   // An empty chunk would end the body: skip it.
   if (ex != current_ || ex->complete || !ex->streaming || data.empty()) return;
   std::string chunk = fmt::format("{:x}\r\n", data.size());
@@ -440,11 +507,22 @@ void Session::ex_write(const std::shared_ptr<ExchangeImpl>& ex, const std::strin
   queue(std::move(chunk));
 }
 
-void Session::ex_end(const std::shared_ptr<ExchangeImpl>& ex) {
+void Session::ex_end(const std::shared_ptr<ExchangeState>& ex) {
   if (ex != current_ || ex->complete || !ex->streaming) return;
   ex->complete = true;
   ex->bytes_out += 5;
   queue("0\r\n\r\n");
+}
+
+void Session::ex_released(const std::shared_ptr<ExchangeState>& ex) {
+  if (ex != current_ || ex->complete) return;
+  // The handler let go of the request without completing its response.
+  if (!ex->streaming) {
+    ex_respond(ex, 500, "application/json",
+               srv_.error_body(500, "the server dropped the request without an answer", "internal"), {});
+  } else {
+    hard_close();  // a stream cut short must not look complete
+  }
 }
 
 void Session::do_write() {
@@ -456,14 +534,15 @@ void Session::do_write() {
   write_timer_.expires_after(srv_.cfg.write_timeout);
   write_timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
     if (ec || gen != self->write_gen_) return;
-    self->client_gone();  // the client stopped reading
+    self->hard_close();  // the client stopped reading
   });
   asio::async_write(socket_, asio::buffer(writing_), [self = shared_from_this()](beast::error_code ec, size_t) {
     self->write_busy_ = false;
     ++self->write_gen_;
     self->write_timer_.cancel();
+    if (self->closing_) return;
     if (ec) {
-      self->client_gone();
+      self->hard_close();
       return;
     }
     if (!self->outq_.empty()) {
@@ -476,53 +555,84 @@ void Session::do_write() {
   });
 }
 
-void Session::on_exchange_done() {
-  auto ex = std::move(current_);
-  current_.reset();
+void Session::log(ExchangeState& ex, bool complete) {
+  if (ex.logged) return;
+  ex.logged = true;
   if (srv_.hooks.access_log) {
-    srv_.hooks.access_log(ex->request(), ex->status, ex->bytes_out,
-                          std::chrono::duration<double>(Clock::now() - ex->start).count());
+    srv_.hooks.access_log(ex.req, ex.status ? ex.status : kStatusClientGone, ex.bytes_out,
+                          std::chrono::duration<double>(Clock::now() - ex.start).count(), complete);
   }
+}
+
+void Session::on_exchange_done() {
+  auto self = std::move(keep_);  // released when this returns
+  log(*current_, true);
+  current_.reset();
   if (!keep_alive_) {
     linger_close();
     return;
   }
-  if (request_waiting_) {
-    request_waiting_ = false;
-    dispatch();
+  if (!waiting_.empty()) {
+    Waiting next = std::move(waiting_.front());
+    waiting_.pop_front();
+    waiting_bytes_ -= next.req.body.size();
+    dispatch(std::move(next.req), next.keep_alive);
+    return;
+  }
+  if (!accepting_) {
+    linger_close();
     return;
   }
   idle_wait_ = !request_started_;
   arm_read_timer(request_started_ ? srv_.cfg.request_timeout : srv_.cfg.idle_timeout);
+  maybe_continue();
   do_read();
 }
 
-void Session::client_gone() {
-  if (current_ && !current_->complete) {
-    // Outside this call stack: the callback may call back into the exchange.
-    asio::post(executor(), [ex = current_] { ex->abort(); });
+void Session::drop_pending() {
+  if (current_) {
+    if (!current_->complete) {
+      // Outside this call stack: the callback may call back into the exchange.
+      asio::post(executor(), [ex = current_] { ex->abort(); });
+    }
+    log(*current_, false);
+    current_.reset();
   }
-  current_.reset();
-  hard_close();
+  for (Waiting& w : waiting_) {
+    ExchangeState never_started(std::move(w.req));
+    log(never_started, false);
+  }
+  waiting_.clear();
+  waiting_bytes_ = 0;
+}
+
+void Session::hard_close() {
+  auto self = shared_from_this();
+  closing_ = true;
+  beast::error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  disarm_read_timer();
+  write_timer_.cancel();
+  drop_pending();
+  keep_.reset();
 }
 
 void Session::send_error(int status, const std::string& message, const std::string& kind, HttpHeaders headers) {
   if (close_after_write_ || closing_) return;
   keep_alive_ = false;
   close_after_write_ = true;
-  if (srv_.hooks.on_error) srv_.hooks.on_error(status, kind);
-  std::string body = srv_.error_body(status, message, kind);
-  std::string data = response_head(status, "application/json", headers, false);
-  data += fmt::format("Content-Length: {}\r\n\r\n", body.size());
-  data += body;
-  outq_ += std::move(data);
+  outq_ += srv_.error_response(status, message, kind, headers);
   do_write();
 }
 
 // Half-closes, then reads and drops what the client still sends for a short
 // while, so that it sees our response rather than a reset.
 void Session::linger_close() {
+  auto self = shared_from_this();
   closing_ = true;
+  drop_pending();
+  keep_.reset();
   beast::error_code ec;
   if (reading_) socket_.cancel(ec);  // the request reader ends; the drain below takes over
   socket_.shutdown(tcp::socket::shutdown_send, ec);
@@ -552,22 +662,58 @@ void Session::linger_close() {
 void HttpServer::Impl::accept() {
   acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
-    if (!ec) {
-      const int n = connections.load();
-      if (n >= cfg.max_connections + 64) {
-        beast::error_code ignored;
-        socket.close(ignored);  // far over the limit: not even a 503
-      } else {
-        auto s = std::make_shared<Session>(*this, std::move(socket));
-        if (n >= cfg.max_connections) {
-          s->reject();
-        } else {
-          s->start();
-        }
-      }
+    if (ec) {
+      // Out of file descriptors (or another transient failure): new
+      // connections wait in the listen backlog instead of the loop spinning.
+      accept_backoff.expires_after(std::chrono::milliseconds(100));
+      accept_backoff.async_wait([this](beast::error_code e) {
+        if (!e) accept();
+      });
+      return;
     }
+    // Streamed events are small writes: with Nagle each one after the
+    // first would wait for the client's delayed ACK (40 ms on Linux).
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    admit(std::move(socket));
     accept();
   });
+}
+
+void HttpServer::Impl::admit(tcp::socket socket) {
+  beast::error_code ec;
+  const auto ep = socket.remote_endpoint(ec);
+  if (ec) return;  // already gone
+  std::string address = client_address(ep);
+  const auto verdict = admission.try_admit(address);
+  if (verdict == ConnectionAdmission::Verdict::admit) {
+    std::make_shared<Session>(*this, std::move(socket), std::move(address), true)->start();
+    return;
+  }
+  const std::string message = verdict == ConnectionAdmission::Verdict::client_full
+                                   ? "too many connections from your address; retry later"
+                                   : "too many connections; retry later";
+  if (rejecting.fetch_add(1) < max_rejecting()) {
+    std::make_shared<Session>(*this, std::move(socket), std::move(address), false)->reject(message);
+  } else {
+    rejecting.fetch_sub(1);
+    refuse_now(socket, message);
+  }
+}
+
+// The answer without a session: what the client sent so far is read first
+// (closing a socket with unread bytes resets the connection, and the reset
+// could overtake the answer), the 503 goes into the socket buffer, then the
+// socket closes.
+void HttpServer::Impl::refuse_now(tcp::socket& socket, const std::string& message) {
+  beast::error_code ec;
+  socket.non_blocking(true, ec);
+  std::array<char, 4096> sink;
+  for (int i = 0; i < 16 && !ec; ++i) socket.read_some(asio::buffer(sink), ec);
+  const std::string data = error_response(503, message, "too_many_connections", {{"Retry-After", "1"}});
+  asio::write(socket, asio::buffer(data), ec);
+  socket.shutdown(tcp::socket::shutdown_send, ec);
+  socket.close(ec);
 }
 
 HttpServer::HttpServer(HttpServerConfig config, HttpHandler handler, HttpServerHooks hooks)
@@ -594,7 +740,7 @@ uint16_t HttpServer::port() const {
   return ec ? 0 : ep.port();
 }
 
-int HttpServer::connections() const { return impl_->connections.load(); }
+int HttpServer::connections() const { return impl_->admission.total(); }
 
 void HttpServer::start() {
   impl_->accept();
@@ -607,13 +753,27 @@ void HttpServer::stop() {
   std::lock_guard lock(impl_->stop_mu);
   if (impl_->stopped) return;
   impl_->stopped = true;
-  asio::post(impl_->ioc, [this] {
-    beast::error_code ec;
-    impl_->acceptor.close(ec);
-  });
   impl_->ioc.stop();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
+  // No io thread runs now: close the listener and every connection from
+  // here (exchanges in progress are aborted and logged), then run what that
+  // leaves to do, so that no session outlives the server's io_context.
+  beast::error_code ec;
+  impl_->acceptor.close(ec);
+  impl_->accept_backoff.cancel();
+  std::vector<std::shared_ptr<Session>> open;
+  {
+    std::lock_guard sessions_lock(impl_->sessions_mu);
+    for (auto& [ptr, weak] : impl_->sessions) {
+      if (auto s = weak.lock()) open.push_back(std::move(s));
+    }
+  }
+  for (auto& s : open) s->close_for_stop();
+  open.clear();
+  impl_->ioc.restart();
+  while (impl_->ioc.poll() > 0) {
+  }
 }
 
 }  // namespace baton

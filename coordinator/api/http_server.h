@@ -6,14 +6,22 @@
 // chunked stream (server-sent events). While a request is being answered the
 // session keeps reading the socket, so a client that goes away is noticed
 // even when nothing is being written, and the exchange's abort callback runs
-// (the API cancels the generation there).
+// (the API cancels the generation there). Pipelined requests (sent before the
+// previous answer) wait on the connection and are answered in order; a few at
+// most, after which the connection closes once those are answered.
+//
+// Every complete request gets exactly one access-log call, however the
+// exchange ends: answered, cut by the client or a timeout, or dropped when the
+// server stops (status kStatusClientGone when no response was started).
 //
 // Limits that keep hostile clients cheap: header and body size (431, 413
 // before the body is read when Content-Length says so), a deadline for a
 // whole request once its first byte arrived (slow-loris clients get 408 and
 // are dropped), an idle deadline between keep-alive requests, a deadline per
-// write (a client that stops reading a stream is dropped), and a connection
-// limit (503 beyond it). Malformed HTTP gets 400 and the connection closes.
+// write (a client that stops reading a stream is dropped), and connection
+// admission (connection_admission.h: a total, a cap per client address and a
+// reserve for light clients; 503 with Retry-After beyond them, never a reset).
+// Malformed HTTP gets 400 and the connection closes.
 //
 // Asio and Beast stay out of this header: they are slow to compile.
 #pragma once
@@ -38,10 +46,15 @@ struct HttpServerConfig {
   uint64_t max_body_bytes = uint64_t(4) << 20;
   uint32_t max_header_bytes = 16 << 10;
   int max_connections = 256;
+  int max_connections_per_client = 0;  // per client address; 0: half of max_connections
   std::chrono::milliseconds request_timeout{10000};  // first byte to complete request
   std::chrono::milliseconds idle_timeout{60000};     // waiting for a request on an open connection
   std::chrono::milliseconds write_timeout{30000};    // each write to the client
 };
+
+// The access-log status of a request whose client went away (or whose
+// connection the server closed) before any response was started; never sent.
+inline constexpr int kStatusClientGone = 499;
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
@@ -58,7 +71,10 @@ struct HttpRequest {
 };
 
 // One request and its response. Every method is thread-safe; a response is
-// complete after respond() or end(), and later calls do nothing.
+// complete after respond() or end(), and later calls do nothing. A handler
+// that lets go of its exchange without completing the response gets a 500
+// sent for it (or, mid-stream, the connection closed). Exchanges must be let
+// go before the HttpServer is destroyed.
 class HttpExchange {
  public:
   virtual ~HttpExchange() = default;
@@ -82,12 +98,13 @@ using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
 
 struct HttpServerHooks {
   // Body of an error the server itself answers (400 bad HTTP, 408, 413, 431,
-  // 503 over the connection limit); kind is a short fixed word for metrics.
+  // 503 for a connection not admitted); kind is a short fixed word for metrics.
   std::function<std::string(int status, const std::string& message, const std::string& kind)> error_body;
   // Called for every response the server itself sends as an error.
   std::function<void(int status, const std::string& kind)> on_error;
-  // One line per finished exchange: never headers or bodies.
-  std::function<void(const HttpRequest&, int status, uint64_t bytes_out, double seconds)> access_log;
+  // Exactly once per complete request, when its exchange ends: never headers
+  // or bodies. `complete`: the whole response reached the socket.
+  std::function<void(const HttpRequest&, int status, uint64_t bytes_out, double seconds, bool complete)> access_log;
 };
 
 class HttpServer {
@@ -99,10 +116,11 @@ class HttpServer {
 
   uint16_t port() const;  // the bound port
   void start();           // runs the io threads
-  // Closes the listener and every connection, then joins the io threads.
+  // Closes the listener, joins the io threads, then closes every connection
+  // (aborting the exchanges in progress) and runs what that leaves to do.
   void stop();
 
-  int connections() const;
+  int connections() const;  // admitted connections open now
 
   struct Impl;
 

@@ -84,7 +84,61 @@ bool bool_param(const json& body, const char* key, bool def) {
   return v->get<bool>();
 }
 
-json parse_body(std::string_view body) {
+// A first pass over the body that builds nothing: it stops at the first
+// container nested deeper than kMaxJsonDepth or the first value past
+// max_values, so that the tree built afterwards stays a small multiple of the
+// body (nlohmann's tree costs tens of bytes per value and per level, whatever
+// the value's own size).
+class ShapeCheck : public nlohmann::json_sax<json> {
+ public:
+  explicit ShapeCheck(int64_t max_values) : max_values_(max_values) {}
+  bool too_deep = false, too_many = false;
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override { return enter(); }
+  bool key(string_t&) override { return value(); }
+  bool end_object() override { return leave(); }
+  bool start_array(std::size_t) override { return enter(); }
+  bool end_array() override { return leave(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  bool value() {
+    too_many = ++values_ > max_values_;
+    return !too_many;
+  }
+  bool enter() {
+    too_deep = ++depth_ > kMaxJsonDepth;
+    return !too_deep && value();
+  }
+  bool leave() {
+    --depth_;
+    return true;
+  }
+  const int64_t max_values_;
+  int64_t values_ = 0;
+  int depth_ = 0;
+};
+
+json parse_body(std::string_view body, const ModelInfo& model) {
+  const int64_t max_values = max_json_values(model.n_ctx);
+  ShapeCheck check(max_values);
+  if (!json::sax_parse(body.begin(), body.end(), &check)) {
+    if (check.too_deep) {
+      throw invalid(fmt::format("The JSON body nests arrays and objects deeper than {} levels.", kMaxJsonDepth), "",
+                    "invalid_json");
+    }
+    if (check.too_many) {
+      throw invalid(fmt::format("The JSON body holds more than {} values (keys included).", max_values), "",
+                    "invalid_json");
+    }
+  }
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     throw invalid("We could not parse the JSON body of your request. The body must be a JSON object (with valid "
@@ -206,6 +260,8 @@ void parse_common(const json& body, ApiRequest& r, const ModelInfo& model) {
     }
   }
 
+  // vLLM's and llama.cpp's extension (docs/SERVING.md).
+  r.gen.ignore_eos = bool_param(body, "ignore_eos", false);
   r.stream = bool_param(body, "stream", false);
   if (const json* v = field(body, "stream_options")) {
     if (!v->is_object()) throw wrong_type("stream_options", "an object", *v);
@@ -325,7 +381,7 @@ std::string render_with_template(std::string_view body_text, const json& body, c
 }  // namespace
 
 ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model, const JinjaTemplate* chat_template) {
-  const json body = parse_body(body_text);
+  const json body = parse_body(body_text, model);
   check_model(body, model);
   ApiRequest r;
   r.endpoint = ApiEndpoint::chat;
@@ -374,9 +430,14 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   if (r.gen.prompt.empty()) throw invalid("The conversation gives no tokens.", "messages");
 
   parse_common(body, r, model);
-  if (!tmpl)  // the Plain family's text stops; a template's turns end on tokens
-    for (const auto& s : model.chat_stop_strings) r.gen.stop.push_back(s);
-  r.gen.stop_tokens = model.chat_stop_tokens;
+  // The family's end-of-turn tokens and strings are the model's way to end
+  // generation: ignore_eos drops them along with the tokenizer's EOS. Text
+  // stops are the Plain family's; a template's turns end on tokens.
+  if (!r.gen.ignore_eos) {
+    if (!tmpl)
+      for (const auto& s : model.chat_stop_strings) r.gen.stop.push_back(s);
+    r.gen.stop_tokens = model.chat_stop_tokens;
+  }
 
   r.logprobs = bool_param(body, "logprobs", false);
   const json* top = field(body, "top_logprobs");
@@ -394,7 +455,7 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
 }
 
 ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo& model) {
-  const json body = parse_body(body_text);
+  const json body = parse_body(body_text, model);
   check_model(body, model);
   ApiRequest r;
   r.endpoint = ApiEndpoint::completions;

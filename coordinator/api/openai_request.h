@@ -41,6 +41,13 @@ std::string error_body(const std::string& message, const std::string& type, cons
                        const std::string& code);
 std::string error_body(const ApiError& e);
 
+// Bodies nested deeper than kMaxJsonDepth, or holding more values (keys
+// included) than max_json_values, are refused (400 invalid_json) before any
+// of the body is turned into a tree. The value limit leaves room for a prompt
+// of token ids that fills the context.
+inline constexpr int kMaxJsonDepth = 64;
+inline int64_t max_json_values(int64_t n_ctx) { return 65536 + 2 * n_ctx; }
+
 enum class ApiEndpoint { chat, completions };
 
 struct ApiRequest {

@@ -342,7 +342,7 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
     } else if (auto* res = std::get_if<net::Result>(&msg)) {
       if (obs) {
         result = std::move(*res);
-      } else {
+      } else if (!res->tokens.empty()) {  // an acknowledgement answers nobody's wait_result
         results_[res->request_id] = std::move(*res);
       }
     } else if (auto* e = std::get_if<net::Error>(&msg)) {

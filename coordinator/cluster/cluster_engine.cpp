@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "coordinator/api/metrics.h"
+#include "coordinator/cluster/batch_scheduler.h"
 #include "engine/node_plan.h"
 #include "engine/part_info.h"
 #include "engine/tokenizer.h"
@@ -28,10 +29,11 @@ struct ClusterEngine::Sequence {
   EventSink sink;
   Clock::time_point submitted;
   int slot = -1;
-  bool prefilled = false;    // the prompt was sent
+  size_t prompt_sent = 0;    // prompt tokens sent
   int32_t next_input = -1;   // the last sampled token, fed at the next step
-  uint64_t in_flight = 0;    // request id of the step awaiting its RESULT
-  Clock::time_point sent;    // when that step was sent
+  uint64_t in_flight = 0;    // request id of the micro-batch whose RESULT it awaits
+  Clock::time_point sent;    // when that micro-batch was sent
+  uint64_t admitted = 0, last_run = 0;
   bool ended = false;
   TextAssembler text;
   Usage usage;
@@ -52,6 +54,7 @@ ClusterEngine::ClusterEngine(ClusterEngineConfig config, Cluster& cluster, Metri
                                             config_.n_workers, n_layer_));
   }
   config_.prefill_chunk = std::clamp<int64_t>(config_.prefill_chunk, 1, info_.n_ctx);
+  config_.batch_tokens = std::clamp<int64_t>(config_.batch_tokens, 1, info_.n_ctx);
   if (config_.worker_model_path.empty()) {
     config_.worker_model_path = std::filesystem::absolute(config_.model_path).string();
   }
@@ -96,11 +99,7 @@ uint64_t ClusterEngine::submit(GenerationRequest request, EventSink sink) {
   if (state_ == State::failed) throw UnavailableError("the cluster failed to start: " + error_);
   if (state_ == State::stopped) throw UnavailableError("the server is shutting down");
   if (!broken_.empty()) throw UnavailableError("the route is incomplete: " + broken_);
-  if (active_ + int(queue_.size()) >= int(slots_.size()) + config_.queue_capacity) {
-    throw QueueFullError(fmt::format("the server is busy: {} requests running and {} waiting (the most)", active_,
-                                     queue_.size()),
-                         1);
-  }
+  check_admission(active_, int(queue_.size()), int(slots_.size()), config_.queue_capacity);
   seq->id = next_id_++;
   const uint64_t id = seq->id;
   queue_.push_back(std::move(seq));
@@ -215,7 +214,7 @@ void ClusterEngine::start() {
   }
   StageSettings settings;
   settings.n_ctx = uint32_t(info_.n_ctx);
-  settings.micro_batch = 1;
+  settings.micro_batch = uint32_t(config_.batch_tokens);
   settings.prefill_chunk = uint32_t(config_.prefill_chunk);
   settings.n_seq = uint32_t(config_.n_seq);
   settings.model_path = config_.worker_model_path;
@@ -250,57 +249,96 @@ void ClusterEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev,
 void ClusterEngine::release(Sequence& s) {
   if (s.slot < 0) return;
   const int slot = s.slot;
-  if (s.in_flight) in_flight_.erase(s.in_flight);
-  // Frees the slot's KV on every stage; a step still in flight for it runs
-  // first (links are FIFO) and its RESULT is ignored.
+  // Frees the slot's KV on every stage; a micro-batch still in flight with
+  // it runs first (links are FIFO) and its RESULT is ignored.
   if (cluster_.route_problem().empty()) cluster_.free_seq(uint32_t(slot));
   slots_[size_t(slot)].reset();  // destroys s
   std::lock_guard lock(mu_);
   --active_;
 }
 
-void ClusterEngine::send_step(Sequence& s) {
-  net::SeqChunk c;
-  c.seq = uint32_t(s.slot);
-  c.sampling.temperature = s.req.sampling.temperature;
-  c.sampling.top_k = s.req.sampling.top_k;
-  c.sampling.top_p = s.req.sampling.top_p;
-  c.sampling.min_p = s.req.sampling.min_p;
-  c.sampling.seed = s.req.sampling.seed;
-  c.sampling.want_logprobs = s.req.top_logprobs >= 0;
-  c.sampling.top_logprobs = uint32_t(std::max(0, s.req.top_logprobs));
-  for (const auto& [id, bias] : s.req.logit_bias) c.sampling.logit_bias.push_back({id, bias});
-  uint64_t rid = 0;
-  if (!s.prefilled) {
-    // The whole prompt at once, in chunks: they follow each other through
-    // the stages, so stage 1 runs chunk k while stage 0 runs chunk k + 1.
-    const auto& prompt = s.req.prompt;
-    for (size_t at = 0; at < prompt.size(); at += size_t(config_.prefill_chunk)) {
-      const size_t n = std::min(prompt.size() - at, size_t(config_.prefill_chunk));
-      c.start_pos = uint32_t(at);
-      c.n_tokens = uint32_t(n);
-      c.sample = at + n == prompt.size();
-      rid = cluster_.forward({c}, std::vector<int32_t>(prompt.begin() + std::ptrdiff_t(at),
-                                                       prompt.begin() + std::ptrdiff_t(at + n)));
+void ClusterEngine::send_batches() {
+  const size_t max_in_flight = slices_.empty() ? 1 : slices_.size();
+  while (in_flight_.size() < max_in_flight) {
+    std::vector<SchedSeq> views;
+    for (const auto& slot : slots_) {
+      if (!slot || slot->ended) continue;
+      const Sequence& s = *slot;
+      const int64_t left = int64_t(s.req.prompt.size() - s.prompt_sent);
+      // Prompt chunks follow each other through the FIFO links; a decode
+      // waits for its input.
+      views.push_back({s.slot, left, left > 0 || !s.in_flight, s.last_run, s.admitted});
     }
-    s.prefilled = true;
-  } else {
-    c.start_pos = uint32_t(s.position() - 1);
-    c.n_tokens = 1;
-    c.sample = true;
-    rid = cluster_.forward({c}, {s.next_input});
+    const std::vector<SchedChunk> plan = plan_batch(views, config_.batch_tokens, config_.prefill_chunk);
+    if (plan.empty()) return;
+    ++steps_;
+    std::vector<net::SeqChunk> chunks;
+    std::vector<int32_t> tokens;
+    MicroBatch mb;
+    for (const SchedChunk& pc : plan) {
+      Sequence& s = *slots_[size_t(pc.slot)];
+      s.last_run = steps_;
+      net::SeqChunk c;
+      c.seq = uint32_t(s.slot);
+      c.sampling.temperature = s.req.sampling.temperature;
+      c.sampling.top_k = s.req.sampling.top_k;
+      c.sampling.top_p = s.req.sampling.top_p;
+      c.sampling.min_p = s.req.sampling.min_p;
+      c.sampling.seed = s.req.sampling.seed;
+      c.sampling.want_logprobs = s.req.top_logprobs >= 0;
+      c.sampling.top_logprobs = uint32_t(std::max(0, s.req.top_logprobs));
+      for (const auto& [id, bias] : s.req.logit_bias) c.sampling.logit_bias.push_back({id, bias});
+      c.n_tokens = uint32_t(pc.n_tokens);
+      if (pc.prefill) {
+        c.start_pos = uint32_t(s.prompt_sent);
+        const auto at = s.req.prompt.begin() + std::ptrdiff_t(s.prompt_sent);
+        tokens.insert(tokens.end(), at, at + std::ptrdiff_t(pc.n_tokens));
+        s.prompt_sent += size_t(pc.n_tokens);
+        c.sample = s.prompt_sent == s.req.prompt.size();
+      } else {
+        c.start_pos = uint32_t(s.position() - 1);
+        tokens.push_back(s.next_input);
+        c.sample = true;
+      }
+      mb.seqs.emplace_back(s.slot, s.id);
+      if (c.sample) ++mb.results_left;
+      chunks.push_back(std::move(c));
+    }
+    if (mb.results_left == 0) mb.results_left = 1;  // the acknowledgement
+    uint64_t rid = 0;
+    try {
+      rid = cluster_.forward(std::move(chunks), std::move(tokens));
+    } catch (const std::exception& e) {
+      for (const auto& [slot, id] : mb.seqs) {
+        Sequence* s = slots_[size_t(slot)].get();
+        if (!s || s->id != id) continue;
+        finish(*s, FinishReason::error, {}, e.what());
+        release(*s);
+      }
+      return;
+    }
+    mb.sent = Clock::now();
+    for (const SchedChunk& pc : plan) {
+      Sequence& s = *slots_[size_t(pc.slot)];
+      if (!pc.prefill || s.prompt_sent == s.req.prompt.size()) {
+        s.in_flight = rid;
+        s.sent = mb.sent;
+      }
+    }
+    in_flight_[rid] = std::move(mb);
   }
-  s.in_flight = rid;
-  s.sent = Clock::now();
-  in_flight_[rid] = s.slot;
 }
 
 void ClusterEngine::handle(Event& e) {
   if (auto* r = std::get_if<net::Result>(&e)) {
-    auto it = in_flight_.find(r->request_id);
-    if (it == in_flight_.end()) return;  // a cancelled or failed request's late answer
-    Sequence& s = *slots_[size_t(it->second)];
-    in_flight_.erase(it);
+    auto mb = in_flight_.find(r->request_id);
+    if (mb == in_flight_.end()) return;  // a failed micro-batch's late answer
+    if (--mb->second.results_left <= 0) in_flight_.erase(mb);
+    if (r->tokens.empty()) return;  // the acknowledgement of a micro-batch that sampled nothing
+    Sequence* sp = r->seq < slots_.size() ? slots_[r->seq].get() : nullptr;
+    // A cancelled sequence's slot may hold a newer one: only its own step counts.
+    if (!sp || sp->in_flight != r->request_id || sp->ended) return;
+    Sequence& s = *sp;
     s.in_flight = 0;
     const double dt = seconds_between(s.sent, Clock::now());
     const bool prefill = s.usage.completion_tokens == 0 && s.next_input < 0;
@@ -330,11 +368,17 @@ void ClusterEngine::handle(Event& e) {
       }
     }
   } else if (auto* re = std::get_if<RequestError>(&e)) {
-    auto it = in_flight_.find(re->request_id);
-    if (it == in_flight_.end()) return;
-    Sequence& s = *slots_[size_t(it->second)];
-    finish(s, FinishReason::error, {}, re->text);
-    release(s);
+    auto mb = in_flight_.find(re->request_id);
+    if (mb == in_flight_.end()) return;
+    // Every sequence with a chunk in the failed micro-batch fails.
+    const std::vector<std::pair<int, uint64_t>> seqs = std::move(mb->second.seqs);
+    in_flight_.erase(mb);
+    for (const auto& [slot, id] : seqs) {
+      Sequence* s = slots_[size_t(slot)].get();
+      if (!s || s->id != id || s->ended) continue;
+      finish(*s, FinishReason::error, {}, re->text);
+      release(*s);
+    }
   } else if (auto* b = std::get_if<RouteBroken>(&e)) {
     std::fprintf(stderr, "baton serve: route broken: %s\n", b->why.c_str());
     fail_all(b->why);
@@ -361,8 +405,8 @@ void ClusterEngine::scheduler() {
   for (;;) {
     std::deque<Event> events;
     std::unordered_set<uint64_t> cancels;
-    std::vector<std::unique_ptr<Sequence>> admitted, dropped;
-    bool stopping = false;
+    std::vector<std::unique_ptr<Sequence>> dropped;
+    bool stopping = false, route_whole = false;
     {
       std::unique_lock lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
@@ -370,6 +414,7 @@ void ClusterEngine::scheduler() {
                (!queue_.empty() && active_ < int(slots_.size()));
       });
       stopping = state_ != State::serving;
+      route_whole = broken_.empty();
       events.swap(events_);
       cancels.swap(cancel_requests_);
       for (uint64_t id : cancels) {
@@ -389,6 +434,7 @@ void ClusterEngine::scheduler() {
           queue_.pop_front();
           seq->slot = int(i);
           seq->usage.queue_s = seconds_between(seq->submitted, Clock::now());
+          seq->admitted = ++admitted_;
           slots_[i] = std::move(seq);
           ++active_;
         }
@@ -403,26 +449,26 @@ void ClusterEngine::scheduler() {
       }
     }
     if (stopping) break;
+    // A micro-batch without its RESULTs within the step timeout fails its
+    // sequences (the pipeline is stalled or lost it).
     const auto now = Clock::now();
-    for (auto& slot : slots_) {
-      if (!slot) continue;
-      Sequence& s = *slot;
-      if (s.in_flight) {
-        if (now - s.sent > step_timeout) {
-          const std::string why = fmt::format("no result from the pipeline within {} s",
-                                              std::chrono::duration<double>(step_timeout).count());
-          finish(s, FinishReason::error, {}, why);
-          release(s);
-        }
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (now - it->second.sent <= step_timeout) {
+        ++it;
         continue;
       }
-      try {
-        send_step(s);
-      } catch (const std::exception& e) {
-        finish(s, FinishReason::error, {}, e.what());
-        release(s);
+      const std::string why = fmt::format("no result from the pipeline within {} s",
+                                          std::chrono::duration<double>(step_timeout).count());
+      const std::vector<std::pair<int, uint64_t>> seqs = std::move(it->second.seqs);
+      it = in_flight_.erase(it);
+      for (const auto& [slot, id] : seqs) {
+        Sequence* s = slots_[size_t(slot)].get();
+        if (!s || s->id != id || s->ended) continue;
+        finish(*s, FinishReason::error, {}, why);
+        release(*s);
       }
     }
+    if (route_whole) send_batches();
   }
 }
 

@@ -5,12 +5,16 @@
 // One scheduler thread owns the sequences. It first waits for the workers,
 // places the stages and waits until they are loaded (the HTTP server answers
 // /health meanwhile). Then, continuous batching across the pipeline: up to
-// n_seq requests hold a KV slot on every stage; each has at most one step in
-// flight: its whole prompt, sent as back-to-back chunks that pipeline across
-// the stages, or one decode token. Different sequences' steps are in flight
-// at once, so while the last stage samples one sequence the first stage runs
-// the next: the stages overlap. The last stage samples with the request's
-// parameters and seed and returns the token ids.
+// n_seq requests hold a KV slot on every stage. The batch scheduler
+// (batch_scheduler.h) fills micro-batches within the token budget: ready
+// decode tokens and prompt chunks of several sequences in one FORWARD, which
+// each stage runs as one batched forward. With K stages, K micro-batches are
+// in flight, so every stage works on every step: while the last stage runs
+// one micro-batch, the first runs the next. A sequence has at most one
+// sampling step in flight; its prompt chunks follow each other through the
+// FIFO links. The last stage samples with the request's parameters and seed
+// and returns the token ids (and acknowledges a micro-batch that sampled
+// nothing), so the coordinator knows when each micro-batch has left.
 //
 // Failure: when a worker dies, stalls or fails, every request in flight ends
 // with FinishReason::error naming the worker and its stage (within the link
@@ -49,7 +53,8 @@ struct ClusterEngineConfig {
   int n_workers = 1;       // stages
   int64_t n_ctx = 0;       // 0: the model's trained context, at most StageConfig::kDefaultMaxCtx
   int n_seq = 4;           // KV slots on every stage
-  int64_t prefill_chunk = 64;
+  int64_t prefill_chunk = 64;   // prompt tokens of one sequence per micro-batch
+  int64_t batch_tokens = 64;    // tokens of one micro-batch (each stage's batch)
   int queue_capacity = 64;
   // Workers load this path themselves when they registered without a model
   // ("" = model_path, made absolute).
@@ -102,7 +107,14 @@ class ClusterEngine final : public GenerationService, private ClusterObserver {
   void start();
   void scheduler();
   void handle(Event& e);
-  void send_step(Sequence& s);
+  struct MicroBatch {
+    std::vector<std::pair<int, uint64_t>> seqs;  // (slot, request id) of every chunk
+    int results_left = 0;                        // RESULTs still to come (an acknowledgement counts one)
+    Clock::time_point sent;
+  };
+  // Sends micro-batches while fewer than one per stage are in flight and
+  // sequences are ready.
+  void send_batches();
   void finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error = {});
   void release(Sequence& s);  // frees its slot on every stage
   void fail_all(const std::string& why);
@@ -128,7 +140,8 @@ class ClusterEngine final : public GenerationService, private ClusterObserver {
 
   // Scheduler thread only.
   std::vector<std::unique_ptr<Sequence>> slots_;
-  std::map<uint64_t, int> in_flight_;  // request id -> slot
+  std::map<uint64_t, MicroBatch> in_flight_;  // FORWARD request id -> its micro-batch
+  uint64_t steps_ = 0, admitted_ = 0;
   std::thread thread_;
 };
 

@@ -121,6 +121,10 @@ void LocalCluster::spawn(size_t i) {
                                    std::to_string(opt_.step_delay_ms),
                                    "--backend",
                                    opt_.backend};
+  if (!opt_.gpus.empty()) {
+    args.push_back("--gpu");
+    args.push_back(std::to_string(opt_.gpus[i % opt_.gpus.size()]));
+  }
   if (!opt_.worker_fault.empty()) {
     args.push_back("--fault");
     args.push_back(opt_.worker_fault);

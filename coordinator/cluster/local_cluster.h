@@ -24,6 +24,7 @@ struct LocalClusterOptions {
   bool wait_for_registration = true;  // the constructor returns once all registered
   int threads_per_worker = 1;
   std::string backend = "cpu";  // the workers' --backend
+  std::vector<int> gpus;        // worker i gets --gpu gpus[i % size]; empty: none given
   int step_delay_ms = 0;   // passed to the workers (tests)
   std::vector<uint64_t> worker_mem_limits;
   std::string worker_fault;  // the workers' --fault (tests); empty: none  // worker i's --mem-limit in bytes (absent or 0: none)

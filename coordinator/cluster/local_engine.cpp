@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "coordinator/api/metrics.h"
+#include "coordinator/cluster/batch_scheduler.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 
@@ -23,6 +24,8 @@ struct LocalEngine::Sequence {
   int slot = -1;
   size_t prefilled = 0;     // prompt tokens already in the KV cache
   int32_t next_input = -1;  // the last sampled token, fed at the next decode step
+  uint64_t admitted = 0;    // admission order
+  uint64_t last_run = 0;    // the step it last ran in
   bool cancelled = false;
   bool ended = false;  // the final event was sent
   std::optional<Sampler> sampler;
@@ -61,7 +64,7 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
-  plan_ = Stage::plan(file_, config_.stage);
+  plan_ = plan_stage_runner(config_.backend, file_, config_.stage);
   info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
   n_layer_ = Arch::from_gguf(file_)->dims().n_layer;
   if (config_.prefill_chunk == 0) config_.prefill_chunk = std::min(config_.stage.max_batch, info_.n_ctx);
@@ -101,11 +104,7 @@ uint64_t LocalEngine::submit(GenerationRequest request, EventSink sink) {
   if (state_ == State::stopped) throw UnavailableError("the server is shutting down");
   // Slots plus queue, counted together: whether a request waits or runs
   // depends only on how many are in the system, not on scheduler timing.
-  if (active_ + int(queue_.size()) >= int(slots_.size()) + config_.queue_capacity) {
-    throw QueueFullError(fmt::format("the server is busy: {} requests running and {} waiting (the most)", active_,
-                                     queue_.size()),
-                         1);
-  }
+  check_admission(active_, int(queue_.size()), int(slots_.size()), config_.queue_capacity);
   seq->id = next_id_++;
   const uint64_t id = seq->id;
   queue_.push_back(std::move(seq));
@@ -174,18 +173,27 @@ void LocalEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev, c
   emit(s, std::move(ev));
 }
 
-void LocalEngine::sample(Sequence& s, std::span<const float> logits) {
+namespace {
+
+// Greedy without bias or logprobs: the stage's own argmax is the sample.
+bool greedy_only(const GenerationRequest& r) {
+  return r.sampling.temperature <= 0 && r.logit_bias.empty() && r.top_logprobs < 0;
+}
+
+}  // namespace
+
+void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t greedy_id) {
   std::span<const float> dist = logits;
-  if (!s.req.logit_bias.empty()) {
+  if (!logits.empty() && !s.req.logit_bias.empty()) {
     biased_.assign(logits.begin(), logits.end());
     for (const auto& [id, bias] : s.req.logit_bias) biased_[size_t(id)] += bias;
     dist = biased_;
   }
-  const int32_t id = s.sampler->sample(dist);
+  const int32_t id = logits.empty() ? greedy_id : s.sampler->sample(dist);
   if (s.usage.completion_tokens == 0) s.usage.time_to_first_token_s = seconds_between(s.submitted, Clock::now());
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
-  if (s.req.top_logprobs >= 0) {
+  if (s.req.top_logprobs >= 0 && !logits.empty()) {
     std::vector<TokenLogprobEntry> entries;
     logprob = token_logprobs(dist, id, s.req.top_logprobs, &entries);
     for (const auto& e : entries) top.emplace_back(e.id, e.logprob);
@@ -200,28 +208,75 @@ void LocalEngine::sample(Sequence& s, std::span<const float> logits) {
   }
 }
 
-void LocalEngine::step(Sequence& s) {
-  const auto& prompt = s.req.prompt;
-  const bool prefill = s.prefilled < prompt.size();
-  std::span<const int32_t> input;
-  if (prefill) {
-    const size_t n = std::min(prompt.size() - s.prefilled, size_t(config_.prefill_chunk));
-    input = std::span<const int32_t>(prompt.data() + s.prefilled, n);
-  } else {
-    input = std::span<const int32_t>(&s.next_input, 1);
+bool LocalEngine::step() {
+  std::vector<SchedSeq> views;
+  for (const auto& slot : slots_) {
+    if (!slot || slot->ended || slot->cancelled) continue;
+    const Sequence& s = *slot;
+    const int64_t left = int64_t(s.req.prompt.size() - s.prefilled);
+    views.push_back({s.slot, left, true, s.last_run, s.admitted});
   }
+  const std::vector<SchedChunk> plan = plan_batch(views, config_.stage.max_batch, config_.prefill_chunk);
+  if (plan.empty()) return false;
+  ++steps_;
+  std::vector<BatchChunk> chunks;
+  std::vector<int32_t> tokens;
+  bool any_prefill = false;
+  for (const SchedChunk& c : plan) {
+    Sequence& s = *slots_[size_t(c.slot)];
+    s.last_run = steps_;
+    if (c.prefill) {
+      const auto at = s.req.prompt.begin() + std::ptrdiff_t(s.prefilled);
+      tokens.insert(tokens.end(), at, at + std::ptrdiff_t(c.n_tokens));
+      any_prefill = true;
+    } else {
+      tokens.push_back(s.next_input);
+    }
+    const bool last_prompt_chunk = !c.prefill || s.prefilled + size_t(c.n_tokens) == s.req.prompt.size();
+    chunks.push_back({c.slot, c.n_tokens, last_prompt_chunk});
+  }
+  // All greedy: only the ids come back from the stage (no logits rows).
+  bool greedy = true;
+  for (const BatchChunk& c : chunks) greedy = greedy && (!c.output || greedy_only(slots_[size_t(c.seq)]->req));
   const auto t0 = Clock::now();
-  std::span<const float> logits = stage_->forward(s.slot, input);
-  const double dt = seconds_between(t0, Clock::now());
-  if (metrics_) metrics_->stage_forward(0, prefill, int64_t(input.size()), dt);
-  if (prefill) {
-    s.usage.prefill_s += dt;
-    s.prefilled += input.size();
-    if (s.prefilled < prompt.size()) return;
-  } else {
-    s.usage.decode_s += dt;
+  std::span<const float> logits;
+  std::span<const int32_t> ids;
+  try {
+    if (greedy) {
+      ids = stage_->forward_batch_greedy(chunks, tokens);
+    } else {
+      logits = stage_->forward_batch(chunks, tokens);
+    }
+  } catch (const std::exception& e) {
+    // The batch's sequences fail; their slots are reset by the caller.
+    for (const BatchChunk& c : chunks) {
+      Sequence& s = *slots_[size_t(c.seq)];
+      std::fprintf(stderr, "baton serve: request %s failed: %s\n", s.req.id.c_str(), e.what());
+      finish(s, FinishReason::error, {}, e.what());
+    }
+    return true;
   }
-  sample(s, logits);
+  const double dt = seconds_between(t0, Clock::now());
+  if (metrics_) metrics_->stage_forward(0, any_prefill, int64_t(tokens.size()), dt);
+  const size_t width = size_t(stage_->n_vocab());
+  size_t row = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Sequence& s = *slots_[size_t(chunks[i].seq)];
+    if (plan[i].prefill) {
+      s.usage.prefill_s += dt;
+      s.prefilled += size_t(plan[i].n_tokens);
+    } else {
+      s.usage.decode_s += dt;
+    }
+    if (!chunks[i].output) continue;
+    if (greedy) {
+      sample(s, {}, ids[row]);
+    } else {
+      sample(s, logits.subspan(row * width, width));
+    }
+    ++row;
+  }
+  return true;
 }
 
 void LocalEngine::scheduler() {
@@ -232,7 +287,7 @@ void LocalEngine::scheduler() {
       load_done_.store(p.done);
       if (config_.on_load_progress) config_.on_load_progress(p);
     };
-    auto stage = std::make_unique<Stage>(file_, config_.stage, load);
+    auto stage = make_stage_runner(config_.backend, file_, config_.stage, load);
     std::lock_guard lock(mu_);
     stage_ = std::move(stage);
     load_seconds_ = seconds_between(t0, Clock::now());
@@ -245,7 +300,6 @@ void LocalEngine::scheduler() {
   cv_.notify_all();
 
   std::vector<std::unique_ptr<Sequence>> dropped;  // cancelled while queued
-  size_t turn = 0;
   for (;;) {
     bool stopping = false;
     {
@@ -277,6 +331,7 @@ void LocalEngine::scheduler() {
           seq->slot = int(i);
           seq->usage.queue_s = seconds_between(seq->submitted, Clock::now());
           seq->sampler.emplace(seq->req.sampling, int32_t(info_.n_vocab));
+          seq->admitted = ++admitted_;
           slots_[i] = std::move(seq);
           ++active_;
         }
@@ -288,31 +343,20 @@ void LocalEngine::scheduler() {
     }
     dropped.clear();
 
-    // One step for every active sequence, starting one slot further each
-    // turn so that no slot is always first.
-    const size_t n = slots_.size();
-    for (size_t k = 0; k < n; ++k) {
-      const size_t i = (turn + k) % n;
-      if (!slots_[i]) continue;
-      Sequence& s = *slots_[i];
-      if (stopping || s.cancelled) {
-        finish(s, FinishReason::cancelled, {});
-      } else {
-        try {
-          step(s);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "baton serve: request %s failed: %s\n", s.req.id.c_str(), e.what());
-          finish(s, FinishReason::error, {}, e.what());
-        }
-      }
-      if (s.ended) {
-        stage_->reset(int(i));
-        slots_[i].reset();
-        std::lock_guard lock(mu_);
-        --active_;
-      }
+    // Cancelled (or stopping) sequences end first; then one batch of the
+    // others, and the slots of those that ended are freed.
+    for (auto& slot : slots_) {
+      if (slot && (stopping || slot->cancelled)) finish(*slot, FinishReason::cancelled, {});
     }
-    ++turn;
+    if (!stopping) step();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i] || !(slots_[i]->ended || slots_[i]->cancelled)) continue;
+      if (!slots_[i]->ended) finish(*slots_[i], FinishReason::cancelled, {});
+      stage_->reset(int(i));
+      slots_[i].reset();
+      std::lock_guard lock(mu_);
+      --active_;
+    }
     if (stopping) break;
   }
 }

@@ -1,14 +1,15 @@
-// LocalEngine: the GenerationService over one Stage holding the whole model
-// in this process (`baton serve -m MODEL`).
+// LocalEngine: the GenerationService over one stage holding the whole model
+// in this process (`baton serve -m MODEL`), on the CPU or a CUDA device.
 //
-// Continuous batching, CPU style: one scheduler thread owns the Stage. It
-// admits up to n_seq requests into KV sequence slots; each turn it gives every
-// active sequence one step, round-robin: a prefill chunk (up to prefill_chunk
-// prompt tokens) or one decode token. The CPU Stage runs one sequence per
-// forward, so the steps interleave rather than batch, and a long prompt never
-// stalls the others by more than one chunk. A slot is reset and freed when its
-// sequence ends or is cancelled. Beyond the slots, up to queue_capacity
-// requests wait in FIFO order; more are refused with QueueFullError.
+// Continuous batching: one scheduler thread owns the stage runner. It admits
+// up to n_seq requests into KV sequence slots; each step it asks the batch
+// scheduler (batch_scheduler.h) for a batch within the token budget (every
+// ready decode token, then prompt chunks of at most prefill_chunk tokens)
+// and runs it as one batched forward (StageRunner::forward_batch), then
+// samples each sequence that produced logits. A slot is reset and freed
+// when its sequence ends or is cancelled. Beyond the slots, up to
+// queue_capacity requests wait in FIFO order; more are refused with
+// QueueFullError.
 //
 // The weights load on the scheduler thread, so the HTTP server can answer
 // /health ("loading") while they do; submit() refuses until then.
@@ -30,6 +31,7 @@
 
 #include "coordinator/api/generation.h"
 #include "engine/gguf.h"
+#include "engine/backend.h"
 #include "engine/loader.h"
 #include "engine/memory_plan.h"
 #include "engine/stage.h"
@@ -41,9 +43,12 @@ class Metrics;
 struct LocalEngineConfig {
   std::string model_path;
   std::string model_id;  // "" = the file name without ".gguf"
-  StageConfig stage;     // n_ctx, n_seq (parallel slots), n_threads, max_batch; whole model
+  Backend backend = Backend::Cpu;
+  // n_ctx, n_seq (parallel slots), n_threads, max_batch (the token budget
+  // of one step's batch); whole model.
+  StageConfig stage;
   int queue_capacity = 64;     // requests waiting beyond the busy slots
-  int64_t prefill_chunk = 0;   // prompt tokens per step; 0 = the stage's max_batch
+  int64_t prefill_chunk = 0;   // prompt tokens of one sequence per step; 0 = the stage's max_batch
   // Called on the loading thread as the weights arrive (engine/loader.h).
   std::function<void(const LoadProgress&)> on_load_progress;
 };
@@ -75,8 +80,11 @@ class LocalEngine final : public GenerationService {
   enum class State { loading, loaded, failed, stopped };
 
   void scheduler();
-  void step(Sequence& s);
-  void sample(Sequence& s, std::span<const float> logits);
+  // Runs one batch of the active sequences; false when none was ready.
+  bool step();
+  // Samples from the logits row, or takes greedy_id when there is none
+  // (forward_batch_greedy).
+  void sample(Sequence& s, std::span<const float> logits, int32_t greedy_id = -1);
   void finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error = {});
   void emit(Sequence& s, GenerationEvent&& ev);
 
@@ -86,7 +94,7 @@ class LocalEngine final : public GenerationService {
   ModelInfo info_;
   MemoryPlan plan_;
   int n_layer_ = 0;
-  std::unique_ptr<Stage> stage_;  // created and used only on the scheduler thread
+  std::unique_ptr<StageRunner> stage_;  // created and used only on the scheduler thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -101,6 +109,7 @@ class LocalEngine final : public GenerationService {
 
   std::vector<std::unique_ptr<Sequence>> slots_;  // scheduler thread only
   std::vector<float> biased_;                     // scheduler thread only: logits + logit_bias
+  uint64_t steps_ = 0, admitted_ = 0;             // scheduler thread only
   std::thread thread_;
 };
 

@@ -26,6 +26,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -83,7 +84,9 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
       "bandwidth, bf16 GEMM rate, host-to-device and file read speed) are measured\n"
       "in the same run. Loading progress and a summary go to stderr.\n\n"
       "MODEL may be a split part (baton split): it loads as the stage it holds;\n"
-      "a part without the embedding or the head only loads (--load-only).\n\noptions");
+      "a part without the embedding or the head only loads (--load-only).\n\n"
+      "baton bench --serve [options] -- SERVE-ARGS... is the load benchmark through\n"
+      "the HTTP API of `baton serve` (see baton bench --serve --help).\n\noptions");
   // clang-format off
   desc.add_options()
       ("help,h", "print this help and exit")
@@ -360,6 +363,10 @@ int bench(const BenchOptions& o) {
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
+  // `--serve` before any `--` selects the load benchmark through the API.
+  for (int i = 1; i < argc && std::string_view(argv[i]) != "--"; ++i) {
+    if (std::string_view(argv[i]) == "--serve") return cmd_bench_serve(argc, argv);
+  }
   auto o = parse(argc, argv);
   if (!o) return 0;
   return bench(*o);

@@ -2,6 +2,7 @@
 // the model runs in this process (LocalEngine); the distributed coordinator
 // will plug in behind the same GenerationService.
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <boost/program_options.hpp>
@@ -22,6 +23,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "coordinator/commands/commands.h"
 #include "coordinator/cluster/cluster_config.h"
@@ -32,7 +34,9 @@
 #include "coordinator/api/metrics.h"
 #include "coordinator/api/openai_api.h"
 #include "engine/arch.h"
+#include "engine/backend.h"
 #include "engine/chat_jinja.h"
+#include "engine/command_error.h"
 #include "engine/command_line.h"
 #include "engine/gguf.h"
 #include "net/auth.h"
@@ -57,6 +61,8 @@ struct ServeOptions {
   std::string listen;       // remote: where they register
   std::string secret_file;  // remote: the shared secret
   std::string link = "auto";  // stage links: auto, tcp, nccl
+  std::string backend = "auto";  // in process, or the local workers'
+  std::vector<int> gpus;         // local workers' GPUs
   std::string api_key_file;
   std::string model_id;
   std::string chat_template_file;  // --chat-template: replaces the model's template
@@ -76,9 +82,11 @@ constexpr const char* kUsage =
     "  GET  /metrics               Prometheus metrics\n"
     "Both completion routes stream server-sent events with \"stream\": true.\n\n"
     "Concurrent requests share the model by continuous batching: up to --parallel\n"
-    "sequences hold a KV slot and advance in turns (prompt chunks of --batch tokens,\n"
-    "then one token at a time); up to --queue more wait, and beyond that requests get\n"
-    "429 with Retry-After. A client that disconnects has its generation cancelled.\n\n"
+    "sequences hold a KV slot; each step runs one batch of at most --batch tokens\n"
+    "(a decode token of every generating sequence, then chunks of waiting prompts)\n"
+    "in one forward pass that reads the weights once; up to --queue more requests\n"
+    "wait, and beyond that requests get 429 with Retry-After. A client that\n"
+    "disconnects has its generation cancelled.\n\n"
     "Once the port is open, stdout gets one line\n"
     "  baton serve: listening on http://HOST:PORT\n"
     "(with the real port when --port 0), then \"baton serve: ready ...\" when the\n"
@@ -113,6 +121,11 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("link", po::value<std::string>(&r.link)->default_value("auto"),
        "with workers: how activations cross each stage link: auto (NCCL where both GPUs can, else TCP), "
        "tcp, or nccl (refuse to start when a link cannot use NCCL); /health shows each link")
+      ("backend", po::value<std::string>(&r.backend)->default_value("auto"),
+       "auto (the GPU when one is usable, else the CPU; one log line says which), cpu or cuda: the "
+       "in-process stage's, or with --workers the local workers'")
+      ("gpus", po::value<std::string>(),
+       "with --workers and cuda: comma-separated GPU indices, worker i on the (i mod n)-th (workers may share one)")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("host", po::value<std::string>(&r.http.host)->default_value("127.0.0.1"),
@@ -134,12 +147,14 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("threads,t", po::value<int>(&r.engine.stage.n_threads)->default_value(hw),
        "CPU threads for the forward pass (default: all cores)")
       ("batch,b", po::value<int64_t>(&r.engine.stage.max_batch)->default_value(64),
-       "prompt tokens per forward pass (one prefill step)")
+       "tokens of one step's batch: decode tokens of the running sequences plus prompt chunks")
       ("http-threads", po::value<int>(&r.http.threads)->default_value(2), "threads serving HTTP connections")
       ("max-body", po::value<uint64_t>(&max_body)->default_value(max_body),
        "largest request body in bytes; larger gets 413")
       ("max-connections", po::value<int>(&r.http.max_connections)->default_value(256),
-       "open connections at most; more get 503")
+       "open connections at most; more get 503 (the last quarter only for clients holding fewer than 4)")
+      ("max-connections-per-client", po::value<int>(&r.http.max_connections_per_client)->default_value(0),
+       "open connections from one client address at most; more get 503; 0 = half of --max-connections")
       ("request-timeout", po::value<double>(&r.request_timeout_s)->default_value(10),
        "seconds a request may take to arrive once it started; slower gets 408")
       ("idle-timeout", po::value<double>(&r.idle_timeout_s)->default_value(60),
@@ -164,6 +179,21 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (r.model.empty()) r.model = r.parts.front();  // any part carries the metadata and tokenizer
   }
   if (vm.count("workers") && (r.workers < 1 || r.workers > 64)) throw std::invalid_argument("--workers must be in 1..64");
+  if (vm.count("gpus")) {
+    std::stringstream list(vm["gpus"].as<std::string>());
+    for (std::string item; std::getline(list, item, ',');) {
+      size_t used = 0;
+      int g = -1;
+      try {
+        g = std::stoi(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != item.size() || g < 0) throw std::invalid_argument("--gpus takes GPU indices like 0,1; got '" + item + "'");
+      r.gpus.push_back(g);
+    }
+    if (r.gpus.empty()) throw std::invalid_argument("--gpus needs at least one index");
+  }
   if (vm.count("config")) {
     const ClusterConfig c = load_cluster_config(r.config);
     auto unset = [&](const char* name) { return !vm.count(name) || vm[name].defaulted(); };
@@ -175,6 +205,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (c.batch > 0 && unset("batch")) r.engine.stage.max_batch = c.batch;
     if (c.threads_per_worker > 0 && unset("threads-per-worker")) r.threads_per_worker = c.threads_per_worker;
     if (unset("link")) r.link = c.link;
+    if (c.node_backend && unset("backend")) r.backend = backend_name(*c.node_backend);
     r.remote = !c.local;
     if (c.local && c.nodes.size() == size_t(r.workers)) {
       for (const NodeSpec& n : c.nodes) r.worker_mem_limits.push_back(n.memory_bytes);
@@ -183,6 +214,10 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     r.secret_file = c.secret_file;
   }
   if (r.model.empty()) throw std::invalid_argument("give the model to serve with -m MODEL (see --help)");
+  if (r.backend != "auto" && !backend_from_name(r.backend)) {
+    throw std::invalid_argument("--backend must be auto, cpu or cuda, got '" + r.backend + "'");
+  }
+  if (!r.gpus.empty() && r.workers == 0) throw std::invalid_argument("--gpus places local workers: give --workers or --parts");
   if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
   if (port < 0 || port > 65535) throw std::invalid_argument("--port must be in 0..65535");
   r.http.port = uint16_t(port);
@@ -195,6 +230,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   if (max_body < 1024) throw std::invalid_argument("--max-body must be at least 1024");
   r.http.max_body_bytes = max_body;
   if (r.http.max_connections < 1) throw std::invalid_argument("--max-connections must be >= 1");
+  if (r.http.max_connections_per_client < 0) throw std::invalid_argument("--max-connections-per-client must be >= 0");
   for (double t : {r.request_timeout_s, r.idle_timeout_s, r.write_timeout_s}) {
     if (!(t > 0) || t > 86400) throw std::invalid_argument("timeouts must be in (0, 86400] seconds");
   }
@@ -208,8 +244,12 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
 }
 
 // The key is the file's first line without surrounding whitespace; it is
-// never printed.
+// never printed. A file others may read gets the cluster secret's warning.
 std::string read_api_key(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO))) {
+    net::log(net::LogLevel::warn, "API key file " + path + " is accessible by group or others (chmod 600 it)");
+  }
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read the API key file " + path);
   std::string line;
@@ -256,8 +296,15 @@ int serve(const ServeOptions& opt) {
   // A client that vanishes must not kill the process with SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
 
+  std::string backend_note;
+  const Backend backend = resolve_backend(opt.backend, &backend_note);
+  if (!opt.remote) {
+    if (std::string why = backend_unavailable(backend); !why.empty()) throw CommandError(why, kExitRefused);
+    std::fprintf(stderr, "baton serve: %s\n", backend_note.c_str());
+  }
   Metrics metrics;
   LocalEngineConfig engine_config = opt.engine;
+  engine_config.backend = backend;
   // One progress line a second while loading, and one at the end.
   auto last_line = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   engine_config.on_load_progress = [last_line](const LoadProgress& p) {
@@ -285,6 +332,8 @@ int serve(const ServeOptions& opt) {
                                                        : std::max(1, opt.engine.stage.n_threads / opt.workers);
     lo.wait_for_registration = false;
     lo.step_delay_ms = opt.worker_delay_ms;
+    lo.backend = backend_name(backend);
+    lo.gpus = opt.gpus;
     lo.worker_mem_limits = opt.worker_mem_limits;
     lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
     ClusterEngineConfig cc;
@@ -294,6 +343,7 @@ int serve(const ServeOptions& opt) {
     cc.n_ctx = opt.engine.stage.n_ctx;
     cc.n_seq = opt.engine.stage.n_seq;
     cc.prefill_chunk = opt.engine.stage.max_batch;
+    cc.batch_tokens = opt.engine.stage.max_batch;
     cc.queue_capacity = opt.engine.queue_capacity;
     // The model's file is checked before any worker starts.
     {
@@ -361,12 +411,13 @@ int serve(const ServeOptions& opt) {
     metrics.http_response("other", status);
   };
   const bool quiet = opt.quiet;
-  hooks.access_log = [&metrics, quiet](const HttpRequest& req, int status, uint64_t bytes, double seconds) {
+  hooks.access_log = [&metrics, quiet](const HttpRequest& req, int status, uint64_t bytes, double seconds,
+                                       bool complete) {
     metrics.http_response(route_name(req.path), status);
     if (quiet) return;
-    std::fprintf(stderr, "baton serve: %s %s %d %.1f ms %llu B %s\n", net::printable(req.method, 16).c_str(),
+    std::fprintf(stderr, "baton serve: %s %s %d %.1f ms %llu B %s%s\n", net::printable(req.method, 16).c_str(),
                  net::printable(req.path, 200).c_str(), status, seconds * 1000, (unsigned long long)bytes,
-                 req.remote.c_str());
+                 req.remote.c_str(), complete ? "" : " (cut: the connection closed first)");
   };
   HttpServer server(opt.http, [&api](std::shared_ptr<HttpExchange> ex) { api.handle(ex); }, hooks);
   server.start();

@@ -14,6 +14,7 @@
 #include "engine/kv_cache.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_small.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/sampling.cuh"
@@ -64,6 +65,7 @@ CudaStage::Proj make_proj(const Tensor& t, int64_t x_stride, int64_t out_col, bo
     throw std::runtime_error(fmt::format("tensor {} cannot run on the CUDA backend: {}", t.name, why));
   }
   p.xq = cuda::matvec_xq_supported(t.type);
+  p.small = !p.cublas_f32 && cuda::small_matmul_supported(p.w);
   return p;
 }
 
@@ -146,7 +148,8 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.F = hp.n_ff;
   L.V = hp.n_vocab;
   L.B = c.max_batch;
-  L.L = c.head ? (c.all_logits ? c.max_batch : 1) : 0;
+  // Logit rows: one per sequence of a batch (or every token's, all_logits).
+  L.L = c.head ? std::max<int64_t>(c.all_logits ? c.max_batch : 1, std::min<int64_t>(c.max_batch, c.n_seq)) : 0;
   L.qw = int64_t(hp.n_head) * hp.head_dim_k;
   L.kw = int64_t(hp.n_head_kv) * hp.head_dim_k;
   L.vw = int64_t(hp.n_head_kv) * hp.head_dim_v;
@@ -169,7 +172,9 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.ffh = take(B * L.F * f);
   L.logits = take(uint64_t(L.L) * L.V * f);
   L.freqs = take(uint64_t(hp.rope_dim / 2) * f);
-  L.params_bytes = (2 * B + 1) * sizeof(int32_t);
+  // tokens[B], positions[B], pos0, then a batch's seqs[B], out_rows[B], n_pos.
+  L.batch_params = 2 * L.B + 1;
+  L.params_bytes = (2 * B + 1 + uint64_t(L.batch_params)) * sizeof(int32_t);
   L.params = take(L.params_bytes);
   L.ids = take(uint64_t(std::max<int64_t>(L.L, 1)) * sizeof(int32_t));
   L.argmax_bytes = cuda::argmax_workspace_bytes(L.L);
@@ -181,12 +186,21 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.attn = take(L.attn_bytes);
   // Prefill GEMMs: x rounded to 16 bits plus a dequantized F16 tile.
   if (L.B > cuda::kMatvecMaxTokens) {
+    // One section serves both: batches of up to kSmallMatmulMaxTokens rows
+    // through small_matmul, larger ones through matmul.
     auto need = [&](const Proj& p) {
       if (p.cublas_f32) return;
       const uint64_t row = uint64_t(p.w.cols) * 2;
       const int64_t cap = std::max<int64_t>(64, int64_t(kMaxTileBytes / row) / 64 * 64);
-      L.mm_bytes = std::max<uint64_t>(
-          L.mm_bytes, cuda::matmul_workspace_bytes(p.w.type, p.w.cols, L.B, std::min(p.w.rows, cap)));
+      if (L.B > cuda::kSmallMatmulMaxTokens || !p.small) {
+        L.mm_bytes = std::max<uint64_t>(
+            L.mm_bytes, cuda::matmul_workspace_bytes(p.w.type, p.w.cols, L.B, std::min(p.w.rows, cap)));
+      }
+      if (p.small) {
+        L.mm_bytes = std::max<uint64_t>(
+            L.mm_bytes, cuda::small_matmul_workspace_bytes(p.w.rows, p.w.cols,
+                                                           std::min(L.B, cuda::kSmallMatmulMaxTokens)));
+      }
     };
     for (const auto& l : w.layers) {
       for (const auto& p : l.qkv) need(p);
@@ -295,7 +309,9 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
     layout_ = std::make_unique<Layout>(Layout::make(hp, config_, w, arch_->kv_stream_widths()));
   }
   plan_ = make_plan(*layout_, wl, config_, load, *arch_);
-  open_device(f, wl, shared_of(*layout_, layout_->E), load);
+  SharedLayout shared = shared_of(*layout_, layout_->E);
+  shared.batch_params = layout_->batch_params;
+  open_device(f, wl, shared, load);
   w_ = std::make_unique<Weights>(Weights::collect(*model_, hp, config_));
 
   // RoPE frequencies exactly as the CPU forms them (LlamaFamilyArch).

@@ -55,10 +55,14 @@ class CudaStage final : public CudaStageBase {
   struct Forward;
 
   void enqueue(int seq, int64_t n, int64_t pos0, bool graph) override;
+  void enqueue_batch(int64_t n, int64_t n_out, bool graph) override;
+  void run_layers(Forward& fw);
   // x: n rows of floats; xq: the same rows quantized for matvec_xq, or null.
   void project(const Proj& p, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
                int64_t out_stride);
   float* kv_stream(int layer, int seq, int s) const;
+  // Floats from one sequence's K (or V) rows of a layer to the next sequence's.
+  int64_t seq_stride() const;
 
   const LlamaFamilyArch* llama_ = nullptr;  // arch_, as the llama family
   std::unique_ptr<Weights> w_;

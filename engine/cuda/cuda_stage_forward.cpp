@@ -10,6 +10,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_small.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/ops.cuh"
@@ -18,8 +19,10 @@
 
 namespace baton {
 
-// One forward of n tokens of seq: the workspace sections it works in and
-// the steps, each queued on the stage's stream in the order they are called.
+// One forward of n tokens of seq, or of a batch of n rows of several
+// sequences (seq < 0: each row's sequence and position are step
+// parameters): the workspace sections it works in and the steps, each
+// queued on the stage's stream in the order they are called.
 struct CudaStage::Forward {
   Forward(CudaStage& stage, int seq, int64_t n, int64_t pos0, bool graph);
 
@@ -44,11 +47,14 @@ struct CudaStage::Forward {
   const int seq;
   const int64_t n, pos0;
   const bool graph;
+  const bool batch;      // seq < 0
+  int64_t n_out = 1;     // batch: logit rows (the rows out_rows names)
   cudaStream_t s;
   uint8_t* ws;
   float *x, *y, *xn, *qkv, *att, *gu, *ffh;
   const float* freqs;
   int32_t *d_tokens, *d_positions, *d_pos0;
+  int32_t *d_seqs, *d_out_rows, *d_n_pos;  // a batch's step parameters
   float eps;
   // Quantized activations for the integer-dot matvec (decode and short
   // prompts), written by the kernel that produces each projection input.
@@ -56,7 +62,14 @@ struct CudaStage::Forward {
 };
 
 CudaStage::Forward::Forward(CudaStage& stage, int seq_, int64_t n_, int64_t pos0_, bool graph_)
-    : st(stage), L(*stage.layout_), hp(stage.llama_->hparams()), seq(seq_), n(n_), pos0(pos0_), graph(graph_) {
+    : st(stage),
+      L(*stage.layout_),
+      hp(stage.llama_->hparams()),
+      seq(seq_),
+      n(n_),
+      pos0(pos0_),
+      graph(graph_),
+      batch(seq_ < 0) {
   s = st.stream_.get();
   ws = st.workspace_.data();
   auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
@@ -65,6 +78,9 @@ CudaStage::Forward::Forward(CudaStage& stage, int seq_, int64_t n_, int64_t pos0
   d_tokens = reinterpret_cast<int32_t*>(ws + L.params);
   d_positions = d_tokens + L.B;
   d_pos0 = d_tokens + 2 * L.B;
+  d_seqs = d_pos0 + 1;
+  d_out_rows = d_seqs + L.B;
+  d_n_pos = d_out_rows + L.B;
   eps = hp.rms_eps;
   xq_buf = L.xq_bytes > 0 && n <= cuda::kMatvecMaxTokens ? ws + L.xq : nullptr;
 }
@@ -75,6 +91,17 @@ uint8_t* CudaStage::Forward::xq_for(const Proj* ps, size_t count) const {
 
 void CudaStage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
   Forward fw(*this, seq, n, pos0, graph);
+  run_layers(fw);
+}
+
+void CudaStage::enqueue_batch(int64_t n, int64_t n_out, bool graph) {
+  Forward fw(*this, -1, n, 0, graph);
+  fw.n_out = n_out;
+  run_layers(fw);
+}
+
+void CudaStage::run_layers(Forward& fw) {
+  const int64_t n = fw.n;
   enqueue_params();
   // Without the embedding the input rows are already in x: run() copies host
   // rows there, a link writes device rows there (device_input()). Keeping
@@ -98,8 +125,9 @@ void CudaStage::Forward::attention_block(const Weights::Layer& w, int layer, con
   const int64_t E = L.E;
   uint8_t* xq = xq_for(w.qkv.data(), w.qkv.size());
   cuda::add_rmsnorm(x, E, pending, E, w.attn_norm, xn, E, n, E, eps, s, xq);
-  float* kc = st.kv_stream(layer, seq, 0);
-  float* vc = st.kv_stream(layer, seq, 1);
+  // A batch addresses sequence 0's rows and offsets each row by its sequence.
+  float* kc = st.kv_stream(layer, batch ? 0 : seq, 0);
+  float* vc = st.kv_stream(layer, batch ? 0 : seq, 1);
   qkv_rope(w, xq, kc, vc);
   attend(w, kc, vc);
 }
@@ -110,7 +138,7 @@ void CudaStage::Forward::qkv_rope(const Weights::Layer& w, uint8_t* xq, float* k
   // One decode token of a plain llama layer (no biases or q/k norms,
   // interleaved RoPE pairs, integer-dot weights): RoPE and the KV append
   // run in the projection's epilogue, one launch instead of two.
-  const bool fuse_rope = n == 1 && xq && !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm &&
+  const bool fuse_rope = n == 1 && !batch && xq && !w.bq && !w.bk && !w.bv && !w.q_norm && !w.k_norm &&
                          rope == RopeMode::Normal && hp.head_dim_k % 2 == 0 &&
                          std::all_of(w.qkv.begin(), w.qkv.end(), [](const Proj& p) { return p.xq; });
   if (fuse_rope) {
@@ -140,7 +168,12 @@ void CudaStage::Forward::qkv_rope(const Weights::Layer& w, uint8_t* xq, float* k
   app.vw = L.vw;
   app.k_cache = kc;
   app.v_cache = vc;
-  app.pos0 = d_pos0;
+  if (batch) {
+    app.row_seq = d_seqs;
+    app.seq_stride = st.seq_stride();
+  } else {
+    app.pos0 = d_pos0;
+  }
   cuda::rope(qkv, n, L.qkvw, hp.n_head + hp.n_head_kv, hp.head_dim_k, hp.rope_dim, d_positions, freqs, rope, app, s);
 }
 
@@ -158,6 +191,15 @@ void CudaStage::Forward::attend(const Weights::Layer& w, float* kc, float* vc) {
   ap.pos0_device = graph ? d_pos0 : nullptr;
   ap.k_cache = kc;
   ap.v_cache = vc;
+  if (batch) {
+    ap.pos0 = 0;
+    ap.pos0_device = nullptr;
+    ap.row_seq = d_seqs;
+    ap.row_pos = d_positions;
+    ap.seq_stride = st.seq_stride();
+    ap.n_pos_device = d_n_pos;
+    ap.max_positions = st.config_.n_ctx;
+  }
   ap.out = att;
   ap.out_stride = L.ow;
   // The attention kernels quantize their output for the output projection.
@@ -180,17 +222,29 @@ void CudaStage::Forward::ffn_block(const Weights::Layer& w) {
 void CudaStage::Forward::head(const float* pending) {
   const Weights& W = *st.w_;
   const int64_t E = L.E;
-  const int64_t rows = st.config_.all_logits ? n : 1;
+  const int64_t rows = batch ? n_out : st.config_.all_logits ? n : 1;
   float* logits = reinterpret_cast<float*>(ws + L.logits);
   int32_t* ids = reinterpret_cast<int32_t*>(ws + L.ids);
   uint8_t* xq = xq_for(&W.output, 1);
-  cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, xq);
-  st.project(W.output, xn + (n - rows) * E, xq ? xq + uint64_t(n - rows) * cuda::xq_row_bytes(E) : nullptr, rows, E,
-             logits, L.V);
+  if (batch) {
+    // The rows that ask for logits, gathered into y (free once the norm
+    // has added it into x), quantized there for the matvec when it takes them.
+    cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, nullptr);
+    cuda::get_rows({DType::F32, xn, n, E, uint64_t(E) * sizeof(float)}, d_out_rows, rows, y, E, s);
+    xq = rows <= cuda::kMatvecMaxTokens ? xq : nullptr;
+    if (xq) cuda::quantize_xq(y, E, rows, E, xq, s);
+    st.project(W.output, y, xq, rows, E, logits, L.V);
+  } else {
+    cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, xq);
+    st.project(W.output, xn + (n - rows) * E, xq ? xq + uint64_t(n - rows) * cuda::xq_row_bytes(E) : nullptr, rows,
+               E, logits, L.V);
+  }
   cuda::argmax(logits, rows, L.V, L.V, ids, s, ws + L.argmax, L.argmax_bytes);
   BATON_CUDA_CHECK(cudaMemcpyAsync(st.io_.data() + L.h_ids, ids, uint64_t(rows) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, s));
 }
+
+int64_t CudaStage::seq_stride() const { return config_.n_ctx * (layout_->kw + layout_->vw); }
 
 float* CudaStage::kv_stream(int layer, int seq, int s) const {
   const Layout& L = *layout_;
@@ -214,6 +268,10 @@ void CudaStage::project(const Proj& p, const float* x, const void* xq, int64_t n
                  "cublasSgemm (F32 weights)");
   } else if (n <= cuda::kMatvecMaxTokens) {
     cuda::matvec(p.w, x, n, x_stride, o, out_stride, stream_.get());
+  } else if (p.small && n <= cuda::kSmallMatmulMaxTokens) {
+    // A batch of a few dozen rows: W read once, no F16 copy of it
+    // (bench_cuda_kernels matmul: 3-5x faster than matmul at 16-64 rows).
+    cuda::small_matmul(p.w, x, n, x_stride, o, out_stride, workspace_.data() + L.mm, L.mm_bytes, stream_.get());
   } else {
     cuda::matmul(cublas_.get(), p.w, x, n, x_stride, o, out_stride, workspace_.data() + L.mm, L.mm_bytes,
                  stream_.get());

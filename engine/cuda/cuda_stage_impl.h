@@ -16,6 +16,7 @@ struct CudaStage::Proj {
   cuda::MatrixView w;
   bool cublas_f32 = false;  // F32 rows the matvec cannot take: a float32 cuBLAS GEMM
   bool xq = false;          // decode through the integer-dot matvec (quantized activations)
+  bool small = false;       // batches of up to kSmallMatmulMaxTokens rows through small_matmul
   int64_t out_col = 0;      // first column of the output row it writes
 };
 
@@ -50,7 +51,8 @@ struct CudaStage::Layout {
   uint64_t argmax = 0, argmax_bytes = 0;  // split argmax slots (zeroed at build, left zero by each call)
   uint64_t attn = 0, attn_bytes = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
   uint64_t xq = 0, xq_bytes = 0;  // quantized activations of up to kMatvecMaxTokens rows (matvec_xq)
-  uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0
+  uint64_t params_bytes = 0;  // int32 tokens[B], positions[B], pos0, then batch_params
+  int64_t batch_params = 0;   // int32 seqs[B], out_rows[B], n_pos (SharedLayout::batch_params)
   // Pinned host io sections.
   uint64_t h_params = 0, h_ids = 0, h_out = 0, h_in = 0, io_bytes = 0;
   uint64_t kv_bytes = 0;

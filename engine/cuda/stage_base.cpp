@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -99,28 +100,36 @@ void CudaStageBase::profile_decode() {
 void CudaStageBase::capture_decode_graphs() {
   decode_graphs_.clear();
   for (int seq = 0; seq < config_.n_seq; ++seq) {
-    cudaGraph_t g = nullptr;
-    BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
-    try {
-      enqueue(seq, 1, 0, /*graph=*/true);
-    } catch (...) {
-      cudaStreamEndCapture(stream_.get(), &g);
-      if (g) cudaGraphDestroy(g);
-      (void)cudaGetLastError();
-      throw;
-    }
-    BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
-    if (seq == 0) profiler_.keep(g);
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    BATON_CUDA_CHECK(err);
-    decode_graphs_.emplace_back(exec);
+    decode_graphs_.push_back(capture([&] { enqueue(seq, 1, 0, /*graph=*/true); }));
   }
 }
 
+GraphExecHandle CudaStageBase::capture(const std::function<void()>& enqueue_fn) {
+  cudaGraph_t g = nullptr;
+  BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue_fn();
+  } catch (...) {
+    cudaStreamEndCapture(stream_.get(), &g);
+    if (g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    throw;
+  }
+  BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
+  if (decode_graphs_.empty()) profiler_.keep(g);  // sequence 0's decode graph
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  BATON_CUDA_CHECK(err);
+  return GraphExecHandle(exec);
+}
+
+void CudaStageBase::enqueue_batch(int64_t, int64_t, bool) {
+  throw std::logic_error("this CUDA stage runs one sequence per forward");
+}
+
 void CudaStageBase::enqueue_params() {
-  const uint64_t count = uint64_t(pos0_param() + 1);
+  const uint64_t count = uint64_t(pos0_param() + 1 + shared_.batch_params);
   BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + shared_.params, io_.data() + shared_.h_params,
                                    count * sizeof(int32_t), cudaMemcpyHostToDevice, stream_.get()));
 }
@@ -231,6 +240,121 @@ std::span<const float> CudaStageBase::forward_device_input(int seq, int64_t n_to
   if (config_.embedding) throw std::logic_error("this stage has the embedding: give it token ids");
   run(seq, nullptr, nullptr, n_tokens);
   return output_to_host();
+}
+
+// ---- batches of several sequences
+
+std::span<const float> CudaStageBase::run_one(const BatchChunk& c, const int32_t* tokens, const float* activations) {
+  run(c.seq, tokens, activations, c.n_tokens);
+  std::span<const float> y = output_to_host();
+  if (!config_.head) return y;
+  if (!c.output) return {};
+  return y.subspan(y.size() - size_t(shared_.vocab));  // all_logits: the last token's row
+}
+
+std::span<const float> CudaStageBase::run_batch(std::span<const BatchChunk> chunks, const int32_t* tokens,
+                                                const float* activations, bool logits) {
+  const SharedLayout& S = shared_;
+  const int64_t n = check_batch(chunks);
+  if (chunks.size() == 1) return run_one(chunks[0], tokens, activations);
+  int32_t* hp = reinterpret_cast<int32_t*>(io_.data() + S.h_params);
+  int32_t* seqs = hp + pos0_param() + 1;
+  int32_t* out_rows = seqs + S.batch;
+  int32_t& n_pos = out_rows[S.batch];
+  int64_t row = 0, n_out = 0, max_pos = 0;
+  bool decode = true;  // single tokens that all ask for output: the graph's shape
+  for (const BatchChunk& c : chunks) {
+    const int64_t pos0 = length_[size_t(c.seq)];
+    for (int64_t t = 0; t < c.n_tokens; ++t, ++row) {
+      const int32_t id = tokens ? tokens[row] : 0;
+      if (id < 0 || id >= S.vocab) {
+        throw std::out_of_range(fmt::format("token id {} is outside the vocabulary [0, {})", id, S.vocab));
+      }
+      hp[row] = id;
+      hp[S.batch + row] = int32_t(pos0 + t);
+      if (S.negated_positions) hp[2 * S.batch + row] = -int32_t(pos0 + t);
+      seqs[row] = c.seq;
+    }
+    if (c.output) out_rows[n_out++] = int32_t(row - 1);
+    max_pos = std::max(max_pos, pos0 + c.n_tokens);
+    decode = decode && c.n_tokens == 1 && c.output;
+  }
+  hp[pos0_param()] = 0;
+  n_pos = int32_t(max_pos);
+  if (activations) {
+    std::memcpy(io_.data() + S.h_in, activations, uint64_t(n * S.row_width) * sizeof(float));
+    if (!S.input_in_forward) enqueue_input_rows(n);
+  }
+  if (decode) {
+    auto it = batch_graphs_.find(n);
+    if (it == batch_graphs_.end()) {
+      it = batch_graphs_.emplace(n, capture([&] { enqueue_batch(n, n, /*graph=*/true); })).first;
+    }
+    BATON_CUDA_CHECK(cudaGraphLaunch(it->second.get(), stream_.get()));
+  } else {
+    enqueue_batch(n, n_out, /*graph=*/false);
+  }
+  for (const BatchChunk& c : chunks) length_[size_t(c.seq)] += c.n_tokens;
+  last_rows_ = config_.head ? n_out : n;
+  if (last_rows_ == 0 || !logits) {
+    sync();
+    return {};
+  }
+  return output_to_host();
+}
+
+std::span<const int32_t> CudaStageBase::forward_batch_greedy(std::span<const BatchChunk> chunks,
+                                                             std::span<const int32_t> tokens) {
+  if (!batches() || !config_.head || !config_.embedding || config_.all_logits) {
+    return StageRunner::forward_batch_greedy(chunks, tokens);
+  }
+  int64_t total = 0;
+  for (const BatchChunk& c : chunks) total += c.n_tokens;
+  if (int64_t(tokens.size()) != total) {
+    throw std::invalid_argument(fmt::format("a batch of {} tokens came with {} token ids", total, tokens.size()));
+  }
+  const int32_t* ids = reinterpret_cast<const int32_t*>(io_.data() + shared_.h_ids);
+  if (chunks.size() == 1) {
+    // The single-sequence path (its decode graph), as forward_greedy.
+    check_batch(chunks);
+    run(chunks[0].seq, tokens.data(), nullptr, chunks[0].n_tokens);
+    sync();
+    if (!chunks[0].output) return {};
+    return {ids + last_rows_ - 1, 1};
+  }
+  run_batch(chunks, tokens.data(), nullptr, /*logits=*/false);
+  return {ids, size_t(last_rows_)};
+}
+
+std::span<const float> CudaStageBase::forward_batch(std::span<const BatchChunk> chunks,
+                                                    std::span<const int32_t> tokens) {
+  if (!batches()) return StageRunner::forward_batch(chunks, tokens);
+  if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
+  int64_t total = 0;
+  for (const BatchChunk& c : chunks) total += c.n_tokens;
+  if (int64_t(tokens.size()) != total) {
+    throw std::invalid_argument(fmt::format("a batch of {} tokens came with {} token ids", total, tokens.size()));
+  }
+  return run_batch(chunks, tokens.data(), nullptr);
+}
+
+std::span<const float> CudaStageBase::forward_batch(std::span<const BatchChunk> chunks,
+                                                    std::span<const float> activations) {
+  if (!batches()) return StageRunner::forward_batch(chunks, activations);
+  if (config_.embedding) throw std::logic_error("this stage has the embedding: give it token ids");
+  int64_t total = 0;
+  for (const BatchChunk& c : chunks) total += c.n_tokens;
+  if (int64_t(activations.size()) != total * shared_.row_width) {
+    throw std::invalid_argument(fmt::format("stage input: {} floats for a batch of {} tokens of width {}",
+                                            activations.size(), total, shared_.row_width));
+  }
+  return run_batch(chunks, nullptr, activations.data());
+}
+
+std::span<const float> CudaStageBase::forward_batch_device_input(std::span<const BatchChunk> chunks) {
+  if (!batches() || shared_.input_in_forward) return StageRunner::forward_batch_device_input(chunks);
+  if (config_.embedding) throw std::logic_error("this stage has the embedding: give it token ids");
+  return run_batch(chunks, nullptr, nullptr);
 }
 
 }  // namespace baton

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -74,6 +76,19 @@ class CudaStageBase : public StageRunner {
   float* device_input(int64_t n_tokens) override;
   std::span<const float> forward_device_input(int seq, int64_t n_tokens) override;
 
+  // A stage whose layout plans the batch parameters (SharedLayout::
+  // batch_params) runs a batch of several sequences in one pass
+  // (enqueue_batch); others run it chunk by chunk (StageRunner's
+  // reference). A batch of one chunk takes the single-sequence path above.
+  std::span<const float> forward_batch(std::span<const BatchChunk> chunks, std::span<const int32_t> tokens) override;
+  std::span<const float> forward_batch(std::span<const BatchChunk> chunks,
+                                       std::span<const float> activations) override;
+  std::span<const float> forward_batch_device_input(std::span<const BatchChunk> chunks) override;
+  // The ids the head's argmax wrote; no logits cross to the host.
+  std::span<const int32_t> forward_batch_greedy(std::span<const BatchChunk> chunks,
+                                                std::span<const int32_t> tokens) override;
+  bool batches() const override { return shared_.batch_params > 0; }
+
   int64_t position(int seq) const override;
   void reset(int seq) override;
   const Arch& arch() const override { return *arch_; }
@@ -103,6 +118,11 @@ class CudaStageBase : public StageRunner {
     // The forward copies the host input rows (h_in) into x itself, inside
     // the decode graph; else the driver copies them before the forward.
     bool input_in_forward = false;
+    // A stage that batches sequences: int32s after pos0, namely the rows'
+    // sequences seqs[B], the rows whose logits the head returns
+    // out_rows[B], and n_pos (1 + the largest position of the batch);
+    // 0: the stage runs one sequence per forward.
+    int64_t batch_params = 0;
   };
 
   // The shared fields of a stage's Layout, which names them alike (B the
@@ -148,6 +168,11 @@ class CudaStageBase : public StageRunner {
   // decode graph, where the kernels read the position from device memory
   // instead. Called once per forward, and once per slot at capture.
   virtual void enqueue(int seq, int64_t n, int64_t pos0, bool graph) = 0;
+  // Queues the forward of a batch of n rows of several sequences, whose
+  // tokens, positions, sequences and output rows are in the step
+  // parameters; the head computes the logits of n_out rows. graph:
+  // capturing a batch graph. Stages with batch_params only.
+  virtual void enqueue_batch(int64_t n, int64_t n_out, bool graph);
 
   // The pinned step parameters into the workspace, on stream_.
   void enqueue_params();
@@ -172,6 +197,7 @@ class CudaStageBase : public StageRunner {
   PinnedBuffer io_;
   std::unique_ptr<Model> model_;  // views into weights_ (device pointers)
   std::vector<GraphExecHandle> decode_graphs_;  // one per sequence slot
+  std::map<int64_t, GraphExecHandle> batch_graphs_;  // decode batches, by size
   cuda::DecodeProfiler profiler_;               // set_stage_profiling(true): sequence 0's decode
 
   std::vector<int64_t> length_;  // positions filled per sequence
@@ -192,6 +218,15 @@ class CudaStageBase : public StageRunner {
   // The int32 index of pos0 in the step parameters (after tokens, positions
   // and, when planned, the negated positions).
   int64_t pos0_param() const { return (shared_.negated_positions ? 3 : 2) * shared_.batch; }
+  // A batch of several sequences: fills the step parameters, queues the
+  // input copy and the forward (a graph replay for a batch of single decode
+  // tokens that all ask for output, one graph per batch size, captured on
+  // first use). Returns the output rows.
+  std::span<const float> run_batch(std::span<const BatchChunk> chunks, const int32_t* tokens,
+                                   const float* activations, bool logits = true);
+  // The single-sequence path for a batch of one chunk.
+  std::span<const float> run_one(const BatchChunk& c, const int32_t* tokens, const float* activations);
+  GraphExecHandle capture(const std::function<void()>& enqueue_fn);
   void capture_decode_graphs();
   void profile_decode();
 };

@@ -37,14 +37,18 @@ constexpr int64_t kMaxSplitRows = 256;   // n_tokens * n_head up to this may spl
 constexpr int64_t kMinSplitPositions = 8;
 constexpr int kMergeWarps = 4;
 
-// Positions per split. With the position read at run time (a captured
-// decode graph sized for the whole context) the positions seen now are shared
-// among the splits, at least min_positions each.
-__device__ __forceinline__ int64_t split_chunk(const int32_t* pos0_device, int64_t n_tokens, int n_splits,
-                                               int64_t static_chunk, int64_t min_positions) {
-  if (!pos0_device) return static_chunk;
-  const int64_t n_pos = int64_t(*pos0_device) + n_tokens;
-  return max(min_positions, (n_pos + n_splits - 1) / n_splits);
+// Positions the grid covers when they are read at run time (a captured
+// graph sized for the whole context): *rt_pos + rt_add; -1 when static.
+__device__ __forceinline__ int64_t runtime_positions(const int32_t* rt_pos, int64_t rt_add) {
+  return rt_pos ? int64_t(*rt_pos) + rt_add : -1;
+}
+
+// Positions per split. With the positions read at run time the positions
+// seen now are shared among the splits, at least min_positions each.
+__device__ __forceinline__ int64_t split_chunk(int64_t n_pos_rt, int n_splits, int64_t static_chunk,
+                                               int64_t min_positions) {
+  if (n_pos_rt < 0) return static_chunk;
+  return max(min_positions, (n_pos_rt + n_splits - 1) / n_splits);
 }
 
 struct KernelArgs {
@@ -55,6 +59,11 @@ struct KernelArgs {
   int n_splits;
   float* partial;  // n_splits x (n_tokens * n_head) x (head_dim_v + 2), when n_splits > 1
   uint64_t xq_stride;  // bytes between quantized output rows (p.xq)
+  // Run-time positions (runtime_positions): pos0_device + n_tokens, or a
+  // batch's n_pos_device; null when static.
+  const int32_t* rt_pos;
+  int64_t rt_add;
+  int sub;  // a batch (p.row_seq): warps per token and KV head, ceil(group / 4)
 };
 
 // Sums each of the K values (K = 4, 8 or 16) over the 32 lanes and leaves
@@ -107,18 +116,30 @@ struct WarpRows {
   int64_t last;  // last position any row of the warp sees, -1 when none
   float q[J][N], o[J][N], m[J], l[J];
 
+  // A batch (p.row_seq) keeps each warp's rows inside one token, whose
+  // sequence's cache the warp reads: row j is head (grp % sub) * 4 + j of
+  // the group of token grp / sub.
   __device__ void init(const KernelArgs& a, int kvh, int64_t grp, int lane, int64_t pos0) {
     const int g = a.group, dk = a.p.head_dim_k;
     const int64_t n_rows_kv = a.p.n_tokens * g;
     last = -1;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      const int64_t i = grp * J + j;
-      const bool valid = i < n_rows_kv;
-      const int64_t ic = valid ? i : n_rows_kv - 1;
-      tok[j] = ic / g;
-      head[j] = kvh * g + int(ic % g);
-      lim[j] = valid ? pos0 + tok[j] : -1;
+      bool valid;
+      if (a.p.row_seq) {
+        const int h0 = int(grp % a.sub) * J;
+        valid = h0 + j < g;
+        tok[j] = grp / a.sub;
+        head[j] = kvh * g + (valid ? h0 + j : h0);
+        lim[j] = valid ? int64_t(a.p.row_pos[tok[j]]) : -1;
+      } else {
+        const int64_t i = grp * J + j;
+        valid = i < n_rows_kv;
+        const int64_t ic = valid ? i : n_rows_kv - 1;
+        tok[j] = ic / g;
+        head[j] = kvh * g + int(ic % g);
+        lim[j] = valid ? pos0 + tok[j] : -1;
+      }
       last = max(last, lim[j]);
       const float* qr = a.p.q + tok[j] * a.p.q_stride + int64_t(head[j]) * dk;
 #pragma unroll
@@ -270,11 +291,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   const int kvh = int(wg / a.groups_per_kv);
   const int dk = a.p.head_dim_k, dv = a.p.head_dim_v;
   const int64_t k_row = int64_t(a.p.n_head_kv) * dk, v_row = int64_t(a.p.n_head_kv) * dv;
-  const float* kb = a.p.k_cache + int64_t(kvh) * dk;
-  const float* vb = a.p.v_cache + int64_t(kvh) * dv;
-  // The position is a step parameter (pdl.cuh: readable before the wait).
+  // A batch's token picks its sequence's cache. Positions and sequences
+  // are step parameters (pdl.cuh: readable before the wait).
+  const int64_t seq_off =
+      a.p.row_seq && w_in < n_groups ? int64_t(a.p.row_seq[(wg % a.groups_per_kv) / a.sub]) * a.p.seq_stride : 0;
+  const float* kb = a.p.k_cache + seq_off + int64_t(kvh) * dk;
+  const float* vb = a.p.v_cache + seq_off + int64_t(kvh) * dv;
   const int64_t pos0 = a.p.pos0_device ? int64_t(*a.p.pos0_device) : a.p.pos0;
-  const int64_t chunk = split_chunk(a.p.pos0_device, a.p.n_tokens, a.n_splits, a.chunk, a.p.min_split_positions);
+  const int64_t n_pos_rt = runtime_positions(a.rt_pos, a.rt_add);
+  const int64_t chunk = split_chunk(n_pos_rt, a.n_splits, a.chunk, a.p.min_split_positions);
   const int64_t p_begin = int64_t(blockIdx.y) * chunk;
   // Early (split grids launched under PDL), in a decode graph (pos0_device):
   // the first step's K and V rows, when all of them are before pos0, were
@@ -282,7 +307,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   // (pdl.cuh), so they are loaded before the wait and overlap the Q|K|V
   // projection's tail.
   typename WarpRows<N>::template Kv<U> first;
-  const bool pre = kEarly && a.p.pos0_device && w_in < n_groups && p_begin + U <= pos0;
+  const bool pre = kEarly && a.p.pos0_device && !a.p.row_seq && w_in < n_groups && p_begin + U <= pos0;
   if (pre) first.load(a, lane, kb + p_begin * k_row, k_row, vb + p_begin * v_row, v_row, U);
   pdl_trigger();
   pdl_wait();  // q and the newest cache rows come from the kernels before (pdl.cuh); before any return
@@ -290,7 +315,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
   WarpRows<N> rows;
   rows.init(a, kvh, wg % a.groups_per_kv, lane, pos0);
   // A split past every row's last position is not read by the merge.
-  if (a.p.pos0_device && p_begin >= pos0 + a.p.n_tokens) return;
+  if (n_pos_rt >= 0 && p_begin >= n_pos_rt) return;
   const int64_t p_end = min(p_begin + chunk, rows.last + 1);
   int64_t p = p_begin;
   if (pre && p < p_end) {
@@ -311,8 +336,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) attention_kernel(KernelAr
 __global__ void __launch_bounds__(kMergeWarps * 32)
     attention_merge_kernel(const float* __restrict__ partial, int n_splits, int64_t n_rows, int n_head, int dv,
                            float* out, int64_t out_stride, uint8_t* xq, uint64_t xq_stride,
-                           const int32_t* pos0_device, int64_t n_tokens, int64_t static_chunk,
-                           int64_t min_positions) {
+                           const int32_t* rt_pos, int64_t rt_add, int64_t static_chunk, int64_t min_positions) {
   __shared__ float wts[kMaxSplits];
   __shared__ float red[32];
   __shared__ float part[kMergeWarps][32];
@@ -320,9 +344,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   pdl_wait();  // the partials of the split kernel (a no-op in stream order, kept for launch_pdl)
   // Splits past the last position wrote nothing this time (the split
   // kernel's chunk); those before it all did.
-  if (pos0_device) {
-    const int64_t chunk = split_chunk(pos0_device, n_tokens, n_splits, static_chunk, min_positions);
-    n_splits = int(min(int64_t(n_splits), (int64_t(*pos0_device) + n_tokens + chunk - 1) / chunk));
+  if (rt_pos) {
+    const int64_t n_pos = runtime_positions(rt_pos, rt_add);
+    const int64_t chunk = split_chunk(n_pos, n_splits, static_chunk, min_positions);
+    n_splits = int(min(int64_t(n_splits), (n_pos + chunk - 1) / chunk));
   }
   const int64_t row = blockIdx.x;
   const int64_t split_stride = n_rows * (dv + 2);
@@ -422,6 +447,10 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
   }
   if (p.n_tokens < 0 || p.pos0 < 0) throw std::invalid_argument("attention: negative n_tokens or pos0");
   if (p.n_tokens == 0) return;
+  const bool batch = p.row_seq != nullptr;
+  if (batch && (!p.row_pos || p.seq_stride < 0 || p.max_positions < 1)) {
+    throw std::invalid_argument("attention: a batch needs row_pos, a sequence stride and max_positions >= 1");
+  }
   if (!p.q || !p.k_cache || !p.v_cache || !p.out) throw std::invalid_argument("attention: null pointer");
   if (p.n_tokens > 1 && (p.q_stride < int64_t(p.n_head) * p.head_dim_k || p.out_stride < int64_t(p.n_head) * p.head_dim_v)) {
     throw std::invalid_argument("attention: q_stride or out_stride below one token's row");
@@ -435,9 +464,12 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
   a.p.min_split_positions = std::max<int64_t>(1, p.min_split_positions);
   a.xq_stride = p.xq ? xq_row_bytes(int64_t(p.n_head) * p.head_dim_v) : 0;
   a.group = p.n_head / p.n_head_kv;
-  a.groups_per_kv = (p.n_tokens * a.group + kRowsPerWarp - 1) / kRowsPerWarp;
+  a.sub = (a.group + kRowsPerWarp - 1) / kRowsPerWarp;
+  a.groups_per_kv = batch ? p.n_tokens * a.sub : (p.n_tokens * a.group + kRowsPerWarp - 1) / kRowsPerWarp;
+  a.rt_pos = batch ? p.n_pos_device : p.pos0_device;
+  a.rt_add = batch ? 0 : p.n_tokens;
   const int64_t n_warps = int64_t(p.n_head_kv) * a.groups_per_kv;
-  const int64_t n_pos = p.pos0 + p.n_tokens;
+  const int64_t n_pos = batch ? p.max_positions : p.pos0 + p.n_tokens;
   const int64_t rows = p.n_tokens * p.n_head;
 
   // Split positions when the unsplit grid would leave most of the GPU idle:
@@ -469,7 +501,7 @@ void attention(const AttentionParams& p, void* workspace, size_t workspace_bytes
     const dim3 grid(unsigned(rows), unsigned((p.head_dim_v + 31) / 32));
     attention_merge_kernel<<<grid, dim3(kMergeWarps * 32), 0, stream>>>(
         static_cast<const float*>(a.partial), a.n_splits, rows, p.n_head, p.head_dim_v, p.out, p.out_stride,
-        static_cast<uint8_t*>(p.xq), a.xq_stride, p.pos0_device, p.n_tokens, a.chunk, a.p.min_split_positions);
+        static_cast<uint8_t*>(p.xq), a.xq_stride, a.rt_pos, a.rt_add, a.chunk, a.p.min_split_positions);
     check_launch("attention_merge_kernel");
   }
 }

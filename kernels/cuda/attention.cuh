@@ -49,6 +49,20 @@ struct AttentionParams {
   // rows [0, pos0 + n_tokens) must be filled.
   const float* k_cache = nullptr;
   const float* v_cache = nullptr;
+  // A batch of several sequences (set both): token t belongs to sequence
+  // row_seq[t], whose cache starts seq_stride floats after the previous
+  // sequence's (k_cache and v_cache are sequence 0's), and is at position
+  // row_pos[t], seeing that sequence's positions [0, row_pos[t]]; pos0 and
+  // pos0_device are then unused. Device int32 arrays of n_tokens, read at
+  // run time, so one captured graph serves every step of a batch size.
+  const int32_t* row_seq = nullptr;
+  const int32_t* row_pos = nullptr;
+  int64_t seq_stride = 0;
+  // With row_seq: a device int32 holding 1 + the largest row_pos (what the
+  // splits share at run time); max_positions is its upper bound, which
+  // sizes the split count.
+  const int32_t* n_pos_device = nullptr;
+  int64_t max_positions = 0;
   // out: n_tokens rows of n_head*head_dim_v floats, out_stride apart.
   float* out = nullptr;
   int64_t out_stride = 0;

@@ -44,12 +44,15 @@ __global__ void rope_kernel(float* x, int64_t token_stride, int n_heads, int hea
   }
   if (app.k_cache == nullptr) return;
   __syncthreads();  // the rotated K heads, written by other threads of the block
-  const int64_t p = int64_t(*app.pos0) + blockIdx.x;
+  const int64_t p = app.row_seq ? int64_t(positions[blockIdx.x]) : int64_t(*app.pos0) + blockIdx.x;
+  const int64_t seq_off = app.row_seq ? int64_t(app.row_seq[blockIdx.x]) * app.seq_stride : 0;
   const int64_t kw = int64_t(n_heads - app.first_k_head) * head_dim;
   const float* k = xt + int64_t(app.first_k_head) * head_dim;
-  for (int64_t i = threadIdx.x; i < kw; i += blockDim.x) app.k_cache[p * kw + i] = k[i];
+  float* kc = app.k_cache + seq_off;
+  float* vc = app.v_cache + seq_off;
+  for (int64_t i = threadIdx.x; i < kw; i += blockDim.x) kc[p * kw + i] = k[i];
   const float* vt = app.v + int64_t(blockIdx.x) * token_stride;
-  for (int64_t i = threadIdx.x; i < app.vw; i += blockDim.x) app.v_cache[p * app.vw + i] = vt[i];
+  for (int64_t i = threadIdx.x; i < app.vw; i += blockDim.x) vc[p * app.vw + i] = vt[i];
 }
 
 __global__ void softmax_kernel(float* x, int64_t n, int64_t stride) {
@@ -79,9 +82,10 @@ void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int hea
 void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
           const int32_t* positions, const float* inv_freq, RopeMode mode, const RopeAppend& append,
           cudaStream_t stream) {
-  if (append.k_cache && (!append.v || !append.v_cache || !append.pos0 || append.vw < 1 ||
+  if (append.k_cache && (!append.v || !append.v_cache || !(append.pos0 || append.row_seq) || append.vw < 1 ||
                          append.first_k_head < 0 || append.first_k_head >= n_heads)) {
-    throw std::invalid_argument("rope: the KV append needs v, both caches, pos0, vw >= 1 and a K head range");
+    throw std::invalid_argument(
+        "rope: the KV append needs v, both caches, pos0 or row_seq, vw >= 1 and a K head range");
   }
   if (rot_dim < 2 || rot_dim % 2 != 0 || rot_dim > head_dim || rot_dim > kMaxRotDim || n_heads < 1) {
     throw std::invalid_argument("rope: rot_dim " + std::to_string(rot_dim) + " must be even, at least 2 and at most head_dim " +

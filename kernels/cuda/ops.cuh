@@ -27,6 +27,9 @@ void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int hea
 // of each token row are K; after rotation they are copied to
 // k_cache[(*pos0 + t) * kw ...] (kw = (n_heads - first_k_head) * head_dim),
 // and v[t * token_stride + i], i < vw, to v_cache[(*pos0 + t) * vw + i].
+// A batch of several sequences sets row_seq instead of pos0: row t goes to
+// position positions[t] of sequence row_seq[t], whose cache rows start
+// row_seq[t] * seq_stride floats after k_cache (v_cache likewise).
 struct RopeAppend {
   int first_k_head = 0;
   const float* v = nullptr;
@@ -34,6 +37,8 @@ struct RopeAppend {
   float* k_cache = nullptr;
   float* v_cache = nullptr;
   const int32_t* pos0 = nullptr;  // device memory, read at run time
+  const int32_t* row_seq = nullptr;  // device memory: a batch's sequence per row
+  int64_t seq_stride = 0;
 };
 void rope(float* x, int64_t n_tokens, int64_t token_stride, int n_heads, int head_dim, int rot_dim,
           const int32_t* positions, const float* inv_freq, RopeMode mode, const RopeAppend& append,

@@ -2,7 +2,8 @@
 # Load test of `baton serve` on loopback: N concurrent streaming clients (chat
 # and completions, random lengths and temperatures) for S seconds against one
 # server; zero failed requests, every stream ends with [DONE], /metrics counts
-# equal what the clients received, and the resident memory of the server and
+# equal what the clients received (one request in 16 leaves its stream early:
+# counted once, no slot left busy), and the resident memory of the server and
 # its workers is reported (and must grow under 1% on runs of 5 minutes or
 # more). CI runs the short forms (16 clients, 10 s, in process and on 2 local
 # workers) as part of test_cli_serve and test_cli_serve_cluster. Bounded in time and count; 127.0.0.1 only.
