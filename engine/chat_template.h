@@ -1,9 +1,10 @@
-// Chat templates: turning chat messages into a prompt string.
-//
-// GGUF files carry a Jinja template (`tokenizer.chat_template`). Baton embeds
-// no Jinja engine: it recognises the common template families from distinctive
-// markers in the template text, then from the architecture and the vocabulary,
-// renders them with its own code, and falls back to a documented plain format.
+// Chat template families: turning chat messages into a prompt string for
+// models whose GGUF carries no Jinja template (`tokenizer.chat_template`) that
+// Baton's Jinja engine runs (chat_jinja.h renders those). It recognises the
+// common template families from distinctive markers in the template text, then
+// from the architecture and the vocabulary, renders them with its own code,
+// and falls back to a documented plain format. The family also gives the
+// end-of-turn tokens when the model's own template renders.
 // docs/CHAT_TEMPLATES.md gives every family's exact layout and its source.
 //
 // Contract with the tokenizer: render_chat returns the whole prompt, BOS

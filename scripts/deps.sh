@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Baton needs to build and test (only those missing).
-# Each is used: the build tools; python3 (GGUF and oracle scripts the tests run); GoogleTest;
+# Each is used: the build tools; python3 (GGUF and oracle scripts the tests run); python3-jinja2
+# (the reference renderer test_engine_jinja compares the chat template engine with); GoogleTest;
 # Boost (headers for Asio and Beast, program_options); nlohmann-json, fmt, cereal (wire
 # payloads), OpenSSL (HMAC), xxhash (split checksums), toml++ (cluster files).
 set -euo pipefail
-pkgs=(cmake ninja-build g++ python3
+pkgs=(cmake ninja-build g++ python3 python3-jinja2
       libgtest-dev
       libboost-program-options-dev nlohmann-json3-dev libfmt-dev
       libcereal-dev libboost-dev libssl-dev libxxhash-dev libtomlplusplus-dev)

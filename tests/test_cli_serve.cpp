@@ -448,9 +448,46 @@ TEST(Serve, CommandLineRefusals) {
   EXPECT_EQ(help.exit_code, 0);
   for (const char* s : {"--model", "--config", "--workers", "--host", "--port", "--api-key-file", "--ctx",
                         "--parallel", "--queue", "--threads", "--max-body", "--request-timeout", "/v1/chat/completions",
-                        "/health", "/metrics", "429", "listening on"}) {
+                        "/health", "/metrics", "429", "listening on", "--chat-template"}) {
     EXPECT_NE(help.out.find(s), std::string::npos) << s;
   }
+}
+
+// --chat-template FILE renders chat prompts with that Jinja template: a chat
+// whose template writes BOS and the user's text is the plain completion of
+// that text, token for token; the template's raise_exception is a 400; a
+// template the engine cannot run stops the server at start, naming the construct.
+TEST(Serve, ChatTemplateFileRendersChatPrompts) {
+  test::TempDir tmp;
+  const std::string tmpl = tmp.file("chat.jinja");
+  const std::string text =
+      "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}\n"
+      "{% if messages[-1].role == 'tool' %}{{ raise_exception('a tool result cannot come last') }}{% endif %}\n";
+  test::write_file(tmpl, std::vector<uint8_t>(text.begin(), text.end()));
+  ServeProcess server({"-m", stories(), "--chat-template", tmpl});
+  const int port = server.port();
+  json chat = {{"model", kModel}, {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+               {"max_tokens", 12}, {"temperature", 0}};
+  Response c = post(port, "/v1/chat/completions", chat);
+  ASSERT_EQ(c.status, 200) << c.body;
+  Response p = post(port, "/v1/completions",
+                    {{"model", kModel}, {"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(p.status, 200) << p.body;
+  EXPECT_EQ(c.j()["usage"]["prompt_tokens"], p.j()["usage"]["prompt_tokens"]);
+  EXPECT_EQ(c.j()["choices"][0]["message"]["content"], p.j()["choices"][0]["text"]);
+  EXPECT_EQ(http(port, "GET", "/v1/models").j()["data"][0]["meta"]["chat_template"], "jinja");
+  chat["messages"].push_back({{"role", "tool"}, {"content", "42"}});
+  Response refused = post(port, "/v1/chat/completions", chat);
+  expect_error(refused, 400, "invalid_value");
+  EXPECT_NE(refused.body.find("a tool result cannot come last"), std::string::npos) << refused.body;
+  server.stop();
+
+  const std::string bad = tmp.file("bad.jinja");
+  const std::string bad_text = "{{ messages | shuffle }}";
+  test::write_file(bad, std::vector<uint8_t>(bad_text.begin(), bad_text.end()));
+  auto r = test::run_command({test::baton_binary(), "serve", "-m", stories(), "--port", "0", "--chat-template", bad});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unsupported filter 'shuffle' at line 1"), std::string::npos) << r.err;
 }
 
 // ---- the official openai npm client ----

@@ -11,6 +11,7 @@
 #include "coordinator/api/generation.h"
 #include "coordinator/api/openai_api.h"
 #include "coordinator/api/openai_request.h"
+#include "engine/chat_jinja.h"
 #include "engine/chat_template.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
@@ -141,6 +142,47 @@ TEST(ServeApi, ParsesRequestsIntoGenerationRequests) {
   EXPECT_EQ(chat.gen.max_tokens, 128 - int64_t(chat.gen.prompt.size()));
   EXPECT_FALSE(chat.gen.stop_tokens.empty());
   EXPECT_EQ(chat.gen.stop, m.chat_stop_strings);
+}
+
+// A model whose GGUF carries a Jinja template renders chat prompts with it:
+// every role and the tool calls reach the template, key order is kept,
+// chat_template_kwargs become variables, and the Plain family's text stops
+// (stories260K's family) no longer apply.
+TEST(ServeApi, ChatPromptFromTheModelsJinjaTemplate) {
+  ModelInfo m = stories_info();
+  m.chat_template = std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(
+      "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+      "{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}{% endfor %}"
+      "{% if messages[-1].role == 'tool' and not ok %}{{ raise_exception('tool last') }}{% endif %}"
+      "{% if add_generation_prompt %}[assistant]{% endif %}{% if enable_thinking %}<think>{% endif %}"));
+  auto prompt_of = [&](const std::string& text) { return m.tokenizer->encode(text, false, true); };
+  ApiRequest r = parse_chat_request(
+      R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"},
+          {"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"z":1,"a":2}}}]},
+          {"role":"tool","content":"42"}],"chat_template_kwargs":{"enable_thinking":true,"ok":true}})",
+      m);
+  EXPECT_EQ(r.gen.prompt, prompt_of("<s>[user]Hi[assistant]{\"z\": 1, \"a\": 2}[tool]42[assistant]<think>"));
+  EXPECT_TRUE(r.gen.stop.empty());
+  EXPECT_EQ(r.gen.stop_tokens, m.chat_stop_tokens);
+
+  // The template's raise_exception is a 400 naming it.
+  try {
+    parse_chat_request(R"({"model":"stories260K","messages":[{"role":"tool","content":"42"}]})", m);
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("tool last"), std::string::npos) << e.what();
+  }
+
+  // A template given to the API (serve --chat-template) wins over the model's.
+  const JinjaTemplate other = JinjaTemplate::parse("{% for m in messages %}<{{ m.content }}>{% endfor %}");
+  ApiRequest o = parse_chat_request(R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}]})", m, &other);
+  EXPECT_EQ(o.gen.prompt, prompt_of("<Hi>"));
+
+  // Without a template the family renders, and refuses what it cannot render.
+  m.chat_template = nullptr;
+  EXPECT_THROW(parse_chat_request(R"({"model":"stories260K","messages":[{"role":"tool","content":"42"}]})", m),
+               ApiError);
 }
 
 // ignore_eos: parsed on both routes, refused when not a boolean; a chat drops

@@ -31,6 +31,8 @@
 
 namespace baton {
 
+class JinjaTemplate;
+
 class GgufFile;
 class Tokenizer;
 
@@ -118,6 +120,12 @@ struct ModelInfo {
   // cannot fit, and is refused before it is tokenized (0: unknown).
   int64_t max_token_bytes = 0;
   ChatFamily chat_family = ChatFamily::Plain;
+  // The model's own chat template (GGUF tokenizer.chat_template) when the
+  // Jinja engine runs it: chat prompts are rendered with it, and chat_family
+  // only gives the end-of-turn tokens. Null without one, or when it was
+  // refused (chat_template_refused says why); chat_family renders then.
+  std::shared_ptr<const JinjaTemplate> chat_template;
+  std::string chat_template_refused;
   std::vector<int32_t> chat_stop_tokens;  // the family's end-of-turn ids (EOS included)
   std::vector<std::string> chat_stop_strings;  // Plain family: text that ends a turn
 };

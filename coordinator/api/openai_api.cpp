@@ -248,7 +248,8 @@ std::pair<int, std::string> OpenAiApi::health_body() const {
 
 namespace {
 
-json model_object(const ModelInfo& m) {
+// "jinja" when a Jinja template renders chat prompts, else the family's name.
+json model_object(const ModelInfo& m, bool template_override) {
   return {{"id", m.id},
           {"object", "model"},
           {"created", m.created},
@@ -256,7 +257,7 @@ json model_object(const ModelInfo& m) {
           {"meta", {{"n_ctx", m.n_ctx},
                     {"n_vocab", m.n_vocab},
                     {"arch", m.arch},
-                    {"chat_template", chat_family_name(m.chat_family)}}}};
+                    {"chat_template", template_override || m.chat_template ? "jinja" : chat_family_name(m.chat_family)}}}};
 }
 
 ApiError method_not_allowed(const HttpRequest& req, const char* allowed) {
@@ -344,7 +345,7 @@ struct GenerationLink {
 void OpenAiApi::generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint) {
   const ModelInfo& model = service_.model();
   const std::string& body = ex->request().body;
-  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model) : parse_completion_request(body, model);
+  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model, options_.chat_template.get()) : parse_completion_request(body, model);
   std::string id = make_request_id(endpoint == ApiEndpoint::chat ? "chatcmpl-" : "cmpl-");
   r.gen.id = id;
   auto link = std::make_shared<GenerationLink>(r, model.id, id, ex, metrics_);
@@ -396,7 +397,7 @@ void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
     if (req.path == "/v1/models") {
       if (!get) throw method_not_allowed(req, "GET");
       ex->respond(200, "application/json",
-                  dump_json(json{{"object", "list"}, {"data", json::array({model_object(service_.model())})}}));
+                  dump_json(json{{"object", "list"}, {"data", json::array({model_object(service_.model(), options_.chat_template != nullptr)})}}));
       return;
     }
     if (req.path.rfind("/v1/models/", 0) == 0) {
@@ -406,7 +407,7 @@ void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
         throw ApiError(404, fmt::format("The model '{}' does not exist.", sanitize_utf8(name.substr(0, 200))),
                        "invalid_request_error", "model", "model_not_found", "model_not_found");
       }
-      ex->respond(200, "application/json", dump_json(model_object(service_.model())));
+      ex->respond(200, "application/json", dump_json(model_object(service_.model(), options_.chat_template != nullptr)));
       return;
     }
     throw not_found(req);

@@ -66,6 +66,9 @@ std::string make_request_id(const char* prefix);
 
 struct ApiOptions {
   std::string api_key;  // "" = no authentication
+  // Renders chat prompts instead of the model's own template (serve
+  // --chat-template); null = the model's.
+  std::shared_ptr<const JinjaTemplate> chat_template;
 };
 
 class OpenAiApi {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 
+#include "engine/chat_jinja.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 
@@ -349,11 +350,42 @@ std::string error_body(const std::string& message, const std::string& type, cons
 
 std::string error_body(const ApiError& e) { return error_body(e.what(), e.type, e.param, e.code); }
 
-ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model) {
+namespace {
+
+// The prompt from a Jinja chat template: the request's messages go to the
+// template as they are (any role, content parts, tool calls), with
+// chat_template_kwargs as extra variables.
+std::string render_with_template(std::string_view body_text, const json& body, const JinjaTemplate& tmpl,
+                                 const ModelInfo& model) {
+  const auto ordered = nlohmann::ordered_json::parse(body_text.begin(), body_text.end());
+  ChatTemplateInput in;
+  in.messages = ordered.at("messages");
+  in.bos_token = chat_bos_text(*model.tokenizer);
+  in.eos_token = chat_eos_text(*model.tokenizer);
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
+    in.kwargs = ordered.at("chat_template_kwargs");
+  }
+  if (const json* effort = field(body, "reasoning_effort"); effort && effort->is_string() &&
+                                                             !in.kwargs.contains("reasoning_effort")) {
+    in.kwargs["reasoning_effort"] = effort->get<std::string>();
+  }
+  try {
+    return render_chat(tmpl, in);
+  } catch (const jinja::RenderError& e) {
+    throw invalid(fmt::format("The model's chat template refused the conversation: {}", sanitize_utf8(e.what())),
+                  "messages", "invalid_value");
+  }
+}
+
+}  // namespace
+
+ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model, const JinjaTemplate* chat_template) {
   const json body = parse_body(body_text, model);
   check_model(body, model);
   ApiRequest r;
   r.endpoint = ApiEndpoint::chat;
+  const JinjaTemplate* tmpl = chat_template ? chat_template : model.chat_template.get();
 
   const json* msgs = field(body, "messages");
   if (!msgs) throw invalid("You must provide a messages parameter.", "messages", "missing_required_parameter");
@@ -368,6 +400,7 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
     if (role == m.end() || !role->is_string()) {
       throw invalid(fmt::format("'{}.role' must be a string.", param), param + ".role", "invalid_type");
     }
+    if (tmpl) continue;  // the template decides which roles and contents it takes
     std::string name = role->get<std::string>();
     if (name == "developer") name = "system";  // OpenAI's newer name for the system role
     if (name != "system" && name != "user" && name != "assistant") {
@@ -377,16 +410,20 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
     }
     chat.push_back({name, message_content(m, i)});
   }
-  ChatOptions opt;
-  if (const json* kw = field(body, "chat_template_kwargs")) {
-    if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
-    opt.thinking = bool_param(*kw, "enable_thinking", false);
-  }
   std::string prompt;
-  try {
-    prompt = render_chat(model.chat_family, chat, opt, chat_bos_text(*model.tokenizer));
-  } catch (const std::invalid_argument& e) {
-    throw invalid(e.what(), "messages", "invalid_value");
+  if (tmpl) {
+    prompt = render_with_template(body_text, body, *tmpl, model);
+  } else {
+    ChatOptions opt;
+    if (const json* kw = field(body, "chat_template_kwargs")) {
+      if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
+      opt.thinking = bool_param(*kw, "enable_thinking", false);
+    }
+    try {
+      prompt = render_chat(model.chat_family, chat, opt, chat_bos_text(*model.tokenizer));
+    } catch (const std::invalid_argument& e) {
+      throw invalid(e.what(), "messages", "invalid_value");
+    }
   }
   check_text_fits(prompt.size(), model, "messages");
   r.gen.prompt = model.tokenizer->encode(prompt, /*add_special=*/false, /*parse_special=*/true);
@@ -394,9 +431,11 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
 
   parse_common(body, r, model);
   // The family's end-of-turn tokens and strings are the model's way to end
-  // generation: ignore_eos drops them along with the tokenizer's EOS.
+  // generation: ignore_eos drops them along with the tokenizer's EOS. Text
+  // stops are the Plain family's; a template's turns end on tokens.
   if (!r.gen.ignore_eos) {
-    for (const auto& s : model.chat_stop_strings) r.gen.stop.push_back(s);
+    if (!tmpl)
+      for (const auto& s : model.chat_stop_strings) r.gen.stop.push_back(s);
     r.gen.stop_tokens = model.chat_stop_tokens;
   }
 

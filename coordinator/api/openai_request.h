@@ -59,8 +59,11 @@ struct ApiRequest {
 };
 
 // Parse and validate a body (throws ApiError). The model's tokenizer turns the
-// prompt or the rendered chat into token ids here.
-ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model);
+// prompt or the rendered chat into token ids here. The chat prompt is rendered
+// with `chat_template` when given (baton serve --chat-template), else with the
+// model's own template, else with its family's renderer (chat_template.h).
+ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model,
+                              const JinjaTemplate* chat_template = nullptr);
 ApiRequest parse_completion_request(std::string_view body, const ModelInfo& model);
 
 // The text of a JSON body: invalid UTF-8 in strings is replaced, never thrown on.

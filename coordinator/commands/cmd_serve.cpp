@@ -35,6 +35,7 @@
 #include "coordinator/api/openai_api.h"
 #include "engine/arch.h"
 #include "engine/backend.h"
+#include "engine/chat_jinja.h"
 #include "engine/command_error.h"
 #include "engine/command_line.h"
 #include "engine/gguf.h"
@@ -64,6 +65,7 @@ struct ServeOptions {
   std::vector<int> gpus;         // local workers' GPUs
   std::string api_key_file;
   std::string model_id;
+  std::string chat_template_file;  // --chat-template: replaces the model's template
   LocalEngineConfig engine;
   HttpServerConfig http;
   double request_timeout_s = 10, idle_timeout_s = 60, write_timeout_s = 30;
@@ -131,6 +133,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("port", po::value<int>(&port)->default_value(8080), "TCP port; 0 = any free port (printed on stdout)")
       ("api-key-file", po::value<std::string>(&r.api_key_file),
        "file whose first line is the API key clients must send as a Bearer token")
+      ("chat-template", po::value<std::string>(&r.chat_template_file),
+       "Jinja chat template file rendering chat prompts instead of the model's own "
+       "(tokenizer.chat_template); refused at start when it uses what Baton's Jinja engine lacks")
       ("model-id", po::value<std::string>(&r.model_id),
        "the name clients pass as \"model\" (default: the file name without .gguf)")
       ("ctx", po::value<int64_t>(&r.engine.stage.n_ctx)->default_value(0),
@@ -278,6 +283,8 @@ const char* error_type(int status) {
 int serve(const ServeOptions& opt) {
   std::string api_key;
   if (!opt.api_key_file.empty()) api_key = read_api_key(opt.api_key_file);
+  std::shared_ptr<const JinjaTemplate> chat_template;
+  if (!opt.chat_template_file.empty()) chat_template = load_chat_template_file(opt.chat_template_file);
 
   // Signals go to the main thread only (sigtimedwait below): block them
   // before any other thread starts so that every thread inherits the mask.
@@ -386,7 +393,15 @@ int serve(const ServeOptions& opt) {
   GenerationService& engine = *service;
   const ModelInfo& model = engine.model();
 
-  OpenAiApi api(engine, metrics, {api_key});
+  if (chat_template) {
+    std::fprintf(stderr, "baton serve: chat prompts from %s\n", opt.chat_template_file.c_str());
+  } else if (model.chat_template) {
+    std::fprintf(stderr, "baton serve: chat prompts from the model's chat template\n");
+  } else if (!model.chat_template_refused.empty()) {
+    std::fprintf(stderr, "baton serve: the model's chat template is not used (%s); chat prompts use the %s format\n",
+                 model.chat_template_refused.c_str(), chat_family_name(model.chat_family));
+  }
+  OpenAiApi api(engine, metrics, {api_key, chat_template});
   HttpServerHooks hooks;
   hooks.error_body = [](int status, const std::string& message, const std::string& kind) {
     return error_body(message, error_type(status), "", kind);

@@ -28,7 +28,7 @@ while [[ ${1:-} == --* ]]; do
 done
 seconds=${1:-60}
 shift || true
-all=(fuzz_gguf fuzz_frame fuzz_split fuzz_http fuzz_tokenizer)
+all=(fuzz_gguf fuzz_frame fuzz_split fuzz_http fuzz_tokenizer fuzz_jinja)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 
@@ -47,6 +47,8 @@ for t in "${targets[@]}"; do
   seeds=()
   [[ -d tests/fuzz/corpus/$t ]] && seeds=("tests/fuzz/corpus/$t")
   [[ $t == fuzz_gguf ]] && seeds=("tests/fuzz/corpus/gguf")
+  # The published chat templates (fixtures, read only).
+  [[ $t == fuzz_jinja && -d ../shared/chat_templates ]] && seeds=("../shared/chat_templates")
   count_findings() { find "$artifacts" -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) | wc -l; }
   before=$(count_findings)
   echo "=== $t: $seconds s" >&2

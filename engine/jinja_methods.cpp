@@ -1,0 +1,446 @@
+// Attribute and item access, and the Python str / dict / list methods chat
+// templates call, under Hugging Face's immutable sandbox: methods that would
+// change a list or dict (append, pop, update...) raise, as they do there.
+#include <clocale>
+#include <cwctype>
+#include <locale.h>
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "engine/jinja_render.h"
+
+namespace baton::jinja {
+namespace {
+
+const std::set<std::string> kStrMethods = {
+    "strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith", "replace", "upper", "lower",
+    "title", "capitalize", "format", "find", "rfind", "count", "join", "isdigit", "isalpha", "isalnum",
+    "isspace", "islower", "isupper", "splitlines"};
+const std::set<std::string> kDictMethods = {"get", "items", "keys", "values", "copy", "pop", "update",
+                                            "setdefault", "clear", "popitem"};
+const std::set<std::string> kListMethods = {"index", "count", "append", "pop", "extend", "insert", "remove",
+                                            "clear", "sort", "reverse"};
+const std::set<std::string> kUnsafe = {"pop", "update", "setdefault", "clear", "popitem", "append",
+                                       "extend", "insert", "remove", "sort", "reverse"};
+
+bool has_method(const Value& obj, const std::string& name) {
+  if (obj.is_string()) return kStrMethods.count(name) > 0;
+  if (obj.is_dict()) return kDictMethods.count(name) > 0;
+  if (obj.is_list()) return kListMethods.count(name) > 0;
+  return false;
+}
+
+Value bound(const Value& obj, const std::string& name) {
+  return Value::function([obj, name](CallArgs& a) {
+    Value r;
+    call_method(obj, name, a, r);
+    return r;
+  });
+}
+
+uint32_t cp_of(const std::string& ch) {
+  const auto c = static_cast<unsigned char>(ch[0]);
+  if (c < 0x80) return c;
+  const size_t n = ch.size();
+  uint32_t cp = c & (0xFF >> (n + 1));
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(ch[k]) & 0x3F);
+  return cp;
+}
+
+int64_t norm_index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
+
+const std::string& str_arg(const CallArgs& a, size_t i, const char* name, const char* method) {
+  const Value* v = a.get(i, name);
+  if (!v || !v->is_string()) type_error(fmt::format("{}() argument must be str", method));
+  return v->s;
+}
+
+std::vector<std::string> split_ws(const std::string& s, int64_t maxsplit) {
+  std::vector<std::string> out;
+  auto chars = utf8_chars(s);
+  size_t k = 0;
+  while (k < chars.size()) {
+    while (k < chars.size() && is_py_space(cp_of(chars[k]))) ++k;
+    if (k == chars.size()) break;
+    std::string word;
+    if (maxsplit >= 0 && int64_t(out.size()) == maxsplit) {  // the rest, trailing whitespace kept
+      for (; k < chars.size(); ++k) word += chars[k];
+      out.push_back(word);
+      break;
+    }
+    while (k < chars.size() && !is_py_space(cp_of(chars[k]))) word += chars[k++];
+    out.push_back(word);
+  }
+  return out;
+}
+
+Value str_list(const std::vector<std::string>& parts) {
+  List l;
+  for (const auto& p : parts) l.push_back(Value::string(p));
+  return Value::make_list(std::move(l));
+}
+
+std::string py_format(const std::string& fmtstr, const CallArgs& a) {
+  std::string out;
+  size_t auto_idx = 0;
+  for (size_t i = 0; i < fmtstr.size(); ++i) {
+    const char c = fmtstr[i];
+    if (c == '{' && i + 1 < fmtstr.size() && fmtstr[i + 1] == '{') {
+      out += '{';
+      ++i;
+    } else if (c == '}' && i + 1 < fmtstr.size() && fmtstr[i + 1] == '}') {
+      out += '}';
+      ++i;
+    } else if (c == '{') {
+      const size_t e = fmtstr.find('}', i);
+      if (e == std::string::npos) throw RenderError("Single '{' encountered in format string");
+      const std::string field = fmtstr.substr(i + 1, e - i - 1);
+      if (field.find_first_of(":!.[") != std::string::npos) throw RenderError("unsupported format field");
+      const Value* v = nullptr;
+      if (field.empty()) {
+        v = auto_idx < a.pos.size() ? &a.pos[auto_idx] : nullptr;
+        ++auto_idx;
+      } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
+        const size_t k = std::stoul(field);
+        v = k < a.pos.size() ? &a.pos[k] : nullptr;
+      } else {
+        for (const auto& [kn, kv] : a.kw)
+          if (kn == field) v = &kv;
+      }
+      if (!v) throw RenderError("format: missing argument");
+      out += to_str(*v);
+      i = e;
+    } else if (c == '}') {
+      throw RenderError("Single '}' encountered in format string");
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+bool str_method(const std::string& s, const std::string& name, CallArgs& a, Value& r) {
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    const Value* chars = a.get(0, "chars");
+    if (chars && chars->is_none()) chars = nullptr;
+    r = Value::string(py_strip(s, chars, name != "rstrip", name != "lstrip"));
+  } else if (name == "split" || name == "rsplit") {
+    const Value* sep = a.get(0, "sep");
+    const Value* mx = a.get(1, "maxsplit");
+    const int64_t maxsplit = mx ? mx->i : -1;
+    if (!sep || sep->is_none()) {
+      if (name == "rsplit" && maxsplit >= 0) throw RenderError("unsupported rsplit with maxsplit");
+      r = str_list(split_ws(s, maxsplit));
+      return true;
+    }
+    if (!sep->is_string() || sep->s.empty()) throw RenderError("empty separator");
+    std::vector<std::string> parts;
+    if (name == "split") {
+      size_t p = 0;
+      while (true) {
+        const size_t q = s.find(sep->s, p);
+        if (q == std::string::npos || (maxsplit >= 0 && int64_t(parts.size()) == maxsplit)) break;
+        parts.push_back(s.substr(p, q - p));
+        p = q + sep->s.size();
+      }
+      parts.push_back(s.substr(p));
+    } else {
+      size_t end = s.size();
+      while (true) {
+        if (maxsplit >= 0 && int64_t(parts.size()) == maxsplit) break;
+        if (end < sep->s.size()) break;
+        const size_t q = s.rfind(sep->s, end - sep->s.size());
+        if (q == std::string::npos) break;
+        parts.insert(parts.begin(), s.substr(q + sep->s.size(), end - q - sep->s.size()));
+        end = q;
+      }
+      parts.insert(parts.begin(), s.substr(0, end));
+    }
+    r = str_list(parts);
+  } else if (name == "startswith" || name == "endswith") {
+    const Value* p = a.get(0, "prefix");
+    if (!p) throw RenderError(name + "() takes at least 1 argument");
+    List options = p->is_list() ? *p->list : List{*p};
+    bool hit = false;
+    for (const Value& o : options) {
+      if (!o.is_string()) throw RenderError(name + " first arg must be str or a tuple of str");
+      hit = hit || (name == "startswith" ? s.compare(0, o.s.size(), o.s) == 0 && s.size() >= o.s.size()
+                                         : s.size() >= o.s.size() && s.compare(s.size() - o.s.size(), o.s.size(), o.s) == 0);
+    }
+    r = Value::boolean(hit);
+  } else if (name == "replace") {
+    const std::string& from = str_arg(a, 0, "old", "replace");
+    const std::string& to = str_arg(a, 1, "new", "replace");
+    const Value* cnt = a.get(2, "count");
+    int64_t left = cnt ? cnt->i : -1;
+    std::string out;
+    if (from.empty()) {
+      auto chars = utf8_chars(s);
+      for (size_t k = 0; k <= chars.size(); ++k) {
+        if (left != 0) {
+          out += to;
+          --left;
+        }
+        if (k < chars.size()) out += chars[k];
+      }
+    } else {
+      size_t p = 0;
+      while (left != 0) {
+        const size_t q = s.find(from, p);
+        if (q == std::string::npos) break;
+        out += s.substr(p, q - p) + to;
+        p = q + from.size();
+        --left;
+      }
+      out += s.substr(p);
+    }
+    r = Value::string(out);
+  } else if (name == "upper") {
+    r = Value::string(py_upper(s));
+  } else if (name == "lower") {
+    r = Value::string(py_lower(s));
+  } else if (name == "title" || name == "capitalize") {
+    std::string out = s;
+    bool prev_cased = false;
+    for (size_t k = 0; k < out.size(); ++k) {
+      const char c = out[k];
+      const bool alpha = std::isalpha(static_cast<unsigned char>(c));
+      const bool first = name == "title" ? !prev_cased : k == 0;
+      out[k] = char(first ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+      prev_cased = alpha;
+    }
+    r = Value::string(out);
+  } else if (name == "format") {
+    r = Value::string(py_format(s, a));
+  } else if (name == "find" || name == "rfind" || name == "count") {
+    const std::string& sub = str_arg(a, 0, "sub", name.c_str());
+    if (name == "count") {
+      int64_t n = 0;
+      if (sub.empty()) n = int64_t(utf8_length(s)) + 1;
+      else
+        for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+      r = Value::integer(n);
+    } else {
+      const size_t p = name == "find" ? s.find(sub) : s.rfind(sub);
+      r = Value::integer(p == std::string::npos ? -1 : int64_t(utf8_length(s.substr(0, p))));
+    }
+  } else if (name == "join") {
+    const Value* it = a.get(0, "iterable");
+    if (!it) throw RenderError("join() takes exactly one argument");
+    std::string out;
+    bool first = true;
+    for (const Value& v : iterate(*it)) {
+      if (!v.is_string()) throw RenderError("sequence item: expected str instance");
+      if (!first) out += s;
+      out += v.s;
+      first = false;
+    }
+    r = Value::string(out);
+  } else if (name == "splitlines") {
+    std::vector<std::string> parts;
+    size_t p = 0;
+    for (size_t k = 0; k < s.size(); ++k) {
+      if (s[k] == '\n' || s[k] == '\r') {
+        parts.push_back(s.substr(p, k - p));
+        if (s[k] == '\r' && k + 1 < s.size() && s[k + 1] == '\n') ++k;
+        p = k + 1;
+      }
+    }
+    if (p < s.size()) parts.push_back(s.substr(p));
+    r = str_list(parts);
+  } else {
+    auto all = [&](auto pred) {
+      auto chars = utf8_chars(s);
+      return !chars.empty() && std::all_of(chars.begin(), chars.end(), pred);
+    };
+    auto ascii = [](auto f) { return [f](const std::string& ch) { return ch.size() == 1 && f(static_cast<unsigned char>(ch[0])); }; };
+    if (name == "isdigit") r = Value::boolean(all(ascii(::isdigit)));
+    else if (name == "isalpha") r = Value::boolean(all(ascii(::isalpha)));
+    else if (name == "isalnum") r = Value::boolean(all(ascii(::isalnum)));
+    else if (name == "isspace") r = Value::boolean(all([](const std::string& ch) { return is_py_space(cp_of(ch)); }));
+    else if (name == "islower") r = Value::boolean(py_lower(s) == s && py_upper(s) != s);
+    else if (name == "isupper") r = Value::boolean(py_upper(s) == s && py_lower(s) != s);
+    else return false;
+  }
+  return true;
+}
+
+Value slice(const Value& obj, const CallArgs& a) {
+  const bool is_str = obj.is_string();
+  std::vector<std::string> chars;
+  if (is_str) chars = utf8_chars(obj.s);
+  else if (!obj.is_list()) type_error(fmt::format("'{}' object is not subscriptable", kind_name(obj)));
+  const int64_t n = is_str ? int64_t(chars.size()) : int64_t(obj.list->size());
+  auto arg = [&](size_t k) -> const Value* { return a.pos[k].is_none() ? nullptr : &a.pos[k]; };
+  const int64_t step = arg(2) ? arg(2)->i : 1;
+  if (step == 0) throw RenderError("slice step cannot be zero");
+  auto clamp = [&](const Value* v, int64_t def) {
+    if (!v) return def;
+    int64_t i = v->i;
+    if (i < 0) i += n;
+    if (step > 0) return std::clamp<int64_t>(i, 0, n);
+    return std::clamp<int64_t>(i, -1, n - 1);
+  };
+  const int64_t start = clamp(arg(0), step > 0 ? 0 : n - 1);
+  const int64_t stop = clamp(arg(1), step > 0 ? n : -1);
+  std::string s;
+  List l;
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+    if (is_str) s += chars[size_t(i)];
+    else l.push_back((*obj.list)[size_t(i)]);
+    if (__builtin_add_overflow(i, step, &i)) break;
+  }
+  return is_str ? Value::string(s) : Value::make_list(std::move(l), obj.tuple);
+}
+
+}  // namespace
+
+bool call_method(const Value& obj, const std::string& name, CallArgs& a, Value& r) {
+  if (name == "__slice__") {
+    r = slice(obj, a);
+    return true;
+  }
+  if (!has_method(obj, name)) return false;
+  if (!obj.is_string() && kUnsafe.count(name))
+    throw RenderError(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, kind_name(obj)));
+  if (obj.is_string()) return str_method(obj.s, name, a, r);
+  if (obj.is_dict()) {
+    if (name == "get") {
+      const Value* k = a.get(0, "key");
+      const Value* d = a.get(1, "default");
+      std::string key;
+      const Value* v = k && dict_key(*k, key) ? obj.dict->find(key) : nullptr;
+      r = v ? *v : d ? *d : Value::none();
+    } else if (name == "copy") {
+      r = Value::make_dict(*obj.dict);
+    } else {
+      List out;
+      for (const auto& [k, v] : obj.dict->items) {
+        if (name == "items") out.push_back(Value::make_list({dict_key_value(k), v}, true));
+        else if (name == "keys") out.push_back(dict_key_value(k));
+        else out.push_back(v);
+      }
+      r = Value::make_list(std::move(out));
+    }
+    return true;
+  }
+  const Value* x = a.get(0, "value");
+  if (!x) throw RenderError(name + "() takes exactly one argument");
+  int64_t n = 0, first = -1;
+  for (size_t k = 0; k < obj.list->size(); ++k)
+    if (equals((*obj.list)[k], *x)) {
+      ++n;
+      if (first < 0) first = int64_t(k);
+    }
+  if (name == "index" && first < 0) throw RenderError("value is not in list");
+  r = Value::integer(name == "index" ? first : n);
+  return true;
+}
+
+Value get_attr(const Value& obj, const std::string& name) {
+  if (obj.is_undefined())
+    throw RenderError(fmt::format("'{}' is undefined (attribute '{}')", obj.s.empty() ? "value" : obj.s, name));
+  if (has_method(obj, name)) {
+    if (!obj.is_string() && kUnsafe.count(name))
+      return Value::function([name, kind = std::string(kind_name(obj))](CallArgs&) -> Value {
+        throw RenderError(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, kind));
+      });
+    return bound(obj, name);
+  }
+  if (obj.is_dict() || obj.kind == Kind::Namespace) {
+    if (const Value* v = obj.dict->find(name)) return *v;
+  }
+  return Value::undefined(name);
+}
+
+Value get_item(const Value& obj, const Value& key) {
+  if (obj.is_undefined()) throw RenderError(fmt::format("'{}' is undefined (item access)", obj.s.empty() ? "value" : obj.s));
+  std::string k;
+  if (obj.is_dict() && dict_key(key, k)) {
+    if (const Value* v = obj.dict->find(k)) return *v;
+  }
+  if (obj.is_list() && obj.generator) return Value::undefined();
+  if ((obj.is_list() || obj.is_string()) && (key.kind == Kind::Int || key.kind == Kind::Bool)) {
+    const int64_t k0 = key.kind == Kind::Bool ? int64_t(key.b) : key.i;
+    if (obj.is_list()) {
+      const int64_t k = norm_index(k0, int64_t(obj.list->size()));
+      if (k >= 0 && k < int64_t(obj.list->size())) return (*obj.list)[size_t(k)];
+    } else {
+      auto chars = utf8_chars(obj.s);
+      const int64_t k = norm_index(k0, int64_t(chars.size()));
+      if (k >= 0 && k < int64_t(chars.size())) return Value::string(chars[size_t(k)]);
+    }
+    return Value::undefined();
+  }
+  if (key.is_string()) return get_attr(obj, key.s);
+  return Value::undefined();
+}
+
+std::string py_strip(const std::string& s, const Value* chars, bool left, bool right) {
+  std::vector<std::string> cs = utf8_chars(s);
+  std::vector<std::string> set;
+  if (chars) {
+    if (!chars->is_string()) type_error("strip arg must be None or str");
+    set = utf8_chars(chars->s);
+  }
+  auto strippable = [&](const std::string& ch) {
+    if (!chars) return is_py_space(cp_of(ch));
+    return std::find(set.begin(), set.end(), ch) != set.end();
+  };
+  size_t b = 0, e = cs.size();
+  if (left)
+    while (b < e && strippable(cs[b])) ++b;
+  if (right)
+    while (e > b && strippable(cs[e - 1])) --e;
+  std::string out;
+  for (size_t k = b; k < e; ++k) out += cs[k];
+  return out;
+}
+
+namespace {
+// Unicode simple case mapping from the C library (the C.UTF-8 locale's
+// tables); ASCII only if that locale is missing. Python's special cases
+// (German sharp s to "SS"...) are not applied.
+uint32_t map_case(uint32_t cp, bool upper) {
+  static const locale_t loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", locale_t(0));
+  if (cp < 0x80 || !loc) {
+    if (cp >= 0x80) return cp;
+    return uint32_t(upper ? std::toupper(int(cp)) : std::tolower(int(cp)));
+  }
+  return uint32_t(upper ? towupper_l(wint_t(cp), loc) : towlower_l(wint_t(cp), loc));
+}
+
+std::string encode(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xC0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += char(0xE0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  } else {
+    out += char(0xF0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3F));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+std::string map_string(const std::string& s, bool upper) {
+  std::string out;
+  for (const std::string& ch : utf8_chars(s)) out += ch.size() == 1 ? std::string(1, char(map_case(uint8_t(ch[0]), upper))) : encode(map_case(cp_of(ch), upper));
+  return out;
+}
+}  // namespace
+
+std::string py_lower(std::string s) { return map_string(s, false); }
+std::string py_upper(std::string s) { return map_string(s, true); }
+
+}  // namespace baton::jinja

@@ -1,0 +1,447 @@
+// Statements and expressions of the Jinja subset, with Jinja2's scoping: a
+// for-loop iteration, a macro call and a block set each get their own scope
+// (assignments inside do not leak out); if-blocks share the enclosing one.
+#include "engine/jinja_render.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace baton::jinja {
+
+[[noreturn]] void type_error(const std::string& what) { throw RenderError(what); }
+
+void check_size(size_t n) {
+  if (n > kMaxValueBytes) throw RenderError("the template builds a value larger than 64 MiB");
+}
+
+void Renderer::step() {
+  if (++steps_ > max_steps_) throw RenderError(fmt::format("the template runs too long (more than {} steps)", max_steps_));
+}
+
+Renderer::Renderer(const Program& program, Dict globals, std::time_t now, uint64_t max_steps)
+    : program_(program), globals_(std::move(globals)), now_(now), max_steps_(max_steps) {}
+
+std::string Renderer::run() {
+  auto root = std::make_shared<Scope>();
+  std::string out;
+  exec(program_.body, root, out);
+  return out;
+}
+
+Value Renderer::lookup(const std::string& name, const ScopeP& scope) const {
+  for (const Scope* s = scope.get(); s; s = s->parent.get()) {
+    auto it = s->vars.find(name);
+    if (it != s->vars.end()) return it->second;
+  }
+  if (const Value* v = globals_.find(name)) return *v;
+  return Value::undefined(name);
+}
+
+Renderer::Flow Renderer::exec(const Body& body, const ScopeP& scope, std::string& out) {
+  for (const NodeP& np : body) {
+    const Node& n = *np;
+    step();
+    check_size(out.size());
+    switch (n.k) {
+      case Node::Text: out += n.text; break;
+      case Node::Output: out += to_str(eval(*n.expr, scope)); break;
+      case Node::If:
+        for (const auto& [cond, b] : n.branches) {
+          if (!cond || eval(*cond, scope).truthy()) {
+            Flow f = exec(b, scope, out);
+            if (f != Flow::Normal) return f;
+            break;
+          }
+        }
+        break;
+      case Node::For: {
+        Flow f = exec_for(n, scope, out);
+        if (f != Flow::Normal) return f;
+        break;
+      }
+      case Node::Set: exec_set(n, scope, eval(*n.expr, scope)); break;
+      case Node::SetBlock:
+      case Node::FilterBlock: {
+        auto inner = std::make_shared<Scope>();
+        inner->parent = scope;
+        std::string text;
+        exec(n.body, inner, text);
+        Value v = Value::string(std::move(text));
+        for (const ExprP& f : n.filters) {
+          CallArgs args = eval_args(*f, scope);
+          v = filter(f->name, v, args, f->line);
+        }
+        if (n.k == Node::SetBlock) exec_set(n, scope, v);
+        else out += to_str(v);
+        break;
+      }
+      case Node::Macro: scope->vars[n.text] = make_macro(n, scope); break;
+      case Node::CallBlock: {
+        Value caller = make_macro(n, scope);
+        const Expr& call = *n.expr;
+        Value fn = eval(*call.a, scope);
+        CallArgs args = eval_args(call, scope);
+        args.kw.emplace_back("caller", caller);
+        if (fn.kind != Kind::Function) throw RenderError(fmt::format("line {}: call of a non-macro", n.line));
+        out += to_str((*fn.fn)(args));
+        break;
+      }
+      case Node::Break: return Flow::Break;
+      case Node::Continue: return Flow::Continue;
+    }
+  }
+  return Flow::Normal;
+}
+
+namespace {
+void bind_targets(Scope& s, const std::vector<std::string>& targets, const Value& v, int line) {
+  if (targets.size() == 1) {
+    s.vars[targets[0]] = v;
+    return;
+  }
+  const size_t n = targets.size() - 1;  // targets[0] is the unpacking marker
+  List items = iterate(v);
+  if (items.size() != n)
+    throw RenderError(fmt::format("line {}: cannot unpack {} values into {}", line, items.size(), n));
+  for (size_t k = 0; k < n; ++k) s.vars[targets[k + 1]] = items[k];
+}
+}  // namespace
+
+Renderer::Flow Renderer::exec_for(const Node& n, const ScopeP& scope, std::string& out) {
+  const Value seq = eval(*n.expr, scope);
+  if (seq.kind != Kind::List && seq.kind != Kind::Dict && seq.kind != Kind::String && !seq.is_undefined())
+    throw RenderError(fmt::format("line {}: '{}' object is not iterable", n.line, kind_name(seq)));
+  List items = iterate(seq);
+  if (n.loop_filter) {
+    List kept;
+    for (Value& it : items) {
+      auto fs = std::make_shared<Scope>();
+      fs->parent = scope;
+      bind_targets(*fs, n.targets, it, n.line);
+      if (eval(*n.loop_filter, fs).truthy()) kept.push_back(std::move(it));
+    }
+    items = std::move(kept);
+  }
+  if (items.empty()) return exec(n.else_body, scope, out);
+  const int64_t len = int64_t(items.size());
+  // One `loop` object, updated in place each iteration (cheaper than a new
+  // one; previtem / nextitem are undefined where there is none).
+  enum Slot { Index, Index0, Revindex, Revindex0, First, Last, Previtem, Nextitem, Length, Depth, Depth0, Cycle };
+  auto counter = std::make_shared<int64_t>(0);
+  Dict d;
+  for (const char* name : {"index", "index0", "revindex", "revindex0", "first", "last", "previtem", "nextitem"})
+    d.items.emplace_back(name, Value());
+  d.items.emplace_back("length", Value::integer(len));
+  d.items.emplace_back("depth", Value::integer(1));
+  d.items.emplace_back("depth0", Value::integer(0));
+  d.items.emplace_back("cycle", Value::function([counter](CallArgs& a) -> Value {
+    if (a.pos.empty()) throw RenderError("no items for cycling given");
+    return a.pos[size_t(*counter) % a.pos.size()];
+  }));
+  const Value loop = Value::make_dict(std::move(d));
+  auto& slot = loop.dict->items;
+  for (int64_t k = 0; k < len; ++k) {
+    step();
+    *counter = k;
+    slot[Index].second = Value::integer(k + 1);
+    slot[Index0].second = Value::integer(k);
+    slot[Revindex].second = Value::integer(len - k);
+    slot[Revindex0].second = Value::integer(len - k - 1);
+    slot[First].second = Value::boolean(k == 0);
+    slot[Last].second = Value::boolean(k == len - 1);
+    slot[Previtem].second = k > 0 ? items[size_t(k - 1)] : Value::undefined("previtem");
+    slot[Nextitem].second = k + 1 < len ? items[size_t(k + 1)] : Value::undefined("nextitem");
+    auto s = std::make_shared<Scope>();
+    s->parent = scope;
+    bind_targets(*s, n.targets, items[size_t(k)], n.line);
+    s->vars["loop"] = loop;
+    if (exec(n.body, s, out) == Flow::Break) break;
+  }
+  return Flow::Normal;
+}
+
+void Renderer::exec_set(const Node& n, const ScopeP& scope, const Value& v) {
+  if (n.attr_target) {
+    Value ns = lookup(n.targets[0], scope);
+    if (ns.kind != Kind::Namespace) throw RenderError(fmt::format("line {}: cannot assign attribute on non-namespace object", n.line));
+    ns.dict->set(n.targets[1], v);
+    return;
+  }
+  bind_targets(*scope, n.targets, v, n.line);
+}
+
+Value Renderer::make_macro(const Node& n, const ScopeP& scope) {
+  const Node* node = &n;
+  std::weak_ptr<Scope> weak = scope;
+  return Value::function([this, node, weak](CallArgs& args) -> Value {
+    ScopeP parent = weak.lock();
+    if (!parent) throw RenderError("macro called after its scope ended");
+    if (++depth_ > kMaxMacroDepth) throw RenderError("macro recursion too deep");
+    auto s = std::make_shared<Scope>();
+    s->parent = parent;
+    const auto& params = node->params;
+    if (args.pos.size() > params.size())
+      throw RenderError(fmt::format("macro '{}' takes not more than {} argument(s)", node->text, params.size()));
+    for (size_t k = 0; k < params.size(); ++k) {
+      const std::string& name = params[k].first;
+      if (k < args.pos.size()) {
+        s->vars[name] = args.pos[k];
+        continue;
+      }
+      bool found = false;
+      for (auto& [kn, kv] : args.kw)
+        if (kn == name) {
+          s->vars[name] = kv;
+          found = true;
+        }
+      if (!found) s->vars[name] = params[k].second ? eval(*params[k].second, s) : Value::undefined(name);
+    }
+    for (auto& [kn, kv] : args.kw) {
+      bool known = kn == "caller";
+      for (const auto& p : params) known = known || p.first == kn;
+      if (!known) throw RenderError(fmt::format("macro '{}' takes no keyword argument '{}'", node->text, kn));
+      if (kn == "caller") s->vars["caller"] = kv;
+    }
+    std::string out;
+    exec(node->body, s, out);
+    --depth_;
+    return Value::string(std::move(out));
+  });
+}
+
+CallArgs Renderer::eval_args(const Expr& e, const ScopeP& scope) {
+  CallArgs a;
+  for (const ExprP& x : e.args) a.pos.push_back(eval(*x, scope));
+  for (const auto& [k, x] : e.kwargs) a.kw.emplace_back(k, eval(*x, scope));
+  return a;
+}
+
+Value Renderer::eval_call(const Expr& e, const ScopeP& scope) {
+  if (e.a->k == Expr::Attr) {
+    Value obj = eval(*e.a->a, scope);
+    if (obj.is_undefined()) throw RenderError(fmt::format("line {}: '{}' is undefined", e.line, obj.s));
+    CallArgs args = eval_args(e, scope);
+    Value result;
+    if (call_method(obj, e.a->name, args, result)) return result;
+    Value fn = get_attr(obj, e.a->name);
+    if (fn.kind != Kind::Function)
+      throw RenderError(fmt::format("line {}: '{}' is not callable", e.line, e.a->name));
+    return (*fn.fn)(args);
+  }
+  Value fn = eval(*e.a, scope);
+  if (fn.kind != Kind::Function) throw RenderError(fmt::format("line {}: '{}' object is not callable", e.line, kind_name(fn)));
+  CallArgs args = eval_args(e, scope);
+  return (*fn.fn)(args);
+}
+
+Value Renderer::eval(const Expr& e, const ScopeP& scope) {
+  switch (e.k) {
+    case Expr::Const: return e.value;
+    case Expr::Name: return lookup(e.name, scope);
+    case Expr::Attr: return get_attr(eval(*e.a, scope), e.name);
+    case Expr::Item: return get_item(eval(*e.a, scope), eval(*e.b, scope));
+    case Expr::Slice: {
+      Value obj = eval(*e.a, scope);
+      List parts;
+      for (const ExprP& p : e.args) parts.push_back(p ? eval(*p, scope) : Value::none());
+      CallArgs a;
+      a.pos = std::move(parts);
+      Value r;
+      if (!call_method(obj, "__slice__", a, r)) throw RenderError(fmt::format("line {}: cannot slice {}", e.line, kind_name(obj)));
+      return r;
+    }
+    case Expr::Call: return eval_call(e, scope);
+    case Expr::Filter: {
+      Value v = eval(*e.a, scope);
+      CallArgs args = eval_args(e, scope);
+      return filter(e.name, v, args, e.line);
+    }
+    case Expr::Test: {
+      Value v = eval(*e.a, scope);
+      CallArgs args = eval_args(e, scope);
+      return Value::boolean(test(e.name, v, args, e.line) != e.negated);
+    }
+    case Expr::Neg:
+    case Expr::Pos: {
+      Value v = eval(*e.a, scope);
+      if (!v.is_number()) throw RenderError(fmt::format("line {}: bad operand type for unary -: '{}'", e.line, kind_name(v)));
+      if (e.k == Expr::Pos) return v;
+      if (v.kind == Kind::Float) return Value::number(-v.f);
+      const int64_t i = v.kind == Kind::Bool ? int64_t(v.b) : v.i;
+      if (i == INT64_MIN) throw RenderError("integer overflow");
+      return Value::integer(-i);
+    }
+    case Expr::Not: return Value::boolean(!eval(*e.a, scope).truthy());
+    case Expr::And: {
+      Value a = eval(*e.a, scope);
+      return a.truthy() ? eval(*e.b, scope) : a;
+    }
+    case Expr::Or: {
+      Value a = eval(*e.a, scope);
+      return a.truthy() ? a : eval(*e.b, scope);
+    }
+    case Expr::Cond:
+      if (eval(*e.b, scope).truthy()) return eval(*e.a, scope);
+      return e.c ? eval(*e.c, scope) : Value::undefined();
+    case Expr::Binary: {
+      Value a = eval(*e.a, scope);
+      Value b = eval(*e.b, scope);
+      return binary(e.name, a, b, e.line);
+    }
+    case Expr::Compare: {
+      Value left = eval(*e.a, scope);
+      for (size_t k = 0; k < e.ops.size(); ++k) {
+        Value right = eval(*e.args[k], scope);
+        const std::string& op = e.ops[k];
+        bool r;
+        if (op == "==") r = equals(left, right);
+        else if (op == "!=") r = !equals(left, right);
+        else if (op == "in") r = contains(right, left);
+        else if (op == "notin") r = !contains(right, left);
+        else {
+          if (left.is_undefined() || right.is_undefined()) throw RenderError(fmt::format("line {}: comparison with an undefined value", e.line));
+          if (op == "<") r = less(left, right);
+          else if (op == ">") r = less(right, left);
+          else if (op == "<=") r = !less(right, left);
+          else r = !less(left, right);
+        }
+        if (!r) return Value::boolean(false);
+        left = std::move(right);
+      }
+      return Value::boolean(true);
+    }
+    case Expr::ListLit:
+    case Expr::TupleLit: {
+      List l;
+      for (const ExprP& x : e.args) l.push_back(eval(*x, scope));
+      return Value::make_list(std::move(l), e.k == Expr::TupleLit);
+    }
+    case Expr::DictLit: {
+      Dict d;
+      for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
+        std::string key;
+        if (!dict_key(eval(*e.args[k], scope), key))
+          throw RenderError(fmt::format("line {}: only string and integer keys are supported in dict literals", e.line));
+        d.set(key, eval(*e.args[k + 1], scope));
+      }
+      return Value::make_dict(std::move(d));
+    }
+  }
+  return Value::undefined();
+}
+
+namespace {
+double num(const Value& v) { return v.kind == Kind::Float ? v.f : v.kind == Kind::Bool ? double(v.b) : double(v.i); }
+int64_t inum(const Value& v) { return v.kind == Kind::Bool ? int64_t(v.b) : v.i; }
+[[noreturn]] void overflow() { throw RenderError("integer overflow (Baton's integers are 64-bit)"); }
+int64_t add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) overflow();
+  return r;
+}
+int64_t sub(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) overflow();
+  return r;
+}
+int64_t mul(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) overflow();
+  return r;
+}
+int64_t floor_div(int64_t a, int64_t b) {
+  if (a == INT64_MIN && b == -1) overflow();
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+Value repeat(const Value& seq, int64_t n) {
+  if (n > 0) check_size(size_t(std::min<int64_t>(n, int64_t(kMaxValueBytes) + 1)) * (seq.is_string() ? seq.s.size() : seq.list->size()));
+  if (seq.is_string()) {
+    std::string out;
+    for (int64_t k = 0; k < n; ++k) out += seq.s;
+    return Value::string(std::move(out));
+  }
+  List out;
+  for (int64_t k = 0; k < n; ++k) out.insert(out.end(), seq.list->begin(), seq.list->end());
+  return Value::make_list(std::move(out), seq.tuple);
+}
+}  // namespace
+
+Value Renderer::binary(const std::string& op, const Value& a, const Value& b, int line) {
+  if (op == "~") {
+    if (a.is_string() && b.is_string()) {
+      check_size(a.s.size() + b.s.size());
+      return Value::string(a.s + b.s);
+    }
+    std::string sa = to_str(a), sb = to_str(b);
+    check_size(sa.size() + sb.size());
+    return Value::string(sa + sb);
+  }
+  auto unsupported = [&]() -> Value {
+    throw RenderError(fmt::format("line {}: unsupported operand type(s) for {}: '{}' and '{}'", line, op,
+                                  kind_name(a), kind_name(b)));
+  };
+  const bool nums = a.is_number() && b.is_number();
+  const bool ints = nums && a.kind != Kind::Float && b.kind != Kind::Float;
+  if (op == "+") {
+    if (ints) return Value::integer(add(inum(a), inum(b)));
+    if (nums) return Value::number(num(a) + num(b));
+    if (a.is_string() && b.is_string()) {
+      check_size(a.s.size() + b.s.size());
+      if (a.markup == b.markup) {
+        Value r = Value::string(a.s + b.s);
+        r.markup = a.markup;
+        return r;
+      }
+      Value r = Value::string(a.markup ? a.s + html_escape(b.s) : html_escape(a.s) + b.s);
+      r.markup = true;
+      return r;
+    }
+    if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
+      check_size(a.list->size() + b.list->size());
+      List l = *a.list;
+      l.insert(l.end(), b.list->begin(), b.list->end());
+      return Value::make_list(std::move(l), a.tuple);
+    }
+    return unsupported();
+  }
+  if (op == "*") {
+    if (ints) return Value::integer(mul(inum(a), inum(b)));
+    if (nums) return Value::number(num(a) * num(b));
+    if ((a.is_string() || a.is_list()) && b.kind == Kind::Int) return repeat(a, b.i);
+    if ((b.is_string() || b.is_list()) && a.kind == Kind::Int) return repeat(b, a.i);
+    return unsupported();
+  }
+  if (!nums) return unsupported();
+  if (op == "-")
+    return ints ? Value::integer(sub(inum(a), inum(b))) : Value::number(num(a) - num(b));
+  if (op == "/") {
+    if (num(b) == 0) throw RenderError(fmt::format("line {}: division by zero", line));
+    return Value::number(num(a) / num(b));
+  }
+  if (op == "//" || op == "%") {
+    if (num(b) == 0) throw RenderError(fmt::format("line {}: integer division or modulo by zero", line));
+    if (ints) {
+      const int64_t q = floor_div(inum(a), inum(b));
+      return Value::integer(op == "//" ? q : sub(inum(a), mul(q, inum(b))));
+    }
+    const double q = std::floor(num(a) / num(b));
+    return Value::number(op == "//" ? q : num(a) - q * num(b));
+  }
+  if (op == "**") {
+    if (ints && inum(b) >= 0) {
+      int64_t base = inum(a), result = 1;
+      for (int64_t e = inum(b); e > 0; e >>= 1) {
+        if (e & 1) result = mul(result, base);
+        if (e > 1) base = mul(base, base);
+      }
+      return Value::integer(result);
+    }
+    return Value::number(std::pow(num(a), num(b)));
+  }
+  return unsupported();
+}
+
+}  // namespace baton::jinja

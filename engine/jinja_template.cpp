@@ -1,0 +1,38 @@
+#include "engine/jinja_template.h"
+
+#include "engine/jinja_ast.h"
+#include "engine/jinja_render.h"
+
+namespace baton {
+
+JinjaTemplate JinjaTemplate::parse(const std::string& source) {
+  JinjaTemplate t;
+  try {
+    t.program_ = std::make_shared<const jinja::Program>(jinja::parse(jinja::lex(source)));
+  } catch (const jinja::TemplateError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw jinja::TemplateError(std::string("chat template: ") + e.what());
+  }
+  return t;
+}
+
+std::string JinjaTemplate::render(const nlohmann::ordered_json& context, std::time_t now, uint64_t max_steps) const {
+  if (!context.is_object()) throw jinja::RenderError("the template context must be a JSON object");
+  jinja::Dict globals = jinja::builtin_globals(now);
+  for (const auto& [k, v] : context.items()) globals.set(k, jinja::Value::from_json(v));
+  jinja::Renderer r(*program_, std::move(globals), now, max_steps);
+  try {
+    return r.run();
+  } catch (const jinja::RenderError&) {
+    throw;
+  } catch (const std::exception& e) {  // e.g. a number out of range: still the template's failure
+    throw jinja::RenderError(e.what());
+  }
+}
+
+std::string JinjaTemplate::render(const nlohmann::ordered_json& context) const {
+  return render(context, std::time(nullptr));
+}
+
+}  // namespace baton

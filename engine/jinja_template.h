@@ -1,0 +1,48 @@
+// A model's own chat template (GGUF `tokenizer.chat_template`), run by Baton's
+// Jinja engine with the settings Hugging Face transformers renders it with:
+// trim_blocks, lstrip_blocks, the immutable sandbox, loop controls, the
+// `{% generation %}` block, tojson as json.dumps(ensure_ascii=False) and the
+// globals raise_exception and strftime_now. The output is meant to be byte
+// for byte what Jinja2 gives; docs/CHAT_TEMPLATES.md lists the subset.
+#pragma once
+
+#include <cstdint>
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/jinja_value.h"
+
+namespace baton {
+
+namespace jinja {
+struct Program;
+class TemplateError;  // jinja_ast.h: a template outside the subset (thrown by parse)
+}
+
+class JinjaTemplate {
+ public:
+  // Throws jinja::TemplateError (a std::runtime_error) naming the construct
+  // and line, e.g. "chat template: unsupported filter 'xyz' at line 3".
+  static JinjaTemplate parse(const std::string& source);
+
+  // Renders with the variables of `context` (a JSON object: messages, tools,
+  // add_generation_prompt, bos_token, eos_token and any template kwargs).
+  // Object key order is kept (tojson writes keys in input order, as Python
+  // does). `now` is the clock strftime_now reads (local time). Throws
+  // jinja::RenderError for what Jinja2 raises (raise_exception, type errors,
+  // undefined attribute access...).
+  // `max_steps` bounds the statements run and loop iterations (a template from
+  // an untrusted file must not run forever; a prompt needs far fewer).
+  static constexpr uint64_t kDefaultMaxSteps = 5'000'000;
+  std::string render(const nlohmann::ordered_json& context, std::time_t now,
+                     uint64_t max_steps = kDefaultMaxSteps) const;
+  std::string render(const nlohmann::ordered_json& context) const;
+
+ private:
+  std::shared_ptr<const jinja::Program> program_;
+};
+
+}  // namespace baton

@@ -1,0 +1,526 @@
+// Python semantics of the Jinja values (see jinja_value.h).
+#include "engine/jinja_value.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace baton::jinja {
+
+Value Value::undefined(std::string name) {
+  Value v;
+  v.s = std::move(name);
+  return v;
+}
+Value Value::none() {
+  Value v;
+  v.kind = Kind::None;
+  return v;
+}
+Value Value::boolean(bool x) {
+  Value v;
+  v.kind = Kind::Bool;
+  v.b = x;
+  return v;
+}
+Value Value::integer(int64_t x) {
+  Value v;
+  v.kind = Kind::Int;
+  v.i = x;
+  return v;
+}
+Value Value::number(double x) {
+  Value v;
+  v.kind = Kind::Float;
+  v.f = x;
+  return v;
+}
+Value Value::string(std::string x) {
+  Value v;
+  v.kind = Kind::String;
+  v.s = std::move(x);
+  return v;
+}
+Value Value::make_list(List items, bool is_tuple) {
+  Value v;
+  v.kind = Kind::List;
+  v.tuple = is_tuple;
+  v.list = std::make_shared<List>(std::move(items));
+  return v;
+}
+Value Value::make_generator(List items) {
+  Value v = make_list(std::move(items));
+  v.generator = true;
+  return v;
+}
+
+bool dict_key(const Value& key, std::string& out) {
+  if (key.is_string()) out = key.s;
+  else if (key.kind == Kind::Int) out = "\x01" + std::to_string(key.i);
+  else if (key.kind == Kind::Bool) out = "\x01" + std::to_string(int(key.b));
+  else return false;
+  return true;
+}
+
+Value dict_key_value(const std::string& stored) {
+  if (!stored.empty() && stored[0] == '\x01') return Value::integer(std::stoll(stored.substr(1)));
+  return Value::string(stored);
+}
+
+Value Value::make_dict(Dict d) {
+  Value v;
+  v.kind = Kind::Dict;
+  v.dict = std::make_shared<Dict>(std::move(d));
+  return v;
+}
+Value Value::make_namespace(Dict d) {
+  Value v = make_dict(std::move(d));
+  v.kind = Kind::Namespace;
+  return v;
+}
+Value Value::function(Function f) {
+  Value v;
+  v.kind = Kind::Function;
+  v.fn = std::make_shared<Function>(std::move(f));
+  return v;
+}
+
+Value Value::from_json(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return none();
+    case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      const uint64_t u = j.get<uint64_t>();
+      return u > uint64_t(INT64_MAX) ? number(double(u)) : integer(int64_t(u));
+    }
+    case nlohmann::ordered_json::value_t::number_float: return number(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      List l;
+      for (const auto& e : j) l.push_back(from_json(e));
+      return make_list(std::move(l));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      Dict d;
+      for (const auto& [k, e] : j.items()) d.set(k, from_json(e));
+      return make_dict(std::move(d));
+    }
+    default: throw RenderError("unsupported JSON value in the template input");
+  }
+}
+
+bool Value::truthy() const {
+  switch (kind) {
+    case Kind::Undefined:
+    case Kind::None: return false;
+    case Kind::Bool: return b;
+    case Kind::Int: return i != 0;
+    case Kind::Float: return f != 0;
+    case Kind::String: return !s.empty();
+    case Kind::List: return generator || !list->empty();
+    case Kind::Dict: return !dict->items.empty();
+    default: return true;
+  }
+}
+
+const Value* Dict::find(std::string_view key) const {
+  for (const auto& [k, v] : items)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+void Dict::set(const std::string& key, Value v) {
+  for (auto& [k, old] : items)
+    if (k == key) {
+      old = std::move(v);
+      return;
+    }
+  items.emplace_back(key, std::move(v));
+}
+
+const Value* CallArgs::get(size_t i, std::string_view name) const {
+  if (i < pos.size()) return &pos[i];
+  for (const auto& [k, v] : kw)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+// ---- UTF-8 -----------------------------------------------------------------
+
+namespace {
+size_t utf8_len_at(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  return std::min(n, s.size() - i);
+}
+uint32_t decode_at(std::string_view s, size_t i, size_t n) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (n == 1) return c;
+  uint32_t cp = c & (0xFF >> (n + 1));
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return cp;
+}
+}  // namespace
+
+std::vector<std::string> utf8_chars(std::string_view s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_len_at(s, i);
+    out.emplace_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+size_t utf8_length(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+bool is_py_space(uint32_t cp) {
+  return (cp >= 9 && cp <= 13) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
+}
+
+// ---- str / repr --------------------------------------------------------------
+
+std::string float_repr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  std::string sci(buf, r.ptr);
+  const bool neg = sci[0] == '-';
+  if (neg) sci.erase(0, 1);
+  const size_t e = sci.find('e');
+  std::string digits = sci.substr(0, e);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  const int exp = std::stoi(sci.substr(e + 1));
+  std::string out;
+  if (exp >= -4 && exp < 16) {
+    if (exp >= 0) {
+      std::string ip = digits.substr(0, std::min<size_t>(digits.size(), exp + 1));
+      while (ip.size() < size_t(exp) + 1) ip += '0';
+      std::string fp = digits.size() > size_t(exp) + 1 ? digits.substr(exp + 1) : "0";
+      out = ip + "." + fp;
+    } else {
+      out = "0." + std::string(-exp - 1, '0') + digits;
+    }
+  } else {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    out += fmt::format("e{}{:02d}", exp < 0 ? '-' : '+', std::abs(exp));
+  }
+  return neg ? "-" + out : out;
+}
+
+namespace {
+
+// Characters Python's str.isprintable() rejects among those templates meet.
+bool py_unprintable(uint32_t cp) {
+  return cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD || (cp >= 0x2000 && cp <= 0x200F) ||
+         (cp >= 0x2028 && cp <= 0x202F) || (cp >= 0x205F && cp <= 0x206F) || cp == 0x3000 || cp == 0xFEFF ||
+         cp == 0x1680;
+}
+
+std::string str_repr(std::string_view s) {
+  const bool has_single = s.find('\'') != std::string_view::npos;
+  const bool has_double = s.find('"') != std::string_view::npos;
+  const char q = has_single && !has_double ? '"' : '\'';
+  std::string out(1, q);
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_len_at(s, i);
+    const uint32_t cp = decode_at(s, i, n);
+    if (cp == uint32_t(q) || cp == '\\') {
+      out += '\\';
+      out += char(cp);
+    } else if (cp == '\n') {
+      out += "\\n";
+    } else if (cp == '\r') {
+      out += "\\r";
+    } else if (cp == '\t') {
+      out += "\\t";
+    } else if (py_unprintable(cp)) {
+      out += cp < 0x100 ? fmt::format("\\x{:02x}", cp) : fmt::format("\\u{:04x}", cp);
+    } else {
+      out.append(s.substr(i, n));
+    }
+    i += n;
+  }
+  out += q;
+  return out;
+}
+
+}  // namespace
+
+std::string to_str(const Value& v) {
+  switch (v.kind) {
+    case Kind::Undefined: return "";
+    case Kind::String: return v.s;
+    default: return to_repr(v);
+  }
+}
+
+std::string to_repr(const Value& v) {
+  switch (v.kind) {
+    case Kind::Undefined: return "Undefined";
+    case Kind::None: return "None";
+    case Kind::Bool: return v.b ? "True" : "False";
+    case Kind::Int: return std::to_string(v.i);
+    case Kind::Float: return float_repr(v.f);
+    case Kind::String: return str_repr(v.s);
+    case Kind::List: {
+      if (v.generator) return "<generator object>";
+      std::string out(1, v.tuple ? '(' : '[');
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += ", ";
+        out += to_repr((*v.list)[k]);
+      }
+      if (v.tuple && v.list->size() == 1) out += ',';
+      out += v.tuple ? ')' : ']';
+      return out;
+    }
+    case Kind::Dict: {
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [k, e] : v.dict->items) {
+        if (!first) out += ", ";
+        first = false;
+        out += to_repr(dict_key_value(k)) + ": " + to_repr(e);
+      }
+      return out + "}";
+    }
+    case Kind::Namespace: return "<Namespace>";
+    case Kind::Function: return "<function>";
+  }
+  return "";
+}
+
+std::string html_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// ---- JSON --------------------------------------------------------------------
+
+namespace {
+
+std::string json_string(std::string_view s, bool ensure_ascii) {
+  std::string out = "\"";
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char ch = s[i];
+    const auto c = static_cast<unsigned char>(ch);
+    if (ensure_ascii && c >= 0x80) {
+      const size_t n = utf8_len_at(s, i);
+      const uint32_t cp = decode_at(s, i, n);
+      if (cp >= 0x10000) {
+        out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF));
+      } else {
+        out += fmt::format("\\u{:04x}", cp);
+      }
+      i += n - 1;
+      continue;
+    }
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
+        else out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+struct JsonStyle {
+  int indent;
+  std::string_view item_sep, key_sep;
+  bool sort_keys, ensure_ascii;
+};
+
+void json_into(std::string& out, const Value& v, const JsonStyle& st, int level) {
+  const int indent = st.indent;
+  auto newline = [&](int lvl) {
+    if (indent >= 0) out += "\n" + std::string(size_t(indent) * lvl, ' ');
+  };
+  switch (v.kind) {
+    case Kind::None: out += "null"; return;
+    case Kind::Bool: out += v.b ? "true" : "false"; return;
+    case Kind::Int: out += std::to_string(v.i); return;
+    case Kind::Float:
+      out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
+      return;
+    case Kind::String: out += json_string(v.s, st.ensure_ascii); return;
+    case Kind::List: {
+      if (v.generator) break;
+      if (v.list->empty()) {
+        out += "[]";
+        return;
+      }
+      out += '[';
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += st.item_sep;
+        newline(level + 1);
+        json_into(out, (*v.list)[k], st, level + 1);
+      }
+      newline(level);
+      out += ']';
+      return;
+    }
+    case Kind::Dict: {
+      if (v.dict->items.empty()) {
+        out += "{}";
+        return;
+      }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& kv : v.dict->items) items.push_back(&kv);
+      if (st.sort_keys)
+        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      out += '{';
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) out += st.item_sep;
+        newline(level + 1);
+        out += json_string(to_str(dict_key_value(items[k]->first)), st.ensure_ascii);
+        out += st.key_sep;
+        json_into(out, items[k]->second, st, level + 1);
+      }
+      newline(level);
+      out += '}';
+      return;
+    }
+    default: break;
+  }
+  throw RenderError(fmt::format("Object of type {} is not JSON serializable", kind_name(v)));
+}
+
+}  // namespace
+
+std::string to_json(const Value& v, int indent, std::string_view item_sep, std::string_view key_sep,
+                    bool sort_keys, bool ensure_ascii) {
+  std::string out;
+  json_into(out, v, JsonStyle{indent, item_sep, key_sep, sort_keys, ensure_ascii}, 0);
+  return out;
+}
+
+// ---- comparison -----------------------------------------------------------------
+
+namespace {
+double as_double(const Value& v) {
+  return v.kind == Kind::Float ? v.f : v.kind == Kind::Bool ? double(v.b) : double(v.i);
+}
+bool both_int(const Value& a, const Value& b) { return a.kind != Kind::Float && b.kind != Kind::Float; }
+int64_t as_int(const Value& v) { return v.kind == Kind::Bool ? int64_t(v.b) : v.i; }
+}  // namespace
+
+bool equals(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number())
+    return both_int(a, b) ? as_int(a) == as_int(b) : as_double(a) == as_double(b);
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case Kind::Undefined:
+    case Kind::None: return true;
+    case Kind::String: return a.s == b.s;
+    case Kind::List:
+      if (a.generator || b.generator) return a.list == b.list;
+      if (a.list->size() != b.list->size()) return false;
+      for (size_t k = 0; k < a.list->size(); ++k)
+        if (!equals((*a.list)[k], (*b.list)[k])) return false;
+      return true;
+    case Kind::Dict:
+      if (a.dict->items.size() != b.dict->items.size()) return false;
+      for (const auto& [k, v] : a.dict->items) {
+        const Value* o = b.dict->find(k);
+        if (!o || !equals(v, *o)) return false;
+      }
+      return true;
+    default: return a.dict == b.dict && a.fn == b.fn;
+  }
+}
+
+bool less(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number())
+    return both_int(a, b) ? as_int(a) < as_int(b) : as_double(a) < as_double(b);
+  if (a.is_string() && b.is_string()) return a.s < b.s;  // UTF-8 bytes order as code points
+  if (a.is_list() && b.is_list()) {
+    const size_t n = std::min(a.list->size(), b.list->size());
+    for (size_t k = 0; k < n; ++k) {
+      if (!equals((*a.list)[k], (*b.list)[k])) return less((*a.list)[k], (*b.list)[k]);
+    }
+    return a.list->size() < b.list->size();
+  }
+  throw RenderError(fmt::format("'<' not supported between instances of '{}' and '{}'", kind_name(a), kind_name(b)));
+}
+
+bool contains(const Value& c, const Value& item) {
+  switch (c.kind) {
+    case Kind::String:
+      if (!item.is_string()) throw RenderError("'in <string>' requires string as left operand");
+      return c.s.find(item.s) != std::string::npos;
+    case Kind::Dict: {
+      std::string k;
+      return dict_key(item, k) && c.dict->find(k) != nullptr;
+    }
+    case Kind::Undefined: return false;
+    case Kind::List:
+      for (const Value& e : *c.list)
+        if (equals(e, item)) return true;
+      return false;
+    default: throw RenderError(fmt::format("argument of type '{}' is not iterable", kind_name(c)));
+  }
+}
+
+List iterate(const Value& v) {
+  switch (v.kind) {
+    case Kind::Undefined: return {};
+    case Kind::List: return *v.list;
+    case Kind::Dict: {
+      List keys;
+      for (const auto& kv : v.dict->items) keys.push_back(dict_key_value(kv.first));
+      return keys;
+    }
+    case Kind::String: {
+      List chars;
+      for (auto& c : utf8_chars(v.s)) chars.push_back(Value::string(std::move(c)));
+      return chars;
+    }
+    default: throw RenderError(fmt::format("'{}' object is not iterable", kind_name(v)));
+  }
+}
+
+const char* kind_name(const Value& v) {
+  switch (v.kind) {
+    case Kind::Undefined: return "Undefined";
+    case Kind::None: return "NoneType";
+    case Kind::Bool: return "bool";
+    case Kind::Int: return "int";
+    case Kind::Float: return "float";
+    case Kind::String: return "str";
+    case Kind::List: return v.generator ? "generator" : v.tuple ? "tuple" : "list";
+    case Kind::Dict: return "dict";
+    case Kind::Namespace: return "Namespace";
+    case Kind::Function: return "function";
+  }
+  return "?";
+}
+
+}  // namespace baton::jinja

@@ -1,0 +1,57 @@
+// libFuzzer target for the Jinja engine: chat templates come from GGUF files,
+// so any bytes must either load and render, or be refused with
+// jinja::TemplateError / jinja::RenderError; anything else (another
+// exception, a crash, a sanitizer report, a hang) is a bug. The seeds are the
+// published templates of shared/chat_templates (tests/fuzz/run.sh).
+//
+// Input: the template source, rendered for one conversation with a tool call,
+// a tool result and tools, with a small step budget.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "engine/jinja_ast.h"
+#include "engine/jinja_template.h"
+
+using namespace baton;
+
+namespace {
+
+const nlohmann::ordered_json& context() {
+  static const nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(R"({
+    "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather in Zürich?"},
+      {"role": "assistant", "content": "", "reasoning_content": "Call the tool.",
+       "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}}]},
+      {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "{\"temp\": 19}"},
+      {"role": "user", "content": [{"type": "text", "text": "Thanks"}]}
+    ],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+    "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>", "enable_thinking": true
+  })");
+  return ctx;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string source(reinterpret_cast<const char*>(data), size);
+  JinjaTemplate t;
+  try {
+    t = JinjaTemplate::parse(source);
+  } catch (const jinja::TemplateError&) {
+    return 0;
+  } catch (...) {
+    std::abort();
+  }
+  try {
+    t.render(context(), 1768473000, 20'000);
+  } catch (const jinja::RenderError&) {
+  } catch (...) {
+    std::abort();
+  }
+  return 0;
+}
