@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "engine/jinja_ast.h"
+#include "engine/unicode.h"
 
 namespace baton::jinja {
 namespace {
@@ -28,24 +29,6 @@ std::string normalize(const std::string& src) {
   return out;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
-
 // Python's unicode-escape decoding of a string literal's body.
 std::string unescape(std::string_view s, int line) {
   std::string out;
@@ -62,7 +45,7 @@ std::string unescape(std::string_view s, int line) {
       const uint32_t cp = uint32_t(std::stoul(h, nullptr, 16));
       if (cp > 0x10FFFF) throw TemplateError(fmt::format("chat template: bad escape in a string at line {}", line));
       i += n;
-      append_utf8(out, cp);
+      utf8_append(out, char32_t(cp));
     };
     switch (c) {
       case 'n': out += '\n'; break;
@@ -85,7 +68,7 @@ std::string unescape(std::string_view s, int line) {
           size_t n = 0;
           while (n < 3 && i < s.size() && s[i] >= '0' && s[i] <= '7') cp = cp * 8 + uint32_t(s[i++] - '0'), ++n;
           --i;
-          append_utf8(out, cp);
+          utf8_append(out, char32_t(cp));
         } else {
           out += '\\';
           out += c;

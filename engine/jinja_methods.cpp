@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "engine/jinja_render.h"
+#include "engine/unicode.h"
 
 namespace baton::jinja {
 namespace {
@@ -415,21 +416,7 @@ uint32_t map_case(uint32_t cp, bool upper) {
 
 std::string encode(uint32_t cp) {
   std::string out;
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
+  utf8_append(out, char32_t(cp));
   return out;
 }
 

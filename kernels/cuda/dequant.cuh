@@ -204,8 +204,8 @@ struct DqQ2_K : DqFromRaw8<DqQ2_K> {
 
 // The 6-bit (scale, min) of sub-block j of Q4_K/Q5_K from the 12 packed
 // bytes at b + 4 (see kernels/quant_k.cpp).
-__device__ __forceinline__ void k_scale_min(const uint8_t* b, int j, float& sc, float& m) {
-  const uint32_t s0 = ld_u32(b + 4), s1 = ld_u32(b + 8), s2 = ld_u32(b + 12);
+// From the three words of scales[12] already loaded (s0 = bytes 0-3...).
+__device__ __forceinline__ void k_scale_min_words(uint32_t s0, uint32_t s1, uint32_t s2, int j, float& sc, float& m) {
   if (j < 4) {
     sc = float((s0 >> (8 * j)) & 63);
     m = float((s1 >> (8 * j)) & 63);
@@ -214,6 +214,10 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* b, int j, float& sc, 
     sc = float(((s2 >> k) & 0x0f) | (((s0 >> k) >> 6 & 3) << 4));
     m = float(((s2 >> k) >> 4 & 0x0f) | (((s1 >> k) >> 6 & 3) << 4));
   }
+}
+
+__device__ __forceinline__ void k_scale_min(const uint8_t* b, int j, float& sc, float& m) {
+  k_scale_min_words(ld_u32(b + 4), ld_u32(b + 8), ld_u32(b + 12), j, sc, m);
 }
 
 // Q4_K (144 bytes): f16 d @0 | f16 dmin @2 | scales[12] @4 | qs[128] @16.

@@ -95,14 +95,7 @@ __device__ __forceinline__ void q4k_run_half(const uint8_t* b, int j, uint4 out[
   const uint32_t* bw = reinterpret_cast<const uint32_t*>(b);
   const uint32_t dd = bw[0], s0 = bw[1], s1 = bw[2], s2 = bw[3];
   float sc, m;
-  if (j < 4) {
-    sc = float((s0 >> (8 * j)) & 63);
-    m = float((s1 >> (8 * j)) & 63);
-  } else {
-    const int k = 8 * (j - 4);
-    sc = float(((s2 >> k) & 0x0f) | (((s0 >> k) >> 6 & 3) << 4));
-    m = float(((s2 >> k) >> 4 & 0x0f) | (((s1 >> k) >> 6 & 3) << 4));
-  }
+  k_scale_min_words(s0, s1, s2, j, sc, m);
   const __half2 d2 = __float2half2_rn(half_bits_to_float(dd & 0xffffu) * sc);
   const __half2 m2 = __float2half2_rn(-half_bits_to_float(dd >> 16) * m);
   const __half2 k1024 = __float2half2_rn(1024.0f);
