@@ -45,6 +45,47 @@ TEST(ServeCluster, IgnoreEosRunsToMaxTokensOnTwoWorkers) {
   check_ignore_eos(server.port());
 }
 
+// ---- batching through the pipeline ----
+
+// Six different prompts at once through two workers, four KV slots and a
+// step budget of 8 tokens: micro-batches mix prompt chunks and decode tokens
+// of several sequences, sequences start and end at different steps, and the
+// last two wait for a slot. Each gets the text it gets alone in process.
+TEST(ServeCluster, ConcurrentRequestsThroughMicroBatchesGetTheirTextAlone) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat", "Tom and his dog went to the park",
+                                            "Lily", "One day, a little bird", "The sun was hot and"};
+  auto body = [](const std::string& p) {
+    return json{{"model", "stories260K"}, {"prompt", p}, {"max_tokens", 24}, {"temperature", 0}};
+  };
+  std::vector<std::string> alone;
+  {
+    ServeProcess server({"-m", stories(), "--parallel", "1", "--quiet"});
+    for (const std::string& p : prompts) {
+      const Response r = post(server.port(), "/v1/completions", body(p));
+      ASSERT_EQ(r.status, 200) << r.body;
+      alone.push_back(r.j()["choices"][0]["text"].get<std::string>());
+    }
+  }
+  ServeProcess server({"-m", stories(), "--workers", "2", "--parallel", "4", "--batch", "8", "--quiet"});
+  std::vector<std::string> got(prompts.size());
+  std::vector<int> status(prompts.size(), 0);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      const Response r = post(server.port(), "/v1/completions", body(prompts[i]));
+      status[i] = r.status;
+      if (r.status == 200) got[i] = r.j()["choices"][0]["text"].get<std::string>();
+    });
+  }
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(prompts[i]);
+    EXPECT_EQ(status[i], 200);
+    EXPECT_FALSE(alone[i].empty());
+    EXPECT_EQ(got[i], alone[i]);
+  }
+}
+
 // ---- load ----
 
 // The same load through a pipeline of two worker processes
