@@ -406,15 +406,22 @@ void Cluster::on_close(size_t index, const std::string& reason) {
 
 void Cluster::report_worker_failure(const std::string& why) {
   ClusterObserver* obs = nullptr;
+  std::string text;
   {
     std::lock_guard lock(mu_);
     if (!assigned_ || shutting_down_ || failure_.empty()) return;
-    failure_ = why;
+    // The process's own reason first, then what the link said (which
+    // stage, which address): either report may reach the engine first, and
+    // both must name the worker's stage.
+    const std::string tag = "; the link said: ";
+    const size_t at = failure_.find(tag);
+    failure_ = why + tag + (at == std::string::npos ? failure_ : failure_.substr(at + tag.size()));
+    text = failure_;
     obs = observer_;
   }
-  net::log(net::LogLevel::error, why);
+  net::log(net::LogLevel::error, text);
   cv_.notify_all();
-  if (obs) obs->on_route_broken(why);
+  if (obs) obs->on_route_broken(text);
 }
 
 void Cluster::throw_if_failed() const {

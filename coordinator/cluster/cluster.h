@@ -167,8 +167,9 @@ class Cluster {
 
   // What the process supervising local workers knows of a failure (a worker
   // exited with an error: its last error line). While the route is broken
-  // this becomes the route's problem, replacing the bare "disconnected"
-  // text, and the observer hears it as on_route_broken. Ignored otherwise.
+  // this leads the route's problem, followed by what the link said ("; the
+  // link said: worker-1 (stage 1, ...) disconnected..."), and the observer
+  // hears that as on_route_broken. Ignored otherwise.
   void report_worker_failure(const std::string& why);
 
   // Sends SHUTDOWN to every worker and closes the links (idempotent).
