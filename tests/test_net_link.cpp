@@ -692,8 +692,8 @@ TEST(NetLink, HandshakeFloodCannotKeepOutAClientWithTheSecret) {
     std::this_thread::sleep_for(300ms);  // the table is full and past the grace
     // Each client gets in, at worst on a second or third try: with 4 slots,
     // 4 reopened flood sockets can arrive within one handshake round trip of
-    // a loaded machine (docs/PROTOCOL.md says so of 64), and a client that is
-    // displaced dials again, as a worker does.
+    // a loaded machine (docs/PROTOCOL.md says so of 64); a displaced client
+    // dials again (a local worker that fails to register is restarted).
     const auto t0 = Clock::now();
     for (int i = 0; i < 5; ++i) {
       Dialed ok;
