@@ -9,6 +9,9 @@
 
 #include <iostream>
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
 #include <string_view>
 
 namespace baton {
@@ -34,8 +37,35 @@ inline std::optional<boost::program_options::variables_map> parse_command_line(i
   po::command_line_parser parser(argc, argv);
   parser.options(all);
   if (cl.positional) parser.positional(*cl.positional);
+  // Words no option or positional slot takes are refused, not dropped (a
+  // model path given where the command reads none would be ignored), and
+  // the message names the first of them.
+  auto stray_words = [&] {
+    po::command_line_parser plain(argc, argv);
+    plain.options(all);
+    std::vector<std::string> words;
+    for (const po::option& o : plain.run().options) {
+      if (o.string_key.empty() && !o.original_tokens.empty()) words.push_back(o.original_tokens.front());
+    }
+    return words;
+  };
+  auto refuse = [](const std::string& word) {
+    throw std::invalid_argument("unexpected argument '" + word + "' (see --help)");
+  };
+  std::optional<po::parsed_options> run;
+  try {
+    run.emplace(parser.run());
+  } catch (const po::too_many_positional_options_error&) {
+    const std::vector<std::string> words = stray_words();
+    const size_t taken = cl.positional ? cl.positional->max_total_count() : 0;
+    refuse(words.size() > taken ? words[taken] : words.empty() ? std::string("?") : words.back());
+  }
+  const po::parsed_options& parsed = *run;
+  for (const po::option& o : parsed.options) {
+    if (o.string_key.empty() && !o.original_tokens.empty()) refuse(o.original_tokens.front());
+  }
   po::variables_map vm;
-  po::store(parser.run(), vm);
+  po::store(parsed, vm);
   if (vm.count("help")) {
     std::cout << cl.help_head << cl.options << cl.help_tail;
     return std::nullopt;

@@ -261,5 +261,35 @@ TEST(CliRun, ErrorsAreOneLineNeverACrash) {
   expect_clean_error(baton_run({"-m", test::model_path("stories260K.gguf"), "--ctx", "3"}), "context");
 }
 
+// The model may come first, as in llama.cpp's tools; a word nothing takes is
+// refused instead of ignored (a misplaced path used to run the default model).
+TEST(CliRun, TakesTheModelPositionallyAndRefusesStrayWords) {
+  test::TempDir dir;
+  expect_clean_error(baton_run({dir.file("absent.gguf"), "-n", "1"}), "absent.gguf");
+  const auto r = baton_run({test::model_path("stories260K.gguf"), "-p", "Once upon a time", "-n", "4", "--temp", "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time", 0), 0u) << r.out;
+  expect_clean_error(baton_run({test::model_path("stories260K.gguf"), "stray"}), "stray");
+  expect_clean_error(baton_run({"-m", test::model_path("stories260K.gguf"), test::model_path("stories260K.gguf")}),
+                     "model");
+  // A command without positional arguments refuses them too.
+  const auto logits = test::run_command({test::baton_binary(), "logits", "stray"});
+  EXPECT_EQ(logits.exit_code, 1);
+  EXPECT_NE(logits.err.find("unexpected argument 'stray'"), std::string::npos) << logits.err;
+}
+
+// Text on stdout and the stats on stderr into one pipe: the stats start on a
+// line of their own.
+TEST(CliRun, StatsStartTheirOwnLineWhenBothStreamsShareAPipe) {
+  const auto r = test::run_command({"/bin/sh", "-c",
+                                    "\"$0\" run \"$1\" -p 'Once upon a time' -n 8 --temp 0 2>&1",
+                                    test::baton_binary(), test::model_path("stories260K.gguf")});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  const size_t stats = r.out.find("[");
+  ASSERT_NE(stats, std::string::npos) << r.out;
+  ASSERT_GT(stats, 0u);
+  EXPECT_EQ(r.out[stats - 1], '\n') << r.out;
+}
+
 }  // namespace
 }  // namespace baton

@@ -77,7 +77,7 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   std::string backend = "cuda", mem_limit;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description desc(
-      "usage: baton bench -m MODEL [options]\n\n"
+      "usage: baton bench [-m] MODEL [options]\n\n"
       "Loads the whole model as one stage, then for ctx = ctx-start, ctx-start*K, ...\n"
       "up to ctx-max: prefills ctx random prompt tokens (chunks of --batch) and\n"
       "generates --gen-tokens greedy tokens, timing both. Device ceilings (copy\n"
@@ -115,7 +115,9 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "most memory the stage's plan may use (device lines with --backend cuda), e.g. 128GB: refused before "
        "loading when larger");
   // clang-format on
-  if (!parse_command_line(argc, argv, {.options = desc})) return std::nullopt;
+  po::positional_options_description positional;
+  positional.add("model", 1);  // -m MODEL, or the model first
+  if (!parse_command_line(argc, argv, {.options = desc, .positional = &positional})) return std::nullopt;
   if (o.model.empty()) throw std::invalid_argument("-m MODEL is required");
   auto b = backend_from_name(backend);
   if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");

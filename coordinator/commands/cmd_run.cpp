@@ -118,7 +118,7 @@ GgufFile open_synthetic() {
 }
 
 const std::string kUsage =
-    "usage: baton run [-m MODEL] [-p PROMPT] [-n N] [options]\n\n"
+    "usage: baton run [[-m] MODEL] [-p PROMPT] [-n N] [options]\n\n"
     "Generates text from a prompt with the whole model on this machine. Prints the\n"
     "prompt, then the generated text as it comes; stops after N tokens, at an\n"
     "end-of-generation token, or when the context is full.\n\n"
@@ -190,7 +190,10 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
        "memory plan");
   // clang-format on
-  const auto parsed = parse_command_line(argc, argv, {.options = desc, .help_head = kUsage});
+  // The model may also come first, as llama.cpp's tools take it.
+  po::positional_options_description positional;
+  positional.add("model", 1);
+  const auto parsed = parse_command_line(argc, argv, {.options = desc, .help_head = kUsage, .positional = &positional});
   if (!parsed) return std::nullopt;
   const po::variables_map& vm = *parsed;
   if (r.n_predict < 0) throw std::invalid_argument("-n must be >= 0");
@@ -338,7 +341,10 @@ void report_run(const RunOptions& opt, const RunResult& r, const std::function<v
     // cut by -n); replace rather than fail.
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
+    // The text ends its line before the stats start theirs, also when both
+    // streams go to one pipe (stdout is buffered there).
     std::fputs("\n", stdout);
+    std::fflush(stdout);
     std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s%s]\n", r.prompt.size(),
                  prefill_tps, gen.tokens.size(), decode_tps, gen.stop.c_str(), rates_tail.c_str());
   }

@@ -73,7 +73,7 @@ struct ServeOptions {
 };
 
 constexpr const char* kUsage =
-    "usage: baton serve (-m MODEL | --config FILE) [--host H] [--port P] [--api-key-file F] [options]\n\n"
+    "usage: baton serve ([-m] MODEL | --config FILE) [--host H] [--port P] [--api-key-file F] [options]\n\n"
     "Serves a GGUF model over an OpenAI-compatible HTTP API:\n"
     "  POST /v1/chat/completions   chat (messages rendered with the model's chat template)\n"
     "  POST /v1/completions        plain text completion\n"
@@ -163,7 +163,10 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "seconds a client may take to accept each write before it is dropped")
       ("quiet,q", po::bool_switch(&r.quiet), "no per-request log lines");
   // clang-format on
-  const auto parsed = parse_command_line(argc, argv, {.options = desc, .help_head = kUsage});
+  // The model may also come first, as llama.cpp's tools take it.
+  po::positional_options_description positional;
+  positional.add("model", 1);
+  const auto parsed = parse_command_line(argc, argv, {.options = desc, .help_head = kUsage, .positional = &positional});
   if (!parsed) return std::nullopt;
   const po::variables_map& vm = *parsed;
   if (vm.count("parts")) {
