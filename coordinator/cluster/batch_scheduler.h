@@ -18,7 +18,10 @@
 // QueueFullError (HTTP 429), never admitted into memory that is not there.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -45,5 +48,32 @@ std::vector<SchedChunk> plan_batch(std::span<const SchedSeq> seqs, int64_t budge
 // Throws QueueFullError when `running` sequences in slots and `waiting`
 // queued requests leave no room for another (slots + queue capacity).
 void check_admission(int running, int waiting, int slots, int queue_capacity);
+
+// The queue steps of both engines, under their lock. Seq has `id` and `slot`.
+
+// Moves the queued request with this id, if any, to `dropped`; false when
+// it is not queued (it may hold a slot).
+template <class Seq>
+bool drop_queued(std::deque<std::unique_ptr<Seq>>& queue, uint64_t id, std::vector<std::unique_ptr<Seq>>& dropped) {
+  auto it = std::find_if(queue.begin(), queue.end(), [&](const auto& q) { return q->id == id; });
+  if (it == queue.end()) return false;
+  dropped.push_back(std::move(*it));
+  queue.erase(it);
+  return true;
+}
+
+// Queued requests take the free slots in FIFO order; `admit` sees each one
+// (its slot set) before it enters the slot.
+template <class Seq, class Admit>
+void admit_queued(std::deque<std::unique_ptr<Seq>>& queue, std::vector<std::unique_ptr<Seq>>& slots, Admit&& admit) {
+  for (size_t i = 0; i < slots.size() && !queue.empty(); ++i) {
+    if (slots[i]) continue;
+    std::unique_ptr<Seq> seq = std::move(queue.front());
+    queue.pop_front();
+    seq->slot = int(i);
+    admit(*seq);
+    slots[i] = std::move(seq);
+  }
+}
 
 }  // namespace baton

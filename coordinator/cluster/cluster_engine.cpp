@@ -417,27 +417,16 @@ void ClusterEngine::scheduler() {
       route_whole = broken_.empty();
       events.swap(events_);
       cancels.swap(cancel_requests_);
-      for (uint64_t id : cancels) {
-        auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) { return q->id == id; });
-        if (it != queue_.end()) {
-          dropped.push_back(std::move(*it));
-          queue_.erase(it);
-        }
-      }
+      for (uint64_t id : cancels) drop_queued(queue_, id, dropped);
       if (stopping) {
         for (auto& q : queue_) dropped.push_back(std::move(q));
         queue_.clear();
       } else if (broken_.empty()) {
-        for (size_t i = 0; i < slots_.size() && !queue_.empty(); ++i) {
-          if (slots_[i]) continue;
-          auto seq = std::move(queue_.front());
-          queue_.pop_front();
-          seq->slot = int(i);
-          seq->usage.queue_s = seconds_between(seq->submitted, Clock::now());
-          seq->admitted = ++admitted_;
-          slots_[i] = std::move(seq);
+        admit_queued(queue_, slots_, [&](Sequence& seq) {
+          seq.usage.queue_s = seconds_between(seq.submitted, Clock::now());
+          seq.admitted = ++admitted_;
           ++active_;
-        }
+        });
       }
     }
     for (auto& q : dropped) finish(*q, FinishReason::cancelled, {});

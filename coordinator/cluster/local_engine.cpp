@@ -309,12 +309,7 @@ void LocalEngine::scheduler() {
       });
       stopping = state_ != State::loaded;
       for (uint64_t id : cancel_requests_) {
-        auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& q) { return q->id == id; });
-        if (it != queue_.end()) {
-          dropped.push_back(std::move(*it));
-          queue_.erase(it);
-          continue;
-        }
+        if (drop_queued(queue_, id, dropped)) continue;
         for (auto& slot : slots_) {
           if (slot && slot->id == id) slot->cancelled = true;
         }
@@ -324,17 +319,12 @@ void LocalEngine::scheduler() {
         for (auto& q : queue_) dropped.push_back(std::move(q));
         queue_.clear();
       } else {
-        for (size_t i = 0; i < slots_.size() && !queue_.empty(); ++i) {
-          if (slots_[i]) continue;
-          auto seq = std::move(queue_.front());
-          queue_.pop_front();
-          seq->slot = int(i);
-          seq->usage.queue_s = seconds_between(seq->submitted, Clock::now());
-          seq->sampler.emplace(seq->req.sampling, int32_t(info_.n_vocab));
-          seq->admitted = ++admitted_;
-          slots_[i] = std::move(seq);
+        admit_queued(queue_, slots_, [&](Sequence& seq) {
+          seq.usage.queue_s = seconds_between(seq.submitted, Clock::now());
+          seq.sampler.emplace(seq.req.sampling, int32_t(info_.n_vocab));
+          seq.admitted = ++admitted_;
           ++active_;
-        }
+        });
       }
     }
     for (auto& q : dropped) {
