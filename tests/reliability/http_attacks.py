@@ -23,30 +23,19 @@ import os
 import re
 import socket
 import struct
-import subprocess
 import threading
 import time
+
+from serve_process import ServeProcess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LONG = {"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0,
         "logit_bias": {"2": -100}}
 
 
-class Server:
+class Server(ServeProcess):
     def __init__(self, baton, model, extra=()):
-        self.proc = subprocess.Popen([baton, "serve", "-m", model, "--port", "0", "--threads", "1", "--quiet",
-                                      "--ctx", "2048", *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        for line in self.proc.stdout:
-            m = re.search(r"listening on http://127.0.0.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-            if "ready" in line:
-                break
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait()
+        super().__init__(baton, model, ("--ctx", "2048", *extra))
 
 
 def connect(port, source="127.0.0.1", timeout=10):

@@ -10,9 +10,9 @@ table (docs/RELIABILITY.md). Linux only; talks to 127.0.0.1 only.
 """
 import argparse
 import os
-import re
 import socket
-import subprocess
+
+from serve_process import ServeProcess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MiB = 1 << 20
@@ -32,18 +32,7 @@ def shapes():
     return out
 
 
-class Server:
-    def __init__(self, baton, model):
-        self.proc = subprocess.Popen([baton, "serve", "-m", model, "--port", "0", "--threads", "1", "--quiet"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.port = None
-        for line in self.proc.stdout:
-            m = re.search(r"listening on http://127.0.0.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-            if "ready" in line:
-                break
-
+class Server(ServeProcess):
     def status_field(self, name):
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:
@@ -71,9 +60,6 @@ class Server:
         status = self.post(body)
         return status, self.status_field("VmHWM") - before
 
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait()
 
 
 def main():
