@@ -70,11 +70,11 @@ int cmd_convert(int argc, char** argv) {
       "usage: baton convert --from DIR -o FILE [--type T]\n\n"
       "Converts a HuggingFace checkpoint folder (config.json and model.safetensors,\n"
       "or model.safetensors.index.json with its shards) of a LlamaForCausalLM,\n"
-      "Qwen2ForCausalLM or DeepSeek V4 (model_type deepseek_v4) model to a GGUF\n"
-      "file that baton runs. Tensors stream through a few MiB of memory. A\n"
-      "byte-level BPE tokenizer.json (Llama 3, Qwen2, DeepSeek) is converted;\n"
-      "otherwise the file holds a placeholder vocabulary (token ids work, text\n"
-      "does not; see docs/CONVERT.md).\n\noptions");
+      "Qwen2ForCausalLM, Qwen3ForCausalLM or DeepSeek V4 (model_type deepseek_v4)\n"
+      "model to a GGUF file that baton runs. Tensors stream through a few MiB of\n"
+      "memory. A byte-level BPE tokenizer.json (Llama 3, Qwen2/3, DeepSeek) is\n"
+      "converted; otherwise the file holds a placeholder vocabulary (token ids\n"
+      "work, text does not; see docs/CONVERT.md).\n\noptions");
   opts.add_options()
       ("help,h", "show this help")
       ("from", po::value(&from), "checkpoint folder")

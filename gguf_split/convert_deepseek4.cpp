@@ -267,6 +267,9 @@ const std::map<std::string, std::string>& layer_leaves() {
         {"attn.wkv.weight", "attn_kv.weight"},
         {"attn.kv_proj.weight", "attn_kv.weight"},
         {"attn.kv_norm.weight", "attn_kv_a_norm.weight"},
+        // transformers 5.17's save_pretrained writes the module's kv_norm as
+        // `attn.norm` (q_a_norm goes back to `attn.q_norm` as upstream).
+        {"attn.norm.weight", "attn_kv_a_norm.weight"},
         {"attn.attn_sink", "attn_sinks.weight"},
         {"attn.sinks", "attn_sinks.weight"},
         {"attn.wo_a.weight", "attn_output_a.weight"},

@@ -31,7 +31,7 @@ constexpr uint64_t kGroupBytes = uint64_t(4) << 20;
 
 
 struct Hparams {
-  std::string arch;  // "llama" or "qwen2"
+  std::string arch;  // "llama", "qwen2" or "qwen3"
   int64_t n_vocab, n_embd, n_ff, n_ctx;
   int n_layer, n_head, n_head_kv, head_dim;
   double rope_theta, rms_eps;
@@ -53,9 +53,11 @@ Hparams read_config(const CheckpointConfig& c) {
     h.arch = "llama";
   } else if (arch_name == "Qwen2ForCausalLM" || (arch_name.empty() && model_type == "qwen2")) {
     h.arch = "qwen2";
+  } else if (arch_name == "Qwen3ForCausalLM" || (arch_name.empty() && model_type == "qwen3")) {
+    h.arch = "qwen3";
   } else {
     c.refuse(fmt::format("field 'architectures' = '{}' (model_type '{}') is not supported; "
-                         "supported: LlamaForCausalLM, Qwen2ForCausalLM",
+                         "supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
                          arch_name, model_type));
   }
   h.n_embd = c.dim("hidden_size");
@@ -84,8 +86,13 @@ Hparams read_config(const CheckpointConfig& c) {
   if (const json* p = c.find("partial_rotary_factor"); p && (!p->is_number() || p->get<double>() != 1.0)) {
     c.refuse("field 'partial_rotary_factor' other than 1 is not supported");
   }
-  if (h.arch == "qwen2") {
-    h.qkv_bias = true;
+  if (h.arch == "qwen2" || h.arch == "qwen3") {
+    // qwen2 always has q/k/v biases; the qwen3 GGUF arch has none (it
+    // normalises q and k per head instead).
+    h.qkv_bias = h.arch == "qwen2";
+    if (h.arch == "qwen3" && c.boolean("attention_bias", false)) {
+      c.refuse("field 'attention_bias' = true is not supported for qwen3 (the qwen3 GGUF architecture has no biases)");
+    }
     if (c.boolean("use_sliding_window", false)) c.refuse("field 'use_sliding_window' = true is not supported");
   } else {
     h.qkv_bias = c.boolean("attention_bias", false);
@@ -269,7 +276,8 @@ ConvertResult convert_hf_llama(const ConvertOptions& o) {
   const int64_t E = h.n_embd, F = h.n_ff, V = h.n_vocab, hd = h.head_dim;
   const int64_t qw = int64_t(h.n_head) * hd, kw = int64_t(h.n_head_kv) * hd;
   // HF llama's q/k rows are in rotate-half order; the llama GGUF arch ropes
-  // adjacent pairs. qwen2 ropes neox-style, so its rows keep their order.
+  // adjacent pairs. qwen2 and qwen3 rope neox-style, so their rows keep
+  // their order (and so do qwen3's per-head q/k norm weights).
   const int64_t permute = h.arch == "llama" ? hd : 0;
   take("model.embed_tokens.weight", "token_embd.weight", {V, E});
   for (int l = 0; l < h.n_layer; ++l) {
@@ -283,6 +291,10 @@ ConvertResult convert_hf_llama(const ConvertOptions& o) {
       take(s + "self_attn.q_proj.bias", b + "attn_q.bias", {qw}, permute);
       take(s + "self_attn.k_proj.bias", b + "attn_k.bias", {kw}, permute);
       take(s + "self_attn.v_proj.bias", b + "attn_v.bias", {kw});
+    }
+    if (h.arch == "qwen3") {
+      take(s + "self_attn.q_norm.weight", b + "attn_q_norm.weight", {hd});
+      take(s + "self_attn.k_norm.weight", b + "attn_k_norm.weight", {hd});
     }
     take(s + "self_attn.o_proj.weight", b + "attn_output.weight", {E, qw});
     take(s + "post_attention_layernorm.weight", b + "ffn_norm.weight", {E});
@@ -313,7 +325,8 @@ ConvertResult convert_hf_llama(const ConvertOptions& o) {
   w.set(a + ".feed_forward_length", GgufValue::of_u32(uint32_t(F)));
   w.set(a + ".attention.head_count", GgufValue::of_u32(uint32_t(h.n_head)));
   w.set(a + ".attention.head_count_kv", GgufValue::of_u32(uint32_t(h.n_head_kv)));
-  if (hd * h.n_head != E) {
+  // qwen3 GGUFs always state the head size (it is rarely hidden / heads).
+  if (hd * h.n_head != E || a == "qwen3") {
     w.set(a + ".attention.key_length", GgufValue::of_u32(uint32_t(hd)));
     w.set(a + ".attention.value_length", GgufValue::of_u32(uint32_t(hd)));
   }

@@ -6,6 +6,9 @@
 //     layout (pairs (2i, 2i + 1)) that llama GGUFs use with "normal" rope.
 //   Qwen2ForCausalLM -> arch "qwen2": neox rope, so rows keep their order;
 //     q/k/v biases required.
+//   Qwen3ForCausalLM -> arch "qwen3": neox rope, no biases, per-head q/k RMS
+//     norms (self_attn.{q,k}_norm -> attn_{q,k}_norm), head size always
+//     written (key_length, value_length).
 //
 // Matrices take the requested type (default: each tensor's own dtype); a
 // matrix whose row length the type's block does not divide falls back to F16.
@@ -31,7 +34,7 @@ struct ConvertOptions {
 };
 
 struct ConvertResult {
-  std::string arch;       // "llama" or "qwen2"
+  std::string arch;       // "llama", "qwen2", "qwen3" or "deepseek4"
   uint64_t n_tensors = 0;
   uint64_t tensor_bytes = 0;
   int64_t n_vocab = 0;

@@ -105,7 +105,7 @@ std::string convert_bpe(GgufWriter& w, const json& tok, const VocabSource& src, 
     }
   }
   const size_t n_merges = merges.size();
-  const std::string pre = src.arch == "qwen2" ? "qwen2" : src.arch == "deepseek4" ? "deepseek-v3" : "llama-bpe";
+  const std::string pre = src.arch == "qwen2" || src.arch == "qwen3" ? "qwen2" : src.arch == "deepseek4" ? "deepseek-v3" : "llama-bpe";
   w.set("tokenizer.ggml.model", GgufValue::of_str("gpt2"));
   w.set("tokenizer.ggml.pre", GgufValue::of_str(pre));
   w.set("tokenizer.ggml.tokens", GgufValue::of_array(GgufType::STRING, std::move(tokens)));
