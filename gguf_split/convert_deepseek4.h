@@ -3,11 +3,13 @@
 // names, shapes, keys and per-role dtypes of the published files
 // (engine/deepseek4_shape.h is the reader side; its tensor table is the plan).
 //
-// Both spellings of the checkpoint are read: DeepSeek's own names
-// (`layers.N.attn.wq_a.weight`, `ffn.experts.E.w1.weight`, `hc_head_fn`, ...,
-// which transformers' save_pretrained writes back) and transformers' module
-// names (`model.layers.N.self_attn.q_a_proj.weight`, the fused
-// `mlp.experts.gate_up_proj`, ...). Every HF matrix is [out, in] row-major,
+// Every spelling of the checkpoint is read: DeepSeek's own names
+// (`layers.N.attn.wq_a.weight`, `ffn.experts.E.w1.weight`, `hc_head_fn`, ...),
+// transformers' module names (`model.layers.N.self_attn.q_a_proj.weight`, the
+// fused `mlp.experts.gate_up_proj`, ...) and the mix of the two that
+// transformers' save_pretrained writes (DeepSeek's layer names under
+// `model.`, `model.embed_tokens`, `head`, `model.hc_head.hc_fn`, and the
+// attention's kv_norm as `attn.norm`). Every HF matrix is [out, in] row-major,
 // which is GGUF's [in, out]: rows are copied in order; stacked experts are
 // gathered expert by expert. Multi-token-prediction tensors (`mtp.*`) are
 // skipped.

@@ -88,8 +88,9 @@ json ds4_config() {
           {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1}, {"torch_dtype", "float32"}};
 }
 
-// Checkpoint names: DeepSeek's own (what save_pretrained writes back) and
-// transformers' module names, written out independently of the converter.
+// Checkpoint names: DeepSeek's own and transformers' module names, written out
+// independently of the converter. (transformers' save_pretrained writes a mix
+// of the two: tests/test_cli_convert_hf.cpp converts such a file.)
 struct Ds4Name {
   const char* gguf;
   const char* deepseek;
@@ -297,6 +298,9 @@ TEST(CliConvertDeepseek4, NamesOfBothSpellingsMapToTheGgufTable) {
   EXPECT_EQ(e, -1);
   EXPECT_EQ(deepseek4_gguf_name("hc_head_scale"), "output_hc_scale.weight");
   EXPECT_EQ(deepseek4_gguf_name("model.layers.0.mlp.gate.tid2eid"), "blk.0.ffn_gate_tid2eid.weight");
+  // transformers 5.17's save_pretrained: kv_norm as attn.norm, q_a_norm as attn.q_norm.
+  EXPECT_EQ(deepseek4_gguf_name("model.layers.4.attn.norm.weight"), "blk.4.attn_kv_a_norm.weight");
+  EXPECT_EQ(deepseek4_gguf_name("model.layers.4.attn.q_norm.weight"), "blk.4.attn_q_a_norm.weight");
   EXPECT_EQ(deepseek4_gguf_name("layers.0.attn.wq_c.weight"), "");
   EXPECT_EQ(deepseek4_gguf_name("layers.x.attn.wkv.weight"), "");
 }

@@ -320,10 +320,10 @@ def main(argv):
     model = make_model(args.seed)
     ckpt = os.path.join(work, "hf")
     # The module's own state dict, as transformers names the parameters in
-    # memory. save_pretrained is not used: transformers 5.17 maps the names
-    # back toward the upstream checkpoint only in part (it wrote
-    # model.layers.0.attn.norm.weight beside model.embed_tokens.weight), a
-    # layout no published checkpoint has.
+    # memory, so that this checks that spelling. The layout save_pretrained
+    # writes (names mapped back toward the upstream ones only in part) is
+    # checked by tests/test_cli_convert_hf.cpp on tests/fixtures/hf/deepseek_v4
+    # (bench/hf_fixtures.py).
     from safetensors.torch import save_file
     os.makedirs(ckpt, exist_ok=True)
     model.config.to_json_file(os.path.join(ckpt, "config.json"))
