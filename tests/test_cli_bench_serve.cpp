@@ -67,7 +67,7 @@ TEST(CliBenchServe, TwoConcurrenciesWriteExactCountsAndStopTheServer) {
   ASSERT_EQ(lines.size(), 3u) << text_of(csv);
   EXPECT_EQ(lines[0],
             "config,concurrency,prompt_tokens,max_tokens,requests,errors,completion_tokens,wall_s,agg_tps,stream_tps,"
-            "ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms");
+            "ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,prefill_busy_s,decode_busy_s,decode_step_tps");
   const auto header = split(lines[0], ',');
   for (size_t i = 1; i < lines.size(); ++i) {
     SCOPED_TRACE(lines[i]);

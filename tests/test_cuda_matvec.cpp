@@ -425,7 +425,7 @@ TEST(CudaMatmul, SmallBatchTensorCoreMatchesReference) {
       const HostMatrix m = random_matrix(t, sh.rows, sh.cols, 0, rng());
       DeviceArray<uint8_t> dw(m.bytes);
       ASSERT_TRUE(cuda::small_matmul_supported(view(m, dw)));
-      for (int64_t n_tokens : {1, 9, 16, 17, 33, 64}) {
+      for (int64_t n_tokens : {1, 5, 8, 9, 16, 17, 33, 64}) {
         const std::string what = std::string(dtype_name(t)) + " " + std::to_string(sh.rows) + "x" +
                                  std::to_string(sh.cols) + " tokens " + std::to_string(n_tokens);
         SCOPED_TRACE(what);

@@ -67,8 +67,7 @@ std::string write_synth(const test::TempDir& dir, DType type, uint64_t seed, int
   return path;
 }
 
-// Prompt logits and 100 greedy steps on both backends; the prompt is short
-// enough (<= 8 tokens) that every CUDA projection is a matvec. Each step feeds
+// Prompt logits and 100 greedy steps on both backends. Each step feeds
 // the CPU's greedy id to both (teacher forcing) and compares the device's own
 // greedy id (graph replay, argmax on the device) with the CPU's. With
 // tie_tol = 0 they must be equal; Q8_0 and Q4_K decode through the
@@ -89,6 +88,7 @@ void expect_same_generation(const std::string& path, const std::vector<int32_t>&
   std::vector<float> cpu_logits(lc.begin(), lc.end());
   auto lg = gpu.forward(0, prompt);
   ASSERT_EQ(lg.size(), cpu_logits.size());
+  std::fprintf(stderr, "prompt rel_err %.3g\n", rel_err(lg, cpu_logits));
   EXPECT_LE(rel_err(lg, cpu_logits), logit_tol);
 
   // A differing pick is acceptable only as a near-tie on the CPU's logits.
@@ -152,9 +152,12 @@ TEST_P(CudaStageTypes, SyntheticMatchesCpu) {
   const std::string path = write_synth(dir, GetParam(), seed);
   GgufFile f = GgufFile::open(path);
   const auto vocab = int32_t(f.find_tensor("token_embd.weight")->ne[1]);
-  // F16 runs the float matvec; Q8_0 and Q4_K the integer-dot one.
+  // Decode: F16 runs the float matvec, Q8_0 and Q4_K the integer-dot one.
+  // The 6-token prompt: F16 and Q8_0 the same matvecs, Q4_K small_matmul
+  // (from 2 rows, docs/CUDA.md), whose activations are rounded to F16.
   const bool xq = GetParam() == DType::Q8_0 || GetParam() == DType::Q4_K;
-  expect_same_generation(path, random_tokens(seed, 6, vocab), xq ? 5e-4 : 1e-4, xq ? 5e-4 : 0.0);
+  const double prompt_tol = GetParam() == DType::Q4_K ? 2e-3 : xq ? 5e-4 : 1e-4;
+  expect_same_generation(path, random_tokens(seed, 6, vocab), prompt_tol, xq ? 5e-4 : 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaStageTypes, ::testing::Values(DType::F16, DType::Q8_0, DType::Q4_K),
@@ -219,12 +222,11 @@ TEST(CudaStage, GraphDecodeEqualsPrefill) {
     auto l = gpu.forward(1, std::span<const int32_t>(&tokens[i], 1));
     step.assign(l.begin(), l.end());
   }
-  // The graph's attention splits the positions (sized for the whole
-  // context) where the 8-token forward does not: outputs differ in the last
-  // bits, which moves some 16-bit activation roundings of the Q4_K
-  // integer-dot matvec by one step, and from the second layer on most of
-  // them; so the agreement is that of the quantization (about 1e-4).
-  EXPECT_LE(rel_err(step, want), 5e-4);
+  // One token at a time runs the Q4_K integer-dot matvec (16-bit
+  // activations), the 8-token forward small_matmul (activations rounded to
+  // F16, docs/CUDA.md): the agreement is that of F16 rounding.
+  std::fprintf(stderr, "GraphDecodeEqualsPrefill rel_err %.3g\n", rel_err(step, want));
+  EXPECT_LE(rel_err(step, want), 2e-3);
 
   gpu.reset(0);
   std::vector<float> chunked;

@@ -75,10 +75,13 @@ constexpr const char* kUsage =
     "wall time, first request sent to last response ended), per-stream tokens/s\n"
     "(each request's tokens after its first over the time between its first and\n"
     "last text events, averaged), time to first token and inter-token latency\n"
-    "(between text events) at p50 and p99. CSV goes to stdout (or --csv FILE), a\n"
-    "table to stderr. Columns:\n"
+    "(between text events) at p50 and p99; from the server's /metrics, its\n"
+    "first-stage forward seconds on prompt steps and on decode steps during the\n"
+    "level, and the decode tokens per second of those decode steps. CSV goes to\n"
+    "stdout (or --csv FILE), a table to stderr. Columns:\n"
     "  config,concurrency,prompt_tokens,max_tokens,requests,errors,completion_tokens,\n"
-    "  wall_s,agg_tps,stream_tps,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms\n\n"
+    "  wall_s,agg_tps,stream_tps,ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,\n"
+    "  prefill_busy_s,decode_busy_s,decode_step_tps\n\n"
     "The server queues what its slots cannot hold: give it --parallel (and --queue)\n"
     "of at least the largest concurrency, or requests wait (or get 429, counted as\n"
     "errors). --host and --port are the benchmark's to choose. With --api-key-file\n"
@@ -382,8 +385,38 @@ struct Row {
   int64_t requests = 0, errors = 0, completion_tokens = 0;
   double wall_s = 0, agg_tps = 0, stream_tps = 0;
   double ttft_p50_ms = 0, ttft_p99_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
+  // The server's own account of the level (its /metrics counters before and
+  // after): first-stage forward time on prompt steps and on decode-only steps,
+  // and the decode tokens per second of those steps. wall_s minus both busy
+  // times is what the HTTP layer, scheduling and idle gaps cost.
+  double prefill_busy_s = 0, decode_busy_s = 0, decode_step_tps = 0;
   std::string first_error;
 };
+
+// The forward-time counters of /metrics (docs/SERVING.md, "Metrics").
+struct BusyCounters {
+  double prefill_s = 0, decode_s = 0, decode_tokens = 0;
+};
+
+double metric_value(const std::string& text, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return 0;
+  return std::strtod(text.c_str() + at + key.size(), nullptr);
+}
+
+BusyCounters read_busy(HttpClient& http) {
+  const HttpReply r = http.get("/metrics");
+  if (r.status != 200) return {};
+  return {metric_value(r.body, "baton_prefill_seconds_total"), metric_value(r.body, "baton_decode_seconds_total"),
+          metric_value(r.body, "baton_decode_tokens_total")};
+}
+
+void add_busy(Row& row, const BusyCounters& before, const BusyCounters& after) {
+  row.prefill_busy_s = after.prefill_s - before.prefill_s;
+  row.decode_busy_s = after.decode_s - before.decode_s;
+  row.decode_step_tps = row.decode_busy_s > 0 ? (after.decode_tokens - before.decode_tokens) / row.decode_busy_s : 0;
+}
 
 // Nearest-rank percentile; 0 for no samples.
 double percentile(std::vector<double> v, double p) {
@@ -434,14 +467,15 @@ std::string csv_field(const std::string& s) {
 }
 
 std::string csv_row(const std::string& config, const Options& o, const Row& r) {
-  return fmt::format("{},{},{},{},{},{},{},{:.3f},{:.2f},{:.2f},{:.2f},{:.2f},{:.3f},{:.3f}\n", csv_field(config),
-                     r.concurrency, o.prompt_tokens, o.completion_tokens, r.requests, r.errors, r.completion_tokens,
-                     r.wall_s, r.agg_tps, r.stream_tps, r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms);
+  return fmt::format("{},{},{},{},{},{},{},{:.3f},{:.2f},{:.2f},{:.2f},{:.2f},{:.3f},{:.3f},{:.3f},{:.3f},{:.2f}\n",
+                     csv_field(config), r.concurrency, o.prompt_tokens, o.completion_tokens, r.requests, r.errors,
+                     r.completion_tokens, r.wall_s, r.agg_tps, r.stream_tps, r.ttft_p50_ms, r.ttft_p99_ms,
+                     r.itl_p50_ms, r.itl_p99_ms, r.prefill_busy_s, r.decode_busy_s, r.decode_step_tps);
 }
 
 constexpr const char* kCsvHeader =
     "config,concurrency,prompt_tokens,max_tokens,requests,errors,completion_tokens,wall_s,agg_tps,stream_tps,"
-    "ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms\n";
+    "ttft_p50_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,prefill_busy_s,decode_busy_s,decode_step_tps\n";
 
 // The server's log: the named file, or a temporary one removed at the end.
 struct LogFile {
@@ -510,6 +544,7 @@ int bench(const Options& o) {
   for (size_t level = 0; level < o.concurrency.size(); ++level) {
     const int n = o.concurrency[level];
     std::fprintf(stderr, "baton bench: concurrency %d ...\n", n);
+    const BusyCounters busy_before = read_busy(control);
     const std::vector<RequestRecord> recs =
         run_level(child.port(), m, o, n, o.requests_per_client, o.duration_s, level, sockets, timed_out);
     check_interrupted(watcher);
@@ -519,7 +554,8 @@ int bench(const Options& o) {
     if (child.exited()) {
       server_failed(child, fmt::format("baton serve {} during the benchmark", child.exit_text()));
     }
-    const Row row = summarize(n, recs);
+    Row row = summarize(n, recs);
+    add_busy(row, busy_before, read_busy(control));
     if (row.errors > 0) {
       std::fprintf(stderr, "baton bench: %lld of %lld requests failed at concurrency %d; the first: %s\n",
                    (long long)row.errors, (long long)row.requests, n, row.first_error.c_str());
@@ -535,12 +571,14 @@ int bench(const Options& o) {
   }
   std::fprintf(stderr, "\nbaton serve %s\nprompt %lld tokens, completion %lld tokens\n", config.c_str(),
                (long long)o.prompt_tokens, (long long)o.completion_tokens);
-  std::fprintf(stderr, "%11s %8s %6s %10s %12s %17s %17s\n", "concurrency", "requests", "errors", "agg tok/s",
-               "stream tok/s", "TTFT p50/p99 ms", "ITL p50/p99 ms");
+  std::fprintf(stderr, "%11s %8s %6s %10s %12s %17s %17s %8s %17s %12s\n", "concurrency", "requests", "errors",
+               "agg tok/s", "stream tok/s", "TTFT p50/p99 ms", "ITL p50/p99 ms", "wall s", "busy pre/dec s",
+               "step tok/s");
   for (const Row& r : rows) {
-    std::fprintf(stderr, "%11d %8lld %6lld %10.1f %12.1f %8.1f/%-8.1f %8.2f/%-8.2f\n", r.concurrency,
-                 (long long)r.requests, (long long)r.errors, r.agg_tps, r.stream_tps, r.ttft_p50_ms, r.ttft_p99_ms,
-                 r.itl_p50_ms, r.itl_p99_ms);
+    std::fprintf(stderr, "%11d %8lld %6lld %10.1f %12.1f %8.1f/%-8.1f %8.2f/%-8.2f %8.2f %8.2f/%-8.2f %12.1f\n",
+                 r.concurrency, (long long)r.requests, (long long)r.errors, r.agg_tps, r.stream_tps, r.ttft_p50_ms,
+                 r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.wall_s, r.prefill_busy_s, r.decode_busy_s,
+                 r.decode_step_tps);
   }
   if (!o.server_log.empty()) std::fprintf(stderr, "server log: %s\n", o.server_log.c_str());
   return 0;

@@ -184,8 +184,9 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   const int64_t split_tokens = std::min<int64_t>(L.B, 256 / hp.n_head);
   L.attn_bytes = split_tokens >= 1 ? cuda::attention_workspace_bytes(split_tokens, hp.n_head, hp.head_dim_v) : 0;
   L.attn = take(L.attn_bytes);
-  // Prefill GEMMs: x rounded to 16 bits plus a dequantized F16 tile.
-  if (L.B > kXqMaxRows) {
+  // Prefill GEMMs: x rounded to 16 bits plus a dequantized F16 tile; and
+  // small_matmul's F16 rows and partial sums from 2 rows (Q4_K) on.
+  if (L.B > 1) {
     // One section serves both: batches of up to kSmallMatmulMaxTokens rows
     // through small_matmul, larger ones through matmul.
     auto need = [&](const Proj& p) {
@@ -208,7 +209,7 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
       for (const auto& p : l.gate_up) need(p);
       need(l.down);
     }
-    if (L.L > kXqMaxRows) need(w.output);
+    if (L.L > 1) need(w.output);
   }
   L.mm = take(L.mm_bytes);
   // One buffer serves every projection input in turn (norm output, attention

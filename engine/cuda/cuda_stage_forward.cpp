@@ -258,7 +258,8 @@ void CudaStage::project(const Proj& p, const float* x, const void* xq, int64_t n
                         int64_t out_stride) {
   const Layout& L = *layout_;
   float* o = out + p.out_col;
-  if (xq && p.xq && n <= kXqMaxRows) {
+  const bool small = p.small && n >= small_matmul_min_rows(p.w) && n <= cuda::kSmallMatmulMaxTokens;
+  if (!small && xq && p.xq && n <= kXqMaxRows) {
     cuda::matvec_xq(p.w, xq, n, o, out_stride, stream_.get());
   } else if (p.cublas_f32) {
     const float one = 1.0f, zero = 0.0f;
@@ -266,7 +267,7 @@ void CudaStage::project(const Proj& p, const float* x, const void* xq, int64_t n
                              static_cast<const float*>(p.w.data), int(p.w.row_bytes / sizeof(float)), x, int(x_stride),
                              &zero, o, int(out_stride)),
                  "cublasSgemm (F32 weights)");
-  } else if (p.small && n > kXqMaxRows && n <= cuda::kSmallMatmulMaxTokens) {
+  } else if (small) {
     // A batch of a few to 64 rows: W read once, no F16 copy of it
     // (bench_cuda_kernels matmul: 1.3-2x faster than matmul at 8-64 rows).
     cuda::small_matmul(p.w, x, n, x_stride, o, out_stride, workspace_.data() + L.mm, L.mm_bytes, stream_.get());

@@ -12,14 +12,21 @@
 
 namespace baton {
 
-// Rows up to which a projection takes the integer-dot matvec; from there to
-// kSmallMatmulMaxTokens, small_matmul. On speed alone they cross at 4-5 rows
-// (matvec_xq's dp4a arithmetic grows with the rows, small_matmul's cost
-// barely does; docs/CUDA.md); but small_matmul rounds x to F16 (about 1e-3
-// of sum |w x|) where the integer-dot matvec keeps 16-bit activations
-// (1.5e-5), so short prompt chunks and batches of up to 8 keep the matvec's
-// precision, which the CPU comparisons of the CUDA stage hold it to.
+// Rows up to which a projection may take the integer-dot matvec. It keeps
+// 16-bit activations (1.5e-5 of sum |w x|) where small_matmul rounds x to
+// F16 (about 1e-3), so dtypes whose small_matmul is only somewhat faster
+// (the WMMA path: they cross at 4-5 rows on speed alone) keep the matvec's
+// precision up to here, which the CPU comparisons of the CUDA stage hold
+// them to.
 inline constexpr int64_t kXqMaxRows = 8;
+
+// Rows from which small_matmul takes a projection. Q4_K's register-fed
+// kernel is 3.7x faster than the matvec at 8 rows and faster from 2
+// (docs/CUDA.md), so Q4_K, the files people run, takes the F16 rounding
+// from 2 rows, as the engines that batch with 8- or 16-bit activations do.
+inline int64_t small_matmul_min_rows(const cuda::MatrixView& w) {
+  return w.type == DType::Q4_K ? 2 : kXqMaxRows + 1;
+}
 
 struct CudaStage::Proj {
   cuda::MatrixView w;

@@ -1,19 +1,23 @@
 // Small-batch tensor-core matmul over quantized weights (matmul_small.cuh).
 //
-// Layout of one block's work: 8 warps, 128 rows of W (warp w owns rows
-// [16w, 16w + 16)), all NT token rows of x (NT = 16, 32 or 64), a range of
-// 256-column tiles, each in four passes of 64 columns: the block dequantizes
-// its 128 x 64 slice of W to F16 in shared memory, copies the NT x 64 slice
-// of x (already F16 in the workspace), then each warp runs 4 k-steps of WMMA
-// over its rows and every 16-token group. The kernel is bound by latency
-// (ncu: 14 cycles per issued instruction, 25% occupancy with whole 256-column
-// slices): small slices let 4-5 blocks share an SM. Dequantization goes a
-// 32-value run per call (dequant.cuh's `dequant`; a step of 8 values per call
-// ran 25% slower than matmul()'s two passes). Q4_K (the files people run)
-// goes through shared memory twice: its raw blocks, copied coalesced once
-// per 256-column tile, then decoded in half arithmetic. Shared rows are
-// padded by 8 halves: rows start 4 banks apart, and WMMA needs only 32-byte
-// aligned tiles and a stride that is a multiple of 8 halves.
+// Q4_K (the files people run) has a kernel of its own that never puts W in
+// shared memory: each warp owns 16 rows of W, loads its Q4_K blocks straight
+// into registers (lane c of a row group owns qs bytes [32c, 32c + 32): the
+// whole of sub-blocks 2c and 2c + 1, so two scale pairs per row), turns the
+// nibbles into the F16 A fragments of mma.m16n8k16 in registers, and takes
+// x from shared memory in an order permuted to match (x_to_half_q4k). The
+// dot product's k order does not matter as long as A and B agree, so the
+// permutation costs nothing at run time. The next tile's weights are loaded
+// while the current one is multiplied.
+//
+// The other dtypes: 8 warps, 128 rows of W (warp w owns rows [16w, 16w +
+// 16)), all NT token rows of x (NT = 16, 32 or 64), a range of 256-column
+// tiles, each in four passes of 64 columns: the block dequantizes its 128 x
+// 64 slice of W to F16 in shared memory, copies the NT x 64 slice of x
+// (already F16 in the workspace), then each warp runs 4 k-steps of WMMA over
+// its rows and every 16-token group. Shared rows are padded by 8 halves:
+// rows start 4 banks apart, and WMMA needs only 32-byte aligned tiles and a
+// stride that is a multiple of 8 halves.
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/matmul_small.cuh"
 
@@ -38,8 +42,11 @@ constexpr int kRows = 16 * kWarps;  // rows of W per block
 constexpr int kTileK = 256;         // columns per tile: a whole block of every K-quant
 constexpr int kSubK = 64;           // columns multiplied per pass over shared memory
 constexpr int kLd = kSubK + 8;      // shared row stride in halves (144 bytes: rows start 4 banks apart)
-constexpr int kQ4KRaw = 144;        // bytes of one Q4_K block: a tile's row
-constexpr int kTargetBlocks = 256;  // split K until about this many blocks run
+constexpr int kQ4KBytes = 144;      // one Q4_K block: a tile's row
+// Split K until about this many blocks run. The Q4_K kernel wants more
+// (bench_cuda_kernels matmul: 28672 x 4096 at 8 rows took 53 us in 2 splits,
+// 41 in 4): a block has few warps, each bound by its loads' latency.
+constexpr int kTargetBlocks = 256, kTargetBlocksQ4K = 1024;
 constexpr int kMaxSplits = 8;
 constexpr size_t kAlign = 256;
 
@@ -49,22 +56,22 @@ int64_t row_blocks(int64_t rows) { return (rows + kRows - 1) / kRows; }
 
 // K tiles per split and the split count: enough blocks to fill the GPU,
 // each split at least one tile.
-int splits_for(int64_t rows, int64_t cols) {
+int splits_for(int64_t rows, int64_t cols, int target) {
   const int64_t tiles = cols / kTileK;
-  const int64_t want = (kTargetBlocks + row_blocks(rows) - 1) / row_blocks(rows);
+  const int64_t want = (target + row_blocks(rows) - 1) / row_blocks(rows);
   return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(kMaxSplits, tiles)));
 }
 
 int token_tile(int64_t n_tokens) { return n_tokens <= 16 ? 16 : n_tokens <= 32 ? 32 : 64; }
 
 // Tiles per split as launched, and the split count that follows from it.
-int64_t tiles_per_split(int64_t rows, int64_t cols) {
+int64_t tiles_per_split(int64_t rows, int64_t cols, int target) {
   const int64_t tiles = cols / kTileK;
-  const int splits = splits_for(rows, cols);
+  const int splits = splits_for(rows, cols, target);
   return (tiles + splits - 1) / splits;
 }
-int launched_splits(int64_t rows, int64_t cols) {
-  const int64_t per = tiles_per_split(rows, cols);
+int launched_splits(int64_t rows, int64_t cols, int target) {
+  const int64_t per = tiles_per_split(rows, cols, target);
   return int((cols / kTileK + per - 1) / per);
 }
 
@@ -85,40 +92,6 @@ bool dispatch_small(DType t, Fn&& fn) {
   return taken;
 }
 
-// Q4_K's run j (32 values) of block b, as 16 half2, in half arithmetic: a
-// nibble q becomes the half 1024 + q by its bits (0x64 above it), 1024 is
-// subtracted exactly, then one fused d*sc*q - dmin*m per pair. About five
-// instructions per pair where dequant's float path takes about fifteen; the
-// values differ from it only by rounding d*sc and dmin*m to half.
-// b is the block in shared memory (plain loads, 16-byte aligned).
-__device__ __forceinline__ void q4k_run_half(const uint8_t* b, int j, uint4 out[4]) {
-  const uint32_t* bw = reinterpret_cast<const uint32_t*>(b);
-  const uint32_t dd = bw[0], s0 = bw[1], s1 = bw[2], s2 = bw[3];
-  float sc, m;
-  k_scale_min_words(s0, s1, s2, j, sc, m);
-  const __half2 d2 = __float2half2_rn(half_bits_to_float(dd & 0xffffu) * sc);
-  const __half2 m2 = __float2half2_rn(-half_bits_to_float(dd >> 16) * m);
-  const __half2 k1024 = __float2half2_rn(1024.0f);
-  const uint8_t* qp = b + 16 + 32 * (j >> 1);
-  const uint4 qa = *reinterpret_cast<const uint4*>(qp), qb = *reinterpret_cast<const uint4*>(qp + 16);
-  const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-  const int shift = 4 * (j & 1);
-  uint32_t h[16];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t w = (q[i] >> shift) & 0x0f0f0f0fu;
-    const uint32_t p[2] = {__byte_perm(w, 0x64u, 0x4140), __byte_perm(w, 0x64u, 0x4342)};
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&p[k]), k1024);
-      v = __hfma2(v, d2, m2);
-      h[2 * i + k] = *reinterpret_cast<const uint32_t*>(&v);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) out[k] = make_uint4(h[4 * k], h[4 * k + 1], h[4 * k + 2], h[4 * k + 3]);
-}
-
 __global__ void x_to_half_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n_tokens, int64_t cols,
                                  int64_t nt, __half* __restrict__ out) {
   const int64_t total = nt * cols;
@@ -137,11 +110,9 @@ __global__ void __launch_bounds__(kWarps * 32)
                         int64_t rows_pad) {
   static_assert(Q::kStep == 32, "runs of 32 values");
   constexpr int kRuns = kRows * (kSubK / 32) / (kWarps * 32);
-  constexpr bool kStaged = std::is_same_v<Q, DqQ4_K>;
   extern __shared__ __align__(128) unsigned char smem[];
   __half* ws = reinterpret_cast<__half*>(smem);  // kRows x kLd
   __half* xs = ws + kRows * kLd;                 // NT x kLd
-  uint8_t* raw = reinterpret_cast<uint8_t*>(xs + NT * kLd);  // Q4_K: kRows x 144 bytes of the tile
   const int warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * kRows;
   const int64_t tiles = cols / kTileK;
@@ -154,20 +125,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   for (int64_t tile = t_begin; tile < t_end; ++tile) {
     const int64_t k0 = tile * kTileK;
-    if constexpr (kStaged) {
-      // Q4_K: the tile's raw blocks first, in 16-byte pieces that
-      // neighbouring threads take from one row (coalesced, no byte read
-      // twice); then each run is decoded from shared memory. Reading the
-      // runs straight from global memory, eight threads per block each
-      // fetching its header and quants, kept L1 busy at 83% for 9% of DRAM.
-      for (int i = threadIdx.x; i < kRows * (kQ4KRaw / 16); i += blockDim.x) {
-        const int r = i / (kQ4KRaw / 16), o = (i % (kQ4KRaw / 16)) * 16;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r0 + r < rows) v = ld_u128(w + uint64_t(r0 + r) * row_bytes + uint64_t(tile) * kQ4KRaw + o);
-        *reinterpret_cast<uint4*>(raw + r * kQ4KRaw + o) = v;
-      }
-      __syncthreads();
-    }
     // The tile in passes of kSubK columns, so that the F16 slices of W
     // and x in shared memory stay small and 4-5 blocks share an SM (the
     // kernel is bound by latency: more warps hide it).
@@ -181,29 +138,21 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int r = i / (kSubK / 32), jj = i % (kSubK / 32);
         const int j = sub * (kSubK / 32) + jj;  // run of the tile
         uint4* dst = reinterpret_cast<uint4*>(ws + r * kLd + 32 * jj);
-        if constexpr (kStaged) {
-          // Zero rows past the matrix come from the zeroed raw blocks.
-          uint4 h[4];
-          q4k_run_half(raw + r * kQ4KRaw, j, h);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) dst[q] = h[q];
+        const int64_t c = k0 + 32 * j;
+        const uint8_t* blk = w + uint64_t(r0 + r) * row_bytes + uint64_t(c / Q::kQK) * Q::kBytes;
+        float v[32];
+        if (r0 + r < rows) {
+          Q::dequant(blk, int(c % Q::kQK) / 8, v);
         } else {
-          const int64_t c = k0 + 32 * j;
-          const uint8_t* blk = w + uint64_t(r0 + r) * row_bytes + uint64_t(c / Q::kQK) * Q::kBytes;
-          float v[32];
-          if (r0 + r < rows) {
-            Q::dequant(blk, int(c % Q::kQK) / 8, v);
-          } else {
 #pragma unroll
-            for (int k = 0; k < 32; ++k) v[k] = 0.0f;
-          }
+          for (int k = 0; k < 32; ++k) v[k] = 0.0f;
+        }
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            __align__(16) __half2 h[4];
+        for (int q = 0; q < 4; ++q) {
+          __align__(16) __half2 h[4];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(v[8 * q + 2 * k], v[8 * q + 2 * k + 1]);
-            dst[q] = *reinterpret_cast<const uint4*>(h);
-          }
+          for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(v[8 * q + 2 * k], v[8 * q + 2 * k + 1]);
+          dst[q] = *reinterpret_cast<const uint4*>(h);
         }
       }
       // x: NT x kSubK halves, 16 bytes a step.
@@ -235,6 +184,214 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// ---- Q4_K: weights in registers, mma.m16n8k16 ------------------------------
+//
+// Lane (g, c) = (lane / 4, lane % 4) of a warp feeds rows g and g + 8 of the
+// warp's 16 rows, from its 32 bytes qs[32c, 32c + 32) of each row's block.
+// In k-step s (0..15) it supplies bytes b = 4(s / 2) + s % 2 and b + 2 of
+// its 32: their low nibbles (sub-block 2c) as fragment columns 2c, 2c + 1
+// and their high nibbles (sub-block 2c + 1) as columns 2c + 8, 2c + 9
+// (bytes two apart, so one mask of the word picks both). The x value that
+// meets weight k = 64c + 32h + b + 2e of the block is stored by
+// x_to_half_q4k at slot (4s + c) * 4 + 2h + e of the token's 256 halves, so
+// a lane's B fragment for step s is the 8 bytes at slot (4s + c) * 4.
+constexpr int kQ4KXStride = kTileK + 16;  // shared halves per token: 136 words, rows start 8 banks apart
+
+__global__ void x_to_half_q4k_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n_tokens, int64_t cols,
+                                     int nt, __half* __restrict__ out) {
+  const int64_t total = int64_t(nt) * cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t tile = i / (int64_t(nt) * kTileK);
+    const int t = int(i / kTileK % nt), p = int(i % kTileK);
+    const int s = p / 16, c = (p / 4) % 4, h = (p / 2) % 2, e = p % 2;
+    const int64_t k = tile * kTileK + 64 * c + 32 * h + 4 * (s / 2) + s % 2 + 2 * e;
+    out[i] = __float2half_rn(t < n_tokens ? x[t * x_stride + k] : 0.0f);
+  }
+}
+
+struct Q4KRegs {
+  uint4 hdr[2];    // rows g, g + 8: d, dmin, scales
+  uint4 qs[2][2];  // rows g, g + 8: this lane's 32 bytes of quants
+};
+
+__device__ __forceinline__ void q4k_load(Q4KRegs& r, const uint8_t* row0, const uint8_t* row1, int64_t tile, int c) {
+  const uint8_t* b[2] = {row0 + tile * kQ4KBytes, row1 + tile * kQ4KBytes};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    r.hdr[i] = ld_u128(b[i]);
+    r.qs[i][0] = ld_u128(b[i] + 16 + 32 * c);
+    r.qs[i][1] = ld_u128(b[i] + 32 + 32 * c);
+  }
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The nibbles at bits 0-3 and 16-19 of w (mask 0x000f000f) or at bits 4-7
+// and 20-23 (mask 0x00f000f0) as the halves d * q + m. One LOP3 puts them
+// under the exponent of 1024 (0x6400): the halves are 1024 + q, or 1024 +
+// 16q for the high nibbles; the offset goes exactly (a subtraction, or a
+// multiply-add by 1/16 that leaves q), then one fused multiply-add applies
+// the scale and the minimum.
+template <bool kHigh>
+__device__ __forceinline__ uint32_t q4k_pair(uint32_t w, __half2 d2, __half2 m2) {
+  // (w & mask) | magic as one LOP3: written in C the compiler splits it in
+  // two, as LOP3 takes a single immediate.
+  uint32_t p;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(p) : "r"(w), "r"(kHigh ? 0x00f000f0u : 0x000f000fu), "r"(0x64006400u));
+  const __half2 h = *reinterpret_cast<const __half2*>(&p);
+  const __half2 q = kHigh ? __hfma2(h, __float2half2_rn(0.0625f), __float2half2_rn(-64.0f))
+                          : __hsub2(h, __float2half2_rn(1024.0f));
+  const __half2 v = __hfma2(q, d2, m2);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// One tile of x (NT tokens x 256 halves, permuted) into a shared buffer,
+// asynchronously: 16 bytes per thread per pass, thread i taking token
+// i / 32 + 8 * pass, piece i % 32 (256 threads).
+template <int NT>
+__device__ __forceinline__ void q4k_stage_x(__half* xs, const __half* __restrict__ xh, int64_t tile) {
+  static_assert(NT % 8 == 0 && kWarps * 32 == 256, "whole passes");
+  const __half* src = xh + tile * NT * kTileK + (threadIdx.x >> 5) * kTileK + (threadIdx.x & 31) * 8;
+  __half* dst = xs + (threadIdx.x >> 5) * kQ4KXStride + (threadIdx.x & 31) * 8;
+#pragma unroll
+  for (int pass = 0; pass < NT / 8; ++pass) cp_async16(dst + pass * 8 * kQ4KXStride, src + pass * 8 * kTileK);
+  cp_async_commit();
+}
+
+template <int NT>
+constexpr size_t q4k_smem_bytes() {
+  return size_t(2) * NT * kQ4KXStride * sizeof(__half);
+}
+
+// The scale and min of sub-block j (any of 0..7) without a branch on j:
+// lanes of one warp ask for different halves of the table.
+__device__ __forceinline__ void q4k_scale_min(const uint4& hdr, int j, float& sc, float& m) {
+  const int k = 8 * (j & 3);
+  const uint32_t a = hdr.y >> k, b = hdr.z >> k, c = hdr.w >> k;
+  const uint32_t lo_sc = a & 63, lo_m = b & 63;
+  const uint32_t hi_sc = (c & 15) | ((a >> 2) & 0x30), hi_m = ((c >> 4) & 15) | ((b >> 2) & 0x30);
+  sc = float(j < 4 ? lo_sc : hi_sc);
+  m = float(j < 4 ? lo_m : hi_m);
+}
+
+// One 256-column tile of a warp's 16 rows against the NT tokens of xs.
+template <int NT>
+__device__ __forceinline__ void q4k_tile(const Q4KRegs& r, const __half* xs, int g, int c, float (&acc)[NT / 8][4]) {
+  __half2 d2[2][2], m2[2][2];  // [row][sub-block 2c + h]
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float d = half_bits_to_float(r.hdr[i].x & 0xffffu), dmin = half_bits_to_float(r.hdr[i].x >> 16);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sc, m;
+      q4k_scale_min(r.hdr[i], 2 * c + h, sc, m);
+      d2[i][h] = __float2half2_rn(d * sc);
+      m2[i][h] = __float2half2_rn(-dmin * m);
+    }
+  }
+  const __half* xg = xs + g * kQ4KXStride + 4 * c;
+#pragma unroll
+  for (int wi = 0; wi < 8; ++wi) {  // quant word wi: k-steps 2wi (bytes 0, 2), 2wi + 1 (bytes 1, 3)
+    uint32_t v[2][2];  // [row][step]: the word, and the word shifted down a byte
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4& q = r.qs[i][wi >> 2];
+      v[i][0] = (wi & 3) == 0 ? q.x : (wi & 3) == 1 ? q.y : (wi & 3) == 2 ? q.z : q.w;
+      v[i][1] = v[i][0] >> 8;
+    }
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+      const int s = 2 * wi + o;
+      const uint32_t a0 = q4k_pair<false>(v[0][o], d2[0][0], m2[0][0]);
+      const uint32_t a1 = q4k_pair<false>(v[1][o], d2[1][0], m2[1][0]);
+      const uint32_t a2 = q4k_pair<true>(v[0][o], d2[0][1], m2[0][1]);
+      const uint32_t a3 = q4k_pair<true>(v[1][o], d2[1][1], m2[1][1]);
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j) {
+        const uint2 b = *reinterpret_cast<const uint2*>(xg + j * 8 * kQ4KXStride + 16 * s);
+        mma_16816(acc[j], a0, a1, a2, a3, b.x, b.y);
+      }
+    }
+  }
+}
+
+// x goes through two shared buffers (cp.async): tile i + 1's copy is in
+// flight while tile i is multiplied. Weights go through two register sets
+// used in turn, so that a set is refilled right after its tile and the
+// loads are never waited for by a register copy.
+template <int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    small_matmul_q4k_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t rows,
+                            const __half* __restrict__ xh, int64_t tiles, int tiles_per_split,
+                            float* __restrict__ partial, int64_t rows_pad) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __half* xbuf = reinterpret_cast<__half*>(smem);  // [2][NT * kQ4KXStride]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int64_t r0 = int64_t(blockIdx.x) * kRows + warp * 16;
+  const int64_t t_begin = int64_t(blockIdx.y) * tiles_per_split;
+  const int64_t t_end = t_begin + tiles_per_split < tiles ? t_begin + tiles_per_split : tiles;
+  // Rows past the matrix read row 0 and are never stored.
+  const uint8_t* row0 = w + uint64_t(r0 + g < rows ? r0 + g : 0) * row_bytes;
+  const uint8_t* row1 = w + uint64_t(r0 + g + 8 < rows ? r0 + g + 8 : 0) * row_bytes;
+
+  float acc[NT / 8][4];
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  // Waits for tile t's x (staging t + 1's first), then multiplies.
+  auto step = [&](const Q4KRegs& r, int64_t t) {
+    __syncthreads();  // every warp is done with the buffer the next copy overwrites
+    if (t + 1 < t_end) {
+      q4k_stage_x<NT>(xbuf + ((t + 1 - t_begin) & 1) * NT * kQ4KXStride, xh, t + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile t's x has landed for every thread
+    q4k_tile<NT>(r, xbuf + ((t - t_begin) & 1) * NT * kQ4KXStride, g, c, acc);
+  };
+  Q4KRegs ra, rb;
+  if (t_begin < t_end) {
+    q4k_stage_x<NT>(xbuf, xh, t_begin);
+    q4k_load(ra, row0, row1, t_begin, c);
+  }
+  if (t_begin + 1 < t_end) q4k_load(rb, row0, row1, t_begin + 1, c);
+  for (int64_t t = t_begin; t < t_end; t += 2) {
+    step(ra, t);
+    if (t + 2 < t_end) q4k_load(ra, row0, row1, t + 2, c);
+    if (t + 1 < t_end) {
+      step(rb, t + 1);
+      if (t + 3 < t_end) q4k_load(rb, row0, row1, t + 3, c);
+    }
+  }
+  // acc[j]: (row g, tokens 8j + 2c, 8j + 2c + 1), (row g + 8, the same).
+  float* dst = partial + int64_t(blockIdx.y) * NT * rows_pad + r0 + g;
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int t = j * 8 + 2 * c + (q & 1);
+      dst[int64_t(t) * rows_pad + 8 * (q >> 1)] = acc[j][q];
+    }
+  }
+}
+
 // out[t][r] = sum over splits, in split order.
 __global__ void sum_splits_kernel(const float* __restrict__ partial, int splits, int nt, int64_t rows_pad,
                                   int64_t n_tokens, int64_t rows, float* __restrict__ out, int64_t out_stride) {
@@ -253,8 +410,7 @@ unsigned grid_for(int64_t work, int threads) {
 
 template <class Q>
 size_t smem_bytes(int nt) {
-  const size_t raw = std::is_same_v<Q, DqQ4_K> ? size_t(kRows) * kQ4KRaw : 0;
-  return size_t(kRows + nt) * kLd * sizeof(__half) + raw;
+  return size_t(kRows + nt) * kLd * sizeof(__half);
 }
 
 // More than 48 KiB of shared memory needs the opt-in, once per kernel and device.
@@ -272,14 +428,29 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 template <class Q, int NT>
 void launch(const MatrixView& w, const __half* xh, float* partial, int64_t rows_pad, cudaStream_t stream) {
-  const int per = int(tiles_per_split(w.rows, w.cols));
+  const int per = int(tiles_per_split(w.rows, w.cols, kTargetBlocks));
   const size_t smem = smem_bytes<Q>(NT);
   auto kernel = small_matmul_kernel<Q, NT>;
   allow_smem(kernel, smem);
-  const dim3 grid(unsigned(row_blocks(w.rows)), unsigned(launched_splits(w.rows, w.cols)));
+  const dim3 grid(unsigned(row_blocks(w.rows)), unsigned(launched_splits(w.rows, w.cols, kTargetBlocks)));
   kernel<<<grid, kWarps * 32, smem, stream>>>(static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, xh,
                                               per, partial, rows_pad);
   check_launch("small_matmul_kernel");
+}
+
+// Q4_K's token tiles: multiples of 8 (one mma n-tile).
+int q4k_token_tile(int64_t n_tokens) { return n_tokens <= 8 ? 8 : token_tile(n_tokens); }
+
+template <int NT>
+void launch_q4k(const MatrixView& w, const __half* xh, float* partial, int64_t rows_pad, cudaStream_t stream) {
+  const dim3 grid(unsigned(row_blocks(w.rows)), unsigned(launched_splits(w.rows, w.cols, kTargetBlocksQ4K)));
+  auto kernel = small_matmul_q4k_kernel<NT>;
+  allow_smem(kernel, q4k_smem_bytes<NT>());
+  kernel<<<grid, kWarps * 32, q4k_smem_bytes<NT>(), stream>>>(static_cast<const uint8_t*>(w.data), w.row_bytes,
+                                                                 w.rows, xh, w.cols / kTileK,
+                                                                 int(tiles_per_split(w.rows, w.cols, kTargetBlocksQ4K)), partial,
+                                                                 rows_pad);
+  check_launch("small_matmul_q4k_kernel");
 }
 
 }  // namespace
@@ -293,7 +464,9 @@ size_t small_matmul_workspace_bytes(int64_t rows, int64_t cols, int64_t n_tokens
   const int nt = token_tile(std::min(n_tokens, kSmallMatmulMaxTokens));
   const int64_t rows_pad = row_blocks(rows) * kRows;
   return align_up(size_t(nt) * size_t(cols) * 2) +
-         align_up(size_t(launched_splits(rows, cols)) * size_t(nt) * size_t(rows_pad) * sizeof(float));
+         align_up(size_t(std::max(launched_splits(rows, cols, kTargetBlocks),
+                                  launched_splits(rows, cols, kTargetBlocksQ4K))) *
+                  size_t(nt) * size_t(rows_pad) * sizeof(float));
 }
 
 void small_matmul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t x_stride, float* out,
@@ -314,10 +487,24 @@ void small_matmul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t
       workspace_bytes < small_matmul_workspace_bytes(w.rows, w.cols, n_tokens)) {
     throw std::invalid_argument("small_matmul: workspace too small or not 256-byte aligned");
   }
-  const int nt = token_tile(n_tokens);
   const int64_t rows_pad = row_blocks(w.rows) * kRows;
   auto* xh = static_cast<__half*>(workspace);
-  auto* partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + align_up(size_t(nt) * size_t(w.cols) * 2));
+  auto* partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) +
+                                           align_up(size_t(token_tile(n_tokens)) * size_t(w.cols) * 2));
+  if (w.type == DType::Q4_K) {
+    const int nt = q4k_token_tile(n_tokens);
+    x_to_half_q4k_kernel<<<grid_for(nt * w.cols, 256), 256, 0, stream>>>(x, x_stride, n_tokens, w.cols, nt, xh);
+    check_launch("x_to_half_q4k_kernel");
+    if (nt == 8) launch_q4k<8>(w, xh, partial, rows_pad, stream);
+    else if (nt == 16) launch_q4k<16>(w, xh, partial, rows_pad, stream);
+    else if (nt == 32) launch_q4k<32>(w, xh, partial, rows_pad, stream);
+    else launch_q4k<64>(w, xh, partial, rows_pad, stream);
+    sum_splits_kernel<<<grid_for(n_tokens * w.rows, 256), 256, 0, stream>>>(
+        partial, launched_splits(w.rows, w.cols, kTargetBlocksQ4K), nt, rows_pad, n_tokens, w.rows, out, out_stride);
+    check_launch("sum_splits_kernel");
+    return;
+  }
+  const int nt = token_tile(n_tokens);
   x_to_half_kernel<<<grid_for(nt * w.cols, 256), 256, 0, stream>>>(x, x_stride, n_tokens, w.cols, nt, xh);
   check_launch("x_to_half_kernel");
   dispatch_small(w.type, [&](auto q) {
@@ -327,7 +514,7 @@ void small_matmul(const MatrixView& w, const float* x, int64_t n_tokens, int64_t
     else launch<Q, 64>(w, xh, partial, rows_pad, stream);
   });
   sum_splits_kernel<<<grid_for(n_tokens * w.rows, 256), 256, 0, stream>>>(
-      partial, launched_splits(w.rows, w.cols), nt, rows_pad, n_tokens, w.rows, out, out_stride);
+      partial, launched_splits(w.rows, w.cols, kTargetBlocks), nt, rows_pad, n_tokens, w.rows, out, out_stride);
   check_launch("sum_splits_kernel");
 }
 
