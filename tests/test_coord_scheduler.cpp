@@ -248,4 +248,27 @@ TEST(LocalEngineBatch, CancelMidBatchEndsOnlyThatRequest) {
 }
 
 }  // namespace
+// A step budget beyond the context (serve --batch 1024 --ctx 512) is cut to
+// the batch the stage plans: three 60-token prompts fit one 200-token budget
+// but not one forward of the 96-token stage.
+TEST(LocalEngineBatch, BudgetBeyondTheContextIsCutToTheStageBatch) {
+  LocalEngineConfig config = engine_config(3, 200, 8);
+  config.prefill_chunk = 0;
+  LocalEngine e(config, nullptr);
+  e.wait_loaded();
+  std::vector<GenerationRequest> reqs;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<int32_t> prompt{1};
+    for (int i = 1; i < 60; ++i) prompt.push_back(std::vector<int32_t>{403, 407, 261, 378, 414}[size_t(i + r) % 5]);
+    reqs.push_back(greedy(prompt, 4));
+  }
+  Collected c;
+  std::vector<uint64_t> ids;
+  run_all(e, reqs, c, ids);
+  for (uint64_t id : ids) {
+    EXPECT_NE(c.finished[id], FinishReason::error);
+    EXPECT_FALSE(c.tokens[id].empty());
+  }
+}
+
 }  // namespace baton

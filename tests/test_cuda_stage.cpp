@@ -88,7 +88,6 @@ void expect_same_generation(const std::string& path, const std::vector<int32_t>&
   std::vector<float> cpu_logits(lc.begin(), lc.end());
   auto lg = gpu.forward(0, prompt);
   ASSERT_EQ(lg.size(), cpu_logits.size());
-  std::fprintf(stderr, "prompt rel_err %.3g\n", rel_err(lg, cpu_logits));
   EXPECT_LE(rel_err(lg, cpu_logits), logit_tol);
 
   // A differing pick is acceptable only as a near-tie on the CPU's logits.
@@ -156,7 +155,7 @@ TEST_P(CudaStageTypes, SyntheticMatchesCpu) {
   // The 6-token prompt: F16 and Q8_0 the same matvecs, Q4_K small_matmul
   // (from 2 rows, docs/CUDA.md), whose activations are rounded to F16.
   const bool xq = GetParam() == DType::Q8_0 || GetParam() == DType::Q4_K;
-  const double prompt_tol = GetParam() == DType::Q4_K ? 2e-3 : xq ? 5e-4 : 1e-4;
+  const double prompt_tol = GetParam() == DType::Q4_K ? 3e-3 : xq ? 5e-4 : 1e-4;  // Q4_K: 1.4e-3 seen
   expect_same_generation(path, random_tokens(seed, 6, vocab), prompt_tol, xq ? 5e-4 : 0.0);
 }
 
@@ -224,9 +223,9 @@ TEST(CudaStage, GraphDecodeEqualsPrefill) {
   }
   // One token at a time runs the Q4_K integer-dot matvec (16-bit
   // activations), the 8-token forward small_matmul (activations rounded to
-  // F16, docs/CUDA.md): the agreement is that of F16 rounding.
-  std::fprintf(stderr, "GraphDecodeEqualsPrefill rel_err %.3g\n", rel_err(step, want));
-  EXPECT_LE(rel_err(step, want), 2e-3);
+  // F16, docs/CUDA.md): the agreement is that of F16 rounding (1.2e-3 seen
+  // on the H200).
+  EXPECT_LE(rel_err(step, want), 3e-3);
 
   gpu.reset(0);
   std::vector<float> chunked;

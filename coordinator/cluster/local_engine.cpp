@@ -62,6 +62,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   config_.stage.all_logits = false;
   if (config_.queue_capacity < 0) throw std::invalid_argument("the queue capacity must be >= 0");
   if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
+  // The stage plans a batch of at most its context; a step budget beyond it
+  // would build forwards the stage refuses.
+  config_.stage.max_batch = std::min(config_.stage.max_batch, config_.stage.n_ctx);
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage);
