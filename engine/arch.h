@@ -126,6 +126,13 @@ class Arch {
   // is one stream of n_ctx rows per kv_stream_widths() entry; an architecture
   // with per-layer streams (sliding windows, compressed rows) overrides it.
   virtual std::vector<KvStreamShape> kv_layer_streams(int layer, int64_t n_ctx) const;
+  // True when a sequence's KV can be cut back to any position: every KV row
+  // is one position's own (llama's K and V rows), so forgetting the rows
+  // past n leaves exactly the state of a sequence of n tokens. False when
+  // the state at a position depends on rows the cache no longer holds
+  // (deepseek4's window ring and compressor pooling): such a sequence can
+  // only be continued from its end or reset (the prefix cache, docs/MEMORY.md).
+  virtual bool kv_truncatable() const { return true; }
   // Floats per token that cross a stage boundary (llama: one hidden vector).
   virtual int64_t boundary_elems_per_token() const = 0;
 

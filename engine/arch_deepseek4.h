@@ -90,6 +90,9 @@ class Deepseek4Arch : public Arch {
   std::vector<TensorSpec> layer_tensors(int layer) const override;
   std::vector<int64_t> kv_stream_widths() const override { return {}; }
   std::vector<KvStreamShape> kv_layer_streams(int layer, int64_t n_ctx) const override;
+  // The window ring overwrites old raw rows and the compressors pool rows
+  // as they arrive: no earlier position's state survives.
+  bool kv_truncatable() const override { return false; }
   int64_t boundary_elems_per_token() const override { return s_.boundary_elems_per_token(); }
   uint64_t workspace_bytes(const WorkspaceShape& shape) const override;
   const float* forward(const ForwardArgs& args) const override;

@@ -38,6 +38,20 @@ uint64_t decode_weight_bytes(const WeightLayout& layout) {
   return total;
 }
 
+void StageRunner::truncate(int seq, int64_t n) {
+  const int64_t have = position(seq);  // also checks seq
+  if (n < 0 || n > have) {
+    throw std::out_of_range(fmt::format("sequence {} holds {} positions; cannot keep {}", seq, have, n));
+  }
+  if (n == have) return;
+  if (n == 0) return reset(seq);
+  if (!arch().kv_truncatable()) {
+    throw std::invalid_argument(fmt::format("{}: the KV of sequence {} ({} positions) cannot be cut back to {}",
+                                            arch().name(), seq, have, n));
+  }
+  set_position(seq, n);
+}
+
 int64_t StageRunner::check_batch(std::span<const BatchChunk> chunks) const {
   return baton::check_batch(chunks, config().n_seq, config().max_batch, config().n_ctx,
                             [this](int seq) { return position(seq); });
@@ -135,6 +149,7 @@ class CpuStageRunner final : public StageRunner {
   }
   int64_t position(int seq) const override { return stage_.position(seq); }
   void reset(int seq) override { stage_.reset(seq); }
+  void set_position(int seq, int64_t n) override { stage_.truncate(seq, n); }
   const Arch& arch() const override { return stage_.arch(); }
   const StageConfig& config() const override { return stage_.config(); }
   const MemoryPlan& memory_plan() const override { return stage_.memory_plan(); }

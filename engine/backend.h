@@ -130,6 +130,13 @@ class StageRunner {
 
   virtual int64_t position(int seq) const = 0;
   virtual void reset(int seq) = 0;
+  // Keeps the first n positions of seq's KV and forgets the rest, so that
+  // the next forward continues at position n (the prefix cache reuses the
+  // rows of a finished sequence). n is in [0, position(seq)]; when the
+  // architecture's KV cannot be cut (Arch::kv_truncatable), only 0 (a
+  // reset) or position(seq) (nothing to do). Throws std::out_of_range or
+  // std::invalid_argument with the reason otherwise.
+  void truncate(int seq, int64_t n);
 
   virtual const Arch& arch() const = 0;
   virtual const StageConfig& config() const = 0;  // resolved (Stage::resolve)
@@ -146,6 +153,9 @@ class StageRunner {
   virtual uint64_t weight_bytes_per_token() const = 0;
 
  protected:
+  // Sets seq's filled length to n, 0 < n < position(seq) (truncate checked
+  // it): rows past n are never read again and are overwritten as it grows.
+  virtual void set_position(int seq, int64_t n) = 0;
   // Checks a batch against this runner's config and positions; the total tokens.
   int64_t check_batch(std::span<const BatchChunk> chunks) const;
 

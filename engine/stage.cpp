@@ -97,6 +97,13 @@ std::span<const float> Stage::forward(int seq, std::span<const float> activation
   return run(seq, nullptr, activations.data(), n_tokens);
 }
 
+void Stage::truncate(int seq, int64_t n) {
+  if (n < 0 || n > kv_.length(seq)) {
+    throw std::out_of_range(fmt::format("sequence {} holds {} positions; cannot keep {}", seq, kv_.length(seq), n));
+  }
+  kv_.set_length(seq, n);
+}
+
 std::span<const float> Stage::run(int seq, const int32_t* tokens, const float* input, int64_t n_tokens) {
   const int64_t pos0 = kv_.length(seq);  // also checks seq
   if (n_tokens < 1 || n_tokens > config_.max_batch) {

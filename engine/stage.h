@@ -59,6 +59,9 @@ class Stage {
   // Positions of seq already in the KV cache; reset() forgets them.
   int64_t position(int seq) const { return kv_.length(seq); }
   void reset(int seq) { kv_.clear(seq); }
+  // Keeps the first n positions (n <= position(seq)); the caller checks that
+  // the architecture allows it (StageRunner::truncate).
+  void truncate(int seq, int64_t n);
 
   const Arch& arch() const { return *arch_; }
   const StageConfig& config() const { return config_; }

@@ -20,7 +20,7 @@ namespace baton::net {
 
 // Bumped on any change of a message's layout or meaning. Peers must speak the
 // same version (checked in the handshake, before anything else is trusted).
-inline constexpr uint32_t kProtocolVersion = 4;
+inline constexpr uint32_t kProtocolVersion = 5;
 
 // Frame type codes. APPEND-ONLY: never renumber, never reuse a retired value;
 // a new message takes the next number (and bumps kProtocolVersion).
@@ -252,7 +252,7 @@ inline constexpr size_t kMaxLogitBias = 1024;
 
 // Sampling for one sequence; used by the last stage only, carried from the
 // first stage onwards so the coordinator talks to one stage. The last stage
-// makes the sequence's sampler from the chunk that starts it (start_pos 0).
+// makes the sequence's sampler from the chunk that starts it (`begins`).
 struct SamplingParams {
   float temperature = 0.8f;  // <= 0: greedy
   int32_t top_k = 40;        // <= 0: all
@@ -272,16 +272,24 @@ struct SamplingParams {
 inline constexpr uint32_t kMaxTopLogprobs = 64;
 
 // The tokens of one sequence inside a FORWARD micro-batch.
+//
+// v5 (prefix cache): a slot keeps its KV when its sequence ends (no
+// FREE_SEQ). The first chunk of a new sequence has `begins` set: every stage
+// keeps the slot's first start_pos positions (the prefix the coordinator
+// found in the slot's kept tokens), forgets the rest and starts a new
+// sampler; start_pos 0 is a fresh sequence. A chunk at start_pos 0 begins a
+// sequence whether or not the flag is set.
 struct SeqChunk {
   uint32_t seq = 0;        // sequence (KV slot) id
   uint32_t start_pos = 0;  // position of the chunk's first token
   uint32_t n_tokens = 0;   // > 0
   bool sample = false;     // last stage: sample after this chunk's last token
   SamplingParams sampling;
+  bool begins = false;     // v5: the first chunk of a new sequence in this slot
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(seq, start_pos, n_tokens, sample, sampling);
+    ar(seq, start_pos, n_tokens, sample, sampling, begins);
   }
   bool operator==(const SeqChunk&) const = default;
 };
@@ -353,7 +361,9 @@ struct Cancel {
   bool operator==(const Cancel&) const = default;
 };
 
-// Forget a sequence's KV (the slot may be reused).
+// Forget a sequence's KV (the slot may be reused). v5: sent when the slot's
+// KV is not worth keeping (a cancelled or failed sequence, or the prefix
+// cache off), not at every end.
 struct FreeSeq {
   uint32_t seq = 0;
   template <class Ar>

@@ -429,7 +429,16 @@ void check_official_client(const std::vector<std::string>& extra) {
   EXPECT_EQ(out["completion"]["usage"]["completion_tokens"], run["n_gen"]);
   EXPECT_EQ(out["chat"]["text"], out["chat_stream"]["text"]);
   EXPECT_FALSE(out["chat"]["text"].get<std::string>().empty());
-  EXPECT_EQ(out["chat_stream"]["usage"], out["chat"]["usage"]);
+  for (const char* k : {"prompt_tokens", "completion_tokens", "total_tokens"}) {
+    EXPECT_EQ(out["chat_stream"]["usage"][k], out["chat"]["usage"][k]) << k;
+  }
+  // Each prompt is sent twice in a row: the second time the prefix cache
+  // holds all of it but the last token, which is computed for its logits.
+  EXPECT_EQ(out["completion"]["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(out["completion_stream"]["usage"]["prompt_tokens_details"]["cached_tokens"],
+            out["completion"]["usage"]["prompt_tokens"].get<int>() - 1);
+  EXPECT_EQ(out["chat_stream"]["usage"]["prompt_tokens_details"]["cached_tokens"],
+            out["chat"]["usage"]["prompt_tokens"].get<int>() - 1);
   EXPECT_EQ(out["models"], json::array({kModel}));
   EXPECT_EQ(out["bad_model_status"], 404);
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();

@@ -76,7 +76,11 @@ TEST(Serve, GreedyCompletionEqualsBatonRunAndStreamsAgree) {
     }
     EXPECT_EQ(text, want);
     EXPECT_EQ(finish, j["choices"][0]["finish_reason"]);
-    EXPECT_EQ(usage, j["usage"]);
+    for (const char* k : {"prompt_tokens", "completion_tokens", "total_tokens"}) EXPECT_EQ(usage[k], j["usage"][k]) << k;
+    // The same prompt again: the prefix cache held all of it but the last
+    // token (computed for its logits); the first time it held none.
+    EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], run["n_prompt"].get<int>() - 1);
   }
 
   // Logprobs: greedy picks the most likely token, so each chosen logprob is

@@ -1,8 +1,10 @@
-// The batch scheduler (coordinator/cluster/batch_scheduler.h) on its own,
-// and through LocalEngine on the CPU: concurrent requests with chunked
-// prefill beside decodes get the tokens they get alone; a full server
-// refuses with QueueFullError and serves the rest; a request cancelled
-// mid-batch ends alone.
+// The batch scheduler (coordinator/cluster/batch_scheduler.h) and the
+// prefix cache (prefix_cache.h) on their own, and through LocalEngine on the
+// CPU: concurrent requests with chunked prefill beside decodes get the
+// tokens they get alone; a full server refuses with QueueFullError and
+// serves the rest; a request cancelled mid-batch ends alone; a prompt that
+// shares a prefix with a finished request computes only the rest and gets
+// the tokens it gets without the cache; free slots are evicted LRU.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,8 +16,11 @@
 #include <thread>
 #include <vector>
 
+#include "coordinator/api/metrics.h"
 #include "coordinator/cluster/batch_scheduler.h"
 #include "coordinator/cluster/local_engine.h"
+#include "coordinator/cluster/prefix_cache.h"
+#include "engine/synth.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -92,6 +97,63 @@ TEST(BatchScheduler, AdmissionCountsSlotsAndQueue) {
   EXPECT_THROW(check_admission(4, 2, 4, 2), QueueFullError);
 }
 
+// ---- the prefix cache
+
+TEST(PrefixCache, ReusesTheCommonPrefixButComputesTheLastPromptToken) {
+  const std::vector<int32_t> kept = {1, 2, 3, 4, 5, 6, 7};
+  PrefixPolicy p;
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 4, 5, 9, 9}, p), 5);
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, p), 7);
+  // The whole prompt is kept: its last token is computed again for its logits.
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 4, 5, 6}, p), 5);
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 9, 9, 9}, p), 0);  // below min_match
+  p.min_match = 2;
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 9, 9, 9}, p), 3);
+  // KV that cannot be cut: all of it, or nothing.
+  p.truncatable = false;
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 9, 9, 9}, p), 0);
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}, p), 0);
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, p), 7);
+  p.enabled = false;
+  EXPECT_EQ(reusable_prefix(kept, std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, p), 0);
+}
+
+TEST(PrefixCache, ChoosesTheLongestMatchElseTheLeastRecentlyUsed) {
+  PrefixCache c(3, {});
+  const std::vector<bool> all(3, true);
+  // Empty slots: the first.
+  EXPECT_EQ(c.choose(std::vector<int32_t>{1, 2, 3, 4, 5}, all).slot, 0);
+  c.take(1, 0);
+  c.append(1, std::vector<int32_t>{1, 2, 3, 4, 5, 6});
+  c.release(1);
+  c.take(2, 0);
+  c.append(2, std::vector<int32_t>{1, 2, 3, 4, 9, 9});
+  c.release(2);
+  c.take(0, 0);
+  c.append(0, std::vector<int32_t>{7, 7, 7, 7, 7});
+  c.release(0);
+  auto got = c.choose(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}, all);
+  EXPECT_EQ(got.slot, 1);
+  EXPECT_EQ(got.reuse, 6);
+  got = c.choose(std::vector<int32_t>{1, 2, 3, 4, 9, 8}, all);
+  EXPECT_EQ(got.slot, 2);
+  EXPECT_EQ(got.reuse, 5);
+  // No match: the least recently released (slot 1), unless it is busy.
+  got = c.choose(std::vector<int32_t>{5, 5, 5, 5, 5}, all);
+  EXPECT_EQ(got.slot, 1);
+  EXPECT_EQ(got.reuse, 0);
+  EXPECT_EQ(c.choose(std::vector<int32_t>{5, 5, 5, 5, 5}, {true, false, true}).slot, 2);
+  EXPECT_EQ(c.choose(std::vector<int32_t>{5}, {false, false, false}).slot, -1);
+  // A forgotten slot holds nothing and goes first.
+  c.forget(0);
+  EXPECT_EQ(c.choose(std::vector<int32_t>{5, 5, 5, 5, 5}, all).slot, 0);
+  c.take(1, 2);
+  EXPECT_EQ(c.tokens(1), (std::vector<int32_t>{1, 2}));
+  PrefixCache off(2, {.enabled = false});
+  off.append(0, std::vector<int32_t>{1, 2, 3, 4, 5});
+  EXPECT_TRUE(off.tokens(0).empty());
+}
+
 // ---- LocalEngine on the CPU
 
 struct Collected {
@@ -99,6 +161,7 @@ struct Collected {
   std::condition_variable cv;
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, FinishReason> finished;
+  std::map<uint64_t, Usage> usage;
 };
 
 EventSink sink_for(Collected& c, uint64_t* id_slot, std::mutex* id_mu) {
@@ -110,7 +173,10 @@ EventSink sink_for(Collected& c, uint64_t* id_slot, std::mutex* id_mu) {
     }
     std::lock_guard lock(c.mu);
     for (const GeneratedToken& t : ev.tokens) c.tokens[id].push_back(t.id);
-    if (ev.finish) c.finished[id] = *ev.finish;
+    if (ev.finish) {
+      c.finished[id] = *ev.finish;
+      c.usage[id] = ev.usage;
+    }
     c.cv.notify_all();
   };
 }
@@ -245,6 +311,136 @@ TEST(LocalEngineBatch, CancelMidBatchEndsOnlyThatRequest) {
   EXPECT_LT(c.tokens[ids[1]].size(), 80u);
   lock.unlock();
   EXPECT_EQ(busy_slots_settled(e), 0);
+}
+
+// ---- the prefix cache through LocalEngine
+
+// A counter's value in the metrics text.
+int64_t metric(const Metrics& m, const std::string& name) {
+  const std::string text = m.render(ServiceHealth{});
+  const size_t at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(text.substr(at + name.size() + 2));
+}
+
+struct OneResult {
+  std::vector<int32_t> tokens;
+  Usage usage;
+  FinishReason finish = FinishReason::error;
+};
+
+// The tokens whose KV a slot keeps after `r` ran `prompt`: every sampled
+// token was fed but the last, unless that was an end-of-generation token
+// (not among the tokens, never fed).
+std::vector<int32_t> kept_after(std::vector<int32_t> prompt, const OneResult& r) {
+  const size_t fed = r.finish == FinishReason::stop ? r.tokens.size() : r.tokens.size() - 1;
+  prompt.insert(prompt.end(), r.tokens.begin(), r.tokens.begin() + std::ptrdiff_t(fed));
+  return prompt;
+}
+
+OneResult run_one(LocalEngine& e, const GenerationRequest& r) {
+  Collected c;
+  std::vector<uint64_t> ids;
+  run_all(e, {r}, c, ids);
+  EXPECT_NE(c.finished[ids[0]], FinishReason::error);
+  return {c.tokens[ids[0]], c.usage[ids[0]], c.finished[ids[0]]};
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Requests in turn: a story, then prompts that share a prefix with what the
+// slot kept (part of the prompt; the prompt and part of its answer, as a
+// chat's next turn), then one that shares nothing. Each gets the greedy
+// tokens of an engine without the cache, reports the reused tokens, and
+// only the rest runs through the stage.
+void expect_prefix_reuse(const std::string& model, bool truncatable) {
+  LocalEngineConfig cfg = engine_config(1, 8, 8);
+  cfg.model_path = model;
+  Metrics metrics;
+  LocalEngine cached(cfg, &metrics);
+  cfg.prefix_cache = false;
+  LocalEngine plain(cfg, nullptr);
+  cached.wait_loaded();
+  plain.wait_loaded();
+
+  const std::vector<int32_t> story = {1, 203, 207, 161, 178, 214, 161, 203, 178};
+  const OneResult first = run_one(cached, greedy(story, 10));
+  EXPECT_EQ(first.tokens, run_one(plain, greedy(story, 10)).tokens);
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  ASSERT_FALSE(first.tokens.empty());
+  std::vector<int32_t> kept = kept_after(story, first);
+
+  struct Case {
+    std::vector<int32_t> prompt;
+    int64_t reused;
+  };
+  std::vector<Case> cases;
+  // The next turn: everything kept, then new tokens.
+  cases.push_back({concat(kept, {161, 178, 207}), int64_t(kept.size())});
+  // Part of the story, then something else: only a KV that can be cut reuses it.
+  cases.push_back({concat(std::vector<int32_t>(story.begin(), story.begin() + 6), {207, 207, 161}),
+                   truncatable ? 6 : 0});
+  cases.push_back({{1, 214, 161, 178, 203}, 0});
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    const int64_t prefill_before = metric(metrics, "baton_prefill_tokens_total");
+    const OneResult got = run_one(cached, greedy(cases[i].prompt, 8));
+    EXPECT_EQ(got.tokens, run_one(plain, greedy(cases[i].prompt, 8)).tokens);
+    EXPECT_EQ(got.usage.cached_tokens, cases[i].reused);
+    EXPECT_EQ(got.usage.prompt_tokens, int64_t(cases[i].prompt.size()));
+    // Only the prompt tokens past the reused prefix ran as prefill.
+    EXPECT_EQ(metric(metrics, "baton_prefill_tokens_total") - prefill_before,
+              int64_t(cases[i].prompt.size()) - cases[i].reused);
+    // What the slot keeps now, for the next case.
+    ASSERT_FALSE(got.tokens.empty());
+    kept = kept_after(cases[i].prompt, got);
+  }
+  EXPECT_EQ(metric(metrics, "baton_prompt_tokens_cached_total"), cases[0].reused + cases[1].reused);
+}
+
+TEST(LocalEnginePrefixCache, LlamaReusesSharedPrefixes) {
+  expect_prefix_reuse(test::model_path("stories260K.gguf"), true);
+}
+
+TEST(LocalEnginePrefixCache, Deepseek4ReusesWholeSlotsOnly) {
+  test::TempDir dir;
+  SynthOptions o;
+  o.arch = "deepseek4";
+  o.shape = "deepseek4-tiny";
+  o.seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(o.seed));
+  const std::string path = dir.file("ds4.gguf");
+  write_synth_model(path, o);
+  expect_prefix_reuse(path, false);
+}
+
+// Two slots: a prompt that matches neither takes the least recently used
+// one, whose prefix is then lost; the other slot's survives.
+TEST(LocalEnginePrefixCache, EvictsTheLeastRecentlyUsedSlot) {
+  LocalEngine e(engine_config(2, 8, 8), nullptr);
+  e.wait_loaded();
+  const std::vector<int32_t> a = {1, 403, 407, 261, 378, 414};
+  const std::vector<int32_t> b = {1, 378, 261, 403, 407, 407};
+  const std::vector<int32_t> c = {1, 414, 414, 261, 403, 378};
+  EXPECT_EQ(run_one(e, greedy(a, 4)).usage.cached_tokens, 0);
+  EXPECT_EQ(run_one(e, greedy(b, 4)).usage.cached_tokens, 0);  // the empty slot, not a's
+  EXPECT_EQ(run_one(e, greedy(concat(a, {261}), 4)).usage.cached_tokens, int64_t(a.size()));  // a's is the LRU now
+  EXPECT_EQ(run_one(e, greedy(c, 4)).usage.cached_tokens, 0);  // evicts b's
+  EXPECT_EQ(run_one(e, greedy(concat(b, {261}), 4)).usage.cached_tokens, 0);
+  EXPECT_EQ(run_one(e, greedy(concat(c, {261}), 4)).usage.cached_tokens, int64_t(c.size()));
+}
+
+TEST(LocalEnginePrefixCache, OffReusesNothing) {
+  LocalEngineConfig cfg = engine_config(1, 8, 8);
+  cfg.prefix_cache = false;
+  LocalEngine e(cfg, nullptr);
+  e.wait_loaded();
+  const std::vector<int32_t> a = {1, 403, 407, 261, 378, 414};
+  EXPECT_EQ(run_one(e, greedy(a, 4)).usage.cached_tokens, 0);
+  EXPECT_EQ(run_one(e, greedy(concat(a, {261}), 4)).usage.cached_tokens, 0);
 }
 
 }  // namespace

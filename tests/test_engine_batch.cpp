@@ -193,6 +193,89 @@ TEST(EngineBatch, RefusesBadBatches) {
   EXPECT_EQ(r->position(0), 0);
 }
 
+// The prefix cache's step (StageRunner::truncate): sequence `seq` ran `first`
+// and generated from it; its first `keep` positions are kept and `second`
+// continues from there, as one chunk of the rest, in a batch with a decode
+// of another sequence. Returns second's greedy tokens.
+std::vector<int32_t> after_truncate(StageRunner& r, int seq, const std::vector<int32_t>& first, int64_t keep,
+                                    const std::vector<int32_t>& second, int n_gen) {
+  r.reset(seq);
+  r.forward(seq, first);
+  const int other = seq == 0 ? 1 : 0;
+  r.reset(other);
+  r.forward(other, std::span<const int32_t>(first.data(), 2));
+  std::span<const float> logits = r.forward(seq, std::span<const int32_t>(first.data(), 1));  // a stray decode
+  EXPECT_EQ(r.position(seq), int64_t(first.size()) + 1);
+  r.truncate(seq, keep);
+  EXPECT_EQ(r.position(seq), keep);
+  std::vector<int32_t> rest(second.begin() + keep, second.end());
+  rest.push_back(7);  // the other sequence's decode token
+  const std::vector<BatchChunk> chunks = {{seq, int64_t(second.size()) - keep, true}, {other, 1, true}};
+  logits = r.forward_batch(chunks, rest);
+  const size_t v = size_t(r.n_vocab());
+  std::vector<int32_t> out;
+  for (int i = 0; i < n_gen; ++i) {
+    const int32_t id = argmax(logits.subspan(0, v));
+    out.push_back(id);
+    if (i + 1 < n_gen) logits = r.forward(seq, std::span<const int32_t>(&id, 1));
+  }
+  r.reset(seq);
+  r.reset(other);
+  return out;
+}
+
+// A sequence cut back to a shared prefix and continued with another prompt
+// gets the greedy tokens that prompt gets from an empty sequence.
+TEST(EngineBatch, LlamaTruncateContinuesAsFresh) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  GgufFile f = GgufFile::open(test::model_path("stories260K.gguf"));
+  auto r = make_stage_runner(Backend::Cpu, f, batch_config());
+  auto reference = make_stage_runner(Backend::Cpu, f, batch_config());
+  ASSERT_TRUE(r->arch().kv_truncatable());
+  std::mt19937_64 rng(seed);
+  const auto vocab = int32_t(r->n_vocab());
+  for (int64_t keep : {1, 6, 11}) {
+    SCOPED_TRACE("keep " + std::to_string(keep));
+    const std::vector<int32_t> first = random_prompt(rng, 12, vocab);
+    std::vector<int32_t> second(first.begin(), first.begin() + keep);
+    for (int32_t t : random_prompt(rng, 5, vocab)) second.push_back(t);
+    EXPECT_EQ(after_truncate(*r, 2, first, keep, second, 8), alone(*reference, 0, second, 8, 32));
+  }
+  EXPECT_THROW(r->truncate(0, 1), std::out_of_range);  // empty: nothing to keep
+  EXPECT_THROW(r->truncate(9, 0), std::out_of_range);
+}
+
+// deepseek4's KV cannot be cut: only a reset or keeping all of it; a
+// sequence continued from its end gets the tokens of the whole prompt.
+TEST(EngineBatch, Deepseek4KeepsOnlyWholeSequences) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  SynthOptions o;
+  o.arch = "deepseek4";
+  o.shape = "deepseek4-tiny";
+  o.seed = seed;
+  const std::string path = dir.file("ds4.gguf");
+  write_synth_model(path, o);
+  GgufFile f = GgufFile::open(path);
+  auto r = make_stage_runner(Backend::Cpu, f, batch_config());
+  auto reference = make_stage_runner(Backend::Cpu, f, batch_config());
+  EXPECT_FALSE(r->arch().kv_truncatable());
+  std::mt19937_64 rng(seed);
+  const std::vector<int32_t> first = random_prompt(rng, 9, int32_t(r->n_vocab()));
+  r->forward(1, first);
+  EXPECT_THROW(r->truncate(1, 4), std::invalid_argument);
+  EXPECT_EQ(r->position(1), 9);
+  r->truncate(1, 9);
+  std::vector<int32_t> second = first;
+  for (int32_t t : random_prompt(rng, 4, int32_t(r->n_vocab()))) second.push_back(t);
+  std::span<const float> logits = r->forward(1, std::span<const int32_t>(second.data() + 9, 4));
+  EXPECT_EQ(argmax(logits), alone(*reference, 0, second, 1, 32).front());
+  r->truncate(1, 0);
+  EXPECT_EQ(r->position(1), 0);
+}
+
 // On a GPU: eight different prompts through the batched CUDA stage give each
 // the CPU's greedy tokens (stories260K's logits differ from the CPU's by
 // ~1e-5; these prompts have no near ties).
@@ -225,6 +308,27 @@ TEST(EngineBatch, CudaBatchEqualsCpu) {
       EXPECT_EQ(run[i].got, alone(*cpu, 0, run[i].prompt, run[i].n_gen, 3));
     }
     for (int seq = 0; seq < sc.n_seq; ++seq) gpu->reset(seq);
+  }
+}
+
+// On a GPU: a CUDA sequence cut back to a shared prefix and continued with
+// another prompt (in a batch with another sequence's decode) gets the CPU's
+// greedy tokens of that prompt.
+TEST(EngineBatch, CudaTruncateEqualsCpu) {
+  if (!backend_unavailable(Backend::Cuda).empty()) GTEST_SKIP() << "no CUDA device on this machine";
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  GgufFile f = GgufFile::open(test::model_path("stories260K.gguf"));
+  auto gpu = make_stage_runner(Backend::Cuda, f, batch_config());
+  auto cpu = make_stage_runner(Backend::Cpu, f, batch_config());
+  std::mt19937_64 rng(seed);
+  for (int64_t keep : {1, 5}) {
+    SCOPED_TRACE("keep " + std::to_string(keep));
+    std::vector<int32_t> first = {1};  // BOS, then a short random start
+    for (int32_t t : random_prompt(rng, 7, int32_t(cpu->n_vocab()))) first.push_back(t);
+    std::vector<int32_t> second(first.begin(), first.begin() + keep);
+    for (int32_t t : random_prompt(rng, 3, int32_t(cpu->n_vocab()))) second.push_back(t);
+    EXPECT_EQ(after_truncate(*gpu, 3, first, keep, second, 10), alone(*cpu, 0, second, 10, 32));
   }
 }
 

@@ -169,6 +169,7 @@ struct Gen {
           c.n_tokens = 1 + below(8);
           c.sample = flag();
           c.sampling = sampling();
+          c.begins = flag();  // v5
           f.chunks.push_back(c);
         }
         const uint32_t form = below(3);

@@ -283,8 +283,9 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
     std::memcpy(rows.data(), f.activations.data(), rows.size() * sizeof(float));
   }
   // The micro-batch runs as one batched forward (engine/batch.h): every
-  // chunk continues its sequence, and a chunk at position 0 starts a new
-  // sequence in that slot.
+  // chunk continues its sequence, and a chunk that begins a sequence keeps
+  // the slot's first start_pos positions (the prefix cache, v5) and drops
+  // the rest.
   std::vector<BatchChunk> batch;
   batch.reserve(f.chunks.size());
   for (const net::SeqChunk& c : f.chunks) {
@@ -292,8 +293,14 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
     if (seq >= stage_->config().n_seq) {
       return send_error(net::WireError::bad_request, f.request_id, "sequence " + std::to_string(seq) + " out of range");
     }
-    if (c.start_pos == 0 && stage_->position(seq) != 0) {
-      stage_->reset(seq);
+    if (c.begins || c.start_pos == 0) {
+      if (int64_t(c.start_pos) <= stage_->position(seq)) {
+        try {
+          stage_->truncate(seq, c.start_pos);
+        } catch (const std::exception& e) {
+          return send_error(net::WireError::bad_request, f.request_id, e.what());
+        }
+      }
       samplers_.erase(c.seq);
     }
     if (stage_->position(seq) != int64_t(c.start_pos) || int64_t(c.start_pos) + c.n_tokens > stage_->n_ctx()) {

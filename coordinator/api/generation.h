@@ -85,6 +85,7 @@ const char* finish_reason_name(FinishReason r);
 
 struct Usage {
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;      // prompt tokens whose KV the prefix cache reused (not computed)
   int64_t completion_tokens = 0;  // sampled tokens, the one that ends generation (EOS, stop token) excluded
   double queue_s = 0;             // submit to admission into a slot
   double time_to_first_token_s = 0;  // submit to the first sampled token

@@ -73,6 +73,7 @@ void Metrics::error(std::string_view kind) {
 
 void Metrics::generation_finished(FinishReason reason, const Usage& usage) {
   prompt_tokens_.fetch_add(uint64_t(usage.prompt_tokens), std::memory_order_relaxed);
+  cached_tokens_.fetch_add(uint64_t(usage.cached_tokens), std::memory_order_relaxed);
   completion_tokens_.fetch_add(uint64_t(usage.completion_tokens), std::memory_order_relaxed);
   if (usage.completion_tokens > 0) ttft_.observe(usage.time_to_first_token_s);
   queue_time_.observe(usage.queue_s);
@@ -135,6 +136,9 @@ std::string Metrics::render(const ServiceHealth& health) const {
   }
   header(out, "baton_prompt_tokens_total", "counter", "Prompt tokens of ended generations.");
   out += fmt::format("baton_prompt_tokens_total {}\n", prompt_tokens_.load());
+  header(out, "baton_prompt_tokens_cached_total", "counter",
+         "Prompt tokens of ended generations whose KV the prefix cache reused instead of computing them.");
+  out += fmt::format("baton_prompt_tokens_cached_total {}\n", cached_tokens_.load());
   header(out, "baton_completion_tokens_total", "counter",
          "Tokens generated (end-of-generation tokens excluded), as reported in usage.");
   out += fmt::format("baton_completion_tokens_total {}\n", completion_tokens_.load());

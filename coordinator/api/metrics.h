@@ -87,7 +87,7 @@ class Metrics {
   std::map<std::pair<int, bool>, std::unique_ptr<Histogram>> stage_latency_;  // (stage, prefill)
   Phase prefill_, decode_;
 
-  std::atomic<uint64_t> prompt_tokens_{0}, completion_tokens_{0};
+  std::atomic<uint64_t> prompt_tokens_{0}, cached_tokens_{0}, completion_tokens_{0};
   std::atomic<int64_t> streams_open_{0};
   Histogram ttft_, queue_time_, request_time_;
 };

@@ -62,17 +62,23 @@ bool drop_queued(std::deque<std::unique_ptr<Seq>>& queue, uint64_t id, std::vect
   return true;
 }
 
-// Queued requests take the free slots in FIFO order; `admit` sees each one
-// (its slot set) before it enters the slot.
-template <class Seq, class Admit>
-void admit_queued(std::deque<std::unique_ptr<Seq>>& queue, std::vector<std::unique_ptr<Seq>>& slots, Admit&& admit) {
-  for (size_t i = 0; i < slots.size() && !queue.empty(); ++i) {
-    if (slots[i]) continue;
+// Queued requests take the free slots in FIFO order: `choose(seq, free)`
+// returns the free slot it takes (free[i]: slot i holds no request; the
+// prefix cache's choice), and `admit` sees it (its slot set) before it
+// enters the slot.
+template <class Seq, class Choose, class Admit>
+void admit_queued(std::deque<std::unique_ptr<Seq>>& queue, std::vector<std::unique_ptr<Seq>>& slots, Choose&& choose,
+                  Admit&& admit) {
+  std::vector<bool> free(slots.size());
+  while (!queue.empty()) {
+    for (size_t i = 0; i < slots.size(); ++i) free[i] = !slots[i];
+    if (std::find(free.begin(), free.end(), true) == free.end()) return;
     std::unique_ptr<Seq> seq = std::move(queue.front());
     queue.pop_front();
-    seq->slot = int(i);
+    const int i = choose(*seq, free);
+    seq->slot = i;
     admit(*seq);
-    slots[i] = std::move(seq);
+    slots[size_t(i)] = std::move(seq);
   }
 }
 

@@ -34,6 +34,7 @@ struct ClusterEngine::Sequence {
   uint64_t in_flight = 0;    // request id of the micro-batch whose RESULT it awaits
   Clock::time_point sent;    // when that micro-batch was sent
   uint64_t admitted = 0, last_run = 0;
+  bool begun = false;  // its first chunk was sent (with `begins`)
   bool ended = false;
   TextAssembler text;
   Usage usage;
@@ -43,12 +44,18 @@ struct ClusterEngine::Sequence {
 };
 
 ClusterEngine::ClusterEngine(ClusterEngineConfig config, Cluster& cluster, Metrics* metrics)
-    : config_(std::move(config)), cluster_(cluster), metrics_(metrics), file_(GgufFile::open(config_.model_path)) {
+    : config_(std::move(config)),
+      cluster_(cluster),
+      metrics_(metrics),
+      file_(GgufFile::open(config_.model_path)),
+      cache_(0, {}) {
   if (config_.n_workers < 1) throw std::invalid_argument("a cluster needs at least one worker");
   if (config_.n_seq < 1) throw std::invalid_argument("--parallel must be >= 1");
   if (config_.queue_capacity < 0) throw std::invalid_argument("the queue capacity must be >= 0");
   info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.n_ctx);
-  n_layer_ = Arch::from_gguf(file_)->dims().n_layer;
+  const std::unique_ptr<Arch> arch = Arch::from_gguf(file_);
+  n_layer_ = arch->dims().n_layer;
+  cache_ = PrefixCache(config_.n_seq, {config_.prefix_cache, arch->kv_truncatable()});
   if (config_.n_workers > n_layer_) {
     throw std::invalid_argument(fmt::format("{} workers for {} layers: each stage needs at least one layer",
                                             config_.n_workers, n_layer_));
@@ -230,6 +237,8 @@ void ClusterEngine::fail_all(const std::string& why) {
     release(*slot);
   }
   in_flight_.clear();
+  // Workers may be replaced with empty KV before the route heals.
+  cache_.forget_all();
   std::deque<std::unique_ptr<Sequence>> queued;
   {
     std::lock_guard lock(mu_);
@@ -246,12 +255,17 @@ void ClusterEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev,
   deliver_event(s.sink, std::move(ev), s.req.id);
 }
 
-void ClusterEngine::release(Sequence& s) {
+void ClusterEngine::release(Sequence& s, bool keep) {
   if (s.slot < 0) return;
   const int slot = s.slot;
-  // Frees the slot's KV on every stage; a micro-batch still in flight with
-  // it runs first (links are FIFO) and its RESULT is ignored.
-  if (cluster_.route_problem().empty()) cluster_.free_seq(uint32_t(slot));
+  if (keep && cache_.policy().enabled) {
+    cache_.release(slot);
+  } else {
+    // Frees the slot's KV on every stage; a micro-batch still in flight with
+    // it runs first (links are FIFO) and its RESULT is ignored.
+    cache_.forget(slot);
+    if (cluster_.route_problem().empty()) cluster_.free_seq(uint32_t(slot));
+  }
   slots_[size_t(slot)].reset();  // destroys s
   std::lock_guard lock(mu_);
   --active_;
@@ -289,6 +303,9 @@ void ClusterEngine::send_batches() {
       c.sampling.top_logprobs = uint32_t(std::max(0, s.req.top_logprobs));
       for (const auto& [id, bias] : s.req.logit_bias) c.sampling.logit_bias.push_back({id, bias});
       c.n_tokens = uint32_t(pc.n_tokens);
+      c.begins = !s.begun;
+      s.begun = true;
+      const size_t first = tokens.size();
       if (pc.prefill) {
         c.start_pos = uint32_t(s.prompt_sent);
         const auto at = s.req.prompt.begin() + std::ptrdiff_t(s.prompt_sent);
@@ -300,6 +317,7 @@ void ClusterEngine::send_batches() {
         tokens.push_back(s.next_input);
         c.sample = true;
       }
+      cache_.append(s.slot, std::span<const int32_t>(tokens).subspan(first));
       mb.seqs.emplace_back(s.slot, s.id);
       if (c.sample) ++mb.results_left;
       chunks.push_back(std::move(c));
@@ -348,7 +366,10 @@ void ClusterEngine::handle(Event& e) {
     } else {
       s.usage.decode_s += dt;
     }
-    if (metrics_) metrics_->stage_forward(-1, prefill, prefill ? int64_t(s.req.prompt.size()) : 1, dt);
+    // Prompt tokens computed: those past the reused prefix.
+    if (metrics_) {
+      metrics_->stage_forward(-1, prefill, prefill ? int64_t(s.req.prompt.size()) - s.usage.cached_tokens : 1, dt);
+    }
     const int32_t id = r->tokens.front();
     float logprob = r->logprobs.empty() ? 0.f : r->logprobs.front();
     std::vector<std::pair<int32_t, float>> top;
@@ -357,14 +378,16 @@ void ClusterEngine::handle(Event& e) {
     }
     GenerationEvent ev;
     const bool context_full = s.position() >= info_.n_ctx;
+    // Its last step is back and nothing of it is in flight: the stages
+    // hold the KV of exactly the tokens sent, which the slot keeps.
     if (auto reason = accept_token(s.req, *info_.tokenizer, id, logprob, top, context_full, s.text, s.usage, ev)) {
       finish(s, *reason, std::move(ev));
-      release(s);
+      release(s, /*keep=*/true);
     } else {
       s.next_input = id;
       if (!deliver_event(s.sink, std::move(ev), s.req.id)) {
         finish(s, FinishReason::cancelled, {});
-        release(s);
+        release(s, /*keep=*/true);
       }
     }
   } else if (auto* re = std::get_if<RequestError>(&e)) {
@@ -422,7 +445,15 @@ void ClusterEngine::scheduler() {
         for (auto& q : queue_) dropped.push_back(std::move(q));
         queue_.clear();
       } else if (broken_.empty()) {
-        admit_queued(queue_, slots_, [&](Sequence& seq) {
+        admit_queued(queue_, slots_, [&](Sequence& seq, const std::vector<bool>& free) {
+          // The stages cut the slot's KV back to the reused prefix when the
+          // first chunk arrives (`begins`).
+          const PrefixCache::Choice c = cache_.choose(seq.req.prompt, free);
+          cache_.take(c.slot, c.reuse);
+          seq.prompt_sent = size_t(c.reuse);
+          seq.usage.cached_tokens = c.reuse;
+          return c.slot;
+        }, [&](Sequence& seq) {
           seq.usage.queue_s = seconds_between(seq.submitted, Clock::now());
           seq.admitted = ++admitted_;
           ++active_;

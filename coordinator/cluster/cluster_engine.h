@@ -20,8 +20,14 @@
 // with FinishReason::error naming the worker and its stage (within the link
 // timeout, 1.5 s), requests are refused with UnavailableError while the route
 // is broken, and serving resumes when the cluster has healed the route (a
-// worker registered and loaded the vacant stage). A new request always
-// prefills from position 0, so nothing depends on KV that was lost.
+// worker registered and loaded the vacant stage). A broken route empties the
+// prefix cache, so nothing depends on KV that was lost.
+//
+// Prefix cache (prefix_cache.h): a slot whose sequence ended normally keeps
+// its KV on every stage (no FREE_SEQ); the coordinator knows the tokens it
+// holds and starts a new request that shares a prefix with them at the end
+// of that prefix, in that slot: its first chunk `begins` at start_pos = the
+// prefix, and every stage cuts the slot's KV back to it.
 #pragma once
 
 #include <chrono>
@@ -41,6 +47,7 @@
 
 #include "coordinator/cluster/cluster.h"
 #include "coordinator/api/generation.h"
+#include "coordinator/cluster/prefix_cache.h"
 #include "engine/gguf.h"
 
 namespace baton {
@@ -56,6 +63,7 @@ struct ClusterEngineConfig {
   int64_t prefill_chunk = 64;   // prompt tokens of one sequence per micro-batch
   int64_t batch_tokens = 64;    // tokens of one micro-batch (each stage's batch)
   int queue_capacity = 64;
+  bool prefix_cache = true;  // reuse the KV a free slot kept on every stage (prefix_cache.h)
   // Workers load this path themselves when they registered without a model
   // ("" = model_path, made absolute).
   std::string worker_model_path;
@@ -116,7 +124,10 @@ class ClusterEngine final : public GenerationService, private ClusterObserver {
   // sequences are ready.
   void send_batches();
   void finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error = {});
-  void release(Sequence& s);  // frees its slot on every stage
+  // Frees its slot; keep: the slot's KV on every stage is exactly the
+  // tokens sent (nothing in flight) and stays for the prefix cache, else it
+  // is freed on every stage.
+  void release(Sequence& s, bool keep = false);
   void fail_all(const std::string& why);
 
   ClusterEngineConfig config_;
@@ -140,6 +151,7 @@ class ClusterEngine final : public GenerationService, private ClusterObserver {
 
   // Scheduler thread only.
   std::vector<std::unique_ptr<Sequence>> slots_;
+  PrefixCache cache_;
   std::map<uint64_t, MicroBatch> in_flight_;  // FORWARD request id -> its micro-batch
   uint64_t steps_ = 0, admitted_ = 0;
   std::thread thread_;

@@ -27,7 +27,8 @@ struct LocalEngine::Sequence {
   uint64_t admitted = 0;    // admission order
   uint64_t last_run = 0;    // the step it last ran in
   bool cancelled = false;
-  bool ended = false;  // the final event was sent
+  bool ended = false;    // the final event was sent
+  bool kv_lost = false;  // a forward failed: the slot's KV is not what it ran
   std::optional<Sampler> sampler;
   TextAssembler text;
   Usage usage;
@@ -54,7 +55,7 @@ uint64_t resident_bytes() {
 }  // namespace
 
 LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
-    : config_(std::move(config)), metrics_(metrics), file_(GgufFile::open(config_.model_path)) {
+    : config_(std::move(config)), metrics_(metrics), file_(GgufFile::open(config_.model_path)), cache_(0, {}) {
   config_.stage.first_layer = 0;
   config_.stage.last_layer = -1;
   config_.stage.embedding = true;
@@ -69,7 +70,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   // file fails here, before the server listens.
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage);
   info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
-  n_layer_ = Arch::from_gguf(file_)->dims().n_layer;
+  const std::unique_ptr<Arch> arch = Arch::from_gguf(file_);
+  n_layer_ = arch->dims().n_layer;
+  cache_ = PrefixCache(config_.stage.n_seq, {config_.prefix_cache, arch->kv_truncatable()});
   if (config_.prefill_chunk == 0) config_.prefill_chunk = std::min(config_.stage.max_batch, info_.n_ctx);
   config_.prefill_chunk = std::min({config_.prefill_chunk, config_.stage.max_batch, info_.n_ctx});
   slots_.resize(size_t(config_.stage.n_seq));
@@ -255,9 +258,14 @@ bool LocalEngine::step() {
     for (const BatchChunk& c : chunks) {
       Sequence& s = *slots_[size_t(c.seq)];
       std::fprintf(stderr, "baton serve: request %s failed: %s\n", s.req.id.c_str(), e.what());
+      s.kv_lost = true;
       finish(s, FinishReason::error, {}, e.what());
     }
     return true;
+  }
+  // The slots now hold these tokens' KV.
+  for (size_t i = 0, at = 0; i < chunks.size(); at += size_t(chunks[i].n_tokens), ++i) {
+    cache_.append(chunks[i].seq, std::span<const int32_t>(tokens).subspan(at, size_t(chunks[i].n_tokens)));
   }
   const double dt = seconds_between(t0, Clock::now());
   if (metrics_) metrics_->stage_forward(0, any_prefill, int64_t(tokens.size()), dt);
@@ -322,7 +330,15 @@ void LocalEngine::scheduler() {
         for (auto& q : queue_) dropped.push_back(std::move(q));
         queue_.clear();
       } else {
-        admit_queued(queue_, slots_, [&](Sequence& seq) {
+        admit_queued(queue_, slots_, [&](Sequence& seq, const std::vector<bool>& free) {
+          const PrefixCache::Choice c = cache_.choose(seq.req.prompt, free);
+          // The slot keeps the reused prefix's KV and forgets the rest.
+          stage_->truncate(c.slot, c.reuse);
+          cache_.take(c.slot, c.reuse);
+          seq.prefilled = size_t(c.reuse);
+          seq.usage.cached_tokens = c.reuse;
+          return c.slot;
+        }, [&](Sequence& seq) {
           seq.usage.queue_s = seconds_between(seq.submitted, Clock::now());
           seq.sampler.emplace(seq.req.sampling, int32_t(info_.n_vocab));
           seq.admitted = ++admitted_;
@@ -345,7 +361,14 @@ void LocalEngine::scheduler() {
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (!slots_[i] || !(slots_[i]->ended || slots_[i]->cancelled)) continue;
       if (!slots_[i]->ended) finish(*slots_[i], FinishReason::cancelled, {});
-      stage_->reset(int(i));
+      // A sequence's steps ran whole (this thread runs them), so its slot
+      // holds the KV of exactly the tokens the cache appended.
+      if (cache_.policy().enabled && !slots_[i]->kv_lost) {
+        cache_.release(int(i));
+      } else {
+        stage_->reset(int(i));
+        cache_.forget(int(i));
+      }
       slots_[i].reset();
       std::lock_guard lock(mu_);
       --active_;

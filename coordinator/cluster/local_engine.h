@@ -6,8 +6,10 @@
 // scheduler (batch_scheduler.h) for a batch within the token budget (every
 // ready decode token, then prompt chunks of at most prefill_chunk tokens)
 // and runs it as one batched forward (StageRunner::forward_batch), then
-// samples each sequence that produced logits. A slot is reset and freed
-// when its sequence ends or is cancelled. Beyond the slots, up to
+// samples each sequence that produced logits. A slot is freed when its
+// sequence ends or is cancelled and keeps its KV for the prefix cache
+// (prefix_cache.h): a later prompt that begins with the same tokens takes
+// it and prefills only the rest. Beyond the slots, up to
 // queue_capacity requests wait in FIFO order; more are refused with
 // QueueFullError.
 //
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "coordinator/api/generation.h"
+#include "coordinator/cluster/prefix_cache.h"
 #include "engine/gguf.h"
 #include "engine/backend.h"
 #include "engine/loader.h"
@@ -49,6 +52,7 @@ struct LocalEngineConfig {
   StageConfig stage;
   int queue_capacity = 64;     // requests waiting beyond the busy slots
   int64_t prefill_chunk = 0;   // prompt tokens of one sequence per step; 0 = the stage's max_batch
+  bool prefix_cache = true;    // reuse the KV a free slot kept of its last request (prefix_cache.h)
   // Called on the loading thread as the weights arrive (engine/loader.h).
   std::function<void(const LoadProgress&)> on_load_progress;
 };
@@ -108,6 +112,7 @@ class LocalEngine final : public GenerationService {
   int active_ = 0;  // slots in use (scheduler writes, under mu_)
 
   std::vector<std::unique_ptr<Sequence>> slots_;  // scheduler thread only
+  PrefixCache cache_;                             // scheduler thread only
   std::vector<float> biased_;                     // scheduler thread only: logits + logit_bias
   uint64_t steps_ = 0, admitted_ = 0;             // scheduler thread only
   std::thread thread_;

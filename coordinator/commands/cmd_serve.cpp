@@ -86,7 +86,9 @@ constexpr const char* kUsage =
     "(a decode token of every generating sequence, then chunks of waiting prompts)\n"
     "in one forward pass that reads the weights once; up to --queue more requests\n"
     "wait, and beyond that requests get 429 with Retry-After. A client that\n"
-    "disconnects has its generation cancelled.\n\n"
+    "disconnects has its generation cancelled. A slot keeps the KV of its last\n"
+    "request: a prompt that begins with those tokens takes that slot and computes\n"
+    "only the rest (the prefix cache; usage.prompt_tokens_details.cached_tokens).\n\n"
     "Once the port is open, stdout gets one line\n"
     "  baton serve: listening on http://HOST:PORT\n"
     "(with the real port when --port 0), then \"baton serve: ready ...\" when the\n"
@@ -142,6 +144,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "context per sequence in tokens (prompt + completion); 0 = the model's, at most 4096")
       ("parallel", po::value<int>(&r.engine.stage.n_seq)->default_value(4),
        "sequences generated concurrently (each holds a KV cache slot of --ctx tokens)")
+      ("no-prefix-cache", po::bool_switch(), "never reuse the KV of a finished request: every prompt is computed whole")
       ("queue", po::value<int>(&r.engine.queue_capacity)->default_value(64),
        "requests that may wait for a slot; more get 429")
       ("threads,t", po::value<int>(&r.engine.stage.n_threads)->default_value(hw),
@@ -169,6 +172,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   const auto parsed = parse_command_line(argc, argv, {.options = desc, .help_head = kUsage, .positional = &positional});
   if (!parsed) return std::nullopt;
   const po::variables_map& vm = *parsed;
+  r.engine.prefix_cache = !vm["no-prefix-cache"].as<bool>();
   if (vm.count("parts")) {
     std::stringstream list(vm["parts"].as<std::string>());
     for (std::string item; std::getline(list, item, ',');) {
@@ -348,6 +352,7 @@ int serve(const ServeOptions& opt) {
     cc.prefill_chunk = opt.engine.stage.max_batch;
     cc.batch_tokens = opt.engine.stage.max_batch;
     cc.queue_capacity = opt.engine.queue_capacity;
+    cc.prefix_cache = opt.engine.prefix_cache;
     // The model's file is checked before any worker starts.
     {
       GgufFile check = GgufFile::open(opt.model);

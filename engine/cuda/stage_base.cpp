@@ -88,6 +88,20 @@ void CudaStageBase::reset(int seq) {
   length_[size_t(seq)] = 0;
 }
 
+// The prefix cache keeps the first n positions. Every kernel reads a
+// sequence's K/V rows only below the position of the row it computes
+// (row_pos, pos0 + t), which comes from length_ through the step
+// parameters, so lowering the length is the whole truncation: the rows past
+// it are overwritten by the next forward before anything reads them.
+// StageRunner::truncate has checked n against the architecture.
+void CudaStageBase::set_position(int seq, int64_t n) {
+  check_seq(seq);
+  if (n < 0 || n > length_[size_t(seq)]) {
+    throw std::out_of_range(fmt::format("sequence {} holds {} positions; cannot keep {}", seq, length_[size_t(seq)], n));
+  }
+  length_[size_t(seq)] = n;
+}
+
 // set_stage_profiling(true): sequence 0's decode profile (graph_profile.h).
 void CudaStageBase::profile_decode() {
   if (decode_graphs_.empty()) return;

@@ -91,6 +91,7 @@ class CudaStageBase : public StageRunner {
 
   int64_t position(int seq) const override;
   void reset(int seq) override;
+  void set_position(int seq, int64_t n) override;
   const Arch& arch() const override { return *arch_; }
   const StageConfig& config() const override { return config_; }
   const MemoryPlan& memory_plan() const override { return plan_; }
