@@ -470,7 +470,9 @@ ChatTools parse_tools(const json& body, const ojson& ordered) {
 // The messages as the template gets them: as sent, except that tool-call
 // arguments given as JSON text (OpenAI's shape) become objects, the shape
 // templates are written for (Llama's and Qwen 2.5's apply tojson to them;
-// DeepSeek's iterate over their items). Checks the tool-call fields.
+// DeepSeek's iterate over their items), and the null content of an assistant
+// message with tool calls becomes "" (Qwen 3's template searches it).
+// Checks the tool-call fields.
 ojson template_messages(const ojson& messages) {
   ojson out = messages;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -482,6 +484,7 @@ ojson template_messages(const ojson& messages) {
     auto calls = m.find("tool_calls");
     if (calls == m.end() || calls->is_null()) continue;
     if (!calls->is_array()) throw wrong_type(p + ".tool_calls", "an array", json::parse(calls->dump()));
+    if (auto c = m.find("content"); c == m.end() || c->is_null()) m["content"] = "";
     for (size_t j = 0; j < calls->size(); ++j) {
       ojson& call = (*calls)[j];
       const std::string cp = fmt::format("{}.tool_calls.[{}]", p, j);
