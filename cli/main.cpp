@@ -42,7 +42,8 @@ const Command kCommands[] = {
 void usage(FILE* to) {
   std::fprintf(to,
                "baton: serve GGUF language models across GPU nodes by pipeline parallelism\n\n"
-               "usage: baton COMMAND [options]   (baton COMMAND --help for its options)\n\n"
+               "usage: baton COMMAND [options]   (baton help COMMAND, or baton COMMAND --help, for its options)\n"
+               "       baton --version\n\n"
                "commands:\n");
   for (const auto& c : kCommands) std::fprintf(to, "  %-10s %s\n", c.name, c.summary);
 }
@@ -72,22 +73,57 @@ int run_command(const Command& c, int argc, char** argv) {
   }
 }
 
+const Command* find_command(const std::string& name) {
+  for (const auto& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+int unknown_command(const std::string& name) {
+  std::fprintf(stderr, "baton: unknown command '%s'\n\n", name.c_str());
+  usage(stderr);
+  return baton::kExitError;
+}
+
+void version() {
+#ifdef BATON_HAVE_CUDA
+  const char* cuda = "yes";
+#else
+  const char* cuda = "no";
+#endif
+#ifdef BATON_HAVE_NCCL
+  const char* nccl = "yes";
+#else
+  const char* nccl = "no";
+#endif
+  std::printf("baton %s (cuda: %s, nccl: %s)\n", BATON_VERSION, cuda, nccl);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     usage(stderr);
-    return 1;
+    return baton::kExitError;
   }
   std::string cmd = argv[1];
-  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
-    usage(stdout);
+  if (cmd == "--version" || cmd == "-V" || cmd == "version") {
+    version();
     return 0;
   }
-  for (const auto& c : kCommands) {
-    if (cmd == c.name) return run_command(c, argc - 1, argv + 1);
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    if (cmd != "help" || argc < 3) {
+      usage(stdout);
+      return 0;
+    }
+    // `baton help CMD` is `baton CMD --help`.
+    const Command* c = find_command(argv[2]);
+    if (!c) return unknown_command(argv[2]);
+    char help[] = "--help";
+    char* args[] = {argv[2], help, nullptr};
+    return run_command(*c, 2, args);
   }
-  std::fprintf(stderr, "baton: unknown command '%s'\n\n", cmd.c_str());
-  usage(stderr);
-  return 1;
+  if (const Command* c = find_command(cmd)) return run_command(*c, argc - 1, argv + 1);
+  return unknown_command(cmd);
 }

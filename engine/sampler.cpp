@@ -1,7 +1,10 @@
 #include "engine/sampler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <stdexcept>
 #include <string>
 
@@ -130,6 +133,24 @@ float token_logprobs(std::span<const float> logits, int32_t chosen, int top_n, s
     for (int32_t id : best) top->push_back({id, float(double(logits[size_t(id)]) - log_z)});
   }
   return float(double(logits[size_t(chosen)]) - log_z);
+}
+
+std::string sampling_range_problem(const SamplingRange& r, double x) {
+  if (std::isfinite(x) && x >= r.lo && x <= r.hi) return "";
+  return fmt::format("{} must be between {} and {}, got {}", r.flag, r.lo, r.hi, x);
+}
+
+void check_sampling_flags(const SamplerParams& p) {
+  for (const auto& [range, value] : {std::pair{kTemperatureRange, double(p.temperature)},
+                                     std::pair{kTopPRange, double(p.top_p)}, std::pair{kMinPRange, double(p.min_p)},
+                                     std::pair{kTopKRange, double(p.top_k)}}) {
+    if (std::string why = sampling_range_problem(range, value); !why.empty()) throw std::invalid_argument(why);
+  }
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
 }
 
 }  // namespace baton

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace baton {
@@ -17,6 +18,29 @@ struct SamplerParams {
   float min_p = 0.05f;       // drop tokens with p < min_p * p_max; <= 0: none
   uint64_t seed = 0;
 };
+
+// The values a sampling parameter may take, the same for the HTTP API's
+// request fields and `baton run`'s flags, so that what the server answers
+// 400 for, run refuses too.
+struct SamplingRange {
+  const char* field;  // the API's name ("top_p")
+  const char* flag;   // run's option ("--top-p")
+  double lo, hi;
+};
+inline constexpr SamplingRange kTemperatureRange{"temperature", "--temp", 0.0, 2.0};
+inline constexpr SamplingRange kTopPRange{"top_p", "--top-p", 0.0, 1.0};
+inline constexpr SamplingRange kMinPRange{"min_p", "--min-p", 0.0, 1.0};
+inline constexpr SamplingRange kTopKRange{"top_k", "--top-k", 0.0, 2147483647.0};
+
+// Empty when x is a finite number in the range; else the flag's complaint,
+// "--top-p must be between 0 and 1, got 2".
+std::string sampling_range_problem(const SamplingRange& r, double x);
+// Throws std::invalid_argument with that complaint for each parameter out of
+// its range.
+void check_sampling_flags(const SamplerParams& p);
+
+// A seed from the system's entropy, for a sampled generation that names none.
+uint64_t random_seed();
 
 // xoshiro256** (Blackman & Vigna), state from splitmix64(seed).
 class Rng {

@@ -35,10 +35,9 @@ class Progress {
   Progress& operator=(const Progress&) = delete;
   void operator()(uint64_t done, uint64_t total) {
     if (!throttle_.due(Clock::now(), done, total)) return;
-    std::fprintf(stderr, "\rconverted %.2f of %.2f GiB (%3.0f%%)   ", gib(done), gib(total), percent(done, total));
-    if (done >= total) std::fputc('\n', stderr);
-    set_progress_line_open(done < total);  // cli/ ends it before an error
-    std::fflush(stderr);
+    char line[96];
+    std::snprintf(line, sizeof line, "converted %.2f of %.2f GiB (%3.0f%%)", gib(done), gib(total), percent(done, total));
+    print_progress_line(line, done >= total);
   }
 
  private:

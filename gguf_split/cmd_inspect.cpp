@@ -191,28 +191,26 @@ void print_json(const GgufFile& f, const std::string& path, bool full) {
 }  // namespace
 
 int cmd_inspect(int argc, char** argv) {
-  po::options_description visible("usage: baton inspect FILE [options]\n\noptions");
+  po::options_description visible("usage: baton inspect [-m] FILE [options]\n\noptions");
   visible.add_options()
       ("help,h", "show this help")
+      ("model,m", po::value<std::string>(), "the GGUF file (or give it first, without -m)")
       ("json", "print one JSON object instead of text")
       ("full", "print every array item instead of the first few");
-  po::options_description hidden;
-  hidden.add_options()("file", po::value<std::string>(), "GGUF file");
   po::positional_options_description positional;
-  positional.add("file", 1);
+  positional.add("model", 1);
   const auto parsed = parse_command_line(
       argc, argv,
       {.options = visible,
        .help_tail = "\nPrints the header, metadata and tensor table of a GGUF file.\n",
-       .hidden = &hidden,
        .positional = &positional});
   if (!parsed) return 0;
   const po::variables_map& vm = *parsed;
-  if (!vm.count("file")) {
+  if (!vm.count("model")) {
     std::fprintf(stderr, "baton inspect: no FILE given (see baton inspect --help)\n");
     return 1;
   }
-  const std::string path = vm["file"].as<std::string>();
+  const std::string path = vm["model"].as<std::string>();
   try {
     GgufFile f = GgufFile::open(path);
     if (vm.count("json")) {

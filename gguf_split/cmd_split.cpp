@@ -41,10 +41,10 @@ Progress progress_printer(const char* verb) {
     const double secs = std::chrono::duration<double>(now - *start).count();
     const double rate = secs > 0 ? double(done) / secs : 0;
     const double eta = rate > 0 ? double(total - done) / rate : 0;
-    std::fprintf(stderr, "\r%s %s of %s (%.2f GB/s, ETA %.0f s)   ", verb, human_bytes(done).c_str(),
-                 human_bytes(total).c_str(), rate / 1e9, eta);
-    if (done == total) std::fputc('\n', stderr);
-    set_progress_line_open(done != total);
+    char line[160];
+    std::snprintf(line, sizeof line, "%s %s of %s (%.2f GB/s, ETA %.0f s)", verb, human_bytes(done).c_str(),
+                  human_bytes(total).c_str(), rate / 1e9, eta);
+    print_progress_line(line, done == total);
   };
 }
 
@@ -52,7 +52,7 @@ Progress progress_printer(const char* verb) {
 
 int cmd_split(int argc, char** argv) {
   po::options_description opts(
-      "usage: baton split MODEL --layers RANGES -o DIR [--dry-run]\n\n"
+      "usage: baton split [-m] MODEL --layers RANGES -o DIR [--dry-run]\n\n"
       "Writes one GGUF v3 per pipeline stage holding all of MODEL's metadata, only\n"
       "that stage's tensors, and baton.split.* keys (layer range, part index and\n"
       "count, source tensor-table hash, tensor-data checksum). MODEL may be a\n"
@@ -62,16 +62,15 @@ int cmd_split(int argc, char** argv) {
       "complete; the free space is checked first.\n\noptions");
   std::string model, layers, out_dir;
   opts.add_options()("help,h", "show this help")
+      ("model,m", po::value(&model), "the GGUF to split (or give it first, without -m)")
       ("layers", po::value(&layers), "ranges FIRST:LAST,... covering every layer in order; LAST may be "
                                      "'output' (the last layer). The first part also holds the embedding, "
                                      "the last the output head; tensors outside any layer go to every part")
       ("output,o", po::value(&out_dir), "folder for the parts (created if missing)")
       ("dry-run", "print the plan and write nothing");
-  po::options_description hidden;
-  hidden.add_options()("model", po::value(&model));
   po::positional_options_description pos;
   pos.add("model", 1);
-  const auto vm = parse_command_line(argc, argv, {.options = opts, .hidden = &hidden, .positional = &pos});
+  const auto vm = parse_command_line(argc, argv, {.options = opts, .positional = &pos});
   if (!vm) return 0;
   const bool dry = vm->count("dry-run") > 0;
   if (model.empty() || layers.empty() || (out_dir.empty() && !dry)) {

@@ -47,11 +47,10 @@ class Progress {
     const double s = std::chrono::duration<double>(now - start_).count();
     const double rate = s > 0 ? double(done) / s : 0;
     const double eta = rate > 0 ? double(total - done) / rate : 0;
-    std::fprintf(stderr, "\rwritten %.2f of %.2f GiB (%3.0f%%), %.2f GB/s, ETA %.0f s   ", gib(done), gib(total),
-                 percent(done, total), rate / 1e9, eta);
-    if (done == total) std::fputc('\n', stderr);
-    set_progress_line_open(done != total);
-    std::fflush(stderr);
+    char line[128];
+    std::snprintf(line, sizeof line, "written %.2f of %.2f GiB (%3.0f%%), %.2f GB/s, ETA %.0f s", gib(done), gib(total),
+                  percent(done, total), rate / 1e9, eta);
+    print_progress_line(line, done == total);
   }
 
  private:

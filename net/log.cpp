@@ -1,5 +1,6 @@
 #include "net/log.h"
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <utility>
@@ -16,6 +17,7 @@ LogSink& sink_slot() {
   static LogSink s;
   return s;
 }
+std::atomic<LogLevel> g_level{LogLevel::info};
 
 }  // namespace
 
@@ -33,6 +35,17 @@ std::string_view level_name(LogLevel level) {
   return "?";
 }
 
+void set_log_level(LogLevel level) { g_level.store(level); }
+LogLevel log_level() { return g_level.load(); }
+
+std::optional<LogLevel> level_from_name(std::string_view name) {
+  if (name == "debug") return LogLevel::debug;
+  if (name == "info") return LogLevel::info;
+  if (name == "warn" || name == "warning") return LogLevel::warn;
+  if (name == "error") return LogLevel::error;
+  return std::nullopt;
+}
+
 LogSink set_log_sink(LogSink sink) {
   std::lock_guard lock(sink_mutex());
   return std::exchange(sink_slot(), std::move(sink));
@@ -42,7 +55,7 @@ void log(LogLevel level, std::string_view line) {
   std::lock_guard lock(sink_mutex());
   if (sink_slot()) {
     sink_slot()(level, line);
-  } else if (level != LogLevel::debug) {
+  } else if (log_enabled(level)) {
     const std::string_view name = level_name(level);
     std::fprintf(stderr, "baton net %.*s: %.*s\n", int(name.size()), name.data(), int(line.size()), line.data());
   }

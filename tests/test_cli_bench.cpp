@@ -138,7 +138,7 @@ TEST(CliBench, LoadOnlyTakesASplitPartAndMemLimitRefuses) {
 TEST(CliBench, BadBackendIsAnError) {
   auto r = test::run_command({test::baton_binary(), "run", "--backend", "tpu", "-n", "1"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("--backend must be cpu or cuda"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--backend must be auto, cpu or cuda"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -15,7 +15,9 @@
 #include "worker/worker.h"
 
 #include "engine/backend.h"
+#include "engine/command_line.h"
 #include "engine/node_plan.h"
+#include "net/log_options.h"
 
 namespace baton {
 
@@ -47,6 +49,7 @@ int cmd_worker(int argc, char** argv) {
   WorkerOptions opt;
   std::string backend = "auto", mem_limit, fault;
   int gpu = -1;
+  net::LogOptions log;
   po::options_description desc("options");
   // clang-format off
   desc.add_options()
@@ -69,24 +72,22 @@ int cmd_worker(int argc, char** argv) {
       ("fault", po::value<std::string>(&fault),
        "inject a fault, for tests: nccl-init claims NCCL at registration, then fails every link setup");
   // clang-format on
-  po::variables_map vm;
-  po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-  if (vm.count("help")) {
-    std::ostringstream o;
-    o << desc;
-    std::cout << "usage: baton worker --coordinator HOST:PORT --secret-file FILE [options]\n\n"
-                 "Registers with the coordinator, loads the layer range it assigns and runs that\n"
-                 "pipeline stage until the coordinator shuts it down or goes away.\n\n"
-              << o.str() << "\n";
-    return 0;
-  }
-  po::notify(vm);
+  net::add_log_options(desc, log, "info");
+  const auto parsed = parse_command_line(
+      argc, argv,
+      {.options = desc,
+       .help_head = "usage: baton worker --coordinator HOST:PORT --secret-file FILE [options]\n\n"
+                    "Registers with the coordinator, loads the layer range it assigns and runs that\n"
+                    "pipeline stage until the coordinator shuts it down or goes away.\n\n"});
+  if (!parsed) return 0;
+  const po::variables_map& vm = *parsed;
+  net::apply_log_options(log, net::LogLevel::info);
   // Before anything touches CUDA: the device is chosen for the whole process.
   if (vm.count("gpu")) select_gpu(gpu);
   std::string note;
   const Backend b = resolve_backend(backend, &note);
   if (const std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
-  if (backend == "auto") std::fprintf(stderr, "baton worker: %s\n", note.c_str());
+  if (backend == "auto" && net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton worker: %s\n", note.c_str());
   opt.backend = b;
   if (!mem_limit.empty()) opt.mem_limit = parse_size(mem_limit);
   if (opt.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");

@@ -204,17 +204,18 @@ void parse_common(const json& body, ApiRequest& r, const ModelInfo& model) {
   SamplerParams& s = r.gen.sampling;
   // OpenAI's defaults: temperature 1 and top_p 1; top_k and min_p (not in
   // OpenAI's API, accepted as extensions) are off unless given.
-  s.temperature = float(number_param(body, "temperature", 1.0, 0.0, 2.0));
-  s.top_p = float(number_param(body, "top_p", 1.0, 0.0, 1.0));
-  s.top_k = int(int_param(body, "top_k", 0, 0, std::numeric_limits<int32_t>::max()));
-  s.min_p = float(number_param(body, "min_p", 0.0, 0.0, 1.0));
+  // The ranges are engine/sampler.h's, which `baton run` checks its flags against.
+  auto number = [&](const SamplingRange& r, double def) { return number_param(body, r.field, def, r.lo, r.hi); };
+  s.temperature = float(number(kTemperatureRange, 1.0));
+  s.top_p = float(number(kTopPRange, 1.0));
+  s.top_k = int(int_param(body, kTopKRange.field, 0, int64_t(kTopKRange.lo), int64_t(kTopKRange.hi)));
+  s.min_p = float(number(kMinPRange, 0.0));
   if (const json* v = field(body, "seed")) {
     if (!is_integral(*v)) throw wrong_type("seed", "an integer", *v);
     s.seed = v->is_number_unsigned() ? v->get<uint64_t>()
                                      : uint64_t(v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>());
   } else {
-    std::random_device rd;
-    s.seed = (uint64_t(rd()) << 32) ^ rd();
+    s.seed = random_seed();
   }
 
   if (const json* v = field(body, "stop")) {

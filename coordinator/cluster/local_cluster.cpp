@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "net/auth.h"
+#include "net/log.h"
 
 namespace baton {
 
@@ -133,7 +134,10 @@ void LocalCluster::spawn(size_t i) {
                                    "--step-delay-ms",
                                    std::to_string(opt_.step_delay_ms),
                                    "--backend",
-                                   opt_.backend};
+                                   opt_.backend,
+                                   // the coordinator's log level (run -v, serve --log-level)
+                                   "--log-level",
+                                   std::string(net::level_name(net::log_level()))};
   if (!opt_.gpus.empty()) {
     args.push_back("--gpu");
     args.push_back(std::to_string(opt_.gpus[i % opt_.gpus.size()]));
@@ -195,7 +199,9 @@ void LocalCluster::spawn(size_t i) {
     raw->thread = std::thread([this, fd, raw] { relay(fd, raw); });
     relays_.push_back(std::move(r));
   }
-  std::fprintf(stderr, "baton: started %s (pid %d)\n", worker_name(int(i)).c_str(), int(pid));
+  if (net::log_enabled(net::LogLevel::info)) {
+    std::fprintf(stderr, "baton: started %s (pid %d)\n", worker_name(int(i)).c_str(), int(pid));
+  }
 }
 
 void LocalCluster::relay(int fd, Relay* r) {

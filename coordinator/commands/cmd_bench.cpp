@@ -74,7 +74,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 std::optional<BenchOptions> parse(int argc, char** argv) {
   BenchOptions o;
-  std::string backend = "cuda", mem_limit;
+  std::string backend = "auto", mem_limit;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description desc(
       "usage: baton bench [-m] MODEL [options]\n\n"
@@ -91,7 +91,8 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   desc.add_options()
       ("help,h", "print this help and exit")
       ("model,m", po::value<std::string>(&o.model), "GGUF model file (required)")
-      ("backend", po::value<std::string>(&backend)->default_value("cuda"), "cuda or cpu")
+      ("backend", po::value<std::string>(&backend)->default_value("auto"),
+       "auto (the GPU when one is usable, else the CPU; the plan line says which), cuda, or cpu")
       ("ctx-start", po::value<int64_t>(&o.ctx_start)->default_value(512), "first context depth (prompt tokens)")
       ("ctx-max", po::value<int64_t>(&o.ctx_max)->default_value(4096), "last context depth")
       ("step-mul", po::value<int64_t>(&o.step_mul)->default_value(2), "factor between depths (>= 2)")
@@ -119,9 +120,9 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   positional.add("model", 1);  // -m MODEL, or the model first
   if (!parse_command_line(argc, argv, {.options = desc, .positional = &positional})) return std::nullopt;
   if (o.model.empty()) throw std::invalid_argument("-m MODEL is required");
-  auto b = backend_from_name(backend);
-  if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");
-  o.backend = *b;
+  std::string note;
+  o.backend = resolve_backend(backend, &note);
+  if (backend == "auto") std::fprintf(stderr, "baton bench: %s\n", note.c_str());
   if (o.ctx_start < 1 || o.ctx_max < o.ctx_start) throw std::invalid_argument("need 1 <= --ctx-start <= --ctx-max");
   if (o.step_mul < 2) throw std::invalid_argument("--step-mul must be >= 2");
   if (o.gen_tokens < 1) throw std::invalid_argument("--gen-tokens must be >= 1");

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -85,7 +86,7 @@ constexpr const char* kUsage =
     "The server queues what its slots cannot hold: give it --parallel (and --queue)\n"
     "of at least the largest concurrency, or requests wait (or get 429, counted as\n"
     "errors). --host and --port are the benchmark's to choose. With --api-key-file\n"
-    "among SERVE-ARGS the clients send that key.\n\n"
+    "or --api-key among SERVE-ARGS, or $BATON_API_KEY, the clients send that key.\n\n"
     "Example:\n"
     "  baton bench --serve --concurrency 1,4,16,64 -- -m model.gguf --parallel 64\n\n";
 
@@ -178,7 +179,14 @@ std::optional<Options> parse(int argc, char** argv) {
   if (o.requests_per_client < 1) throw std::invalid_argument("--requests-per-client must be at least 1");
   if (!(o.duration_s >= 0)) throw std::invalid_argument("--duration must be >= 0");
   if (!(o.level_timeout_s > 0) || !(o.load_timeout_s > 0)) throw std::invalid_argument("timeouts must be > 0");
-  if (auto key_file = serve_option(o.serve_args, "--api-key-file")) o.api_key = read_key(*key_file);
+  // The key the server will want, found where it looks for one.
+  if (auto key_file = serve_option(o.serve_args, "--api-key-file")) {
+    o.api_key = read_key(*key_file);
+  } else if (auto key = serve_option(o.serve_args, "--api-key")) {
+    o.api_key = *key;
+  } else if (const char* env = std::getenv("BATON_API_KEY"); env && *env) {
+    o.api_key = env;
+  }
   return o;
 }
 

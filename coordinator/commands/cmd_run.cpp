@@ -37,6 +37,8 @@
 #include "engine/stage.h"
 #include "engine/synth.h"
 #include "engine/tokenizer.h"
+#include "net/log.h"
+#include "net/log_options.h"
 
 namespace baton {
 
@@ -58,7 +60,10 @@ struct RunOptions {
   int n_threads = 1;
   int64_t batch = 64;
   bool json = false;
+  bool ignore_eos = false;   // --ignore-eos: generate past end-of-generation tokens (benchmarks)
+  bool seed_given = false;   // else a sampled run picks a random seed and reports it
   Backend backend = Backend::Cpu;
+  std::string backend_note;  // with --backend auto: which one, and why
   uint64_t staging_mb = 64;
   bool progress = false;
   int workers = 0;  // > 0: run through a local cluster of this many worker processes
@@ -117,6 +122,30 @@ GgufFile open_synthetic() {
   }
 }
 
+// Errors about the model file name it in front ("PATH: why"), as inspect's do.
+template <typename F>
+auto about_file(const std::string& path, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const CommandError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (std::string_view(e.what()).rfind(path, 0) == 0) throw;
+    throw std::runtime_error(path + ": " + e.what());
+  }
+}
+
+// A part written by `baton split` holds only some layers: loading it alone
+// would fail on the first tensor it lacks, so say what to run instead.
+void refuse_split_part(const GgufFile& f, const std::string& path) {
+  const std::optional<PartInfo> part = about_file(path, [&] { return read_part_info(f); });
+  if (!part || part->count <= 1) return;
+  throw std::runtime_error(path + ": this is a split part (" + std::to_string(part->index + 1) + " of " +
+                           std::to_string(part->count) + ", layers " + std::to_string(part->range.first) + ".." +
+                           std::to_string(part->range.last) + "): use --parts with all " +
+                           std::to_string(part->count) + " parts, or the model it was split from");
+}
+
 const std::string kUsage =
     "usage: baton run [[-m] MODEL] [-p PROMPT] [-n N] [options]\n\n"
     "Generates text from a prompt with the whole model on this machine. Prints the\n"
@@ -129,7 +158,8 @@ const std::string kUsage =
 // Parses argv; returns nullopt when --help was printed.
 std::optional<RunOptions> parse(int argc, char** argv) {
   RunOptions r;
-  std::string backend = "cpu", mem_limit;
+  std::string backend = "auto", mem_limit;
+  net::LogOptions log;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description desc("options");
   // clang-format off
@@ -139,11 +169,14 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("prompt,p", po::value<std::string>(&r.prompt)->default_value(kDefaultPrompt),
        "the prompt text (BOS is added when the vocabulary asks for it)")
       ("n-predict,n", po::value<int>(&r.n_predict)->default_value(kDefaultTokens),
-       "tokens to generate at most")
+       "tokens to generate at most; -1 = until the context is full")
+      ("ignore-eos", po::bool_switch(&r.ignore_eos),
+       "keep generating past end-of-generation tokens (benchmarks: always -n tokens)")
       ("temp", po::value<float>(&r.sampling.temperature)->default_value(0.8f, "0.8"),
-       "sampling temperature; 0 = greedy (always the most likely token)")
-      ("seed", po::value<uint64_t>(&r.sampling.seed)->default_value(0),
-       "random seed: the same seed gives the same text on every machine")
+       "sampling temperature, 0..2; 0 = greedy (always the most likely token)")
+      ("seed", po::value<uint64_t>(&r.sampling.seed),
+       "random seed: the same seed gives the same text on every machine (default: a random one, "
+       "printed with the stats)")
       ("top-k", po::value<int>(&r.sampling.top_k)->default_value(40),
        "sample among the K most likely tokens; 0 = all")
       ("top-p", po::value<float>(&r.sampling.top_p)->default_value(0.95f, "0.95"),
@@ -151,13 +184,15 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("min-p", po::value<float>(&r.sampling.min_p)->default_value(0.05f, "0.05"),
        "then drop tokens less likely than P times the best one; 0 = none")
       ("ctx", po::value<int64_t>(&r.n_ctx)->default_value(0),
-       "context length in tokens (KV cache size); 0 = the model's, at most 4096")
+       "context length in tokens (KV cache size); 0 = the model's, at most 4096; beyond the model's "
+       "trained context a warning")
       ("threads,t", po::value<int>(&r.n_threads)->default_value(hw),
        "CPU threads for the forward pass (default: all cores)")
       ("batch,b", po::value<int64_t>(&r.batch)->default_value(64),
        "prompt tokens per forward pass during prefill")
-      ("backend", po::value<std::string>(&backend)->default_value("cpu"),
-       "cpu, or cuda (the first GPU; refused when the build has no CUDA or no GPU is present)")
+      ("backend", po::value<std::string>(&backend)->default_value("auto"),
+       "auto (the GPU when one is usable, else the CPU; -v logs which), cpu, or cuda (the first GPU; "
+       "refused with exit status 2 when the build has no CUDA or no GPU is present)")
       ("staging-mb", po::value<uint64_t>(&r.staging_mb)->default_value(64),
        "MiB of each of the loader's 4 staging buffers (pinned host memory with --backend cuda)")
       ("progress", po::bool_switch(&r.progress),
@@ -190,17 +225,21 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
        "memory plan");
   // clang-format on
+  net::add_log_options(desc, log, "warn: warnings, then one line of figures");
   // The model may also come first, as llama.cpp's tools take it.
   po::positional_options_description positional;
   positional.add("model", 1);
   const auto parsed = parse_command_line(argc, argv, {.options = desc, .help_head = kUsage, .positional = &positional});
   if (!parsed) return std::nullopt;
   const po::variables_map& vm = *parsed;
-  if (r.n_predict < 0) throw std::invalid_argument("-n must be >= 0");
+  net::apply_log_options(log, net::LogLevel::warn);
+  if (r.n_predict < -1) throw std::invalid_argument("-n must be >= 0, or -1 for until the context is full");
+  check_sampling_flags(r.sampling);
+  r.seed_given = vm.count("seed") > 0;
+  if (!r.seed_given) r.sampling.seed = random_seed();
   if (r.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
   if (r.batch < 1) throw std::invalid_argument("--batch must be >= 1");
   if (r.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
-  if (r.sampling.temperature < 0) throw std::invalid_argument("--temp must be >= 0");
   if (r.workers < 0) throw std::invalid_argument("--workers must be >= 0");
   if (!r.config.empty()) {
     const ClusterConfig c = load_cluster_config(r.config);
@@ -236,9 +275,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
   if (r.threads_per_worker < 0) throw std::invalid_argument("--threads-per-worker must be >= 0");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
-  auto b = backend_from_name(backend);
-  if (!b) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend + "'");
-  r.backend = *b;
+  r.backend = resolve_backend(backend, &r.backend_note);
   return r;
 }
 
@@ -265,8 +302,9 @@ Generated generate(const RunOptions& opt, const Tokenizer& tok, int32_t first,
   Generated g;
   const auto t0 = std::chrono::steady_clock::now();
   int32_t id = first;
-  while (int(g.tokens.size()) < opt.n_predict) {
-    if (tok.is_eog(id)) {
+  const auto wanted = [&] { return opt.n_predict < 0 || int(g.tokens.size()) < opt.n_predict; };
+  while (wanted()) {
+    if (tok.is_eog(id) && !opt.ignore_eos) {
       g.stop = "end of generation";
       break;
     }
@@ -277,7 +315,7 @@ Generated generate(const RunOptions& opt, const Tokenizer& tok, int32_t first,
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
-    if (int(g.tokens.size()) == opt.n_predict) break;
+    if (!wanted()) break;
     if (context_full()) {
       g.stop = "context full";
       break;
@@ -335,6 +373,7 @@ void report_run(const RunOptions& opt, const RunResult& r, const std::function<v
         {"n_ctx", r.n_ctx},
         {"prefill_tokens_per_s", prefill_tps},
         {"decode_tokens_per_s", decode_tps},
+        {"seed", opt.sampling.seed},
     };
     add_json(j);
     // Generated bytes need not be valid UTF-8 (a multi-byte character can be
@@ -345,8 +384,12 @@ void report_run(const RunOptions& opt, const RunResult& r, const std::function<v
     // streams go to one pipe (stdout is buffered there).
     std::fputs("\n", stdout);
     std::fflush(stdout);
-    std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s%s]\n", r.prompt.size(),
-                 prefill_tps, gen.tokens.size(), decode_tps, gen.stop.c_str(), rates_tail.c_str());
+    // A sampled run names its seed, so that --seed repeats it.
+    const std::string seed =
+        opt.sampling.temperature > 0 ? "; seed " + std::to_string(opt.sampling.seed) : std::string();
+    std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s; %zu generated, %.1f tok/s; stop: %s%s%s]\n",
+                 r.prompt.size(), prefill_tps, gen.tokens.size(), decode_tps, gen.stop.c_str(), rates_tail.c_str(),
+                 seed.c_str());
   }
 }
 
@@ -360,8 +403,11 @@ int run_distributed(const RunOptions& opt) {
   std::string model_path = opt.model.empty() ? default_model() : opt.model;
   if (model_path.empty()) throw std::invalid_argument("--workers needs a model file (-m or $BATON_MODEL)");
   model_path = fs::absolute(model_path).string();
-  GgufFile file = GgufFile::open(model_path);
-  auto arch = Arch::from_gguf(file);
+  GgufFile file = about_file(model_path, [&] { return GgufFile::open(model_path); });
+  if (opt.parts.empty()) refuse_split_part(file, model_path);
+  auto arch = about_file(model_path, [&] { return Arch::from_gguf(file); });
+  if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: workers: %s\n", opt.backend_note.c_str());
+  warn_beyond_trained_context("baton run", arch->dims(), opt.n_ctx);
   StageConfig sc;
   sc.n_ctx = opt.n_ctx;
   sc.max_batch = opt.batch;
@@ -472,22 +518,25 @@ int run_distributed(const RunOptions& opt) {
 int run(const RunOptions& opt) {
   if (opt.workers > 0) return run_distributed(opt);
   std::string model_path = opt.model.empty() ? default_model() : opt.model;
-  GgufFile file = model_path.empty() ? open_synthetic() : GgufFile::open(model_path);
+  if (std::string why = backend_unavailable(opt.backend); !why.empty()) throw CommandError(why, kExitRefused);
+  GgufFile file = model_path.empty() ? open_synthetic() : about_file(model_path, [&] { return GgufFile::open(model_path); });
   if (model_path.empty()) model_path = "(built-in synthetic model)";
+  refuse_split_part(file, model_path);
   StageConfig sc;
   sc.n_ctx = opt.n_ctx;
   sc.n_threads = opt.n_threads;
   sc.max_batch = opt.batch;
-  if (std::string why = backend_unavailable(opt.backend); !why.empty()) throw CommandError(why, kExitRefused);
   LoadOptions load;
   load.slot_bytes = opt.staging_mb << 20;
   // The dry-run plan checks the architecture and every tensor before the
   // tokenizer is built or anything is allocated, so those errors come first.
-  const MemoryPlan dry = plan_stage_runner(opt.backend, file, sc, load);
+  const MemoryPlan dry = about_file(model_path, [&] { return plan_stage_runner(opt.backend, file, sc, load); });
   if (std::string why = memory_limit_problem(opt.backend, dry, opt.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
   }
-  auto tokenizer = Tokenizer::from_gguf(file);
+  auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
+  if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
+  warn_beyond_trained_context("baton run", Arch::from_gguf(file)->dims(), opt.n_ctx);
   const bool show_load = opt.progress || dry.bytes(PlanLine::Weights) >= kProgressMinBytes;
   if (show_load) load.progress = stderr_load_progress(model_path);
   std::unique_ptr<StageRunner> runner = make_stage_runner(opt.backend, file, sc, load);
@@ -521,7 +570,7 @@ int run(const RunOptions& opt) {
   for (size_t i = 0; i < n_top; ++i) top.push_back({order[i], logits[size_t(order[i])]});
 
   Sampler sampler(opt.sampling, int32_t(stage.n_vocab()));
-  const int32_t first = opt.n_predict > 0 ? sampler.sample(logits) : -1;
+  const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;
   const Generated gen = generate(
       opt, *tokenizer, first, [&] { return stage.position(0) >= stage.n_ctx(); },
       [&](int32_t in) {

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -41,6 +42,7 @@
 #include "engine/gguf.h"
 #include "net/auth.h"
 #include "net/log.h"
+#include "net/log_options.h"
 #include "net/address.h"
 
 namespace baton {
@@ -64,12 +66,14 @@ struct ServeOptions {
   std::string backend = "auto";  // in process, or the local workers'
   std::vector<int> gpus;         // local workers' GPUs
   std::string api_key_file;
+  std::string api_key;  // --api-key, else $BATON_API_KEY
   std::string model_id;
   std::string chat_template_file;  // --chat-template: replaces the model's template
   LocalEngineConfig engine;
   HttpServerConfig http;
   double request_timeout_s = 10, idle_timeout_s = 60, write_timeout_s = 30;
   bool quiet = false;
+  net::LogOptions log;
 };
 
 constexpr const char* kUsage =
@@ -94,8 +98,9 @@ constexpr const char* kUsage =
     "(with the real port when --port 0), then \"baton serve: ready ...\" when the\n"
     "model is loaded. Logs and one line per request go to stderr. SIGINT or SIGTERM\n"
     "stops the server: generations in flight end, connections close.\n\n"
-    "With --api-key-file, every /v1/ request needs 'Authorization: Bearer KEY' (the\n"
-    "file's first line); /health and /metrics stay open for probes and scrapers.\n\n"
+    "With --api-key-file, --api-key or $BATON_API_KEY, every /v1/ request needs\n"
+    "'Authorization: Bearer KEY' (for a file, its first line); /health and /metrics\n"
+    "stay open for probes and scrapers.\n\n"
     "With --workers K the model runs as a pipeline of K worker processes on this\n"
     "machine (loopback TCP, a generated secret): each loads only its layers, and\n"
     "--parallel sequences are in flight at once so that the stages overlap. A worker\n"
@@ -135,11 +140,14 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("port", po::value<int>(&port)->default_value(8080), "TCP port; 0 = any free port (printed on stdout)")
       ("api-key-file", po::value<std::string>(&r.api_key_file),
        "file whose first line is the API key clients must send as a Bearer token")
+      ("api-key", po::value<std::string>(&r.api_key),
+       "the API key itself (other users of this machine can read it in the process list: prefer "
+       "--api-key-file or $BATON_API_KEY)")
       ("chat-template", po::value<std::string>(&r.chat_template_file),
        "Jinja chat template file rendering chat prompts instead of the model's own "
        "(tokenizer.chat_template); refused at start when it uses what Baton's Jinja engine lacks")
       ("model-id", po::value<std::string>(&r.model_id),
-       "the name clients pass as \"model\" (default: the file name without .gguf)")
+       "the name /v1/models reports and clients pass as \"model\" (default: the file name without .gguf)")
       ("ctx", po::value<int64_t>(&r.engine.stage.n_ctx)->default_value(0),
        "context per sequence in tokens (prompt + completion); 0 = the model's, at most 4096")
       ("parallel", po::value<int>(&r.engine.stage.n_seq)->default_value(4),
@@ -166,6 +174,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "seconds a client may take to accept each write before it is dropped")
       ("quiet,q", po::bool_switch(&r.quiet), "no per-request log lines");
   // clang-format on
+  net::add_log_options(desc, r.log, "info");
   // The model may also come first, as llama.cpp's tools take it.
   po::positional_options_description positional;
   positional.add("model", 1);
@@ -173,6 +182,15 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   if (!parsed) return std::nullopt;
   const po::variables_map& vm = *parsed;
   r.engine.prefix_cache = !vm["no-prefix-cache"].as<bool>();
+  net::apply_log_options(r.log, net::LogLevel::info);
+  if (!net::log_enabled(net::LogLevel::info)) r.quiet = true;  // the request lines are info lines
+  if (vm.count("api-key") && vm.count("api-key-file")) {
+    throw std::invalid_argument("give --api-key or --api-key-file, not both");
+  }
+  if (vm.count("api-key") && r.api_key.empty()) throw std::invalid_argument("--api-key must not be empty");
+  if (!vm.count("api-key") && !vm.count("api-key-file")) {
+    if (const char* env = std::getenv("BATON_API_KEY"); env && *env) r.api_key = env;
+  }
   if (vm.count("parts")) {
     std::stringstream list(vm["parts"].as<std::string>());
     for (std::string item; std::getline(list, item, ',');) {
@@ -288,7 +306,7 @@ const char* error_type(int status) {
 }
 
 int serve(const ServeOptions& opt) {
-  std::string api_key;
+  std::string api_key = opt.api_key;
   if (!opt.api_key_file.empty()) api_key = read_api_key(opt.api_key_file);
   std::shared_ptr<const JinjaTemplate> chat_template;
   if (!opt.chat_template_file.empty()) chat_template = load_chat_template_file(opt.chat_template_file);

@@ -22,11 +22,14 @@ std::function<void(const LoadProgress&)> stderr_load_progress(std::string what) 
     const auto now = Clock::now();
     if (p.done < p.total && now - *last < std::chrono::milliseconds(500)) return;
     *last = now;
-    std::fprintf(stderr, "\rloading %s: %s   ", what.c_str(), format_progress(p).c_str());
-    if (p.done == p.total) std::fputc('\n', stderr);
-    set_progress_line_open(p.done != p.total);
-    std::fflush(stderr);
+    print_progress_line("loading " + what + ": " + format_progress(p), p.done == p.total);
   };
+}
+
+void warn_beyond_trained_context(const char* command, const ModelDims& dims, int64_t n_ctx) {
+  if (dims.n_ctx_train <= 0 || n_ctx <= dims.n_ctx_train) return;
+  std::fprintf(stderr, "%s: warning: --ctx %lld is beyond the model's trained context of %lld tokens; text past it may degrade\n",
+               command, (long long)n_ctx, (long long)dims.n_ctx_train);
 }
 
 std::string load_summary(const StageRunner& r) {

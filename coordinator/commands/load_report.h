@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "engine/arch.h"
 #include "engine/backend.h"
 #include "engine/loader.h"
 
@@ -19,5 +20,10 @@ std::function<void(const LoadProgress&)> stderr_load_progress(std::string what);
 // "loaded X GiB in T s (R GB/s, O_DIRECT); host RSS peak +P MiB over B MiB
 // (ring N MiB); device: plan X GiB, cudaMemGetInfo Y GiB".
 std::string load_summary(const StageRunner& r);
+
+// One warning line on stderr when --ctx asks for more positions than the
+// model was trained on: it runs (the KV cache holds them), but text past the
+// trained length degrades, so it is said rather than refused.
+void warn_beyond_trained_context(const char* command, const ModelDims& dims, int64_t n_ctx);
 
 }  // namespace baton
