@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <cmath>
+#include <limits>
 
 namespace baton {
 
@@ -161,7 +162,8 @@ void validate_request(GenerationRequest& request, const ModelInfo& info) {
 
 std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
                                          float logprob, const std::vector<std::pair<int32_t, float>>& top,
-                                         bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev) {
+                                         bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev,
+                                         GrammarMatcher* grammar) {
   if ((!req.ignore_eos && tok.is_eog(id)) || std::binary_search(req.stop_tokens.begin(), req.stop_tokens.end(), id)) {
     return FinishReason::stop;
   }
@@ -178,8 +180,35 @@ std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tok
   }
   ev.text = text.push(g.piece);
   if (text.stopped()) return FinishReason::stop;
+  // The mask let only accepted tokens through, so advance cannot fail here.
+  if (grammar && grammar->advance(g.piece) && grammar->finished()) return FinishReason::stop;
   if (usage.completion_tokens >= req.max_tokens || context_full) return FinishReason::length;
   return std::nullopt;
+}
+
+bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
+                            std::vector<uint64_t>& bits) {
+  grammar.fill_mask(*info.vocab_trie, bits);
+  if (grammar.accepting()) {
+    auto allow = [&](int32_t t) {
+      if (t >= 0 && t < info.n_vocab) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+    };
+    if (!req.ignore_eos) {
+      for (int32_t t : info.eog_tokens) allow(t);
+    }
+    for (int32_t t : req.stop_tokens) allow(t);
+  }
+  for (uint64_t w : bits) {
+    if (w) return true;
+  }
+  return false;
+}
+
+void mask_logits(const std::vector<uint64_t>& bits, std::span<float> logits) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (size_t t = 0; t < logits.size(); ++t) {
+    if (!((bits[t >> 6] >> (t & 63)) & 1)) logits[t] = ninf;
+  }
 }
 
 ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const std::string& id, int64_t n_ctx) {
@@ -202,6 +231,10 @@ ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const
   for (int32_t t = 0; t < tok->n_vocab(); ++t) {
     info.max_token_bytes = std::max<int64_t>(info.max_token_bytes, int64_t(tok->token_to_piece(t).size()));
   }
+  for (int32_t t = 0; t < tok->n_vocab(); ++t) {
+    if (tok->is_eog(t)) info.eog_tokens.push_back(t);
+  }
+  info.vocab_trie = std::make_shared<const VocabTrie>(*tok);
   info.tokenizer = std::move(tok);
   info.n_ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(arch->dims().n_ctx_train, StageConfig::kDefaultMaxCtx);
   if (arch->dims().n_vocab != info.n_vocab) {

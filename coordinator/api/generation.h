@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "engine/chat_template.h"
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 
 namespace baton {
@@ -63,6 +65,10 @@ struct GenerationRequest {
   // otherwise left out): the chat markup a model writes with them, such as
   // Mistral's [TOOL_CALLS], which the chat APIs parse (chat_output_format.h).
   std::vector<int32_t> show_tokens;
+  // Structured output (docs/GRAMMAR.md): only tokens whose bytes the grammar
+  // accepts are sampled, end-of-generation tokens only once the text is
+  // complete, and the request ends (stop) as soon as nothing can follow.
+  std::shared_ptr<const Grammar> grammar;
   std::string id;  // the API's request id, for log lines
 };
 
@@ -133,6 +139,9 @@ struct ModelInfo {
   std::string chat_template_refused;
   std::vector<int32_t> chat_stop_tokens;  // the family's end-of-turn ids (EOS included)
   std::vector<std::string> chat_stop_strings;  // Plain family: text that ends a turn
+  // The vocabulary as a byte trie, for grammar masks; the end-of-generation ids.
+  std::shared_ptr<const VocabTrie> vocab_trie;
+  std::vector<int32_t> eog_tokens;
 };
 
 // The state of one stage of the route (one entry for a local engine). The
@@ -222,15 +231,26 @@ ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const
 // (accept_token searches them).
 void validate_request(GenerationRequest& request, const ModelInfo& info);
 
+// The tokens a request with a grammar may sample next, as n_vocab bits (64
+// per word): those the grammar accepts, plus the end-of-generation and stop
+// tokens once the text is complete. False when none is allowed.
+bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
+                            std::vector<uint64_t>& bits);
+// Sets the logits of tokens outside `bits` to -infinity.
+void mask_logits(const std::vector<uint64_t>& bits, std::span<float> logits);
+
 // Records one sampled token of a request: an end-of-generation token (unless
 // the request ignores them) or a stop token ends it (not returned); otherwise the token
 // (a control token's piece is empty unless show_tokens names it), its logprobs when asked
 // (`logprob` and `top`, most likely first) and the text it releases go into
 // `ev`. Returns the finish reason when this token ends the request: a stop
-// string, max_tokens, or `context_full` (no room for another token).
+// string, max_tokens, or `context_full` (no room for another token); with a
+// grammar (the request's), the token's bytes advance it and a complete text
+// ends the request (stop).
 std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
                                          float logprob, const std::vector<std::pair<int32_t, float>>& top,
-                                         bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev);
+                                         bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev,
+                                         GrammarMatcher* grammar = nullptr);
 
 // Makes `ev` a request's final event: held-back text released at a normal end
 // (none after a stop string), none for a cancelled or failed request; the

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -30,6 +31,7 @@ struct LocalEngine::Sequence {
   bool ended = false;    // the final event was sent
   bool kv_lost = false;  // a forward failed: the slot's KV is not what it ran
   std::optional<Sampler> sampler;
+  std::optional<GrammarMatcher> grammar;
   TextAssembler text;
   Usage usage;
 
@@ -183,16 +185,23 @@ namespace {
 
 // Greedy without bias or logprobs: the stage's own argmax is the sample.
 bool greedy_only(const GenerationRequest& r) {
-  return r.sampling.temperature <= 0 && r.logit_bias.empty() && r.top_logprobs < 0;
+  return r.sampling.temperature <= 0 && r.logit_bias.empty() && r.top_logprobs < 0 && !r.grammar;
 }
 
 }  // namespace
 
 void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t greedy_id) {
   std::span<const float> dist = logits;
-  if (!logits.empty() && !s.req.logit_bias.empty()) {
+  if (!logits.empty() && (!s.req.logit_bias.empty() || s.grammar)) {
     biased_.assign(logits.begin(), logits.end());
     for (const auto& [id, bias] : s.req.logit_bias) biased_[size_t(id)] += bias;
+    if (s.grammar) {
+      if (!grammar_allowed_tokens(*s.grammar, s.req, info_, allowed_)) {
+        finish(s, FinishReason::error, {}, "the grammar admits no token of the vocabulary here");
+        return;
+      }
+      mask_logits(allowed_, biased_);
+    }
     dist = biased_;
   }
   const int32_t id = logits.empty() ? greedy_id : s.sampler->sample(dist);
@@ -202,11 +211,14 @@ void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t gre
   if (s.req.top_logprobs >= 0 && !logits.empty()) {
     std::vector<TokenLogprobEntry> entries;
     logprob = token_logprobs(dist, id, s.req.top_logprobs, &entries);
-    for (const auto& e : entries) top.emplace_back(e.id, e.logprob);
+    for (const auto& e : entries) {
+      if (std::isfinite(e.logprob)) top.emplace_back(e.id, e.logprob);  // a grammar's masked tokens are not alternatives
+    }
   }
   GenerationEvent ev;
   const bool context_full = stage_->position(s.slot) >= stage_->n_ctx();
-  if (auto reason = accept_token(s.req, *info_.tokenizer, id, logprob, top, context_full, s.text, s.usage, ev)) {
+  if (auto reason = accept_token(s.req, *info_.tokenizer, id, logprob, top, context_full, s.text, s.usage, ev,
+                                 s.grammar ? &*s.grammar : nullptr)) {
     finish(s, *reason, std::move(ev));
   } else {
     s.next_input = id;
@@ -341,6 +353,7 @@ void LocalEngine::scheduler() {
         }, [&](Sequence& seq) {
           seq.usage.queue_s = seconds_between(seq.submitted, Clock::now());
           seq.sampler.emplace(seq.req.sampling, int32_t(info_.n_vocab));
+          if (seq.req.grammar) seq.grammar.emplace(seq.req.grammar);
           seq.admitted = ++admitted_;
           ++active_;
         });

@@ -114,6 +114,7 @@ class LocalEngine final : public GenerationService {
   std::vector<std::unique_ptr<Sequence>> slots_;  // scheduler thread only
   PrefixCache cache_;                             // scheduler thread only
   std::vector<float> biased_;                     // scheduler thread only: logits + logit_bias
+  std::vector<uint64_t> allowed_;                 // scheduler thread only: a grammar's token mask
   uint64_t steps_ = 0, admitted_ = 0;             // scheduler thread only
   std::thread thread_;
 };
