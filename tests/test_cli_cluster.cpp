@@ -302,6 +302,8 @@ TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = \"two\"\n", "cluster.workers must be an integer");
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 2\nlocal = false\n", "secret_file");
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 0\n", "1..64");
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n[serving]\nprefix_cache = 1\n",
+          "serving.prefix_cache must be true or false");
   refused("[cluster]\nworkers = 2\n", "[model] needs path");
   refused("[model\npath = 1\n", "line 1");
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n[[node]]\nmemory = \"12 parsecs\"\n",
@@ -314,6 +316,10 @@ TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
   EXPECT_EQ(c.parts.at(1), "/abs/b.gguf");
   EXPECT_EQ(c.model, c.parts.at(0));
   EXPECT_EQ(c.ctx, 512);
+  EXPECT_TRUE(c.prefix_cache);
+  EXPECT_FALSE(
+      load_cluster_config(write("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n[serving]\nprefix_cache = false\n"))
+          .prefix_cache);
   ASSERT_EQ(c.nodes.size(), 1u);
   EXPECT_EQ(c.nodes[0].memory_bytes, 128000000000ull);
   EXPECT_TRUE(c.nodes[0].unified);

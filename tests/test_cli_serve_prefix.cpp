@@ -108,5 +108,23 @@ TEST(ServePrefixCache, Deepseek4OnTwoWorkers) {
   expect_prefix_cache(deepseek4_tiny(dir), false, {"--workers", "2"});
 }
 
+// Two slots on two workers: a prompt that matches neither slot takes the
+// least recently used one, and its kept prefix is gone; the other slot's
+// survives.
+TEST(ServePrefixCache, EvictsTheLeastRecentlyUsedSlotOnTwoWorkers) {
+  ServeProcess server({"-m", stories(), "--model-id", "m", "--parallel", "2", "--workers", "2", "--quiet"});
+  const int port = server.port();
+  const std::vector<int32_t> a = {1, 103, 107, 61, 78, 114};
+  const std::vector<int32_t> b = {1, 78, 61, 103, 107, 107};
+  const std::vector<int32_t> c = {1, 114, 114, 61, 103, 78};
+  EXPECT_EQ(complete(port, a, 4).cached_tokens, 0);
+  EXPECT_EQ(complete(port, b, 4).cached_tokens, 0);  // the empty slot, not a's
+  EXPECT_EQ(complete(port, concat(a, {61}), 4).cached_tokens, int64_t(a.size()));  // b's is the LRU now
+  EXPECT_EQ(complete(port, c, 4).cached_tokens, 0);                               // evicts b's
+  EXPECT_EQ(complete(port, concat(b, {61}), 4).cached_tokens, 0);                 // evicts a's
+  EXPECT_EQ(complete(port, concat(c, {61}), 4).cached_tokens, int64_t(c.size()));
+  EXPECT_EQ(metric(port, "baton_prompt_tokens_cached_total"), double(a.size() + c.size()));
+}
+
 }  // namespace
 }  // namespace baton

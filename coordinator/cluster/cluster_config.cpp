@@ -37,7 +37,8 @@ T get(const std::string& file, const toml::table& t, const std::string& where, c
   const toml::node* n = t.get(key);
   if (!n) return def;
   if constexpr (std::is_same_v<T, bool>) {
-    if (auto v = n->value<bool>()) return *v;
+    // as_boolean, not value<bool>: toml++ converts an integer to a bool.
+    if (const toml::value<bool>* v = n->as_boolean()) return v->get();
     fail(file, where + "." + key + " must be true or false");
   } else if constexpr (std::is_integral_v<T>) {
     if (auto v = n->value<int64_t>()) return T(*v);
@@ -114,10 +115,11 @@ ClusterConfig load_cluster_config(const std::string& path) {
   }
 
   if (const toml::table* t = root["serving"].as_table()) {
-    only_keys(path, *t, "[serving]", {"ctx", "parallel", "batch"});
+    only_keys(path, *t, "[serving]", {"ctx", "parallel", "batch", "prefix_cache"});
     c.ctx = get<int64_t>(path, *t, "serving", "ctx", 0);
     c.parallel = get<int>(path, *t, "serving", "parallel", 0);
     c.batch = get<int64_t>(path, *t, "serving", "batch", 0);
+    c.prefix_cache = get<bool>(path, *t, "serving", "prefix_cache", true);
     if (c.ctx < 0 || c.parallel < 0 || c.batch < 0) fail(path, "serving values must be >= 0");
   }
 

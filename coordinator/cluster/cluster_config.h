@@ -27,6 +27,7 @@ struct ClusterConfig {
   int64_t ctx = 0;                     // 0: the model's, at most 4096
   int parallel = 0;                    // 0: the command's default
   int64_t batch = 0;                   // prompt tokens per step; 0: default
+  bool prefix_cache = true;            // false: as serve --no-prefix-cache
   int threads_per_worker = 0;          // local workers; 0: cores / workers
   std::string link = "auto";           // stage links: auto, tcp or nccl (net/link_choice.h)
   std::vector<NodeSpec> nodes;      // [[node]]: for `baton plan`, and the reader

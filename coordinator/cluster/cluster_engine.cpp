@@ -29,7 +29,8 @@ struct ClusterEngine::Sequence {
   EventSink sink;
   Clock::time_point submitted;
   int slot = -1;
-  size_t prompt_sent = 0;    // prompt tokens sent
+  size_t prompt_sent = 0;    // prompt tokens sent or reused from the slot's KV
+  int64_t prompt_run = 0;    // prompt tokens sent (those the stages compute)
   int32_t next_input = -1;   // the last sampled token, fed at the next step
   uint64_t in_flight = 0;    // request id of the micro-batch whose RESULT it awaits
   Clock::time_point sent;    // when that micro-batch was sent
@@ -311,6 +312,7 @@ void ClusterEngine::send_batches() {
         const auto at = s.req.prompt.begin() + std::ptrdiff_t(s.prompt_sent);
         tokens.insert(tokens.end(), at, at + std::ptrdiff_t(pc.n_tokens));
         s.prompt_sent += size_t(pc.n_tokens);
+        s.prompt_run += pc.n_tokens;
         c.sample = s.prompt_sent == s.req.prompt.size();
       } else {
         c.start_pos = uint32_t(s.position() - 1);
@@ -366,10 +368,7 @@ void ClusterEngine::handle(Event& e) {
     } else {
       s.usage.decode_s += dt;
     }
-    // Prompt tokens computed: those past the reused prefix.
-    if (metrics_) {
-      metrics_->stage_forward(-1, prefill, prefill ? int64_t(s.req.prompt.size()) - s.usage.cached_tokens : 1, dt);
-    }
+    if (metrics_) metrics_->stage_forward(-1, prefill, prefill ? s.prompt_run : 1, dt);
     const int32_t id = r->tokens.front();
     float logprob = r->logprobs.empty() ? 0.f : r->logprobs.front();
     std::vector<std::pair<int32_t, float>> top;

@@ -343,9 +343,17 @@ void LocalEngine::scheduler() {
         queue_.clear();
       } else {
         admit_queued(queue_, slots_, [&](Sequence& seq, const std::vector<bool>& free) {
-          const PrefixCache::Choice c = cache_.choose(seq.req.prompt, free);
+          PrefixCache::Choice c = cache_.choose(seq.req.prompt, free);
           // The slot keeps the reused prefix's KV and forgets the rest.
-          stage_->truncate(c.slot, c.reuse);
+          try {
+            stage_->truncate(c.slot, c.reuse);
+          } catch (const std::exception& e) {
+            // The stage refused the cut (it and the cache disagree): the
+            // request computes its whole prompt instead.
+            std::fprintf(stderr, "baton serve: prefix cache: %s\n", e.what());
+            stage_->reset(c.slot);
+            c.reuse = 0;
+          }
           cache_.take(c.slot, c.reuse);
           seq.prefilled = size_t(c.reuse);
           seq.usage.cached_tokens = c.reuse;

@@ -228,6 +228,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (c.ctx > 0 && unset("ctx")) r.engine.stage.n_ctx = c.ctx;
     if (c.parallel > 0 && unset("parallel")) r.engine.stage.n_seq = c.parallel;
     if (c.batch > 0 && unset("batch")) r.engine.stage.max_batch = c.batch;
+    if (!c.prefix_cache) r.engine.prefix_cache = false;
     if (c.threads_per_worker > 0 && unset("threads-per-worker")) r.threads_per_worker = c.threads_per_worker;
     if (unset("link")) r.link = c.link;
     if (c.node_backend && unset("backend")) r.backend = backend_name(*c.node_backend);
