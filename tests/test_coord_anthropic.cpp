@@ -94,8 +94,13 @@ TEST(AnthropicRequest, BlocksMapToTheTemplatesMessages) {
   EXPECT_EQ(r.stop_sequences, std::vector<std::string>{"END"});
   EXPECT_EQ(r.gen.stop, std::vector<std::string>{"END"});  // a template's turns end on tokens, not text
   EXPECT_EQ(r.gen.stop_tokens, m.chat_stop_tokens);
-  EXPECT_EQ(r.conversation.tool_choice.type, ToolChoice::Type::any);
-  EXPECT_EQ(r.conversation.tool_names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(r.conversation.tools.choice.mode, ToolChoice::Mode::required);
+  ASSERT_EQ(r.conversation.tools.tools.size(), 1u);
+  EXPECT_EQ(r.conversation.tools.tools[0].name, "get_weather");
+  EXPECT_EQ(r.conversation.tools.tools[0].description, "Weather now");
+  EXPECT_EQ(r.conversation.tools.tools[0].parameters.dump(),
+            R"({"type":"object","properties":{"city":{"type":"string"}}})");
+  EXPECT_TRUE(r.conversation.tools.parallel);
   EXPECT_TRUE(r.conversation.thinking);
   EXPECT_EQ(r.conversation.thinking_budget, 1024);
 
@@ -110,9 +115,11 @@ TEST(AnthropicRequest, BlocksMapToTheTemplatesMessages) {
           "tools":[{"name":"f","input_schema":{"type":"object"}}],
           "tool_choice":{"type":"tool","name":"f","disable_parallel_tool_use":true}})",
       m, &tmpl);
-  EXPECT_EQ(named.conversation.tool_choice.type, ToolChoice::Type::tool);
-  EXPECT_EQ(named.conversation.tool_choice.name, "f");
-  EXPECT_TRUE(named.conversation.tool_choice.disable_parallel_tool_use);
+  EXPECT_EQ(named.conversation.tools.choice.mode, ToolChoice::Mode::named);
+  EXPECT_EQ(named.conversation.tools.choice.name, "f");
+  EXPECT_FALSE(named.conversation.tools.parallel);
+  EXPECT_EQ(none.conversation.tools.choice.mode, ToolChoice::Mode::none);
+  EXPECT_FALSE(none.conversation.tools.active());
   // Anthropic's defaults: temperature 1, no thinking (the variable says so).
   EXPECT_EQ(none.gen.sampling.temperature, 1.f);
   EXPECT_FALSE(none.stream);
@@ -481,6 +488,78 @@ TEST(AnthropicResponse, StreamEventsAndTheWholeMessageAgree) {
   EXPECT_EQ(events.back().second["error"]["type"], "api_error");
   EXPECT_NE(events.back().second["error"]["message"].get<std::string>().find("worker-1 died"), std::string::npos);
   EXPECT_EQ(json::parse(failing.error_body(503, "stopping"))["error"]["type"], "overloaded_error");
+}
+
+// With a real template the request picks the model's output format (Qwen 3:
+// Hermes tool calls, <think> reasoning), and the response reads the model's
+// text through it: reasoning, text and a tool call become thinking, text and
+// tool_use blocks, and the stop reason is tool_use.
+TEST(AnthropicResponse, RealTemplateOutputBecomesBlocks) {
+  ModelInfo m = stories_info();
+  const auto qwen3 = load_chat_template_file(test::shared_dir() + "/chat_templates/Qwen-Qwen3-0.6B.jinja");
+  const std::string body = R"({"model":"stories260K","max_tokens":1100,"stream":true,
+      "thinking":{"type":"enabled","budget_tokens":1024},
+      "messages":[{"role":"user","content":"Weather in Paris?"}],
+      "tools":[{"name":"get_weather","input_schema":{"type":"object"}}]})";
+  MessagesRequest r = parse_messages_request(body, m, qwen3.get());
+  EXPECT_EQ(r.output_format.tools, ToolCallFormat::hermes);
+  EXPECT_FALSE(r.output_format.reasoning_start.empty());
+  // tool_choice none: the same model's output is read without tool calls.
+  std::string none = body;
+  none.insert(none.size() - 1, R"(,"tool_choice":{"type":"none"})");
+  EXPECT_EQ(parse_messages_request(none, m, qwen3.get()).output_format.tools, ToolCallFormat::none);
+
+  const std::string output =
+      "<think>\nThe user wants weather.\n</think>\n\nLet me check."
+      "\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  // Whole, and streamed in pieces of 3 bytes (the parser holds back markup).
+  MessagesResponse whole("msg_q", "stories260K", 9, r.output_format, {});
+  MessagesResponse stream("msg_q", "stories260K", 9, r.output_format, {});
+  std::vector<std::string> chunks;
+  for (size_t i = 0; i < output.size(); i += 3) {
+    const GenerationEvent ev = text_event(output.substr(i, 3));
+    whole.add(ev);
+    for (auto& c : stream.stream_chunks(ev)) chunks.push_back(c);
+  }
+  whole.add(final_event(FinishReason::stop));
+  for (auto& c : stream.stream_chunks(final_event(FinishReason::stop))) chunks.push_back(c);
+
+  const json msg = json::parse(whole.body());
+  ASSERT_EQ(msg["content"].size(), 3u) << msg.dump();
+  EXPECT_EQ(msg["content"][0]["type"], "thinking");
+  EXPECT_NE(msg["content"][0]["thinking"].get<std::string>().find("The user wants weather."), std::string::npos);
+  EXPECT_EQ(msg["content"][1]["type"], "text");
+  EXPECT_NE(msg["content"][1]["text"].get<std::string>().find("Let me check."), std::string::npos);
+  EXPECT_EQ(msg["content"][2]["type"], "tool_use");
+  EXPECT_EQ(msg["content"][2]["name"], "get_weather");
+  EXPECT_EQ(msg["content"][2]["input"], json({{"city", "Paris"}}));
+  EXPECT_EQ(msg["stop_reason"], "tool_use");
+
+  // The stream's blocks add up to the same content.
+  json blocks = json::array();
+  std::string stop_reason;
+  for (const auto& [name, data] : parse_sse(chunks)) {
+    if (name == "content_block_start") blocks.push_back(data["content_block"]);
+    if (name == "content_block_delta") {
+      json& b = blocks[data["index"].get<size_t>()];
+      const json& d = data["delta"];
+      if (d["type"] == "thinking_delta") {
+        b["thinking"] = b["thinking"].get<std::string>() + d["thinking"].get<std::string>();
+      }
+      if (d["type"] == "signature_delta") b["signature"] = d["signature"];
+      if (d["type"] == "text_delta") b["text"] = b["text"].get<std::string>() + d["text"].get<std::string>();
+      if (d["type"] == "input_json_delta") b["json"] = b.value("json", "") + d["partial_json"].get<std::string>();
+    }
+    if (name == "message_delta") stop_reason = data["delta"]["stop_reason"];
+  }
+  ASSERT_EQ(blocks.size(), 3u);
+  blocks[2]["input"] = json::parse(blocks[2]["json"].get<std::string>());
+  blocks[2].erase("json");
+  EXPECT_EQ(blocks[0], msg["content"][0]);
+  EXPECT_EQ(blocks[1], msg["content"][1]);
+  EXPECT_EQ(blocks[2]["input"], msg["content"][2]["input"]);
+  EXPECT_EQ(blocks[2]["name"], "get_weather");
+  EXPECT_EQ(stop_reason, "tool_use");
 }
 
 // ---- CORS ----

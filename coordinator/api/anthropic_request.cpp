@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "coordinator/api/chat_output_format.h"
 #include "engine/chat_template.h"
 
 namespace baton {
@@ -15,16 +16,6 @@ namespace baton {
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 using namespace request_json;
-
-const char* tool_choice_name(ToolChoice::Type t) {
-  switch (t) {
-    case ToolChoice::Type::automatic: return "auto";
-    case ToolChoice::Type::any: return "any";
-    case ToolChoice::Type::tool: return "tool";
-    case ToolChoice::Type::none: return "none";
-  }
-  return "auto";
-}
 
 namespace {
 
@@ -48,7 +39,7 @@ std::string require_string(const ojson& obj, const char* key, const std::string&
 }
 
 // The text of a string or an array of text blocks (system, tool_result
-// content). `what` names the blocks allowed, for the refusal.
+// content).
 std::string text_of(const ojson& v, const std::string& param) {
   if (v.is_string()) return v.get<std::string>();
   if (!v.is_array()) throw wrong_type(param, "a string or an array of text blocks", v);
@@ -183,7 +174,7 @@ struct Converter {
   }
 };
 
-ojson convert_tools(const ojson& tools, bool templated, std::vector<std::string>& names) {
+ojson convert_tools(const ojson& tools, bool templated, std::vector<ToolSpec>& specs) {
   if (!tools.is_array()) throw wrong_type("tools", "an array", tools);
   if (!tools.empty() && !templated) throw needs_template("Tools", "tools");
   ojson out = ojson::array();
@@ -215,56 +206,59 @@ ojson convert_tools(const ojson& tools, bool templated, std::vector<std::string>
     }
     const ojson& schema = require(t, "input_schema", p);
     if (!schema.is_object()) throw wrong_type(p + ".input_schema", "an object", schema);
+    ToolSpec spec;
+    spec.name = name;
     ojson fn = {{"name", name}};
     if (const ojson* d = field(t, "description")) {
       if (!d->is_string()) throw wrong_type(p + ".description", "a string", *d);
       fn["description"] = *d;
+      spec.description = d->get<std::string>();
     }
     fn["parameters"] = schema;
+    spec.parameters = schema;
     out.push_back({{"type", "function"}, {"function", std::move(fn)}});
-    names.push_back(name);
+    specs.push_back(std::move(spec));
   }
   return out;
 }
 
-ToolChoice parse_tool_choice(const json& body, const std::vector<std::string>& tool_names) {
-  ToolChoice c;
+// tool_choice into the shared ToolChoice (chat_tools.h).
+void parse_tool_choice(const json& body, ChatTools& tools) {
+  using Mode = ToolChoice::Mode;
   const json* v = field(body, "tool_choice");
-  if (!v) return c;
+  if (!v) return;
   if (!v->is_object()) throw wrong_type("tool_choice", "an object", *v);
   const json* type = field(*v, "type");
   if (!type) throw invalid("Field required.", "tool_choice.type", "missing_required_parameter");
   if (!type->is_string()) throw wrong_type("tool_choice.type", "a string", *type);
   const std::string t = type->get<std::string>();
+  ToolChoice& c = tools.choice;
   if (t == "auto") {
-    c.type = ToolChoice::Type::automatic;
+    c.mode = Mode::automatic;
   } else if (t == "any") {
-    c.type = ToolChoice::Type::any;
+    c.mode = Mode::required;
   } else if (t == "tool") {
-    c.type = ToolChoice::Type::tool;
+    c.mode = Mode::named;
   } else if (t == "none") {
-    c.type = ToolChoice::Type::none;
+    c.mode = Mode::none;
   } else {
     throw invalid(fmt::format("'{}' is not one of auto, any, tool, none.", sanitize_utf8(t.substr(0, 40))),
                   "tool_choice.type");
   }
-  if (c.type == ToolChoice::Type::tool) {
+  if (c.mode == Mode::named) {
     const json* name = field(*v, "name");
     if (!name) throw invalid("Field required.", "tool_choice.name", "missing_required_parameter");
     if (!name->is_string()) throw wrong_type("tool_choice.name", "a string", *name);
     c.name = name->get<std::string>();
-    if (std::find(tool_names.begin(), tool_names.end(), c.name) == tool_names.end()) {
+    if (std::none_of(tools.tools.begin(), tools.tools.end(), [&](const ToolSpec& s) { return s.name == c.name; })) {
       throw invalid(fmt::format("No tool named '{}' in 'tools'.", sanitize_utf8(c.name.substr(0, 130))),
                     "tool_choice.name");
     }
   }
-  if ((c.type == ToolChoice::Type::any || c.type == ToolChoice::Type::tool) && tool_names.empty()) {
+  if ((c.mode == Mode::required || c.mode == Mode::named) && tools.tools.empty()) {
     throw invalid(fmt::format("tool_choice '{}' needs 'tools'.", t), "tool_choice.type");
   }
-  if (c.type != ToolChoice::Type::none) {
-    c.disable_parallel_tool_use = bool_param(*v, "disable_parallel_tool_use", false);
-  }
-  return c;
+  if (c.mode != Mode::none) tools.parallel = !bool_param(*v, "disable_parallel_tool_use", false);
 }
 
 }  // namespace
@@ -311,13 +305,12 @@ MessagesConversation messages_conversation(const json& body, const ojson& ordere
   }
   conv.chat.messages = std::move(cv.out);
 
-  if (const ojson* tools = field(ordered, "tools")) {
-    conv.chat.tools = convert_tools(*tools, templated, conv.tool_names);
-    if (conv.chat.tools.empty()) conv.chat.tools = ojson();
-  }
-  conv.tool_choice = parse_tool_choice(body, conv.tool_names);
-  // `none`: the model is not shown the tools (the history's tool turns still render).
-  if (conv.tool_choice.type == ToolChoice::Type::none) conv.chat.tools = ojson();
+  ojson tools;
+  if (const ojson* t = field(ordered, "tools")) tools = convert_tools(*t, templated, conv.tools.tools);
+  parse_tool_choice(body, conv.tools);
+  // Without active tools (none given, or `none`) the model is not shown them;
+  // the history's tool turns still render.
+  if (conv.tools.active()) conv.chat.tools = std::move(tools);
 
   if (const json* t = field(body, "thinking")) {
     if (!t->is_object()) throw wrong_type("thinking", "an object", *t);
@@ -385,7 +378,10 @@ MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& m
                               r.conversation.thinking_budget, *max_tokens),
                   "thinking.budget_tokens");
   }
-  r.gen.prompt = encode_chat(r.conversation.chat, model, tmpl);
+  const ChatPrompt prompt = encode_chat(r.conversation.chat, model, tmpl);
+  r.gen.prompt = prompt.tokens;
+  r.output_format = request_output_format(chat_output_format(model, tmpl), prompt.text, r.conversation.tools.active());
+  r.gen.show_tokens = chat_marker_tokens(r.output_format, *model.tokenizer);
 
   SamplerParams& s = r.gen.sampling;
   // Anthropic's ranges and defaults: temperature 0..1 (default 1), top_p, top_k off unless given.
@@ -410,7 +406,7 @@ int64_t count_message_tokens(std::string_view text, const ModelInfo& model, cons
   const Parsed p = parse(text, model);
   const JinjaTemplate* tmpl = chat_template_for(model, chat_template);
   const MessagesConversation conv = messages_conversation(p.body, p.ordered, tmpl != nullptr);
-  return int64_t(encode_chat(conv.chat, model, tmpl).size());
+  return int64_t(encode_chat(conv.chat, model, tmpl).tokens.size());
 }
 
 }  // namespace baton

@@ -24,6 +24,7 @@
 
 #include "coordinator/api/chat_output.h"
 #include "coordinator/api/chat_prompt.h"
+#include "coordinator/api/chat_tools.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/request_json.h"
 
@@ -31,25 +32,16 @@ namespace baton {
 
 class JinjaTemplate;
 
-// The request's tool_choice. `any` (some tool) and `tool` (that one) force a
-// call, which takes constrained decoding; until a grammar is wired here they
-// are carried through and generation treats them as `auto`. `none`: the
-// tools are not shown to the model and its output is read as text.
-struct ToolChoice {
-  enum class Type { automatic, any, tool, none };
-  Type type = Type::automatic;
-  std::string name;  // with Type::tool
-  bool disable_parallel_tool_use = false;
-};
-const char* tool_choice_name(ToolChoice::Type t);
-
 // What a /v1/messages or count_tokens body says about the prompt.
 struct MessagesConversation {
-  ChatConversation chat;          // what the chat template renders
-  ToolChoice tool_choice;
-  std::vector<std::string> tool_names;  // of the request's tools, in order
-  bool thinking = false;                // thinking {type: enabled | adaptive}
-  int64_t thinking_budget = 0;          // budget_tokens with type enabled
+  ChatConversation chat;  // what the chat template renders
+  // The tools and tool_choice: auto, none (the tools are not shown to the
+  // model and its output is read as text), any (Mode::required) and tool
+  // (Mode::named) for a grammar to force a call (without one the model
+  // decides, as with auto); disable_parallel_tool_use clears `parallel`.
+  ChatTools tools;
+  bool thinking = false;        // thinking {type: enabled | adaptive}
+  int64_t thinking_budget = 0;  // budget_tokens with type enabled
 };
 
 // Validates the conversation fields (system, messages, tools, tool_choice,
@@ -64,7 +56,9 @@ struct MessagesRequest {
   MessagesConversation conversation;
   std::vector<std::string> stop_sequences;  // the client's, reported as stop_sequence when one matches
   bool stream = false;
-  // How the model's output is read into thinking, text and tool_use blocks.
+  // How the model's output is read into thinking, text and tool_use blocks
+  // (chat_output_format.h: the model's format, tool calls only when tools
+  // are active, the reasoning block open when the prompt opened it).
   ChatOutputFormat output_format;
 };
 

@@ -56,7 +56,7 @@ json ContentBlocks::delta_event(json delta) const {
   return {{"type", "content_block_delta"}, {"index", blocks_.size() - 1}, {"delta", std::move(delta)}};
 }
 
-void ContentBlocks::open(Kind kind, std::vector<json>& out, int tool_index, std::string name) {
+void ContentBlocks::open(Kind kind, std::vector<json>& out, const ChatOutputDelta::ToolCallDelta* call) {
   close_into(out);
   Block& b = blocks_.emplace_back();
   b.kind = kind;
@@ -65,9 +65,9 @@ void ContentBlocks::open(Kind kind, std::vector<json>& out, int tool_index, std:
     case Kind::thinking: start = {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}; break;
     case Kind::text: start = {{"type", "text"}, {"text", ""}}; break;
     case Kind::tool_use:
-      b.id = make_request_id("toolu_");
-      b.name = std::move(name);
-      b.tool_index = tool_index;
+      b.id = keep_call_ids_ && !call->id.empty() ? call->id : make_request_id("toolu_");
+      b.name = call->name;
+      b.tool_index = call->index;
       start = {{"type", "tool_use"}, {"id", b.id}, {"name", b.name}, {"input", json::object()}};
       break;
   }
@@ -100,7 +100,7 @@ std::vector<json> ContentBlocks::push(const ChatOutputDelta& d) {
   }
   for (const auto& call : d.tool_calls) {
     if (!current(Kind::tool_use) || blocks_.back().tool_index != call.index) {
-      open(Kind::tool_use, out, call.index, call.name);
+      open(Kind::tool_use, out, &call);
     }
     if (call.arguments.empty()) continue;
     blocks_.back().text += call.arguments;
@@ -150,7 +150,8 @@ MessagesResponse::MessagesResponse(std::string id, std::string model_id, int64_t
     : id_(std::move(id)),
       model_id_(std::move(model_id)),
       stop_sequences_(std::move(stop_sequences)),
-      parser_(std::move(format)),
+      parser_(format),
+      blocks_(format.tools == ToolCallFormat::mistral),
       input_tokens_(input_tokens) {}
 
 std::string MessagesResponse::sse(const json& event) {

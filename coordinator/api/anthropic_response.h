@@ -46,6 +46,11 @@ StopReason anthropic_stop_reason(FinishReason finish, const std::string& stop_st
 // kind follows.
 class ContentBlocks {
  public:
+  // keep_call_ids: tool_use blocks take the parser's call ids rather than
+  // fresh toolu_ ids (Mistral's templates refuse other ids when the calls
+  // come back in the history).
+  explicit ContentBlocks(bool keep_call_ids = false) : keep_call_ids_(keep_call_ids) {}
+
   // The stream events (content_block_start, _delta, _stop) of one delta.
   std::vector<nlohmann::json> push(const ChatOutputDelta& d);
   // Closes the open block: a thinking block's signature_delta, then its content_block_stop.
@@ -67,10 +72,11 @@ class ContentBlocks {
     std::string id, name;  // tool_use
     int tool_index = -1;   // the parser's index of the tool call
   };
-  void open(Kind kind, std::vector<nlohmann::json>& out, int tool_index = -1, std::string name = "");
+  void open(Kind kind, std::vector<nlohmann::json>& out, const ChatOutputDelta::ToolCallDelta* call = nullptr);
   void close_into(std::vector<nlohmann::json>& out);
   nlohmann::json delta_event(nlohmann::json delta) const;
 
+  bool keep_call_ids_;
   std::vector<Block> blocks_;
   bool open_ = false;  // the last block is still open
 };

@@ -56,9 +56,12 @@ std::string render_family(const ChatConversation& chat, const ModelInfo& model) 
     messages.push_back({role, message_content(m, i)});
   }
   ChatOptions opt;
-  if (auto it = chat.kwargs.find("enable_thinking"); it != chat.kwargs.end() && !it->is_null()) {
-    if (!it->is_boolean()) throw wrong_type("chat_template_kwargs.enable_thinking", "a boolean", *it);
+  for (const char* key : {"thinking", "enable_thinking"}) {
+    auto it = chat.kwargs.find(key);
+    if (it == chat.kwargs.end() || it->is_null()) continue;
+    if (!it->is_boolean()) throw wrong_type(std::string("chat_template_kwargs.") + key, "a boolean", *it);
     opt.thinking = it->get<bool>();
+    break;
   }
   try {
     return render_chat(model.chat_family, messages, opt, chat_bos_text(*model.tokenizer));
@@ -73,7 +76,7 @@ const JinjaTemplate* chat_template_for(const ModelInfo& model, const JinjaTempla
   return override_template ? override_template : model.chat_template.get();
 }
 
-std::vector<int32_t> encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl) {
+ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl) {
   std::string prompt;
   if (tmpl) {
     ChatTemplateInput in;
@@ -94,7 +97,7 @@ std::vector<int32_t> encode_chat(const ChatConversation& chat, const ModelInfo& 
   request_json::check_text_fits(prompt.size(), model, "messages");
   std::vector<int32_t> tokens = model.tokenizer->encode(prompt, /*add_special=*/false, /*parse_special=*/true);
   if (tokens.empty()) throw invalid("The conversation gives no tokens.", "messages");
-  return tokens;
+  return {std::move(prompt), std::move(tokens)};
 }
 
 void add_chat_stops(GenerationRequest& gen, const ModelInfo& model, const JinjaTemplate* tmpl) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "coordinator/api/generation.h"
@@ -27,7 +28,8 @@ struct ChatConversation {
   // {name, description, parameters}}].
   nlohmann::ordered_json tools;
   // More template variables (enable_thinking, thinking, reasoning_effort...).
-  // Without a template only enable_thinking is read (DeepSeek V3.1+/V4).
+  // Without a template only thinking, else enable_thinking, is read
+  // (DeepSeek V3.1+/V4).
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
 };
 
@@ -35,11 +37,16 @@ struct ChatConversation {
 // --chat-template) when given, else the model's; null for the family format.
 const JinjaTemplate* chat_template_for(const ModelInfo& model, const JinjaTemplate* override_template);
 
+struct ChatPrompt {
+  std::string text;             // as rendered (the output format reads how it ends)
+  std::vector<int32_t> tokens;  // the text tokenized, markers as special tokens
+};
+
 // Renders the conversation with `tmpl` (null: the family's format) and
 // tokenizes it. Throws ApiError (400, param "messages"): the template's
 // refusal quoted, a role or content the family format cannot render, a
 // prompt too long to tokenize, or one that gives no tokens.
-std::vector<int32_t> encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl);
+ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl);
 
 // The model's ways to end a chat turn, unless the request ignores them: the
 // family's end-of-turn tokens, and without a template the Plain family's

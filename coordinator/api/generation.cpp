@@ -162,6 +162,7 @@ void validate_request(GenerationRequest& request, const ModelInfo& info) {
     }
   }
   std::sort(request.stop_tokens.begin(), request.stop_tokens.end());
+  std::sort(request.show_tokens.begin(), request.show_tokens.end());
 }
 
 std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
@@ -174,6 +175,9 @@ std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tok
   GeneratedToken& g = ev.tokens.emplace_back();
   g.id = id;
   g.piece = tok.token_to_piece(id);
+  if (g.piece.empty() && std::binary_search(req.show_tokens.begin(), req.show_tokens.end(), id)) {
+    g.piece = tok.token_text(id);
+  }
   if (req.top_logprobs >= 0) {
     g.logprob = logprob;
     for (const auto& [alt, lp] : top) g.top.push_back({alt, lp, tok.token_to_piece(alt)});

@@ -8,7 +8,9 @@
 #include <optional>
 #include <random>
 
+#include "coordinator/api/chat_output_format.h"
 #include "coordinator/api/chat_prompt.h"
+#include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 
 namespace baton {
@@ -19,6 +21,7 @@ using namespace request_json;
 namespace {
 
 constexpr int kMaxCompletionLogprobs = 5;  // the legacy completions API's limit
+constexpr size_t kMaxTools = 128;          // OpenAI's limit
 
 void refuse_unsupported(const json& body) {
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
@@ -29,9 +32,10 @@ void refuse_unsupported(const json& body) {
       throw invalid(fmt::format("'{}' is not supported by this server (only 0).", key), key, "unsupported_parameter");
     }
   }
-  for (const char* key : {"tools", "functions", "tool_choice", "function_call", "suffix"}) {
+  for (const char* key : {"functions", "function_call"}) {
     if (field(body, key)) {
-      throw invalid(fmt::format("'{}' is not supported by this server.", key), key, "unsupported_parameter");
+      throw invalid(fmt::format("'{}' is not supported by this server; use 'tools' and 'tool_choice'.", key), key,
+                    "unsupported_parameter");
     }
   }
   if (const json* v = field(body, "response_format")) {
@@ -124,12 +128,197 @@ std::string error_body(const std::string& message, const std::string& type, cons
 
 std::string error_body(const ApiError& e) { return error_body(e.what(), e.type, e.param, e.code); }
 
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// OpenAI's rule for function names.
+bool valid_function_name(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+ApiError missing(const std::string& param) {
+  return invalid(fmt::format("Missing required parameter: '{}'.", param), param, "missing_required_parameter");
+}
+
+// tools, tool_choice and parallel_tool_calls. `ordered` is the same body with
+// its key order (the schemas keep theirs).
+ChatTools parse_tools(const json& body, const ojson& ordered) {
+  ChatTools t;
+  if (const json* v = field(body, "tools")) {
+    if (!v->is_array()) throw wrong_type("tools", "an array", *v);
+    if (v->size() > kMaxTools) throw invalid(fmt::format("'tools' takes at most {} tools.", kMaxTools), "tools");
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& tool = (*v)[i];
+      const std::string p = fmt::format("tools.[{}]", i);
+      if (!tool.is_object()) throw wrong_type(p, "an object", tool);
+      const json* type = field(tool, "type");
+      if (!type) throw missing(p + ".type");
+      if (!type->is_string()) throw wrong_type(p + ".type", "a string", *type);
+      if (*type != "function") {
+        throw invalid(fmt::format("'{}.type' must be \"function\" (the only tool type supported); got '{}'.", p,
+                                  sanitize_utf8(type->get<std::string>().substr(0, 40))),
+                      p + ".type");
+      }
+      const json* fn = field(tool, "function");
+      if (!fn) throw missing(p + ".function");
+      if (!fn->is_object()) throw wrong_type(p + ".function", "an object", *fn);
+      const json* name = field(*fn, "name");
+      if (!name) throw missing(p + ".function.name");
+      if (!name->is_string()) throw wrong_type(p + ".function.name", "a string", *name);
+      ToolSpec spec;
+      spec.name = name->get<std::string>();
+      if (!valid_function_name(spec.name)) {
+        throw invalid(fmt::format("'{}.function.name' must be 1 to 64 letters, digits, underscores or dashes; got "
+                                  "'{}'.",
+                                  p, sanitize_utf8(spec.name.substr(0, 80))),
+                      p + ".function.name");
+      }
+      for (const ToolSpec& other : t.tools) {
+        if (other.name == spec.name) {
+          throw invalid(fmt::format("Tool names must be unique; '{}' is given twice.", spec.name),
+                        p + ".function.name");
+        }
+      }
+      if (const json* d = field(*fn, "description")) {
+        if (!d->is_string()) throw wrong_type(p + ".function.description", "a string", *d);
+        spec.description = d->get<std::string>();
+      }
+      if (const json* params = field(*fn, "parameters")) {
+        if (!params->is_object()) throw wrong_type(p + ".function.parameters", "an object", *params);
+        spec.parameters = ordered["tools"][i]["function"]["parameters"];
+      }
+      if (const json* strict = field(*fn, "strict"); strict && !strict->is_boolean()) {
+        throw wrong_type(p + ".function.strict", "a boolean", *strict);
+      }
+      t.tools.push_back(std::move(spec));
+    }
+  }
+  if (const json* c = field(body, "tool_choice")) {
+    using Mode = ToolChoice::Mode;
+    if (c->is_string()) {
+      const std::string v = c->get<std::string>();
+      if (v == "auto") {
+        t.choice.mode = Mode::automatic;
+      } else if (v == "none") {
+        t.choice.mode = Mode::none;
+      } else if (v == "required") {
+        t.choice.mode = Mode::required;
+      } else {
+        throw invalid(fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                  "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}; got '{}'.",
+                                  sanitize_utf8(v.substr(0, 40))),
+                      "tool_choice");
+      }
+    } else if (c->is_object()) {
+      const json* type = field(*c, "type");
+      const json* fn = field(*c, "function");
+      const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      if (!type || *type != "function" || !name || !name->is_string()) {
+        throw invalid("'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": "
+                      "...}}.",
+                      "tool_choice");
+      }
+      t.choice.mode = Mode::named;
+      t.choice.name = name->get<std::string>();
+      const bool known = std::any_of(t.tools.begin(), t.tools.end(),
+                                     [&](const ToolSpec& s) { return s.name == t.choice.name; });
+      if (!known) {
+        throw invalid(fmt::format("'tool_choice' names the function '{}', which is not among 'tools'.",
+                                  sanitize_utf8(t.choice.name.substr(0, 80))),
+                      "tool_choice");
+      }
+    } else {
+      throw wrong_type("tool_choice", "a string or an object", *c);
+    }
+    if (t.tools.empty() && (t.choice.mode == Mode::required || t.choice.mode == Mode::named)) {
+      throw invalid("'tool_choice' asks for a call but no 'tools' are given.", "tool_choice");
+    }
+  }
+  t.parallel = bool_param(body, "parallel_tool_calls", true);
+  return t;
+}
+
+// The messages as the template gets them: as sent, except that tool-call
+// arguments given as JSON text (OpenAI's shape) become objects, the shape
+// templates are written for (Llama's and Qwen 2.5's apply tojson to them;
+// DeepSeek's iterate over their items), and the null content of an assistant
+// message with tool calls becomes "" (Qwen 3's template searches it).
+// Checks the tool-call fields.
+ojson template_messages(const ojson& messages) {
+  ojson out = messages;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ojson& m = out[i];
+    const std::string p = fmt::format("messages.[{}]", i);
+    if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null() && !id->is_string()) {
+      throw wrong_type(p + ".tool_call_id", "a string", json::parse(id->dump()));
+    }
+    auto calls = m.find("tool_calls");
+    if (calls == m.end() || calls->is_null()) continue;
+    if (!calls->is_array()) throw wrong_type(p + ".tool_calls", "an array", json::parse(calls->dump()));
+    if (auto c = m.find("content"); c == m.end() || c->is_null()) m["content"] = "";
+    for (size_t j = 0; j < calls->size(); ++j) {
+      ojson& call = (*calls)[j];
+      const std::string cp = fmt::format("{}.tool_calls.[{}]", p, j);
+      if (!call.is_object()) throw wrong_type(cp, "an object", json::parse(call.dump()));
+      auto fn = call.find("function");
+      if (fn == call.end() || fn->is_null()) throw missing(cp + ".function");
+      if (!fn->is_object()) throw wrong_type(cp + ".function", "an object", json::parse(fn->dump()));
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string()) throw missing(cp + ".function.name");
+      auto args = fn->find("arguments");
+      if (args == fn->end() || args->is_null()) {
+        (*fn)["arguments"] = ojson::object();
+      } else if (args->is_string()) {
+        const std::string text = args->get<std::string>();
+        ojson parsed = text.empty() ? ojson::object() : ojson::parse(text, nullptr, false);
+        if (!parsed.is_object()) {
+          throw invalid(fmt::format("'{}.function.arguments' must be a JSON object (as text).", cp),
+                        cp + ".function.arguments");
+        }
+        *args = std::move(parsed);
+      } else if (!args->is_object()) {
+        throw wrong_type(cp + ".function.arguments", "a string", json::parse(args->dump()));
+      }
+    }
+  }
+  return out;
+}
+
+// reasoning_effort: OpenAI's values, and DeepSeek V4's "max".
+std::optional<std::string> reasoning_effort(const json& body) {
+  const json* e = field(body, "reasoning_effort");
+  if (!e) return std::nullopt;
+  if (!e->is_string()) throw wrong_type("reasoning_effort", "a string", *e);
+  const std::string v = e->get<std::string>();
+  for (const char* ok : {"none", "minimal", "low", "medium", "high", "xhigh", "max"}) {
+    if (v == ok) return v;
+  }
+  throw invalid(fmt::format("'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh, max; got '{}'.",
+                            sanitize_utf8(v.substr(0, 40))),
+                "reasoning_effort");
+}
+
+}  // namespace
+
 ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model, const JinjaTemplate* chat_template) {
   const json body = parse_body(body_text, model.n_ctx);
   check_model(body, model);
   ApiRequest r;
   r.endpoint = ApiEndpoint::chat;
   const JinjaTemplate* tmpl = chat_template_for(model, chat_template);
+  // The same body with its key order, which tojson writes out.
+  const ojson ordered = ojson::parse(body_text.begin(), body_text.end());
+  r.tools = parse_tools(body, ordered);
+  if (r.tools.active() && !tmpl) {
+    throw invalid(fmt::format("This model's chat format ({}) renders no tools: it has no Jinja chat template. Serve "
+                              "it with --chat-template FILE to use tools.",
+                              chat_family_name(model.chat_family)),
+                  "tools", "unsupported_parameter");
+  }
 
   const json* msgs = field(body, "messages");
   if (!msgs) throw invalid("You must provide a messages parameter.", "messages", "missing_required_parameter");
@@ -143,21 +332,33 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
     if (role == m.end() || !role->is_string()) {
       throw invalid(fmt::format("'{}.role' must be a string.", param), param + ".role", "invalid_type");
     }
+    if (!tmpl && field(m, "tool_calls")) {
+      throw invalid("This model's chat format renders no tool calls: it has no Jinja chat template.",
+                    param + ".tool_calls", "unsupported_parameter");
+    }
   }
-  // The messages go to the template as they are (any role, content parts,
-  // tool calls), with chat_template_kwargs as extra variables.
-  const auto ordered = nlohmann::ordered_json::parse(body_text.begin(), body_text.end());
+  // The messages go to the template (any role, content parts, tool calls),
+  // with the tools when the request offers them, and chat_template_kwargs as
+  // extra variables. A reasoning_effort turns thinking on ("none": off)
+  // unless the kwargs decide.
   ChatConversation chat;
-  chat.messages = ordered.at("messages");
+  chat.messages = tmpl ? template_messages(ordered.at("messages")) : ordered.at("messages");
+  if (r.tools.active()) chat.tools = ordered.at("tools");
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
     chat.kwargs = ordered.at("chat_template_kwargs");
   }
-  if (const json* effort = field(body, "reasoning_effort"); effort && effort->is_string() &&
-                                                             !chat.kwargs.contains("reasoning_effort")) {
-    chat.kwargs["reasoning_effort"] = effort->get<std::string>();
+  if (const auto effort = reasoning_effort(body)) {
+    if (*effort != "none" && !chat.kwargs.contains("reasoning_effort")) chat.kwargs["reasoning_effort"] = *effort;
+    if (!chat.kwargs.contains("thinking") && !chat.kwargs.contains("enable_thinking")) {
+      chat.kwargs["thinking"] = *effort != "none";
+      chat.kwargs["enable_thinking"] = *effort != "none";
+    }
   }
-  r.gen.prompt = encode_chat(chat, model, tmpl);
+  const ChatPrompt prompt = encode_chat(chat, model, tmpl);
+  r.gen.prompt = prompt.tokens;
+  r.output = request_output_format(chat_output_format(model, tmpl), prompt.text, r.tools.active());
+  r.gen.show_tokens = chat_marker_tokens(r.output, *model.tokenizer);
 
   parse_common(body, r, model);
   add_chat_stops(r.gen, model, tmpl);
@@ -216,6 +417,12 @@ ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo&
   }
   if (r.gen.prompt.empty()) throw invalid("The prompt gives no tokens.", "prompt");
 
+  for (const char* key : {"tools", "tool_choice", "suffix"}) {
+    if (field(body, key)) {
+      throw invalid(fmt::format("'{}' is not supported by this server's completions.", key), key,
+                    "unsupported_parameter");
+    }
+  }
   parse_common(body, r, model);
   if (const json* lp = field(body, "logprobs")) {
     if (!is_integral(*lp)) throw wrong_type("logprobs", "an integer", *lp);
