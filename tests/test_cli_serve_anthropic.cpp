@@ -329,6 +329,11 @@ TEST(AnthropicServeNoCors, NoHeadersWithoutTheFlag) {
   tools["tools"] = json::array({{{"name", "f"}, {"input_schema", {{"type", "object"}}}}});
   expect_anthropic_error(post(server.port(), "/v1/messages", tools), 400, "invalid_request_error", "tools: ");
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
+
+  // A malformed origin list is refused at start, by name.
+  auto bad = test::run_command({test::baton_binary(), "serve", "-m", stories(), "--port", "0", "--cors", "ftp://x"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--cors takes '*' or origins"), std::string::npos) << bad.err;
 }
 
 // ---- the official @anthropic-ai/sdk client ----
