@@ -9,7 +9,7 @@ build=build-test
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DBATON_SANITIZE=address,undefined -DBATON_TESTS=ON >/dev/null
 cmake --build "$build" -j "$jobs"
-# The serving tests drive the server with the official openai npm package.
+# The serving tests drive the server with the official openai and @anthropic-ai/sdk npm packages.
 if command -v npm >/dev/null 2>&1; then
   (cd tests/serve && npm ci --no-audit --no-fund --loglevel=error)
 fi

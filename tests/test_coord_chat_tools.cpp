@@ -217,6 +217,35 @@ TEST(ChatTools, OutputFormatOfRealTemplates) {
   EXPECT_EQ(request_output_format(ds4, "x", false).tools, ToolCallFormat::none);
 }
 
+// A control token has no text in the output unless the request shows it, as
+// a chat's request does for the control tokens among its format's markers.
+TEST(ChatTools, ControlMarkersAreShownToTheParser) {
+  const ModelInfo m = stories_info();
+  const Tokenizer& tok = *m.tokenizer;
+  const int32_t bos = tok.bos();  // a control token of this vocabulary
+  ASSERT_GE(bos, 0);
+  ASSERT_TRUE(tok.token_to_piece(bos).empty());
+  ChatOutputFormat f;
+  f.reasoning_start = tok.token_text(bos);  // as if the marker were a control token
+  f.reasoning_end = "</x>";
+  EXPECT_EQ(chat_marker_tokens(f, tok), std::vector<int32_t>{bos});
+  f.reasoning_start = "<x>";  // plain text: nothing to show
+  EXPECT_TRUE(chat_marker_tokens(f, tok).empty());
+
+  GenerationRequest req;
+  req.max_tokens = 4;
+  for (bool show : {false, true}) {
+    req.show_tokens = show ? std::vector<int32_t>{bos} : std::vector<int32_t>{};
+    TextAssembler text({});
+    Usage usage;
+    GenerationEvent ev;
+    EXPECT_FALSE(accept_token(req, tok, bos, 0, {}, false, text, usage, ev));
+    ASSERT_EQ(ev.tokens.size(), 1u);
+    EXPECT_EQ(ev.tokens[0].piece, show ? tok.token_text(bos) : "");
+    EXPECT_EQ(ev.text + text.flush(), show ? tok.token_text(bos) : "");
+  }
+}
+
 // DeepSeek V4's thinking follows reasoning_effort (and the kwargs, which
 // win): the prompt ends with <think> and the output starts as reasoning.
 TEST(ChatTools, ReasoningEffortTurnsThinkingOn) {

@@ -14,7 +14,7 @@
 namespace baton {
 
 // The tool-call syntaxes of the templates Baton serves.
-// docs/SERVING.md ("Tool calls") gives each one's exact markup.
+// docs/SERVING.md ("Tool calls and reasoning") gives each one's exact markup.
 enum class ToolCallFormat {
   none,           // no tool calls: all text is content
   deepseek_dsml,  // DeepSeek V3.2 / V4: <｜DSML｜tool_calls> (V3.2: function_calls) holding
@@ -40,11 +40,12 @@ struct ToolCall {
   std::string id;         // "call_" + 24 letters and digits; Mistral: 9 letters and digits (its templates
                           // refuse other ids when the call comes back in the history)
   std::string name;
-  std::string arguments;  // a JSON object, as text
+  std::string arguments;  // a JSON object, as text (JSON formats: as the model wrote it)
 };
 
 // What one push() or finish() releases. A tool call's delta carries id and
-// name on its first appearance and argument text after.
+// name on its first appearance (with any arguments so far), argument text
+// only after; one delta holds at most one entry per call.
 struct ChatOutputDelta {
   struct ToolCallDelta {
     int index = 0;  // position among this response's tool calls

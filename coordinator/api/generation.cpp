@@ -98,7 +98,13 @@ std::string TextAssembler::push(std::string_view piece) {
   if (stopped_) return {};
   held_.append(piece);
   size_t first = std::string::npos;
-  for (const auto& s : stop_) first = std::min(first, held_.find(s));
+  for (const auto& s : stop_) {
+    const size_t at = held_.find(s);
+    if (at < first) {
+      first = at;
+      matched_ = s;
+    }
+  }
   if (first != std::string::npos) {
     std::string out = sanitize_utf8(std::string_view(held_).substr(0, first));
     held_.clear();
@@ -251,6 +257,7 @@ void close_event(GenerationEvent& ev, FinishReason reason, const std::string& er
   } else {
     ev.text += text.flush();
   }
+  if (reason == FinishReason::stop && text.stopped()) ev.stop_string = text.matched();
   ev.finish = reason;
   ev.error = error;
   ev.usage = usage;

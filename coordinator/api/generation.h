@@ -113,6 +113,9 @@ struct GenerationEvent {
   std::string text;
   std::optional<FinishReason> finish;  // set on the last event only
   std::string error;                   // with FinishReason::error
+  // With FinishReason::stop: the stop string that ended generation ("" when
+  // a token did), for APIs that report which one matched.
+  std::string stop_string;
   Usage usage;                         // complete on the last event
 };
 
@@ -204,6 +207,8 @@ class TextAssembler {
   std::string push(std::string_view piece);
   // After a stop string was found: no more text will be released.
   bool stopped() const { return stopped_; }
+  // The stop string found (the earliest match; the first listed on a tie).
+  const std::string& matched() const { return matched_; }
   // The text still held back, at the end of generation (an incomplete
   // character becomes U+FFFD). Empty after a stop string.
   std::string flush();
@@ -211,6 +216,7 @@ class TextAssembler {
  private:
   std::vector<std::string> stop_;
   std::string held_;
+  std::string matched_;
   bool stopped_ = false;
 };
 
@@ -254,7 +260,7 @@ std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tok
 
 // Makes `ev` a request's final event: held-back text released at a normal end
 // (none after a stop string), none for a cancelled or failed request; the
-// finish reason, error and usage filled in.
+// finish reason, the stop string matched, error and usage filled in.
 void close_event(GenerationEvent& ev, FinishReason reason, const std::string& error, TextAssembler& text,
                  const Usage& usage);
 

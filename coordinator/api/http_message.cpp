@@ -13,6 +13,7 @@ namespace http = boost::beast::http;
 const char* http_reason(int status) {
   switch (status) {
     case 200: return "OK";
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 404: return "Not Found";

@@ -480,8 +480,9 @@ void Session::ex_respond(const std::shared_ptr<ExchangeState>& ex, int status, c
   ex->complete = true;
   ex->status = status;
   std::string data = http_response_head(status, content_type, headers, keep_alive_);
-  data += fmt::format("Content-Length: {}\r\n\r\n", body.size());
-  data += body;
+  // A 204 has no body and must not say Content-Length (RFC 9110, 8.6).
+  data += status == 204 ? std::string("\r\n") : fmt::format("Content-Length: {}\r\n\r\n", body.size());
+  if (status != 204) data += body;
   ex->bytes_out += data.size();
   queue(std::move(data));
 }

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <ctime>
 #include <limits>
-#include <mutex>
 #include <optional>
-#include <random>
 
+#include "coordinator/api/anthropic_response.h"
+#include "coordinator/api/generation_link.h"
 #include "coordinator/api/metrics.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
@@ -18,11 +18,6 @@
 namespace baton {
 
 using json = nlohmann::json;
-
-std::string make_request_id(const char* prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{}{:016x}{:08x}", prefix, rng(), uint32_t(rng()));
-}
 
 // ---- responses ----
 
@@ -256,10 +251,16 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 }
 
 OpenAiApi::OpenAiApi(GenerationService& service, Metrics& metrics, ApiOptions options)
-    : service_(service), metrics_(metrics), options_(std::move(options)) {}
+    : service_(service),
+      metrics_(metrics),
+      options_(std::move(options)),
+      anthropic_(service, metrics, options_.chat_template) {}
 
+// The key from `x-api-key` (Anthropic's header) or `Authorization: Bearer`
+// (OpenAI's): either may carry it.
 bool OpenAiApi::authorized(const HttpRequest& req) const {
   if (options_.api_key.empty()) return true;
+  if (auto key = req.header("x-api-key"); key && constant_time_equal(*key, options_.api_key)) return true;
   auto h = req.header("authorization");
   if (!h) return false;
   std::string_view v = *h;
@@ -278,7 +279,8 @@ void OpenAiApi::send_error(const std::shared_ptr<HttpExchange>& ex, const ApiErr
   metrics_.error(e.kind);
   HttpHeaders headers = e.headers;
   if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
-  ex->respond(e.status, "application/json", error_body(e), headers);
+  const bool anthropic = is_anthropic_route(ex->request().path);
+  ex->respond(e.status, "application/json", anthropic ? anthropic_error_body(e) : error_body(e), headers);
 }
 
 std::pair<int, std::string> OpenAiApi::health_body() const {
@@ -345,70 +347,20 @@ ApiError not_found(const HttpRequest& req) {
                   "invalid_request_error", "", "unknown_url", "not_found");
 }
 
-// One generation's link between the service's events and the HTTP response.
-// Stream events that arrive before the response head was sent wait here, so
-// chunks can never overtake the head.
-struct GenerationLink {
-  GenerationLink(const ApiRequest& r, std::string model_id, std::string id, std::shared_ptr<HttpExchange> ex,
-                 Metrics& metrics)
-      : builder(r, std::move(model_id), std::move(id), int64_t(std::time(nullptr))),
-        ex(std::move(ex)),
-        metrics(metrics),
-        stream(r.stream) {}
-  ~GenerationLink() {
-    if (opened) metrics.stream_closed();
+// The OpenAI shapes of a generation's events (ResponseBuilder) for run_generation.
+class OpenAiShaper final : public ResponseShaper {
+ public:
+  OpenAiShaper(const ApiRequest& r, std::string model_id, std::string id)
+      : builder_(r, std::move(model_id), std::move(id), int64_t(std::time(nullptr))) {}
+  std::vector<std::string> stream_chunks(const GenerationEvent& ev) override { return builder_.stream_chunks(ev); }
+  void add(const GenerationEvent& ev) override { builder_.add(ev); }
+  std::string body() const override { return builder_.body(); }
+  std::string error_body(int, const std::string& message) const override {
+    return baton::error_body(message, "server_error", "", "");
   }
 
-  void on_event(GenerationEvent&& ev) {
-    if (stream) {
-      std::lock_guard lock(mu);
-      for (auto& chunk : builder.stream_chunks(ev)) {
-        if (head_sent) {
-          ex->write(std::move(chunk));
-        } else {
-          pending.push_back(std::move(chunk));
-        }
-      }
-      if (ev.finish) {
-        if (head_sent) {
-          ex->end();
-        } else {
-          ended = true;
-        }
-      }
-      return;
-    }
-    builder.add(ev);
-    if (!ev.finish) return;
-    if (*ev.finish == FinishReason::error) {
-      metrics.error("internal");
-      ex->respond(500, "application/json", error_body("generation failed: " + ev.error, "server_error", "", ""));
-    } else if (*ev.finish == FinishReason::cancelled) {
-      ex->respond(503, "application/json",
-                  error_body("the request was cancelled (the server is stopping)", "server_error", "", ""));
-    } else {
-      ex->respond(200, "application/json", builder.body());
-    }
-  }
-
-  void send_head() {
-    std::lock_guard lock(mu);
-    ex->begin_stream(200, "text/event-stream");
-    metrics.stream_opened();
-    opened = true;
-    head_sent = true;
-    for (auto& chunk : pending) ex->write(std::move(chunk));
-    pending.clear();
-    if (ended) ex->end();
-  }
-
-  ResponseBuilder builder;
-  std::shared_ptr<HttpExchange> ex;
-  Metrics& metrics;
-  const bool stream;
-  std::mutex mu;
-  bool head_sent = false, ended = false, opened = false;
-  std::vector<std::string> pending;
+ private:
+  ResponseBuilder builder_;
 };
 
 }  // namespace
@@ -416,27 +368,12 @@ struct GenerationLink {
 void OpenAiApi::generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint) {
   const ModelInfo& model = service_.model();
   const std::string& body = ex->request().body;
-  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model, options_.chat_template.get()) : parse_completion_request(body, model);
+  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model, options_.chat_template.get())
+                                               : parse_completion_request(body, model);
   std::string id = make_request_id(endpoint == ApiEndpoint::chat ? "chatcmpl-" : "cmpl-");
   r.gen.id = id;
-  auto link = std::make_shared<GenerationLink>(r, model.id, id, ex, metrics_);
-  uint64_t gen_id = 0;
-  try {
-    gen_id = service_.submit(std::move(r.gen), [link](GenerationEvent&& ev) { link->on_event(std::move(ev)); });
-  } catch (const QueueFullError& e) {
-    ApiError err(429, e.what(), "rate_limit_error", "", "rate_limit_exceeded", "queue_full");
-    err.headers.emplace_back("Retry-After", std::to_string(std::max(1, e.retry_after_s)));
-    throw err;
-  } catch (const UnavailableError& e) {
-    ApiError err(503, e.what(), "server_error", "", "service_unavailable", "unavailable");
-    err.headers.emplace_back("Retry-After", "1");
-    throw err;
-  } catch (const std::invalid_argument& e) {
-    throw ApiError(400, e.what(), "invalid_request_error", "", "invalid_value", "bad_request");
-  }
-  if (r.stream) link->send_head();
-  GenerationService* svc = &service_;
-  ex->on_abort([svc, gen_id] { svc->cancel(gen_id); });
+  auto shaper = std::make_unique<OpenAiShaper>(r, model.id, id);
+  run_generation(service_, metrics_, ex, std::move(r.gen), std::move(shaper), r.stream);
 }
 
 void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
@@ -456,13 +393,21 @@ void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
     }
     if (req.path.rfind("/v1/", 0) != 0) throw not_found(req);
     if (!authorized(req)) {
-      throw ApiError(401,
-                     "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.",
+      throw ApiError(401, "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.",
                      "invalid_request_error", "", "invalid_api_key", "unauthorized");
     }
     if (req.path == "/v1/chat/completions" || req.path == "/v1/completions") {
       if (!post) throw method_not_allowed(req, "POST");
       generate(ex, req.path == "/v1/completions" ? ApiEndpoint::completions : ApiEndpoint::chat);
+      return;
+    }
+    if (req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens") {
+      if (!post) throw method_not_allowed(req, "POST");
+      if (req.path == "/v1/messages") {
+        anthropic_.messages(ex);
+      } else {
+        anthropic_.count_tokens(ex);
+      }
       return;
     }
     if (req.path == "/v1/models") {
@@ -486,7 +431,10 @@ void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
     send_error(ex, e);
   } catch (const std::exception& e) {
     metrics_.error("internal");
-    ex->respond(500, "application/json", error_body(std::string("internal error: ") + e.what(), "server_error", "", ""));
+    const std::string msg = std::string("internal error: ") + e.what();
+    const bool anthropic = is_anthropic_route(req.path);
+    ex->respond(500, "application/json",
+                anthropic ? anthropic_error_body(500, msg) : error_body(msg, "server_error", "", ""));
   }
 }
 

@@ -2,9 +2,12 @@
 // (whole JSON bodies or SSE streams) and the routes.
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions (both also as SSE
-// streams), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics.
+// streams), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics,
+// and the Anthropic Messages API's /v1/messages routes (anthropic_api.h).
 // Request bodies are parsed by openai_request.h; every refusal is an
-// OpenAI-style error body with the matching 4xx status.
+// OpenAI-style error body with the matching 4xx status (Anthropic's shape on
+// its routes). The API key is taken from `Authorization: Bearer KEY` or
+// `x-api-key: KEY` on every /v1/ route.
 //
 // The response-building functions are free of I/O so that tests can drive
 // them directly; OpenAiApi wires them and the parser to the HTTP server.
@@ -18,8 +21,10 @@
 #include <string_view>
 #include <vector>
 
+#include "coordinator/api/anthropic_api.h"
 #include "coordinator/api/chat_output.h"
 #include "coordinator/api/generation.h"
+#include "coordinator/api/generation_link.h"
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/openai_request.h"
 
@@ -68,9 +73,6 @@ class ResponseBuilder {
   size_t offset_ = 0;  // bytes of token pieces so far (completions text_offset)
 };
 
-// Fills `ids` with a fresh random id: prefix + 24 hex digits.
-std::string make_request_id(const char* prefix);
-
 struct ApiOptions {
   std::string api_key;  // "" = no authentication
   // Renders chat prompts instead of the model's own template (serve
@@ -95,6 +97,7 @@ class OpenAiApi {
   GenerationService& service_;
   Metrics& metrics_;
   ApiOptions options_;
+  AnthropicApi anthropic_;
 };
 
 // Equal strings in time that depends only on their lengths.

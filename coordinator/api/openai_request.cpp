@@ -9,161 +9,19 @@
 #include <random>
 
 #include "coordinator/api/chat_output_format.h"
-#include "engine/chat_jinja.h"
+#include "coordinator/api/chat_prompt.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 
 namespace baton {
 
 using json = nlohmann::json;
+using namespace request_json;
 
 namespace {
 
-constexpr size_t kMaxStops = 16;
-constexpr size_t kMaxStopBytes = 256;
 constexpr int kMaxCompletionLogprobs = 5;  // the legacy completions API's limit
 constexpr size_t kMaxTools = 128;          // OpenAI's limit
-
-ApiError invalid(std::string message, std::string param, std::string code = "invalid_value") {
-  return ApiError(400, std::move(message), "invalid_request_error", std::move(param), std::move(code), "bad_request");
-}
-
-const char* type_name(const json& v) {
-  if (v.is_string()) return "a string";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "a number";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
-
-ApiError wrong_type(const std::string& param, const char* expected, const json& got) {
-  return invalid(fmt::format("Invalid type for '{}': expected {}, but got {} instead.", param, expected, type_name(got)),
-                 param, "invalid_type");
-}
-
-// The field, or nullptr when absent or null (null means "default" in OpenAI's API).
-const json* field(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-double number_param(const json& body, const char* key, double def, double lo, double hi) {
-  const json* v = field(body, key);
-  if (!v) return def;
-  if (!v->is_number()) throw wrong_type(key, "a number", *v);
-  const double x = v->get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi) {
-    throw invalid(fmt::format("'{}' must be between {} and {}; got {}.", key, lo, hi, x), key);
-  }
-  return x;
-}
-
-bool is_integral(const json& v) {
-  if (v.is_number_integer()) return true;
-  if (!v.is_number_float()) return false;
-  const double d = v.get<double>();
-  return std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9.0e15;
-}
-
-int64_t int_param(const json& body, const char* key, int64_t def, int64_t lo, int64_t hi) {
-  const json* v = field(body, key);
-  if (!v) return def;
-  if (!is_integral(*v)) throw wrong_type(key, "an integer", *v);
-  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-    throw invalid(fmt::format("'{}' must be between {} and {}.", key, lo, hi), key);
-  }
-  const int64_t x = v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>();
-  if (x < lo || x > hi) throw invalid(fmt::format("'{}' must be between {} and {}; got {}.", key, lo, hi, x), key);
-  return x;
-}
-
-bool bool_param(const json& body, const char* key, bool def) {
-  const json* v = field(body, key);
-  if (!v) return def;
-  if (!v->is_boolean()) throw wrong_type(key, "a boolean", *v);
-  return v->get<bool>();
-}
-
-// A first pass over the body that builds nothing: it stops at the first
-// container nested deeper than kMaxJsonDepth or the first value past
-// max_values, so that the tree built afterwards stays a small multiple of the
-// body (nlohmann's tree costs tens of bytes per value and per level, whatever
-// the value's own size).
-class ShapeCheck : public nlohmann::json_sax<json> {
- public:
-  explicit ShapeCheck(int64_t max_values) : max_values_(max_values) {}
-  bool too_deep = false, too_many = false;
-
-  bool null() override { return value(); }
-  bool boolean(bool) override { return value(); }
-  bool number_integer(number_integer_t) override { return value(); }
-  bool number_unsigned(number_unsigned_t) override { return value(); }
-  bool number_float(number_float_t, const string_t&) override { return value(); }
-  bool string(string_t&) override { return value(); }
-  bool binary(binary_t&) override { return value(); }
-  bool start_object(std::size_t) override { return enter(); }
-  bool key(string_t&) override { return value(); }
-  bool end_object() override { return leave(); }
-  bool start_array(std::size_t) override { return enter(); }
-  bool end_array() override { return leave(); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
-
- private:
-  bool value() {
-    too_many = ++values_ > max_values_;
-    return !too_many;
-  }
-  bool enter() {
-    too_deep = ++depth_ > kMaxJsonDepth;
-    return !too_deep && value();
-  }
-  bool leave() {
-    --depth_;
-    return true;
-  }
-  const int64_t max_values_;
-  int64_t values_ = 0;
-  int depth_ = 0;
-};
-
-json parse_body(std::string_view body, const ModelInfo& model) {
-  const int64_t max_values = max_json_values(model.n_ctx);
-  ShapeCheck check(max_values);
-  if (!json::sax_parse(body.begin(), body.end(), &check)) {
-    if (check.too_deep) {
-      throw invalid(fmt::format("The JSON body nests arrays and objects deeper than {} levels.", kMaxJsonDepth), "",
-                    "invalid_json");
-    }
-    if (check.too_many) {
-      throw invalid(fmt::format("The JSON body holds more than {} values (keys included).", max_values), "",
-                    "invalid_json");
-    }
-  }
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    throw invalid("We could not parse the JSON body of your request. The body must be a JSON object (with valid "
-                  "UTF-8).",
-                  "", "invalid_json");
-  }
-  if (!j.is_object()) throw invalid("The request body must be a JSON object.", "", "invalid_json");
-  return j;
-}
-
-void check_model(const json& body, const ModelInfo& model) {
-  const json* v = field(body, "model");
-  if (!v) {
-    throw invalid("You must provide a model parameter.", "model", "missing_required_parameter");
-  }
-  if (!v->is_string()) throw wrong_type("model", "a string", *v);
-  if (v->get<std::string>() != model.id) {
-    throw ApiError(404,
-                   fmt::format("The model '{}' does not exist. This server serves '{}'.",
-                               sanitize_utf8(v->get<std::string>().substr(0, 200)), model.id),
-                   "invalid_request_error", "model", "model_not_found", "model_not_found");
-  }
-}
 
 void refuse_unsupported(const json& body) {
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
@@ -219,24 +77,8 @@ void parse_common(const json& body, ApiRequest& r, const ModelInfo& model) {
   }
 
   if (const json* v = field(body, "stop")) {
-    std::vector<std::string> stops;
-    if (v->is_string()) {
-      stops.push_back(v->get<std::string>());
-    } else if (v->is_array()) {
-      if (v->size() > kMaxStops) throw invalid(fmt::format("'stop' takes at most {} strings.", kMaxStops), "stop");
-      for (const json& item : *v) {
-        if (!item.is_string()) throw wrong_type("stop", "a string or an array of strings", item);
-        stops.push_back(item.get<std::string>());
-      }
-    } else {
-      throw wrong_type("stop", "a string or an array of strings", *v);
-    }
-    for (const auto& st : stops) {
-      if (st.size() > kMaxStopBytes) {
-        throw invalid(fmt::format("A stop string is at most {} bytes.", kMaxStopBytes), "stop");
-      }
-      if (!st.empty()) r.gen.stop.push_back(st);
-    }
+    if (!v->is_string() && !v->is_array()) throw wrong_type("stop", "a string or an array of strings", *v);
+    for (auto& st : stop_strings(*v, "stop")) r.gen.stop.push_back(std::move(st));
   }
 
   if (const json* v = field(body, "logit_bias")) {
@@ -272,73 +114,6 @@ void parse_common(const json& body, ApiRequest& r, const ModelInfo& model) {
     r.include_usage = bool_param(*v, "include_usage", false);
   }
   refuse_unsupported(body);
-}
-
-// max_tokens against the context: the prompt must leave room for one token,
-// and an explicit max_tokens must fit entirely.
-void fit_context(ApiRequest& r, const ModelInfo& model, std::optional<int64_t> max_tokens, int64_t default_max,
-                 const char* param) {
-  const int64_t n_prompt = int64_t(r.gen.prompt.size());
-  if (n_prompt >= model.n_ctx) {
-    throw ApiError(400,
-                   fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} tokens, "
-                               "which leaves no room for a completion.",
-                               model.n_ctx, n_prompt),
-                   "invalid_request_error", "messages", "context_length_exceeded", "context_length");
-  }
-  if (max_tokens) {
-    if (n_prompt + *max_tokens > model.n_ctx) {
-      throw ApiError(400,
-                     fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
-                                 "({} in the prompt, {} for the completion). Please reduce the prompt or the "
-                                 "completion length.",
-                                 model.n_ctx, n_prompt + *max_tokens, n_prompt, *max_tokens),
-                     "invalid_request_error", param, "context_length_exceeded", "context_length");
-    }
-    r.gen.max_tokens = *max_tokens;
-  } else {
-    r.gen.max_tokens = std::min(default_max, model.n_ctx - n_prompt);
-  }
-}
-
-// Tokenizing costs time that grows with the text; a text that cannot fit in
-// the context whatever its tokens is refused without tokenizing it.
-void check_text_fits(size_t bytes, const ModelInfo& model, const char* param) {
-  if (model.max_token_bytes <= 0) return;
-  const uint64_t limit = uint64_t(model.n_ctx) * uint64_t(model.max_token_bytes);
-  if (bytes > limit) {
-    throw ApiError(400,
-                   fmt::format("This model's maximum context length is {} tokens; a prompt of {} bytes cannot fit "
-                               "(at most {} bytes per token).",
-                               model.n_ctx, bytes, model.max_token_bytes),
-                   "invalid_request_error", param, "context_length_exceeded", "context_length");
-  }
-}
-
-std::optional<int64_t> max_tokens_param(const json& body, const char* key) {
-  if (!field(body, key)) return std::nullopt;
-  return int_param(body, key, 0, 1, std::numeric_limits<int32_t>::max());
-}
-
-std::string message_content(const json& msg, size_t index) {
-  const std::string param = fmt::format("messages.[{}].content", index);
-  auto it = msg.find("content");
-  if (it == msg.end() || it->is_null()) return "";
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_array()) {
-    // Content parts: only text parts can be rendered.
-    std::string text;
-    for (const json& part : *it) {
-      if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
-          !part["text"].is_string()) {
-        throw invalid("Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported.", param,
-                      "unsupported_parameter");
-      }
-      text += part["text"].get<std::string>();
-    }
-    return text;
-  }
-  throw wrong_type(param, "a string or an array of content parts", *it);
 }
 
 }  // namespace
@@ -528,44 +303,14 @@ std::optional<std::string> reasoning_effort(const json& body) {
                 "reasoning_effort");
 }
 
-// The prompt from a Jinja chat template: the request's messages go to the
-// template (any role, content parts, tool calls), with the tools when the
-// request offers them, and chat_template_kwargs as extra variables. A
-// reasoning_effort turns thinking on ("none": off) unless the kwargs decide.
-std::string render_with_template(const ojson& ordered, const json& body, const JinjaTemplate& tmpl,
-                                 const ModelInfo& model, const ChatTools& tools) {
-  ChatTemplateInput in;
-  in.messages = template_messages(ordered.at("messages"));
-  if (tools.active()) in.tools = ordered.at("tools");
-  in.bos_token = chat_bos_text(*model.tokenizer);
-  in.eos_token = chat_eos_text(*model.tokenizer);
-  if (const json* kw = field(body, "chat_template_kwargs")) {
-    if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
-    in.kwargs = ordered.at("chat_template_kwargs");
-  }
-  if (const auto effort = reasoning_effort(body)) {
-    if (*effort != "none" && !in.kwargs.contains("reasoning_effort")) in.kwargs["reasoning_effort"] = *effort;
-    if (!in.kwargs.contains("thinking") && !in.kwargs.contains("enable_thinking")) {
-      in.kwargs["thinking"] = *effort != "none";
-      in.kwargs["enable_thinking"] = *effort != "none";
-    }
-  }
-  try {
-    return render_chat(tmpl, in);
-  } catch (const jinja::RenderError& e) {
-    throw invalid(fmt::format("The model's chat template refused the conversation: {}", sanitize_utf8(e.what())),
-                  "messages", "invalid_value");
-  }
-}
-
 }  // namespace
 
 ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model, const JinjaTemplate* chat_template) {
-  const json body = parse_body(body_text, model);
+  const json body = parse_body(body_text, model.n_ctx);
   check_model(body, model);
   ApiRequest r;
   r.endpoint = ApiEndpoint::chat;
-  const JinjaTemplate* tmpl = chat_template ? chat_template : model.chat_template.get();
+  const JinjaTemplate* tmpl = chat_template_for(model, chat_template);
   // The same body with its key order, which tojson writes out.
   const ojson ordered = ojson::parse(body_text.begin(), body_text.end());
   r.tools = parse_tools(body, ordered);
@@ -580,7 +325,6 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   if (!msgs) throw invalid("You must provide a messages parameter.", "messages", "missing_required_parameter");
   if (!msgs->is_array()) throw wrong_type("messages", "an array", *msgs);
   if (msgs->empty()) throw invalid("'messages' must hold at least one message.", "messages", "empty_array");
-  std::vector<ChatMessage> chat;
   for (size_t i = 0; i < msgs->size(); ++i) {
     const json& m = (*msgs)[i];
     const std::string param = fmt::format("messages.[{}]", i);
@@ -589,51 +333,36 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
     if (role == m.end() || !role->is_string()) {
       throw invalid(fmt::format("'{}.role' must be a string.", param), param + ".role", "invalid_type");
     }
-    if (tmpl) continue;  // the template decides which roles and contents it takes
-    if (field(m, "tool_calls")) {
+    if (!tmpl && field(m, "tool_calls")) {
       throw invalid("This model's chat format renders no tool calls: it has no Jinja chat template.",
                     param + ".tool_calls", "unsupported_parameter");
     }
-    std::string name = role->get<std::string>();
-    if (name == "developer") name = "system";  // OpenAI's newer name for the system role
-    if (name != "system" && name != "user" && name != "assistant") {
-      throw invalid(fmt::format("Role '{}' is not supported; use system, developer, user or assistant.",
-                                sanitize_utf8(name.substr(0, 40))),
-                    param + ".role", "unsupported_parameter");
-    }
-    chat.push_back({name, message_content(m, i)});
   }
-  std::string prompt;
-  if (tmpl) {
-    prompt = render_with_template(ordered, body, *tmpl, model, r.tools);
-  } else {
-    ChatOptions opt;
-    if (const auto effort = reasoning_effort(body)) opt.thinking = *effort != "none";
-    if (const json* kw = field(body, "chat_template_kwargs")) {
-      if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
-      opt.thinking = bool_param(*kw, "thinking", bool_param(*kw, "enable_thinking", opt.thinking));
-    }
-    try {
-      prompt = render_chat(model.chat_family, chat, opt, chat_bos_text(*model.tokenizer));
-    } catch (const std::invalid_argument& e) {
-      throw invalid(e.what(), "messages", "invalid_value");
+  // The messages go to the template (any role, content parts, tool calls),
+  // with the tools when the request offers them, and chat_template_kwargs as
+  // extra variables. A reasoning_effort turns thinking on ("none": off)
+  // unless the kwargs decide.
+  ChatConversation chat;
+  chat.messages = tmpl ? template_messages(ordered.at("messages")) : ordered.at("messages");
+  if (r.tools.active()) chat.tools = ordered.at("tools");
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
+    chat.kwargs = ordered.at("chat_template_kwargs");
+  }
+  if (const auto effort = reasoning_effort(body)) {
+    if (*effort != "none" && !chat.kwargs.contains("reasoning_effort")) chat.kwargs["reasoning_effort"] = *effort;
+    if (!chat.kwargs.contains("thinking") && !chat.kwargs.contains("enable_thinking")) {
+      chat.kwargs["thinking"] = *effort != "none";
+      chat.kwargs["enable_thinking"] = *effort != "none";
     }
   }
-  check_text_fits(prompt.size(), model, "messages");
-  r.gen.prompt = model.tokenizer->encode(prompt, /*add_special=*/false, /*parse_special=*/true);
-  if (r.gen.prompt.empty()) throw invalid("The conversation gives no tokens.", "messages");
-  r.output = request_output_format(chat_output_format(model, tmpl), prompt, r.tools.active());
+  const ChatPrompt prompt = encode_chat(chat, model, tmpl);
+  r.gen.prompt = prompt.tokens;
+  r.output = request_output_format(chat_output_format(model, tmpl), prompt.text, r.tools.active());
   r.gen.show_tokens = chat_marker_tokens(r.output, *model.tokenizer);
 
   parse_common(body, r, model);
-  // The family's end-of-turn tokens and strings are the model's way to end
-  // generation: ignore_eos drops them along with the tokenizer's EOS. Text
-  // stops are the Plain family's; a template's turns end on tokens.
-  if (!r.gen.ignore_eos) {
-    if (!tmpl)
-      for (const auto& s : model.chat_stop_strings) r.gen.stop.push_back(s);
-    r.gen.stop_tokens = model.chat_stop_tokens;
-  }
+  add_chat_stops(r.gen, model, tmpl);
 
   r.logprobs = bool_param(body, "logprobs", false);
   const json* top = field(body, "top_logprobs");
@@ -645,13 +374,13 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
 
   std::optional<int64_t> max_tokens = max_tokens_param(body, "max_completion_tokens");
   if (!max_tokens) max_tokens = max_tokens_param(body, "max_tokens");
-  fit_context(r, model, max_tokens, model.n_ctx, field(body, "max_completion_tokens") ? "max_completion_tokens"
-                                                                                       : "max_tokens");
+  fit_context(r.gen, model, max_tokens, model.n_ctx,
+              field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", "messages");
   return r;
 }
 
 ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo& model) {
-  const json body = parse_body(body_text, model);
+  const json body = parse_body(body_text, model.n_ctx);
   check_model(body, model);
   ApiRequest r;
   r.endpoint = ApiEndpoint::completions;
@@ -702,10 +431,8 @@ ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo&
     r.logprobs = true;
   }
   // The legacy API's default of 16 tokens.
-  fit_context(r, model, max_tokens_param(body, "max_tokens"), 16, "max_tokens");
+  fit_context(r.gen, model, max_tokens_param(body, "max_tokens"), 16, "max_tokens", "prompt");
   return r;
 }
-
-std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 }  // namespace baton

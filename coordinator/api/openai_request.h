@@ -9,46 +9,20 @@
 
 #include <nlohmann/json.hpp>
 
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "coordinator/api/chat_output.h"
 #include "coordinator/api/chat_tools.h"
 #include "coordinator/api/generation.h"
-#include "coordinator/api/http_server.h"  // HttpHeaders
+#include "coordinator/api/request_json.h"
 
 namespace baton {
-
-// A refusal: HTTP status plus the OpenAI error fields. `kind` is the short
-// word counted in baton_errors_total.
-struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string type, std::string param, std::string code, std::string kind)
-      : std::runtime_error(message),
-        status(status),
-        type(std::move(type)),
-        param(std::move(param)),
-        code(std::move(code)),
-        kind(std::move(kind)) {}
-  int status;
-  std::string type;   // invalid_request_error, authentication_error, rate_limit_error, server_error...
-  std::string param;  // the offending field, "" for none (null in JSON)
-  std::string code;   // "" for none (null in JSON)
-  std::string kind;
-  HttpHeaders headers;  // e.g. Retry-After
-};
 
 // {"error":{"message","type","param","code"}} with nulls for empty fields.
 std::string error_body(const std::string& message, const std::string& type, const std::string& param,
                        const std::string& code);
 std::string error_body(const ApiError& e);
-
-// Bodies nested deeper than kMaxJsonDepth, or holding more values (keys
-// included) than max_json_values, are refused (400 invalid_json) before any
-// of the body is turned into a tree. The value limit leaves room for a prompt
-// of token ids that fills the context.
-inline constexpr int kMaxJsonDepth = 64;
-inline int64_t max_json_values(int64_t n_ctx) { return 65536 + 2 * n_ctx; }
 
 enum class ApiEndpoint { chat, completions };
 
@@ -75,8 +49,5 @@ struct ApiRequest {
 ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model,
                               const JinjaTemplate* chat_template = nullptr);
 ApiRequest parse_completion_request(std::string_view body, const ModelInfo& model);
-
-// The text of a JSON body: invalid UTF-8 in strings is replaced, never thrown on.
-std::string dump_json(const nlohmann::json& j);
 
 }  // namespace baton

@@ -29,6 +29,7 @@
 #include "coordinator/commands/commands.h"
 #include "coordinator/cluster/cluster_config.h"
 #include "coordinator/cluster/cluster_engine.h"
+#include "coordinator/api/cors.h"
 #include "coordinator/api/http_server.h"
 #include "coordinator/cluster/local_cluster.h"
 #include "coordinator/cluster/local_engine.h"
@@ -67,6 +68,7 @@ struct ServeOptions {
   std::vector<int> gpus;         // local workers' GPUs
   std::string api_key_file;
   std::string api_key;  // --api-key, else $BATON_API_KEY
+  CorsPolicy cors;  // --cors: none unless given
   std::string model_id;
   std::string chat_template_file;  // --chat-template: replaces the model's template
   LocalEngineConfig engine;
@@ -78,13 +80,15 @@ struct ServeOptions {
 
 constexpr const char* kUsage =
     "usage: baton serve ([-m] MODEL | --config FILE) [--host H] [--port P] [--api-key-file F] [options]\n\n"
-    "Serves a GGUF model over an OpenAI-compatible HTTP API:\n"
+    "Serves a GGUF model over an OpenAI-compatible HTTP API and Anthropic's Messages API:\n"
     "  POST /v1/chat/completions   chat (messages rendered with the model's chat template)\n"
     "  POST /v1/completions        plain text completion\n"
+    "  POST /v1/messages           Anthropic Messages API (content blocks, tools, thinking)\n"
+    "  POST /v1/messages/count_tokens  the token count of a Messages API prompt\n"
     "  GET  /v1/models             the served model\n"
     "  GET  /health                route state: stages, layers, loading progress, memory\n"
     "  GET  /metrics               Prometheus metrics\n"
-    "Both completion routes stream server-sent events with \"stream\": true.\n\n"
+    "The completion and message routes stream server-sent events with \"stream\": true.\n\n"
     "Concurrent requests share the model by continuous batching: up to --parallel\n"
     "sequences hold a KV slot; each step runs one batch of at most --batch tokens\n"
     "(a decode token of every generating sequence, then chunks of waiting prompts)\n"
@@ -99,8 +103,8 @@ constexpr const char* kUsage =
     "model is loaded. Logs and one line per request go to stderr. SIGINT or SIGTERM\n"
     "stops the server: generations in flight end, connections close.\n\n"
     "With --api-key-file, --api-key or $BATON_API_KEY, every /v1/ request needs\n"
-    "'Authorization: Bearer KEY' (for a file, its first line); /health and /metrics\n"
-    "stay open for probes and scrapers.\n\n"
+    "'Authorization: Bearer KEY' or 'x-api-key: KEY' (for a file, its first line);\n"
+    "/health and /metrics stay open for probes and scrapers.\n\n"
     "With --workers K the model runs as a pipeline of K worker processes on this\n"
     "machine (loopback TCP, a generated secret): each loads only its layers, and\n"
     "--parallel sequences are in flight at once so that the stages overlap. A worker\n"
@@ -139,10 +143,13 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "address to listen on (an IP address; 0.0.0.0 for every interface)")
       ("port", po::value<int>(&port)->default_value(8080), "TCP port; 0 = any free port (printed on stdout)")
       ("api-key-file", po::value<std::string>(&r.api_key_file),
-       "file whose first line is the API key clients must send as a Bearer token")
+       "file whose first line is the API key clients must send (Authorization: Bearer KEY, or x-api-key: KEY)")
       ("api-key", po::value<std::string>(&r.api_key),
        "the API key itself (other users of this machine can read it in the process list: prefer "
        "--api-key-file or $BATON_API_KEY)")
+      ("cors", po::value<std::string>(),
+       "let web pages of these origins call the API: '*' or a comma list like https://app.example.com; "
+       "answers OPTIONS preflights (default: no CORS headers)")
       ("chat-template", po::value<std::string>(&r.chat_template_file),
        "Jinja chat template file rendering chat prompts instead of the model's own "
        "(tokenizer.chat_template); refused at start when it uses what Baton's Jinja engine lacks")
@@ -203,6 +210,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     r.workers = int(r.parts.size());
     if (r.model.empty()) r.model = r.parts.front();  // any part carries the metadata and tokenizer
   }
+  if (vm.count("cors")) r.cors = parse_cors_origins(vm["cors"].as<std::string>());
   if (vm.count("workers") && (r.workers < 1 || r.workers > 64)) throw std::invalid_argument("--workers must be in 1..64");
   if (vm.count("gpus")) {
     std::stringstream list(vm["gpus"].as<std::string>());
@@ -293,6 +301,8 @@ std::string read_api_key(const std::string& path) {
 const char* route_name(const std::string& path) {
   if (path == "/v1/chat/completions") return "chat";
   if (path == "/v1/completions") return "completions";
+  if (path == "/v1/messages") return "messages";
+  if (path == "/v1/messages/count_tokens") return "count_tokens";
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "models";
   if (path == "/health") return "health";
   if (path == "/metrics") return "metrics";
@@ -446,7 +456,9 @@ int serve(const ServeOptions& opt) {
                  net::printable(req.path, 200).c_str(), status, seconds * 1000, (unsigned long long)bytes,
                  req.remote.c_str(), complete ? "" : " (cut: the connection closed first)");
   };
-  HttpServer server(opt.http, [&api](std::shared_ptr<HttpExchange> ex) { api.handle(ex); }, hooks);
+  HttpHandler handler = [&api](std::shared_ptr<HttpExchange> ex) { api.handle(ex); };
+  if (opt.cors.enabled()) handler = with_cors(opt.cors, std::move(handler));
+  HttpServer server(opt.http, std::move(handler), hooks);
   server.start();
   std::printf("baton serve: listening on http://%s:%u\n", opt.http.host.c_str(), unsigned(server.port()));
   std::fflush(stdout);

@@ -1,0 +1,113 @@
+#include "coordinator/api/chat_prompt.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "coordinator/api/request_json.h"
+#include "engine/chat_jinja.h"
+#include "engine/chat_template.h"
+#include "engine/tokenizer.h"
+
+namespace baton {
+
+using ojson = nlohmann::ordered_json;
+using request_json::invalid;
+using request_json::wrong_type;
+
+namespace {
+
+std::string message_content(const ojson& msg, size_t index) {
+  const std::string param = fmt::format("messages.[{}].content", index);
+  auto it = msg.find("content");
+  if (it == msg.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    // Content parts: only text parts can be rendered.
+    std::string text;
+    for (const ojson& part : *it) {
+      if (!part.is_object() || part.value("type", ojson()) != "text" || !part.contains("text") ||
+          !part["text"].is_string()) {
+        throw invalid("Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported.", param,
+                      "unsupported_parameter");
+      }
+      text += part["text"].get<std::string>();
+    }
+    return text;
+  }
+  throw wrong_type(param, "a string or an array of content parts", *it);
+}
+
+// The family formats know four roles and text content; tool calls are not
+// theirs to render.
+std::string render_family(const ChatConversation& chat, const ModelInfo& model) {
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < chat.messages.size(); ++i) {
+    const ojson& m = chat.messages[i];
+    const std::string param = fmt::format("messages.[{}]", i);
+    std::string role = m.value("role", std::string());
+    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+    if (role != "system" && role != "user" && role != "assistant") {
+      throw invalid(fmt::format("Role '{}' is not supported; use system, developer, user or assistant.",
+                                sanitize_utf8(role.substr(0, 40))),
+                    param + ".role", "unsupported_parameter");
+    }
+    messages.push_back({role, message_content(m, i)});
+  }
+  ChatOptions opt;
+  for (const char* key : {"thinking", "enable_thinking"}) {
+    auto it = chat.kwargs.find(key);
+    if (it == chat.kwargs.end() || it->is_null()) continue;
+    if (!it->is_boolean()) throw wrong_type(std::string("chat_template_kwargs.") + key, "a boolean", *it);
+    opt.thinking = it->get<bool>();
+    break;
+  }
+  try {
+    return render_chat(model.chat_family, messages, opt, chat_bos_text(*model.tokenizer));
+  } catch (const std::invalid_argument& e) {
+    throw invalid(e.what(), "messages", "invalid_value");
+  }
+}
+
+}  // namespace
+
+const JinjaTemplate* chat_template_for(const ModelInfo& model, const JinjaTemplate* override_template) {
+  return override_template ? override_template : model.chat_template.get();
+}
+
+ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl) {
+  std::string prompt;
+  if (tmpl) {
+    ChatTemplateInput in;
+    in.messages = chat.messages;
+    in.tools = chat.tools;
+    in.kwargs = chat.kwargs;
+    in.bos_token = chat_bos_text(*model.tokenizer);
+    in.eos_token = chat_eos_text(*model.tokenizer);
+    try {
+      prompt = render_chat(*tmpl, in);
+    } catch (const jinja::RenderError& e) {
+      throw invalid(fmt::format("The model's chat template refused the conversation: {}", sanitize_utf8(e.what())),
+                    "messages", "invalid_value");
+    }
+  } else {
+    prompt = render_family(chat, model);
+  }
+  request_json::check_text_fits(prompt.size(), model, "messages");
+  std::vector<int32_t> tokens = model.tokenizer->encode(prompt, /*add_special=*/false, /*parse_special=*/true);
+  if (tokens.empty()) throw invalid("The conversation gives no tokens.", "messages");
+  return {std::move(prompt), std::move(tokens)};
+}
+
+void add_chat_stops(GenerationRequest& gen, const ModelInfo& model, const JinjaTemplate* tmpl) {
+  // The family's end-of-turn tokens and strings are the model's way to end
+  // generation: ignore_eos drops them along with the tokenizer's EOS. Text
+  // stops are the Plain family's; a template's turns end on tokens.
+  if (gen.ignore_eos) return;
+  if (!tmpl)
+    for (const auto& s : model.chat_stop_strings) gen.stop.push_back(s);
+  gen.stop_tokens = model.chat_stop_tokens;
+}
+
+}  // namespace baton

@@ -1,0 +1,115 @@
+// What every API's request parser shares: the refusal type (ApiError), the
+// bounded parse of a JSON body, typed field readers that refuse by name, the
+// model check and the context limits. Free of I/O, so that tests drive it
+// directly. The OpenAI routes (openai_request.h) and the Anthropic routes
+// (anthropic_request.h) build on it; each API shapes an ApiError into its own
+// error body.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "coordinator/api/generation.h"
+#include "coordinator/api/http_server.h"  // HttpHeaders
+
+namespace baton {
+
+// A refusal: HTTP status plus the OpenAI error fields (the Anthropic routes
+// derive their error type from the status). `kind` is the short word counted
+// in baton_errors_total.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string message, std::string type, std::string param, std::string code, std::string kind)
+      : std::runtime_error(message),
+        status(status),
+        type(std::move(type)),
+        param(std::move(param)),
+        code(std::move(code)),
+        kind(std::move(kind)) {}
+  int status;
+  std::string type;   // invalid_request_error, authentication_error, rate_limit_error, server_error...
+  std::string param;  // the offending field, "" for none (null in JSON)
+  std::string code;   // "" for none (null in JSON)
+  std::string kind;
+  HttpHeaders headers;  // e.g. Retry-After
+};
+
+// Bodies nested deeper than kMaxJsonDepth, or holding more values (keys
+// included) than max_json_values, are refused (400 invalid_json) before any
+// of the body is turned into a tree. The value limit leaves room for a prompt
+// of token ids that fills the context.
+inline constexpr int kMaxJsonDepth = 64;
+inline int64_t max_json_values(int64_t n_ctx) { return 65536 + 2 * n_ctx; }
+
+// The text of a JSON body: invalid UTF-8 in strings is replaced, never thrown on.
+std::string dump_json(const nlohmann::json& j);
+
+namespace request_json {
+
+// A 400 invalid_request_error.
+ApiError invalid(std::string message, std::string param, std::string code = "invalid_value");
+
+template <class Json>
+const char* type_name(const Json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+ApiError wrong_type_named(const std::string& param, const char* expected, const char* got);
+
+template <class Json>
+ApiError wrong_type(const std::string& param, const char* expected, const Json& got) {
+  return wrong_type_named(param, expected, type_name(got));
+}
+
+// The field, or nullptr when absent or null (null means "default" in both APIs).
+template <class Json>
+const Json* field(const Json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// Parses a request body: its shape first (depth and value count, building
+// nothing), then the tree; refuses anything but a JSON object (400 invalid_json).
+nlohmann::json parse_body(std::string_view body, int64_t n_ctx);
+
+// Typed scalars: absent or null gives `def`; a wrong type or a value outside
+// [lo, hi] is a 400 naming the field.
+double number_param(const nlohmann::json& body, const char* key, double def, double lo, double hi);
+bool is_integral(const nlohmann::json& v);
+int64_t int_param(const nlohmann::json& body, const char* key, int64_t def, int64_t lo, int64_t hi);
+bool bool_param(const nlohmann::json& body, const char* key, bool def);
+// max_tokens-like fields: nullopt when absent, else an integer >= 1.
+std::optional<int64_t> max_tokens_param(const nlohmann::json& body, const char* key);
+
+// Stop strings: a string or an array of at most kMaxStops strings of at most
+// kMaxStopBytes bytes each; empty ones are dropped.
+inline constexpr size_t kMaxStops = 16;
+inline constexpr size_t kMaxStopBytes = 256;
+std::vector<std::string> stop_strings(const nlohmann::json& v, const char* param);
+
+// `model` must be the served model's id (400 when missing, 404 when another).
+void check_model(const nlohmann::json& body, const ModelInfo& model);
+
+// max_tokens against the context: the prompt must leave room for one token,
+// and an explicit max_tokens must fit entirely (400 context_length_exceeded).
+// Without one, the request gets default_max or the rest of the context.
+void fit_context(GenerationRequest& gen, const ModelInfo& model, std::optional<int64_t> max_tokens,
+                 int64_t default_max, const char* param, const char* prompt_param);
+
+// Tokenizing costs time that grows with the text; a text that cannot fit in
+// the context whatever its tokens is refused without tokenizing it.
+void check_text_fits(size_t bytes, const ModelInfo& model, const char* param);
+
+}  // namespace request_json
+}  // namespace baton
