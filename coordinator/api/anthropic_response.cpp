@@ -159,11 +159,12 @@ std::string MessagesResponse::sse(const json& event) {
 }
 
 json MessagesResponse::usage_json() const {
-  // No prompt cache: every input token is read fresh.
-  return {{"input_tokens", input_tokens_},
+  // As Anthropic counts: input_tokens are the prompt tokens computed, those
+  // the prefix cache reused are cache reads (the sum is the whole prompt).
+  return {{"input_tokens", input_tokens_ - cached_tokens_},
           {"output_tokens", output_tokens_},
           {"cache_creation_input_tokens", 0},
-          {"cache_read_input_tokens", 0}};
+          {"cache_read_input_tokens", cached_tokens_}};
 }
 
 json MessagesResponse::message_json(json content) const {
@@ -183,6 +184,7 @@ std::vector<json> MessagesResponse::feed(const GenerationEvent& ev) {
   for (auto& e : blocks_.push(parser_.finish())) out.push_back(std::move(e));
   for (auto& e : blocks_.close()) out.push_back(std::move(e));
   input_tokens_ = ev.usage.prompt_tokens;
+  cached_tokens_ = ev.usage.cached_tokens;
   output_tokens_ = ev.usage.completion_tokens;
   stop_ = anthropic_stop_reason(*ev.finish, ev.stop_string, stop_sequences_, blocks_.has_tool_use());
   return out;
@@ -208,7 +210,10 @@ std::vector<std::string> MessagesResponse::stream_chunks(const GenerationEvent& 
                        {"delta",
                         {{"stop_reason", stop_.reason},
                          {"stop_sequence", stop_.sequence.empty() ? json() : json(stop_.sequence)}}},
-                       {"usage", {{"input_tokens", input_tokens_}, {"output_tokens", output_tokens_}}}}));
+                       {"usage",
+                        {{"input_tokens", input_tokens_ - cached_tokens_},
+                         {"output_tokens", output_tokens_},
+                         {"cache_read_input_tokens", cached_tokens_}}}}));
     out.push_back(sse({{"type", "message_stop"}}));
   }
   return out;

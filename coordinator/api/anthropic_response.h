@@ -108,6 +108,7 @@ class MessagesResponse final : public ResponseShaper {
   ContentBlocks blocks_;
   bool started_ = false;
   int64_t input_tokens_ = 0, output_tokens_ = 0;
+  int64_t cached_tokens_ = 0;  // of input_tokens_, reused by the prefix cache
   StopReason stop_;
 };
 
