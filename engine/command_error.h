@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace baton {
 
@@ -19,5 +20,20 @@ struct CommandError : std::runtime_error {
   CommandError(const std::string& what, int status) : std::runtime_error(what), status(status) {}
   int status;
 };
+
+// Runs f; an error it throws about the file at `path` comes out with the
+// file's name in front ("PATH: why", unless the message starts with it), so
+// that a command's error line says which file it is about.
+template <typename F>
+auto about_file(const std::string& path, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const CommandError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (std::string_view(e.what()).rfind(path, 0) == 0) throw;
+    throw std::runtime_error(path + ": " + e.what());
+  }
+}
 
 }  // namespace baton

@@ -159,7 +159,10 @@ TEST(CliFlags, CtxBeyondTheTrainedContextIsOneWarning) {
 TEST(CliFlags, RunErrorsNameTheFileAndASplitPartSaysWhatToRun) {
   test::TempDir dir;
   test::write_file(dir.file("junk.gguf"), {'n', 'o', 't', ' ', 'g', 'g', 'u', 'f', 0, 1, 2, 3});
-  expect_error(baton({"run", dir.file("junk.gguf")}), "run", dir.file("junk.gguf") + ": ");
+  expect_error(baton({"run", dir.file("junk.gguf")}), "run", dir.file("junk.gguf") + ": not a GGUF file");
+  expect_error(baton({"run", dir.file("junk.gguf"), "--workers", "2"}), "run", dir.file("junk.gguf") + ": not a GGUF file");
+  const auto bench = baton({"bench", dir.file("junk.gguf"), "--backend", "cpu"});
+  expect_error(bench, "bench", dir.file("junk.gguf") + ": not a GGUF file");
   const auto split = baton({"split", stories(), "--layers", "0:2,3:output", "-o", dir.path().string()});
   ASSERT_EQ(split.exit_code, 0) << split.err;
   const std::string part = dir.file("stories260K-part1-of-2-layers-0-2.gguf");
