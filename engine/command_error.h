@@ -11,8 +11,9 @@
 
 namespace baton {
 
-// Exit statuses of every command: 0 ok, 1 error, 2 refused (the model does not
-// fit, or the backend asked for is not there).
+// Exit statuses of every command (README, "Exit status"): 0 ok, 1 error, 2
+// refused (baton plan: the model does not fit; or the backend asked for is
+// not there).
 inline constexpr int kExitError = 1;
 inline constexpr int kExitRefused = 2;
 
