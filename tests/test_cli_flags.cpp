@@ -186,7 +186,6 @@ TEST(CliFlags, WorkersLogWarningsOnlyUnlessVerbose) {
 }
 
 TEST(CliFlags, ProgressIntoAPipeIsWholeLines) {
-  test::TempDir dir;
   const auto r = baton({"run", stories(), "-n", "1", "--temp", "0", "--progress"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("loading "), std::string::npos) << r.err;
