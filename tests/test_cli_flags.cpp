@@ -185,11 +185,18 @@ TEST(CliFlags, WorkersLogWarningsOnlyUnlessVerbose) {
   expect_error(level, "run", "--log-level must be debug, info, warn or error");
 }
 
-TEST(CliFlags, ProgressIntoAPipeIsWholeLines) {
+TEST(CliFlags, ProgressRedrawsOnATerminalAndIsWholeLinesIntoAPipe) {
   const auto r = baton({"run", stories(), "-n", "1", "--temp", "0", "--progress"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("loading "), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
+  // On a terminal (script(1) gives the command one) the line redraws in place.
+  const auto tty = test::run_command({"/usr/bin/script", "-qec",
+                                      "'" + test::baton_binary() + "' run '" + stories() +
+                                          "' -n 1 --temp 0 --progress",
+                                      "/dev/null"});
+  ASSERT_EQ(tty.exit_code, 0) << tty.out << tty.err;
+  EXPECT_NE(tty.out.find("\rloading "), std::string::npos) << tty.out;
 }
 
 }  // namespace
