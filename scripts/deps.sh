@@ -3,9 +3,10 @@
 # Each is used: the build tools; python3 (GGUF and oracle scripts the tests run); python3-jinja2
 # (the reference renderer test_engine_jinja compares the chat template engine with); GoogleTest;
 # Boost (headers for Asio and Beast, program_options); nlohmann-json, fmt, cereal (wire
-# payloads), OpenSSL (HMAC), xxhash (split checksums), toml++ (cluster files).
+# payloads), OpenSSL (HMAC), xxhash (split checksums), toml++ (cluster files); curl (the request
+# of docs/QUICKSTART.md, which test_cli_quickstart runs).
 set -euo pipefail
-pkgs=(cmake ninja-build g++ python3 python3-jinja2
+pkgs=(cmake ninja-build g++ python3 python3-jinja2 curl
       libgtest-dev
       libboost-program-options-dev nlohmann-json3-dev libfmt-dev
       libcereal-dev libboost-dev libssl-dev libxxhash-dev libtomlplusplus-dev)

@@ -173,9 +173,10 @@ struct Child {
 };
 
 TEST(ClusterRun, KilledWorkerFailsTheRunWithinTwoSeconds) {
-  // Slow workers make the generation last long enough to kill one inside it.
+  // Slow workers make the generation last long enough to kill one inside it;
+  // -v for the info lines that give the workers' pids.
   Child run({test::baton_binary(), "run", "-m", test::model_path("stories260K.gguf"), "-p", "Once upon a time", "-n",
-             "400", "--temp", "0", "-t", "1", "--workers", "3", "--worker-delay-ms", "20"});
+             "400", "--temp", "0", "-t", "1", "--workers", "3", "--worker-delay-ms", "20", "-v"});
   const std::regex started("started worker-1 \\(pid ([0-9]+)\\)");
   std::smatch m;
   const auto give_up = Clock::now() + std::chrono::seconds(60);

@@ -159,7 +159,10 @@ TEST(CliFlags, CtxBeyondTheTrainedContextIsOneWarning) {
 TEST(CliFlags, RunErrorsNameTheFileAndASplitPartSaysWhatToRun) {
   test::TempDir dir;
   test::write_file(dir.file("junk.gguf"), {'n', 'o', 't', ' ', 'g', 'g', 'u', 'f', 0, 1, 2, 3});
-  expect_error(baton({"run", dir.file("junk.gguf")}), "run", dir.file("junk.gguf") + ": ");
+  expect_error(baton({"run", dir.file("junk.gguf")}), "run", dir.file("junk.gguf") + ": not a GGUF file");
+  expect_error(baton({"run", dir.file("junk.gguf"), "--workers", "2"}), "run", dir.file("junk.gguf") + ": not a GGUF file");
+  const auto bench = baton({"bench", dir.file("junk.gguf"), "--backend", "cpu"});
+  expect_error(bench, "bench", dir.file("junk.gguf") + ": not a GGUF file");
   const auto split = baton({"split", stories(), "--layers", "0:2,3:output", "-o", dir.path().string()});
   ASSERT_EQ(split.exit_code, 0) << split.err;
   const std::string part = dir.file("stories260K-part1-of-2-layers-0-2.gguf");
@@ -182,12 +185,18 @@ TEST(CliFlags, WorkersLogWarningsOnlyUnlessVerbose) {
   expect_error(level, "run", "--log-level must be debug, info, warn or error");
 }
 
-TEST(CliFlags, ProgressIntoAPipeIsWholeLines) {
-  test::TempDir dir;
+TEST(CliFlags, ProgressRedrawsOnATerminalAndIsWholeLinesIntoAPipe) {
   const auto r = baton({"run", stories(), "-n", "1", "--temp", "0", "--progress"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("loading "), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
+  // On a terminal (script(1) gives the command one) the line redraws in place.
+  const auto tty = test::run_command({"/usr/bin/script", "-qec",
+                                      "'" + test::baton_binary() + "' run '" + stories() +
+                                          "' -n 1 --temp 0 --progress",
+                                      "/dev/null"});
+  ASSERT_EQ(tty.exit_code, 0) << tty.out << tty.err;
+  EXPECT_NE(tty.out.find("\rloading "), std::string::npos) << tty.out;
 }
 
 }  // namespace

@@ -243,6 +243,7 @@ ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const
   info.vocab_trie = std::make_shared<const VocabTrie>(*tok);
   info.tokenizer = std::move(tok);
   info.n_ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(arch->dims().n_ctx_train, StageConfig::kDefaultMaxCtx);
+  info.n_ctx_train = arch->dims().n_ctx_train;
   if (arch->dims().n_vocab != info.n_vocab) {
     throw std::runtime_error(fmt::format("the vocabulary has {} tokens but the model's output has {}", info.n_vocab,
                                          arch->dims().n_vocab));

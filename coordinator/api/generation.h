@@ -127,6 +127,7 @@ struct ModelInfo {
   std::string path;  // the GGUF file (or the split parts' source)
   std::string arch;  // general.architecture
   int64_t n_ctx = 0;     // tokens per sequence: prompt + completion
+  int64_t n_ctx_train = 0;  // the context the model was trained for (0: unknown)
   int64_t n_vocab = 0;
   int64_t created = 0;   // unix time the service started
   std::shared_ptr<const Tokenizer> tokenizer;

@@ -198,7 +198,7 @@ int bench(const BenchOptions& o) {
   if (std::string why = backend_unavailable(o.backend); !why.empty()) throw CommandError(why, kExitRefused);
   if (o.no_pdl) set_programmatic_launch(false);
   if (o.profile) set_stage_profiling(true);
-  GgufFile file = GgufFile::open(o.model);
+  GgufFile file = about_file(o.model, [&] { return GgufFile::open(o.model); });
   StageConfig sc;
   sc.n_ctx = o.ctx_max + o.gen_tokens;
   sc.max_batch = std::min(o.batch, sc.n_ctx);
@@ -216,7 +216,7 @@ int bench(const BenchOptions& o) {
   }
   LoadOptions load;
   load.slot_bytes = o.staging_mb << 20;
-  const MemoryPlan dry = plan_stage_runner(o.backend, file, sc, load);
+  const MemoryPlan dry = about_file(o.model, [&] { return plan_stage_runner(o.backend, file, sc, load); });
   std::fprintf(stderr, "plan (%s):\n%s", backend_name(o.backend), dry.to_string().c_str());
   if (std::string why = memory_limit_problem(o.backend, dry, o.mem_limit); !why.empty()) {
     throw std::runtime_error(why);

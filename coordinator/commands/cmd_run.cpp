@@ -122,19 +122,6 @@ GgufFile open_synthetic() {
   }
 }
 
-// Errors about the model file name it in front ("PATH: why"), as inspect's do.
-template <typename F>
-auto about_file(const std::string& path, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const CommandError&) {
-    throw;
-  } catch (const std::exception& e) {
-    if (std::string_view(e.what()).rfind(path, 0) == 0) throw;
-    throw std::runtime_error(path + ": " + e.what());
-  }
-}
-
 // A part written by `baton split` holds only some layers: loading it alone
 // would fail on the first tensor it lacks, so say what to run instead.
 void refuse_split_part(const GgufFile& f, const std::string& path) {
@@ -407,7 +394,7 @@ int run_distributed(const RunOptions& opt) {
   if (opt.parts.empty()) refuse_split_part(file, model_path);
   auto arch = about_file(model_path, [&] { return Arch::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: workers: %s\n", opt.backend_note.c_str());
-  warn_beyond_trained_context("baton run", arch->dims(), opt.n_ctx);
+  warn_beyond_trained_context("baton run", arch->dims().n_ctx_train, opt.n_ctx);
   StageConfig sc;
   sc.n_ctx = opt.n_ctx;
   sc.max_batch = opt.batch;
@@ -536,7 +523,7 @@ int run(const RunOptions& opt) {
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
-  warn_beyond_trained_context("baton run", Arch::from_gguf(file)->dims(), opt.n_ctx);
+  warn_beyond_trained_context("baton run", Arch::from_gguf(file)->dims().n_ctx_train, opt.n_ctx);
   const bool show_load = opt.progress || dry.bytes(PlanLine::Weights) >= kProgressMinBytes;
   if (show_load) load.progress = stderr_load_progress(model_path);
   std::unique_ptr<StageRunner> runner = make_stage_runner(opt.backend, file, sc, load);

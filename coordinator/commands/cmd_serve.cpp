@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "coordinator/commands/commands.h"
+#include "coordinator/commands/load_report.h"
 #include "coordinator/cluster/cluster_config.h"
 #include "coordinator/cluster/cluster_engine.h"
 #include "coordinator/api/cors.h"
@@ -429,6 +430,7 @@ int serve(const ServeOptions& opt) {
   }
   GenerationService& engine = *service;
   const ModelInfo& model = engine.model();
+  warn_beyond_trained_context("baton serve", model.n_ctx_train, model.n_ctx);
 
   if (chat_template) {
     std::fprintf(stderr, "baton serve: chat prompts from %s\n", opt.chat_template_file.c_str());

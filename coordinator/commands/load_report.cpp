@@ -26,10 +26,10 @@ std::function<void(const LoadProgress&)> stderr_load_progress(std::string what) 
   };
 }
 
-void warn_beyond_trained_context(const char* command, const ModelDims& dims, int64_t n_ctx) {
-  if (dims.n_ctx_train <= 0 || n_ctx <= dims.n_ctx_train) return;
+void warn_beyond_trained_context(const char* command, int64_t n_ctx_train, int64_t n_ctx) {
+  if (n_ctx_train <= 0 || n_ctx <= n_ctx_train) return;
   std::fprintf(stderr, "%s: warning: --ctx %lld is beyond the model's trained context of %lld tokens; text past it may degrade\n",
-               command, (long long)n_ctx, (long long)dims.n_ctx_train);
+               command, (long long)n_ctx, (long long)n_ctx_train);
 }
 
 std::string load_summary(const StageRunner& r) {

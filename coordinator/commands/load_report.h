@@ -7,7 +7,6 @@
 #include <functional>
 #include <string>
 
-#include "engine/arch.h"
 #include "engine/backend.h"
 #include "engine/loader.h"
 
@@ -24,6 +23,6 @@ std::string load_summary(const StageRunner& r);
 // One warning line on stderr when --ctx asks for more positions than the
 // model was trained on: it runs (the KV cache holds them), but text past the
 // trained length degrades, so it is said rather than refused.
-void warn_beyond_trained_context(const char* command, const ModelDims& dims, int64_t n_ctx);
+void warn_beyond_trained_context(const char* command, int64_t n_ctx_train, int64_t n_ctx);
 
 }  // namespace baton

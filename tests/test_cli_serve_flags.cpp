@@ -1,0 +1,82 @@
+// `baton serve`'s flags of other servers' spelling: --api-key KEY and
+// $BATON_API_KEY beside --api-key-file, --served-model-name/--alias for
+// --model-id, --log-level (warn: no request lines), and one warning for a
+// --ctx beyond the model's trained context.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "tests/serve_client.h"
+
+namespace baton::serve_test {
+namespace {
+
+const json kRequest = {{"model", kModel}, {"prompt", "Once"}, {"max_tokens", 2}};
+
+TEST(ServeFlags, ApiKeyOnTheCommandLine) {
+  ServeProcess s({stories(), "--api-key", "sk-1"});
+  EXPECT_EQ(post(s.port(), "/v1/completions", kRequest).status, 401);
+  EXPECT_EQ(post(s.port(), "/v1/completions", kRequest, {"Authorization: Bearer sk-2"}).status, 401);
+  EXPECT_EQ(post(s.port(), "/v1/completions", kRequest, {"Authorization: Bearer sk-1"}).status, 200);
+}
+
+TEST(ServeFlags, ApiKeyFromTheEnvironment) {
+  setenv("BATON_API_KEY", "sk-env", 1);
+  ServeProcess s({stories()});
+  unsetenv("BATON_API_KEY");
+  EXPECT_EQ(post(s.port(), "/v1/completions", kRequest).status, 401);
+  EXPECT_EQ(post(s.port(), "/v1/completions", kRequest, {"Authorization: Bearer sk-env"}).status, 200);
+}
+
+TEST(ServeFlags, ApiKeyRefusals) {
+  test::TempDir dir;
+  const auto both = test::run_command(
+      {test::baton_binary(), "serve", stories(), "--api-key", "k", "--api-key-file", dir.file("key")});
+  EXPECT_EQ(both.exit_code, 1);
+  EXPECT_EQ(both.err, "baton serve: give --api-key or --api-key-file, not both\n");
+  const auto empty = test::run_command({test::baton_binary(), "serve", stories(), "--api-key", ""});
+  EXPECT_EQ(empty.exit_code, 1);
+  EXPECT_EQ(empty.err, "baton serve: --api-key must not be empty\n");
+}
+
+TEST(ServeFlags, ServedModelNameAndAliasNameTheModel) {
+  for (const char* flag : {"--served-model-name", "--alias", "--model-id"}) {
+    SCOPED_TRACE(flag);
+    ServeProcess s({stories(), flag, "my-model"});
+    const Response models = http(s.port(), "GET", "/v1/models");
+    ASSERT_EQ(models.status, 200);
+    EXPECT_EQ(models.j()["data"][0]["id"], "my-model");
+    json req = kRequest;
+    req["model"] = "my-model";
+    EXPECT_EQ(post(s.port(), "/v1/completions", req).status, 200);
+    EXPECT_EQ(post(s.port(), "/v1/completions", kRequest).status, 404);
+  }
+}
+
+TEST(ServeFlags, LogLevelWarnDropsTheRequestLines) {
+  ServeProcess quiet({stories(), "--log-level", "warn"});
+  ASSERT_EQ(post(quiet.port(), "/v1/completions", kRequest).status, 200);
+  quiet.stop();
+  EXPECT_EQ(quiet.stderr_text().find("POST /v1/completions"), std::string::npos) << quiet.stderr_text();
+  ServeProcess info({stories()});
+  ASSERT_EQ(post(info.port(), "/v1/completions", kRequest).status, 200);
+  info.stop();
+  EXPECT_NE(info.stderr_text().find("POST /v1/completions"), std::string::npos) << info.stderr_text();
+}
+
+TEST(ServeFlags, CtxBeyondTheTrainedContextIsOneWarning) {
+  ServeProcess s({stories(), "--ctx", "4096", "--parallel", "1"});
+  EXPECT_NE(s.stderr_text().find("baton serve: warning: --ctx 4096 is beyond the model's trained context of 2048"),
+            std::string::npos)
+      << s.stderr_text();
+}
+
+TEST(ServeFlags, UnknownOptionNamesTheNearest) {
+  const auto r = test::run_command({test::baton_binary(), "serve", stories(), "--api-keyfile", "k"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "baton serve: unknown option '--api-keyfile' (did you mean --api-key-file?)\n");
+}
+
+}  // namespace
+}  // namespace baton::serve_test
