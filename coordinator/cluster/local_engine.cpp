@@ -64,7 +64,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
-  plan_ = plan_stage_runner(config_.backend, file_, config_.stage);
+  LoadOptions staging;  // the plan counts the ring the load will use
+  staging.slot_bytes = config_.staging_slot_bytes;
+  plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
   info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
   n_layer_ = Arch::from_gguf(file_)->dims().n_layer;
   if (config_.prefill_chunk == 0) config_.prefill_chunk = std::min(config_.stage.max_batch, info_.n_ctx);
@@ -283,6 +285,7 @@ void LocalEngine::scheduler() {
   try {
     auto t0 = Clock::now();
     LoadOptions load;
+    load.slot_bytes = config_.staging_slot_bytes;
     load.progress = [this](const LoadProgress& p) {
       load_done_.store(p.done);
       if (config_.on_load_progress) config_.on_load_progress(p);
