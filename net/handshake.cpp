@@ -344,7 +344,12 @@ Listener::Listener(asio::io_context& io, const std::string& bind_address, uint16
   impl_->on_accept = std::move(on_accept);
   impl_->on_reject = std::move(on_reject);
   boost::system::error_code ec;
-  const tcp::endpoint ep(resolve_host(bind_address), port);
+  tcp::endpoint ep;
+  try {
+    ep = tcp::endpoint(resolve_host(bind_address), port);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("cannot listen on " + join_host_port(bind_address, port) + ": " + e.what());
+  }
   auto check = [&](const char* what) {
     if (ec) {
       throw std::runtime_error("cannot listen on " + join_host_port(bind_address, port) + ": " + what + ": " +

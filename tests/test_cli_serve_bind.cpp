@@ -5,8 +5,10 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,8 +100,34 @@ TEST(ServeBind, HostThatDoesNotResolveIsOneLineAtOnce) {
   EXPECT_NE(last.find("cannot resolve host"), std::string::npos) << f.err;
 }
 
-// GET /health over a socket of `family` to `addr`:port; the status line.
-std::string health_status_line(int family, const std::string& addr, int port) {
+// A worker's --coordinator or --listen host that does not resolve: exit 1
+// with one line naming the option's address, before any link is tried.
+TEST(ServeBind, WorkerHostsThatDoNotResolveAreOneLine) {
+  test::TempDir dir;
+  const std::string secret = dir.file("secret");
+  const std::string key(64, 'a');
+  test::write_file(secret, std::vector<uint8_t>(key.begin(), key.end()));
+  chmod(secret.c_str(), 0600);
+  struct Case {
+    std::string coordinator, listen, want;
+  };
+  for (const Case& c : {Case{"no-such-host.invalid:7070", "127.0.0.1:0",
+                             "baton worker: cannot connect to the coordinator at no-such-host.invalid:7070: "
+                             "cannot resolve host 'no-such-host.invalid': "},
+                        Case{"127.0.0.1:9", "no-such-host.invalid:0",
+                             "baton worker: cannot listen on no-such-host.invalid:0: cannot resolve host "
+                             "'no-such-host.invalid': "}}) {
+    const test::CommandResult r =
+        test::run_command({test::baton_binary(), "worker", "--coordinator", c.coordinator, "--listen", c.listen,
+                           "--secret-file", secret, "--backend", "cpu"});
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(r.err.rfind(c.want, 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
+  }
+}
+
+// GET /health over a socket of `family` to `addr`:port; the whole response.
+std::string health_response(int family, const std::string& addr, int port) {
   const int s = socket(family, SOCK_STREAM, 0);
   if (s < 0) return "socket failed";
   int rc = -1;
@@ -126,7 +154,29 @@ std::string health_status_line(int family, const std::string& addr, int port) {
   char buf[4096];
   for (ssize_t n; (n = read(s, buf, sizeof buf)) > 0;) got.append(buf, size_t(n));
   close(s);
-  return got.substr(0, got.find("\r\n"));
+  return got;
+}
+
+std::string health_status_line(int family, const std::string& addr, int port) {
+  const std::string r = health_response(family, addr, port);
+  return r.substr(0, r.find("\r\n"));
+}
+
+// Reads `fd` until the text holds `part` or `deadline` passes; the text.
+std::string read_until(int fd, const std::string& part, std::chrono::seconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  std::string out;
+  char buf[256];
+  while (out.find(part) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, int(left.count())) <= 0) break;
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, size_t(n));
+  }
+  return out;
 }
 
 TEST(ServeBind, HostNamesAndIpv6Serve) {
@@ -143,9 +193,7 @@ TEST(ServeBind, HostNamesAndIpv6Serve) {
         {test::baton_binary(), "serve", "-m", model, "--backend", "cpu", "--threads", "1", "--host", c.host, "--port",
          "0"},
         dir.file("err"));
-    std::string out;
-    char ch;
-    while (out.find("baton serve: ready") == std::string::npos && read(child.stdout_fd, &ch, 1) == 1) out += ch;
+    const std::string out = read_until(child.stdout_fd, "baton serve: ready", 60s);
     const std::string prefix = "baton serve: listening on http://" + c.url_host + ":";
     const size_t at = out.find(prefix);
     const int port = at == std::string::npos ? 0 : std::stoi(out.substr(at + prefix.size()));
@@ -159,6 +207,80 @@ TEST(ServeBind, HostNamesAndIpv6Serve) {
     close(child.stdout_fd);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
+}
+
+// Polls `path` until it holds `part`; the text, or "" after the deadline.
+std::string wait_for_text(const std::string& path, const std::string& part, std::chrono::seconds deadline) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < deadline) {
+    std::string text;
+    try {
+      const auto b = test::read_file(path);
+      text.assign(b.begin(), b.end());
+    } catch (...) {
+    }
+    if (text.find(part) != std::string::npos) return text;
+    std::this_thread::sleep_for(50ms);
+  }
+  return "";
+}
+
+// Every address option takes names and bracketed IPv6: a remote cluster
+// listening on "localhost:0", workers dialing it by name, one listening on
+// localhost and one on [::1], the previous stage dialing what it advertised.
+TEST(ServeBind, RemoteWorkersRegisterAndLinkByHostName) {
+  test::TempDir dir;
+  const std::string model = test::model_path("stories260K.gguf");
+  const std::string secret = dir.file("secret");
+  const std::string key(64, 'a');
+  test::write_file(secret, std::vector<uint8_t>(key.begin(), key.end()));
+  chmod(secret.c_str(), 0600);
+  const std::string cfg = dir.file("remote.toml");
+  const std::string text = "[model]\npath = \"" + model + "\"\n[cluster]\nworkers = 2\nlocal = false\n" +
+                           "listen = \"localhost:0\"\nsecret_file = \"" + secret + "\"\n";
+  test::write_file(cfg, std::vector<uint8_t>(text.begin(), text.end()));
+  const test::Spawned serve = test::spawn_piped(
+      {test::baton_binary(), "serve", "--config", cfg, "--host", "localhost", "--port", "0", "--threads", "1"},
+      dir.file("serve.err"));
+  std::vector<test::Spawned> workers;
+  auto stop_all = [&] {
+    kill(serve.pid, SIGTERM);
+    int status = 0;
+    waitpid(serve.pid, &status, 0);
+    close(serve.stdout_fd);
+    for (const test::Spawned& w : workers) {
+      kill(w.pid, SIGTERM);
+      waitpid(w.pid, &status, 0);
+      close(w.stdout_fd);
+    }
+  };
+  const std::string waiting = "waiting for 2 workers on localhost:";
+  const std::string err = wait_for_text(dir.file("serve.err"), waiting, 30s);
+  if (err.empty()) {
+    stop_all();
+    FAIL() << "the coordinator did not listen";
+  }
+  const int port = std::stoi(err.substr(err.find(waiting) + waiting.size()));
+  for (const char* listen : {"[::1]:0", "localhost:0"}) {
+    // Stages follow the names: the [::1] worker is stage 1, which stage 0
+    // dials at the "[::1]:PORT" it advertised.
+    const std::string name = std::string("w-") + (listen[0] == '[' ? "b" : "a");
+    workers.push_back(test::spawn_piped({test::baton_binary(), "worker", "--coordinator",
+                                         "localhost:" + std::to_string(port), "--listen", listen, "--secret-file",
+                                         secret, "--model", model, "--name", name, "--backend", "cpu"},
+                                        dir.file(name + ".err")));
+  }
+  const std::string out = read_until(serve.stdout_fd, "baton serve: ready", 60s);
+  const std::string prefix = "listening on http://localhost:";
+  const size_t at = out.find(prefix);
+  const int http_port = at == std::string::npos ? 0 : std::stoi(out.substr(at + prefix.size()));
+  EXPECT_NE(out.find("baton serve: ready"), std::string::npos) << out << wait_for_text(dir.file("serve.err"), "", 1s);
+  std::string health;
+  if (http_port > 0) health = health_response(AF_INET, "127.0.0.1", http_port);
+  stop_all();
+  // Ready means both stages loaded and stage 0 linked to stage 1.
+  EXPECT_EQ(health.rfind("HTTP/1.1 200 OK", 0), 0u) << health;
+  EXPECT_NE(health.find("\"state\":\"loaded\""), std::string::npos) << health;
 }
 
 }  // namespace

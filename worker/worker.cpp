@@ -80,6 +80,13 @@ int Worker::run() {
   if (!opt_.model.empty()) file_.emplace(GgufFile::open(opt_.model));
   io_thread_ = std::thread([this] { io_.run(); });
 
+  // A coordinator name that does not resolve is one line now, not a link
+  // that fails after its retries.
+  try {
+    (void)net::resolve_host(net::split_host_port(opt_.coordinator).first);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("cannot connect to the coordinator at " + opt_.coordinator + ": " + e.what());
+  }
   auto [lhost, lport] = net::split_host_port(opt_.listen);
   listener_ = std::make_unique<net::Listener>(
       io_, lhost, lport, net::LocalIdentity{net::Role::worker, opt_.name}, secret_, link_config(),

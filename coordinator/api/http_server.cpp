@@ -721,7 +721,13 @@ HttpServer::HttpServer(HttpServerConfig config, HttpHandler handler, HttpServerH
     : impl_(std::make_unique<Impl>(std::move(config), std::move(handler), std::move(hooks))) {
   auto& a = impl_->acceptor;
   beast::error_code ec;
-  const tcp::endpoint ep(net::resolve_host(impl_->cfg.host), impl_->cfg.port);
+  tcp::endpoint ep;
+  try {
+    ep = tcp::endpoint(net::resolve_host(impl_->cfg.host), impl_->cfg.port);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(
+        fmt::format("cannot listen on {}: {}", net::join_host_port(impl_->cfg.host, impl_->cfg.port), e.what()));
+  }
   a.open(ep.protocol(), ec);
   if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) a.bind(ep, ec);
