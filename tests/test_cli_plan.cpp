@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/cluster/cluster_config.h"
 #include "engine/gguf.h"
 #include "engine/node_plan.h"
 #include "engine/sampler.h"
@@ -238,6 +239,17 @@ TEST(CliPlanLlama, PrintedSplitCommandAndConfigRunThePlacement) {
   ASSERT_EQ(b.exit_code, 0) << stanza << b.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_GT(a.out.size(), 20u);
+
+  // Node sizes in the config read back as given, and the config is one the
+  // project's parser takes.
+  const ClusterConfig c = load_cluster_config(config);
+  ASSERT_EQ(c.nodes.size(), 2u);
+  EXPECT_EQ(c.nodes[0].memory_bytes, 1000000000u);
+  EXPECT_EQ(c.parts.size(), 2u);
+  EXPECT_NE(stanza.find("memory = \"1GB\""), std::string::npos) << stanza;
+  auto sizes = plan({model, "--nodes", "97887MiB:cpu", "--ctx", "256", "--json"});
+  ASSERT_EQ(sizes.exit_code, 0) << sizes.err;
+  EXPECT_NE(Json::parse(sizes.out)["config"].get<std::string>().find("memory = \"97887MiB\""), std::string::npos);
 
   // One stage: no split, the config serves the file itself.
   auto one = plan({model, "--nodes", "1GB:cpu", "--ctx", "256", "--json"});

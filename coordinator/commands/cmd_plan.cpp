@@ -224,11 +224,11 @@ int cmd_plan(int argc, char** argv) {
     if (p.fits) {
       std::printf("fits: context capacity %lld tokens (set by the tightest stage)\n",
                   static_cast<long long>(p.ctx_capacity));
-      if (const std::string split = split_command(model, p, split_dir); !split.empty()) {
-        std::printf("\nsplit it at these stages:\n%s\n", split.c_str());
-      }
-      std::printf("\nconfig for these stages (save it beside %s/, then baton serve --config FILE):\n%s",
-                  split_dir.c_str(), config_stanza(model, p, nodes, req, split_dir).c_str());
+      const std::string split = split_command(model, p, split_dir);
+      if (!split.empty()) std::printf("\nsplit it at these stages:\n%s\n", split.c_str());
+      std::printf("\nconfig for %s, then baton serve --config FILE):\n%s",
+                  split.empty() ? "this stage (save it" : ("these stages (save it beside " + split_dir + "/").c_str(),
+                  config_stanza(model, p, nodes, req, split_dir).c_str());
     } else {
       std::printf("does not fit: %s\nwhat would fit: %s\n", p.reason.c_str(), p.suggestion.c_str());
     }

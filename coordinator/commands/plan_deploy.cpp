@@ -11,15 +11,21 @@ namespace baton {
 
 namespace {
 
-// A size parse_size reads back exactly, in the largest binary unit that
-// divides it.
+// A size parse_size reads back exactly, in the unit that divides it into
+// the smallest number (97887MiB, 128GB, 128GiB).
 std::string exact_size(uint64_t bytes) {
-  for (const auto& [unit, shift] : {std::pair{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}}) {
-    if (bytes >= (uint64_t(1) << shift) && bytes % (uint64_t(1) << shift) == 0) {
-      return std::to_string(bytes >> shift) + unit;
+  const std::pair<const char*, uint64_t> units[] = {
+      {"TiB", uint64_t(1) << 40}, {"GiB", uint64_t(1) << 30}, {"MiB", uint64_t(1) << 20}, {"KiB", uint64_t(1) << 10},
+      {"TB", 1000000000000ull},   {"GB", 1000000000ull},      {"MB", 1000000ull},         {"KB", 1000ull}};
+  std::string best = std::to_string(bytes) + "B";
+  uint64_t best_count = bytes;
+  for (const auto& [unit, size] : units) {
+    if (bytes >= size && bytes % size == 0 && bytes / size < best_count) {
+      best_count = bytes / size;
+      best = std::to_string(best_count) + unit;
     }
   }
-  return std::to_string(bytes) + "B";
+  return best;
 }
 
 // A TOML basic string.
@@ -62,9 +68,12 @@ std::string split_command(const std::string& model, const Placement& p, const st
 std::string config_stanza(const std::string& model, const Placement& p, const std::vector<NodeSpec>& nodes,
                           const PlacementRequest& req, const std::string& out_dir) {
   const auto stages = used_stages(p);
-  std::string out = "[model]\n";
+  // A config's relative paths are read from its own folder: the one model
+  // is named absolutely, the parts relative to a config saved beside them.
+  std::string out = "# " + std::string(stages.size() < 2 ? "One local worker" : "Local workers, one per part") +
+                    "; for workers on other machines see docs/CONFIG.md.\n[model]\n";
   if (stages.size() < 2) {
-    out += "path = " + toml_string(model) + "\n";
+    out += "path = " + toml_string(std::filesystem::absolute(model).string()) + "\n";
   } else {
     const std::string stem = std::filesystem::path(model).stem().string();
     out += "parts = [";

@@ -24,7 +24,7 @@ std::string split_command(const std::string& model, const Placement& p, const st
 
 // The TOML a local cluster runs the placement with: [model] parts (the
 // files split_command writes, relative to a config beside DIR) or path (one
-// stage), [serving] ctx and parallel, one [[node]] per used stage.
+// stage, absolute), [serving] ctx and parallel, one [[node]] per used stage.
 std::string config_stanza(const std::string& model, const Placement& p, const std::vector<NodeSpec>& nodes,
                           const PlacementRequest& req, const std::string& out_dir);
 
