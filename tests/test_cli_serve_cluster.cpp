@@ -63,9 +63,8 @@ TEST(ServeCluster, StagingMbReachesTheLocalWorkers) {
     if (tries) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     err = server.stderr_text();
     n = 0;
-    for (size_t p = err.find("(staging 4 x 8 MiB)"); p != std::string::npos; p = err.find("(staging 4 x 8 MiB)", p + 1)) {
-      ++n;
-    }
+    const std::string ring = "(staging 4 x 8 MiB)";
+    for (size_t p = err.find(ring); p != std::string::npos; p = err.find(ring, p + 1)) ++n;
   }
   EXPECT_EQ(n, 2) << err;
   EXPECT_EQ(server.stop(), 0);

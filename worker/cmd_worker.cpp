@@ -54,7 +54,8 @@ int cmd_worker(int argc, char** argv) {
   // clang-format off
   desc.add_options()
       ("help,h", "print this help and exit")
-      ("coordinator", po::value<std::string>(&opt.coordinator)->required(), "HOST:PORT of the coordinator (HOST: a name or an address, IPv6 in brackets: [::1]:7070)")
+      ("coordinator", po::value<std::string>(&opt.coordinator)->required(),
+       "HOST:PORT of the coordinator (HOST: a name or an address, IPv6 in brackets: [::1]:7070)")
       ("listen", po::value<std::string>(&opt.listen)->default_value(opt.listen),
        "HOST:PORT where the previous stage connects (port 0: any free port); HOST, a name or an address, "
        "must be reachable by it: the worker binds HOST's address and tells the coordinator HOST:PORT")

@@ -133,7 +133,8 @@ int cmd_plan(int argc, char** argv) {
       ("json", "print one JSON object instead of tables");
   po::positional_options_description positional;
   positional.add("model", 1);
-  const auto parsed = parse_command_line(argc, argv, {.options = opts, .help_tail = kHelpTail, .positional = &positional});
+  const auto parsed =
+      parse_command_line(argc, argv, {.options = opts, .help_tail = kHelpTail, .positional = &positional});
   if (!parsed) return 0;
   const po::variables_map& vm = *parsed;
   if (model.empty() || nodes_text.empty() || !vm.count("ctx")) {
