@@ -6,7 +6,7 @@
 // engine/command_line.h: nothing runs, named files need not exist).
 //
 // What counts as a command: a code-block line (or a config comment line, or
-// a `baton ...` span in a config comment) that starts with "baton WORD", after
+// a `baton WORD ARGS` span in a config comment) that starts with "baton WORD", after
 // an optional shell prompt ("$ ", "host$ "); lines ending in '\' continue it.
 // Synopses (with [optional] parts, a|b choices or "...") and output lines
 // ("baton serve: listening ...") are not commands and are left out.
@@ -104,7 +104,8 @@ std::vector<Documented> commands_in(const fs::path& file) {
     if (toml) {
       if (text.rfind('#', 0) != 0) continue;
       text = text.substr(1);
-      static const std::regex span("`(baton [^`]*)`");
+      // A span with arguments; "`baton plan`" alone names the command.
+      static const std::regex span("`(baton [a-z]+ [^`]+)`");
       for (std::sregex_iterator it(text.begin(), text.end(), span), end; it != end; ++it) {
         add(out, name + ":" + std::to_string(i + 1), (*it)[1].str());
       }
@@ -213,6 +214,14 @@ TEST(CliDocumentedCommands, ExtractionRules) {
                        "host$ baton worker --coordinator h:1 \\\n"
                        "      --secret-file s\n"
                        "```\n";
+  const std::string toml = dir.file("x.toml");
+  std::ofstream(toml) << "# `baton plan` finds it: `baton plan -m M --nodes 1GB --ctx 8` then\n"
+                         "#   host$ baton serve --config x.toml\n"
+                         "key = 1  # baton run -m not-a-comment-line\n";
+  const auto in_toml = commands_in(toml);
+  ASSERT_EQ(in_toml.size(), 2u);
+  EXPECT_EQ(in_toml[0].text, "baton plan -m M --nodes 1GB --ctx 8");
+  EXPECT_EQ(in_toml[1].text, "baton serve --config x.toml");
   const auto got = commands_in(md);
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0].text, "baton run -m m.gguf -p \"two words\"");
