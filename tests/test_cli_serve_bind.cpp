@@ -3,6 +3,7 @@
 // early failures use a model path that does not exist: an error naming the
 // port or the host, not the file, shows the bind came first.
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -124,6 +125,51 @@ TEST(ServeBind, WorkerHostsThatDoNotResolveAreOneLine) {
     EXPECT_EQ(r.err.rfind(c.want, 0), 0u) << r.err;
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
   }
+}
+
+// This machine's first IPv4 address that is not loopback; "" when none.
+std::string non_loopback_ipv4() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i && found.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if ((ntohl(a->sin_addr.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN];
+    if (inet_ntop(AF_INET, &a->sin_addr, text, sizeof text)) found = text;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// A worker whose --listen name resolves to loopback while its coordinator is
+// on a real address says that no other machine can dial it.
+TEST(ServeBind, WorkerListeningOnLoopbackForARemoteCoordinatorWarns) {
+  const std::string ip = non_loopback_ipv4();
+  if (ip.empty()) GTEST_SKIP() << "this machine has no IPv4 address besides loopback";
+  test::TempDir dir;
+  const std::string secret = dir.file("secret");
+  const std::string key(64, 'a');
+  test::write_file(secret, std::vector<uint8_t>(key.begin(), key.end()));
+  chmod(secret.c_str(), 0600);
+  auto run = [&](const std::string& coordinator, const std::string& listen) {
+    // Nothing listens on port 9 (discard): the worker fails to register
+    // right after the check, exit 1.
+    return test::run_command({test::baton_binary(), "worker", "--coordinator", coordinator, "--listen", listen,
+                              "--secret-file", secret, "--backend", "cpu", "--name", "w"});
+  };
+  const std::string warning = "a stage on another machine cannot reach this one";
+  auto r = run(ip + ":9", "localhost:0");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("w: --listen localhost:0 is the loopback address 127.0.0.1 while the coordinator is at " + ip +
+                       ":9: " + warning),
+            std::string::npos)
+      << r.err;
+  r = run(ip + ":9", ip + ":0");
+  EXPECT_EQ(r.err.find(warning), std::string::npos) << r.err;
+  r = run("127.0.0.1:9", "localhost:0");
+  EXPECT_EQ(r.err.find(warning), std::string::npos) << "both on this machine: " << r.err;
 }
 
 // GET /health over a socket of `family` to `addr`:port; the whole response.

@@ -82,8 +82,9 @@ int Worker::run() {
 
   // A coordinator name that does not resolve is one line now, not a link
   // that fails after its retries.
+  boost::asio::ip::address coordinator_ip;
   try {
-    (void)net::resolve_host(net::split_host_port(opt_.coordinator).first);
+    coordinator_ip = net::resolve_host(net::split_host_port(opt_.coordinator).first);
   } catch (const std::runtime_error& e) {
     throw std::runtime_error("cannot connect to the coordinator at " + opt_.coordinator + ": " + e.what());
   }
@@ -92,6 +93,13 @@ int Worker::run() {
       io_, lhost, lport, net::LocalIdentity{net::Role::worker, opt_.name}, secret_, link_config(),
       [this](std::shared_ptr<net::Connection> c) { accept_upstream(std::move(c)); });
   const std::string listen_address = net::join_host_port(lhost, listener_->port());
+  // A stock /etc/hosts maps the machine's own name to 127.0.1.1: a stage on
+  // another machine (where the coordinator is) could not dial that.
+  if (const auto ip = net::resolve_host(lhost); ip.is_loopback() && !coordinator_ip.is_loopback()) {
+    net::log(net::LogLevel::warn, opt_.name + ": --listen " + opt_.listen + " is the loopback address " +
+                                      ip.to_string() + " while the coordinator is at " + opt_.coordinator +
+                                      ": a stage on another machine cannot reach this one");
+  }
 
   net::Hello hello;
   hello.role = net::Role::worker;
