@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <stdexcept>
@@ -17,6 +18,16 @@
 #include <string_view>
 
 namespace baton {
+
+// BATON_PARSE_ONLY=1: a command parses and checks its options (and reads a
+// --config file), then exits 0 before it opens any other file, resolves a
+// host or does its work. tests/test_cli_documented_commands.cpp runs every
+// command that README.md, docs/ and configs/ show this way, so that none of
+// them goes stale.
+inline bool parse_only() {
+  const char* v = std::getenv("BATON_PARSE_ONLY");
+  return v && std::string_view(v) == "1";
+}
 
 // What one command accepts besides argv.
 struct CommandLine {

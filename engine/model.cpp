@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/gguf.h"
+#include "engine/layer_range_text.h"
 
 namespace baton {
 
@@ -92,9 +93,8 @@ struct Planner {
 WeightLayout Model::plan(const GgufFile& f, const Arch& arch, const StageParts& parts) {
   const int n_layer = arch.dims().n_layer;
   if (parts.layers.first < 0 || parts.layers.last >= n_layer || parts.layers.first > parts.layers.last) {
-    throw std::runtime_error("layer range [" + std::to_string(parts.layers.first) + ", " +
-                             std::to_string(parts.layers.last) + "] is not inside the model's " +
-                             std::to_string(n_layer) + " layers [0, " + std::to_string(n_layer - 1) + "]");
+    throw std::runtime_error("layer range " + layer_range_text(parts.layers) + " is not inside the model's " +
+                             std::to_string(n_layer) + " layers " + layer_range_text(0, n_layer - 1));
   }
   WeightLayout layout;
   layout.parts = parts;

@@ -14,6 +14,7 @@
 #include "engine/loader.h"
 #include "engine/model_files.h"
 #include "engine/stage.h"
+#include "engine/layer_range_text.h"
 
 namespace baton {
 
@@ -85,8 +86,8 @@ std::string ModelPlanner::describe() const { return arch_->describe(); }
 
 uint64_t ModelPlanner::weight_bytes(LayerRange layers, bool embedding, bool head) const {
   if (layers.first < 0 || layers.first > layers.last || layers.last >= n_layer_) {
-    throw std::invalid_argument(fmt::format("layer range [{}, {}] is not inside the model's layers [0, {}]",
-                                            layers.first, layers.last, n_layer_ - 1));
+    throw std::invalid_argument(fmt::format("layer range {} is not inside the model's layers {}",
+                                            layer_range_text(layers), layer_range_text(0, n_layer_ - 1)));
   }
   const auto key = std::make_tuple(layers.first, layers.last, embedding, head);
   if (auto it = weight_cache_.find(key); it != weight_cache_.end()) return it->second;
@@ -96,7 +97,7 @@ uint64_t ModelPlanner::weight_bytes(LayerRange layers, bool embedding, bool head
 }
 
 std::string stage_parts_text(const StageRequest& r) {
-  return fmt::format("layers {}-{}{}{}", r.layers.first, r.layers.last, r.embedding ? " + embedding" : "",
+  return fmt::format("layers {}{}{}", layer_range_text(r.layers), r.embedding ? " + embedding" : "",
                      r.head ? " + head" : "");
 }
 
@@ -163,8 +164,7 @@ ModelPlanner::StageBytes ModelPlanner::bytes(const StageRequest& r) const {
   // The ring is host memory: it shares the stage's memory only on a unified
   // node (docs/MEMORY.md, "load staging").
   if (r.backend == Backend::Cuda && r.unified) {
-    const LoadOptions load;
-    b.staging = load.slot_bytes * uint64_t(load.slots);
+    b.staging = r.staging_slot_bytes * uint64_t(LoadOptions{}.slots);
   }
   b.optional = r.optional_caches;
   return b;

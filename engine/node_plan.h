@@ -100,6 +100,7 @@ struct StageRequest {
   int n_threads = 1;             // CPU scratch is per thread
   uint64_t optional_caches = 0;  // bytes asked for (repacked or dequantized weights...)
   Ds4KvStorage ds4_kv = Ds4KvStorage::F32;
+  uint64_t staging_slot_bytes = uint64_t(64) << 20;  // each loader staging buffer (LoadOptions::slot_bytes)
 
   // Rows a forward holds: max(micro_batch, prefill_chunk), at most n_ctx.
   int64_t rows() const;

@@ -12,6 +12,11 @@ uint64_t split_key_u64(const GgufFile& f, const char* key) {
   return v->num.u;
 }
 
+std::string split_part_file_name(const std::string& stem, int index, int count, LayerRange range) {
+  return stem + "-part" + std::to_string(index + 1) + "-of-" + std::to_string(count) + "-layers-" +
+         std::to_string(range.first) + "-" + std::to_string(range.last) + ".gguf";
+}
+
 std::optional<PartInfo> read_part_info(const GgufFile& f) {
   if (!f.has(split_keys::kSourceHash)) return std::nullopt;
   // Range-checked before narrowing: a u64 index of 2^32 must not read as 0.

@@ -34,6 +34,11 @@ struct PartInfo {
 };
 std::optional<PartInfo> read_part_info(const GgufFile& f);
 
+// The file name `baton split` gives part `index` (from 0) of `count` of a
+// model named `stem`: "STEM-partI-of-N-layers-FIRST-LAST.gguf" (no ':' in
+// file names). `baton plan` prints configs that name the parts the same way.
+std::string split_part_file_name(const std::string& stem, int index, int count, LayerRange range);
+
 // A split key stored as u64 (hashes may not fit the signed view of as_int()).
 // Throws when the key is missing or of another type.
 uint64_t split_key_u64(const GgufFile& f, const char* key);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "engine/gguf.h"
+#include "engine/layer_range_text.h"
 
 namespace baton {
 
@@ -13,8 +14,9 @@ StageConfig Stage::resolve(const Arch& arch, StageConfig c) {
   const ModelDims& d = arch.dims();
   if (c.last_layer < 0) c.last_layer = d.n_layer - 1;
   if (c.first_layer < 0 || c.first_layer > c.last_layer || c.last_layer >= d.n_layer) {
-    throw std::invalid_argument(fmt::format("layer range [{}, {}] is not inside the model's layers [0, {}]",
-                                            c.first_layer, c.last_layer, d.n_layer - 1));
+    throw std::invalid_argument(fmt::format("layer range {} is not inside the model's layers {}",
+                                            layer_range_text(c.first_layer, c.last_layer),
+                                            layer_range_text(0, d.n_layer - 1)));
   }
   if (c.n_ctx <= 0) c.n_ctx = std::min<int64_t>(d.n_ctx_train, StageConfig::kDefaultMaxCtx);
   if (c.n_seq < 1) throw std::invalid_argument(fmt::format("need at least one sequence slot, got {}", c.n_seq));
@@ -43,7 +45,7 @@ MemoryPlan make_plan(const Arch& arch, const StageConfig& c, const WeightLayout&
   LayerRange range{c.first_layer, c.last_layer};
   MemoryPlan plan;
   plan.add(PlanLine::Weights, layout.bytes,
-           fmt::format("{} tensors, layers {}-{}{}{}", layout.n_tensors, c.first_layer, c.last_layer,
+           fmt::format("{} tensors, layers {}{}{}", layout.n_tensors, layer_range_text(c.first_layer, c.last_layer),
                        c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
   // Per-layer streams (deepseek4) have no single bytes-per-token figure.
   const std::string per_token = arch.kv_stream_widths().empty()

@@ -99,6 +99,7 @@ int cmd_convert(int argc, char** argv) {
       return 1;
     }
   }
+  if (parse_only()) return 0;  // the checkpoint's config.json is read below
   std::optional<DType> experts;
   const bool deepseek4 = model_type(from) == "deepseek_v4";
   if (!expert_type.empty()) {

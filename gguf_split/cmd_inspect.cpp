@@ -211,6 +211,7 @@ int cmd_inspect(int argc, char** argv) {
     return 1;
   }
   const std::string path = vm["model"].as<std::string>();
+  if (parse_only()) return 0;
   try {
     GgufFile f = GgufFile::open(path);
     if (vm.count("json")) {

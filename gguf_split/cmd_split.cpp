@@ -10,6 +10,7 @@
 #include "gguf_split/split.h"
 #include "engine/command_line.h"
 #include "engine/progress_line.h"
+#include "engine/layer_range_text.h"
 
 namespace po = boost::program_options;
 
@@ -77,6 +78,7 @@ int cmd_split(int argc, char** argv) {
     std::fprintf(stderr, "baton split: MODEL, --layers and -o are required (see baton split --help)\n");
     return 1;
   }
+  if (parse_only()) return 0;
   ModelFiles files = ModelFiles::open(model);
   const int n_layer = model_layer_count(files.meta());
   std::string stem = std::filesystem::path(model).stem().string();
@@ -85,8 +87,8 @@ int cmd_split(int argc, char** argv) {
               files.tensors().size(), human_bytes(files.tensor_bytes()).c_str(),
               (unsigned long long)plan.source_hash);
   for (const SplitPart& p : plan.parts) {
-    std::printf("part %d/%zu  layers %d..%d%s%s  %zu tensors  %s  -> %s\n", p.index + 1, plan.parts.size(),
-                p.range.first, p.range.last, p.has_embedding ? " +embedding" : "", p.has_output ? " +output" : "",
+    std::printf("part %d/%zu  layers %s%s%s  %zu tensors  %s  -> %s\n", p.index + 1, plan.parts.size(),
+                layer_range_text(p.range).c_str(), p.has_embedding ? " +embedding" : "", p.has_output ? " +output" : "",
                 p.tensors.size(), human_bytes(p.tensor_bytes).c_str(), p.path.c_str());
   }
   if (dry) {
@@ -117,6 +119,7 @@ int cmd_merge(int argc, char** argv) {
     std::fprintf(stderr, "baton merge: PART... and -o are required (see baton merge --help)\n");
     return 1;
   }
+  if (parse_only()) return 0;
   merge_parts(parts, out, progress_printer("merged"));
   return 0;
 }

@@ -97,6 +97,7 @@ int cmd_synth(int argc, char** argv) {
     std::fprintf(stderr, "baton synth: --data must be random, alias or sparse, not '%s'\n", data.c_str());
     return 1;
   }
+  if (parse_only()) return 0;
   SynthOptions o;
   o.arch = arch;
   o.shape = shape;

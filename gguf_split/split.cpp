@@ -1,4 +1,5 @@
 #include "gguf_split/split.h"
+#include "engine/layer_range_text.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,15 +73,14 @@ std::vector<LayerRange> parse_layer_ranges(const std::string& spec, int n_layer)
   int next = 0;
   for (const LayerRange& r : out) {
     if (r.first != next || r.last < r.first || r.last >= n_layer) {
-      throw std::invalid_argument("layer ranges '" + spec + "' must cover layers 0.." + std::to_string(n_layer - 1) +
-                                  " contiguously and in order (range " + std::to_string(r.first) + ":" +
-                                  std::to_string(r.last) + " breaks this)");
+      throw std::invalid_argument("layer ranges '" + spec + "' must cover layers " + layer_range_text(0, n_layer - 1) +
+                                  " contiguously and in order (range " + layer_range_text(r) + " breaks this)");
     }
     next = r.last + 1;
   }
   if (next != n_layer) {
     throw std::invalid_argument("layer ranges '" + spec + "' end at layer " + std::to_string(next - 1) +
-                                " but the model has layers 0.." + std::to_string(n_layer - 1));
+                                " but the model has layers " + layer_range_text(0, n_layer - 1));
   }
   return out;
 }
@@ -104,9 +104,7 @@ SplitPlan plan_split(const ModelFiles& model, const std::vector<LayerRange>& ran
     p.range = ranges[size_t(i)];
     p.has_embedding = i == 0;
     p.has_output = i == count - 1;
-    char name[64];
-    std::snprintf(name, sizeof name, "-part%d-of-%d-layers-%d-%d.gguf", i + 1, count, p.range.first, p.range.last);
-    p.path = (std::filesystem::path(out_dir) / (stem + name)).string();
+    p.path = (std::filesystem::path(out_dir) / split_part_file_name(stem, i, count, p.range)).string();
     plan.parts.push_back(std::move(p));
   }
   for (const TensorRef& t : model.tensors()) {

@@ -13,6 +13,7 @@
 // the whole exchange must finish within handshake_timeout.
 
 // First: it includes <utility> ahead of Asio (see there).
+#include "net/address.h"
 #include "net/connection_impl.h"
 // clang-format off
 #include <boost/asio/bind_executor.hpp>
@@ -81,7 +82,7 @@ void Connection::Impl::on_handshake_message(Message&& m) {
 }
 
 void Connection::Impl::start_client(const std::string& host, uint16_t port) {
-  peer.address = host + ":" + std::to_string(port);
+  peer.address = join_host_port(host, port);
   handshake_timer.expires_after(cfg.handshake_timeout);
   handshake_timer.async_wait(
       asio::bind_executor(strand, [self = shared_from_this()](const boost::system::error_code& ec) {
@@ -343,13 +344,16 @@ Listener::Listener(asio::io_context& io, const std::string& bind_address, uint16
   impl_->on_accept = std::move(on_accept);
   impl_->on_reject = std::move(on_reject);
   boost::system::error_code ec;
-  const asio::ip::address addr = asio::ip::make_address(bind_address, ec);
-  if (ec) throw std::runtime_error("listen address '" + bind_address + "' is not an IP address: " + ec.message());
-  const tcp::endpoint ep(addr, port);
+  tcp::endpoint ep;
+  try {
+    ep = tcp::endpoint(resolve_host(bind_address), port);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("cannot listen on " + join_host_port(bind_address, port) + ": " + e.what());
+  }
   auto check = [&](const char* what) {
     if (ec) {
-      throw std::runtime_error(std::string("cannot listen on ") + bind_address + ":" + std::to_string(port) + ": " +
-                               what + ": " + ec.message());
+      throw std::runtime_error("cannot listen on " + join_host_port(bind_address, port) + ": " + what + ": " +
+                               ec.message());
     }
   };
   impl_->acceptor.open(ep.protocol(), ec);

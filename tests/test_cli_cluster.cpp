@@ -263,6 +263,25 @@ TEST(ClusterRun, MemLimitCapsTheStageAndEachWorker) {
   refused({"--config", cfg});
 }
 
+// --staging-mb reaches every worker run --workers starts: each reports the
+// ring it loaded with (a report line, whatever the log level).
+TEST(ClusterRun, StagingMbReachesEveryWorker) {
+  auto reports = [](std::vector<std::string> extra, const std::string& ring) {
+    std::vector<std::string> argv = {test::baton_binary(), "run", "-m", test::model_path("stories260K.gguf"),
+                                     "-p", "Once", "-n", "2", "-t", "1", "--workers", "2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const test::CommandResult r = test::run_command(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    int n = 0;
+    for (size_t p = r.err.find(ring); p != std::string::npos; p = r.err.find(ring, p + 1)) ++n;
+    EXPECT_EQ(n, 2) << ring << "\n" << r.err;
+    EXPECT_NE(r.err.find("baton worker worker-1: stage 1, layers "), std::string::npos) << r.err;
+  };
+  reports({"--staging-mb", "8"}, "loaded in");
+  reports({"--staging-mb", "8"}, "(staging 4 x 8 MiB)");
+  reports({}, "(staging 4 x 64 MiB)");
+}
+
 TEST(ClusterRun, ConfigNodesNameTheWorkersBackendOnlyWhenAllAgree) {
   test::TempDir dir;
   auto load = [&](const std::string& nodes) {
@@ -305,6 +324,7 @@ TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 0\n", "1..64");
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n[serving]\nprefix_cache = 1\n",
           "serving.prefix_cache must be true or false");
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\nlisten = \"::1:7070\"\n", "cluster.listen");
   refused("[cluster]\nworkers = 2\n", "[model] needs path");
   refused("[model\npath = 1\n", "line 1");
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n[[node]]\nmemory = \"12 parsecs\"\n",

@@ -11,9 +11,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "coordinator/cluster/cluster_config.h"
 #include "engine/gguf.h"
 #include "engine/node_plan.h"
 #include "engine/sampler.h"
@@ -66,7 +68,7 @@ TEST_F(CliPlan, Q2OnOneRtxPro6000FitsAt384K) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_LT(s, 10.0) << "planning reads the header only";  // well under 1 s without sanitizers
-  for (const char* want : {"layers 0-42 + embedding + head", "weights", "kv cache", "workspace", "link buffers",
+  for (const char* want : {"layers 0:42 + embedding + head", "weights", "kv cache", "workspace", "link buffers",
                            "backend", "optional caches", "margin", "fits"}) {
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   }
@@ -138,9 +140,9 @@ TEST_F(CliPlan, Q4NeedsTwoSparks) {
   // Equal nodes: the halves differ by at most one layer's worth of time.
   const double ta = a["seconds_per_pass"].get<double>(), tb = b["seconds_per_pass"].get<double>();
   EXPECT_LT(std::abs(ta - tb) / std::max(ta, tb), 0.06);
-  const std::string ranges = "layers 0-" + std::to_string(a["last_layer"].get<int>()) + " + embedding";
+  const std::string ranges = "layers 0:" + std::to_string(a["last_layer"].get<int>()) + " + embedding";
   EXPECT_NE(r.out.find(ranges), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("layers " + std::to_string(b["first_layer"].get<int>()) + "-42 + head"), std::string::npos)
+  EXPECT_NE(r.out.find("layers " + std::to_string(b["first_layer"].get<int>()) + ":42 + head"), std::string::npos)
       << r.out;
   // The link buffers carry the 4 HC streams of 4096 floats per row.
   EXPECT_EQ(a["lines"][3]["bytes"].get<uint64_t>(), 2u * 2048u * 4u * 4096u * 4u);
@@ -165,6 +167,117 @@ TEST(CliPlanLlama, Stories260KEqualsStagePlan) {
   EXPECT_EQ(lines["backend"], 0u);
   EXPECT_EQ(lines["link buffers"], 0u);
   EXPECT_EQ(j["stages"][0]["total_bytes"].get<uint64_t>(), stage.total());
+}
+
+// What configs/one-96gb-card.toml suggests: the model after -m, a bare size
+// (named node0), the same plan as the positional, named form.
+TEST(CliPlanLlama, ModelAfterMAndBareSizes) {
+  const std::string model = test::model_path("stories260K.gguf");
+  auto named = plan({model, "--nodes", "box=1GB:cpu", "--ctx", "512", "--json"});
+  auto bare = plan({"-m", model, "--nodes", "1GB:cpu", "--ctx", "512", "--json"});
+  ASSERT_EQ(named.exit_code, 0) << named.err;
+  ASSERT_EQ(bare.exit_code, 0) << bare.err;
+  Json a = Json::parse(named.out), b = Json::parse(bare.out);
+  EXPECT_EQ(b["stages"][0]["node"], "node0");
+  a["stages"][0].erase("node");
+  b["stages"][0].erase("node");
+  EXPECT_EQ(a["stages"], b["stages"]);
+  auto two = plan({"-m", model, "--nodes", "1GB:cpu,1GB:cpu", "--ctx", "512"});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_NE(two.out.find("node node1:"), std::string::npos) << two.out;
+  EXPECT_EQ(plan({"-m", model, model, "--nodes", "1GB", "--ctx", "512"}).exit_code, 1);  // the model twice
+}
+
+std::vector<std::string> words(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream in(line);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// From plan to split in one step: the printed split command writes parts
+// at the placement's boundaries, and the printed config runs them, giving
+// the text the whole model gives.
+TEST(CliPlanLlama, PrintedSplitCommandAndConfigRunThePlacement) {
+  const std::string model = test::model_path("stories260K.gguf");
+  test::TempDir dir;
+  const std::string parts = dir.file("parts");
+  const std::vector<std::string> args = {model, "--nodes", "a=1GB:cpu,b=1GB:cpu", "--ctx", "256", "--split-dir", parts};
+  auto text = plan(args);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  std::vector<std::string> json_args = args;
+  json_args.push_back("--json");
+  auto r = plan(json_args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  const std::string split = j["split_command"].get<std::string>();
+  EXPECT_NE(text.out.find("\n" + split + "\n"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(j["config"].get<std::string>()), std::string::npos) << text.out;
+  // The ranges are the placement's, in the one spelling.
+  ASSERT_EQ(j["stages"].size(), 2u);
+  const std::string ranges = j["stages"][0]["layers"].get<std::string>() + "," +
+                             j["stages"][1]["layers"].get<std::string>();
+  EXPECT_EQ(split, "baton split " + model + " --layers " + ranges + " -o " + parts);
+
+  std::vector<std::string> split_argv = words(split);
+  ASSERT_EQ(split_argv.at(0), "baton");
+  split_argv[0] = test::baton_binary();
+  auto s = test::run_command(split_argv);
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+
+  const std::string config = dir.file("serve.toml");
+  const std::string stanza = j["config"].get<std::string>();
+  test::write_file(config, std::vector<uint8_t>(stanza.begin(), stanza.end()));
+  const std::vector<std::string> gen = {"-p", "Once upon a time", "-n", "12", "--temp", "0", "--threads", "1"};
+  std::vector<std::string> whole = {test::baton_binary(), "run", "-m", model, "--ctx", "256"};
+  std::vector<std::string> piped = {test::baton_binary(), "run", "--config", config};
+  whole.insert(whole.end(), gen.begin(), gen.end());
+  piped.insert(piped.end(), gen.begin(), gen.end());
+  auto a = test::run_command(whole);
+  auto b = test::run_command(piped);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << stanza << b.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_GT(a.out.size(), 20u);
+
+  // Node sizes in the config read back as given, and the config is one the
+  // project's parser takes.
+  const ClusterConfig c = load_cluster_config(config);
+  ASSERT_EQ(c.nodes.size(), 2u);
+  EXPECT_EQ(c.nodes[0].memory_bytes, 1000000000u);
+  EXPECT_EQ(c.parts.size(), 2u);
+  EXPECT_NE(stanza.find("memory = \"1GB\""), std::string::npos) << stanza;
+  auto sizes = plan({model, "--nodes", "97887MiB:cpu", "--ctx", "256", "--json"});
+  ASSERT_EQ(sizes.exit_code, 0) << sizes.err;
+  EXPECT_NE(Json::parse(sizes.out)["config"].get<std::string>().find("memory = \"97887MiB\""), std::string::npos);
+
+  // One stage: no split, the config serves the file itself.
+  auto one = plan({model, "--nodes", "1GB:cpu", "--ctx", "256", "--json"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const Json o = Json::parse(one.out);
+  EXPECT_EQ(o["split_command"], "");
+  EXPECT_NE(o["config"].get<std::string>().find("path = \"" + model + "\""), std::string::npos) << o["config"];
+}
+
+// --staging-mb sizes the ring the plan counts on a unified CUDA node, as
+// the workers' --staging-mb sizes the ring they load with.
+TEST(CliPlanLlama, StagingMbSizesTheStagingLine) {
+  const std::string model = test::model_path("stories260K.gguf");
+  auto staging = [&](std::vector<std::string> extra) -> uint64_t {
+    std::vector<std::string> args = {model, "--nodes", "spark=32GB:unified:cuda", "--ctx", "256", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = plan(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const Json j = Json::parse(r.out);
+    for (const Json& l : j["stages"][0]["lines"]) {
+      if (l["name"] == "load staging") return l["bytes"].get<uint64_t>();
+    }
+    ADD_FAILURE() << "no load staging line: " << r.out;
+    return 0;
+  };
+  EXPECT_EQ(staging({}), 4u * (64u << 20));
+  EXPECT_EQ(staging({"--staging-mb", "8"}), 4u * (8u << 20));
+  EXPECT_EQ(plan({model, "--nodes", "1GB", "--ctx", "256", "--staging-mb", "0"}).exit_code, 1);
 }
 
 TEST(CliPlanLlama, BadInputExitsOne) {

@@ -188,7 +188,7 @@ TEST(Serve, HealthAndMetricsDescribeTheRoute) {
   ASSERT_EQ(j["stages"].size(), 1u);
   const json& st = j["stages"][0];
   EXPECT_EQ(st["state"], "loaded");
-  EXPECT_EQ(st["layers"], json::array({0, 4}));
+  EXPECT_EQ(st["layers"], "0:4");
   EXPECT_EQ(st["progress"], 1.0);
   EXPECT_TRUE(st["embedding"].get<bool>() && st["head"].get<bool>());
   EXPECT_GT(st["memory"]["planned"]["weights"].get<uint64_t>(), 1000000u);
@@ -206,7 +206,7 @@ TEST(Serve, HealthAndMetricsDescribeTheRoute) {
                              "baton_slots_total 3", "baton_queue_capacity 5",
                              "baton_time_to_first_token_seconds_count 1", "baton_up 1",
                              "baton_stage_forward_seconds_count{stage=\"0\",phase=\"prefill\"} 1",
-                             "baton_memory_bytes{node=\"local\",layers=\"0-4\",kind=\"planned\"}"}) {
+                             "baton_memory_bytes{node=\"local\",layers=\"0:4\",kind=\"planned\"}"}) {
     EXPECT_NE(m.body.find(series), std::string::npos) << series << "\n" << m.body;
   }
   EXPECT_EQ(metric(port, "baton_prompt_tokens_total"), usage["prompt_tokens"].get<double>());

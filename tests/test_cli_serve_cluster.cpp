@@ -51,6 +51,25 @@ TEST(ServeCluster, IgnoreEosRunsToMaxTokensOnTwoWorkers) {
 // step budget of 8 tokens: micro-batches mix prompt chunks and decode tokens
 // of several sequences, sequences start and end at different steps, and the
 // last two wait for a slot. Each gets the text it gets alone in process.
+// serve --workers passes --staging-mb to the workers it starts: each
+// reports the ring it loaded with.
+TEST(ServeCluster, StagingMbReachesTheLocalWorkers) {
+  ServeProcess server({"-m", stories(), "--workers", "2", "--staging-mb", "8", "--quiet"});
+  // The workers write their line before READY; the coordinator relays
+  // their stderr on a thread of its own, so the lines may trail "ready".
+  std::string err;
+  int n = 0;
+  for (int tries = 0; tries < 100 && n < 2; ++tries) {
+    if (tries) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    err = server.stderr_text();
+    n = 0;
+    const std::string ring = "(staging 4 x 8 MiB)";
+    for (size_t p = err.find(ring); p != std::string::npos; p = err.find(ring, p + 1)) ++n;
+  }
+  EXPECT_EQ(n, 2) << err;
+  EXPECT_EQ(server.stop(), 0);
+}
+
 TEST(ServeCluster, ConcurrentRequestsThroughMicroBatchesGetTheirTextAlone) {
   const std::vector<std::string> prompts = {"Once upon a time", "The cat", "Tom and his dog went to the park",
                                             "Lily", "One day, a little bird", "The sun was hot and"};

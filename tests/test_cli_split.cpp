@@ -101,7 +101,7 @@ TEST(Split, DryRunWritesNothing) {
   CommandResult r = baton({"split", model_path("stories260K.gguf"), "--layers", "0:1,2:3,4:output", "-o",
                            tmp.file("out"), "--dry-run"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("part 3/3  layers 4..4 +output"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("part 3/3  layers 4:4 +output"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("dry run: nothing written"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(tmp.path() / "out"));
   EXPECT_TRUE(files_in(tmp.path()).empty());

@@ -164,6 +164,15 @@ TEST(Placement, ParseSizesAndNodes) {
   for (const char* bad : {"a", "=96GB", "a=96GB,a=1GB", "a=96GB:fast", "a=0GB", "a=96GB:bw=0"}) {
     EXPECT_THROW(parse_nodes(bad), std::invalid_argument) << bad;
   }
+  // Bare sizes are named by their place: node0, node1, ...
+  auto bare = parse_nodes("97887MiB,spark=128GB:unified,64GiB:cpu");
+  ASSERT_EQ(bare.size(), 3u);
+  EXPECT_EQ(bare[0].name, "node0");
+  EXPECT_EQ(bare[0].memory_bytes, 97887ull << 20);
+  EXPECT_EQ(bare[1].name, "spark");
+  EXPECT_EQ(bare[2].name, "node2");
+  EXPECT_EQ(bare[2].backend, Backend::Cpu);
+  EXPECT_THROW(parse_nodes("node1=1GB,2GB"), std::invalid_argument);  // the second would be node1 too
   EXPECT_EQ(format_size(uint64_t(80.76 * double(1ull << 30))), "80.76 GiB");
   EXPECT_EQ(format_size(600ull << 20), "600.00 MiB");
   EXPECT_EQ(format_size(100), "100 B");

@@ -18,6 +18,7 @@
 #include "engine/command_line.h"
 #include "engine/node_plan.h"
 #include "net/log_options.h"
+#include "net/address.h"
 
 namespace baton {
 
@@ -50,13 +51,16 @@ int cmd_worker(int argc, char** argv) {
   std::string backend = "auto", mem_limit, fault;
   int gpu = -1;
   net::LogOptions log;
+  uint64_t staging_mb = opt.staging_slot_bytes >> 20;
   po::options_description desc("options");
   // clang-format off
   desc.add_options()
       ("help,h", "print this help and exit")
-      ("coordinator", po::value<std::string>(&opt.coordinator)->required(), "HOST:PORT of the coordinator")
+      ("coordinator", po::value<std::string>(&opt.coordinator)->required(),
+       "HOST:PORT of the coordinator (HOST: a name or an address, IPv6 in brackets: [::1]:7070)")
       ("listen", po::value<std::string>(&opt.listen)->default_value(opt.listen),
-       "HOST:PORT where the previous stage connects (port 0: any free port); HOST must be reachable by it")
+       "HOST:PORT where the previous stage connects (port 0: any free port); HOST, a name or an address, "
+       "must be reachable by it: the worker binds HOST's address and tells the coordinator HOST:PORT")
       ("secret-file", po::value<std::string>(&opt.secret_file)->required(),
        "file with the cluster's shared secret (chmod 600), or a pipe such as /dev/fd/3")
       ("model,m", po::value<std::string>(&opt.model), "the full GGUF (default: the path the coordinator assigns)")
@@ -65,6 +69,8 @@ int cmd_worker(int argc, char** argv) {
        "when the build has no CUDA or no GPU is present)")
       ("gpu", po::value<int>(&gpu), "with cuda: the index of the GPU to use among the visible ones (default: the first)")
       ("mem-limit", po::value<std::string>(&mem_limit), "most memory the stage's plan may use, e.g. 16GiB")
+      ("staging-mb", po::value<uint64_t>(&staging_mb)->default_value(staging_mb),
+       "MiB of each of the loader's 4 staging buffers (pinned host memory with cuda; the plan counts them)")
       ("name", po::value<std::string>(&opt.name), "this worker's name in logs and errors (default: worker-PID)")
       ("threads,t", po::value<int>(&opt.n_threads)->default_value(1), "CPU threads for the forward pass")
       ("step-delay-ms", po::value<int>(&opt.step_delay_ms)->default_value(0),
@@ -82,6 +88,22 @@ int cmd_worker(int argc, char** argv) {
   if (!parsed) return 0;
   const po::variables_map& vm = *parsed;
   net::apply_log_options(log, net::LogLevel::info);
+  (void)net::split_host_port(opt.coordinator);  // the syntax now; names resolve when they are used
+  (void)net::split_host_port(opt.listen);
+  if (backend != "auto" && !backend_from_name(backend)) {
+    throw std::invalid_argument("--backend must be auto, cpu or cuda, got '" + backend + "'");
+  }
+  if (!mem_limit.empty()) opt.mem_limit = parse_size(mem_limit);
+  if (opt.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (staging_mb < 1 || staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  opt.staging_slot_bytes = staging_mb << 20;
+  if (opt.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");
+  // Fault injection for tests only (docs/PROTOCOL.md, "Link negotiation").
+  if (!fault.empty()) {
+    if (fault != "nccl-init") throw std::invalid_argument("--fault must be nccl-init, got '" + fault + "'");
+    opt.fault_nccl_init = true;
+  }
+  if (parse_only()) return 0;
   // Before anything touches CUDA: the device is chosen for the whole process.
   if (vm.count("gpu")) select_gpu(gpu);
   std::string note;
@@ -89,14 +111,6 @@ int cmd_worker(int argc, char** argv) {
   if (const std::string why = backend_unavailable(b); !why.empty()) throw std::runtime_error(why);
   if (backend == "auto" && net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton worker: %s\n", note.c_str());
   opt.backend = b;
-  if (!mem_limit.empty()) opt.mem_limit = parse_size(mem_limit);
-  if (opt.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
-  if (opt.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");
-  // Fault injection for tests only (docs/PROTOCOL.md, "Link negotiation").
-  if (!fault.empty()) {
-    if (fault != "nccl-init") throw std::invalid_argument("--fault must be nccl-init, got '" + fault + "'");
-    opt.fault_nccl_init = true;
-  }
   return run_worker(opt);
 }
 

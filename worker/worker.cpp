@@ -18,6 +18,7 @@
 #include "net/address.h"
 #include "net/log.h"
 #include "worker/worker_impl.h"
+#include "engine/layer_range_text.h"
 
 namespace baton {
 namespace worker_impl {
@@ -79,11 +80,26 @@ int Worker::run() {
   if (!opt_.model.empty()) file_.emplace(GgufFile::open(opt_.model));
   io_thread_ = std::thread([this] { io_.run(); });
 
+  // A coordinator name that does not resolve is one line now, not a link
+  // that fails after its retries.
+  boost::asio::ip::address coordinator_ip;
+  try {
+    coordinator_ip = net::resolve_host(net::split_host_port(opt_.coordinator).first);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("cannot connect to the coordinator at " + opt_.coordinator + ": " + e.what());
+  }
   auto [lhost, lport] = net::split_host_port(opt_.listen);
   listener_ = std::make_unique<net::Listener>(
       io_, lhost, lport, net::LocalIdentity{net::Role::worker, opt_.name}, secret_, link_config(),
       [this](std::shared_ptr<net::Connection> c) { accept_upstream(std::move(c)); });
-  const std::string listen_address = lhost + ":" + std::to_string(listener_->port());
+  const std::string listen_address = net::join_host_port(lhost, listener_->port());
+  // A stock /etc/hosts maps the machine's own name to 127.0.1.1: a stage on
+  // another machine (where the coordinator is) could not dial that.
+  if (const auto ip = net::resolve_host(lhost); ip.is_loopback() && !coordinator_ip.is_loopback()) {
+    net::log(net::LogLevel::warn, opt_.name + ": --listen " + opt_.listen + " is the loopback address " +
+                                      ip.to_string() + " while the coordinator is at " + opt_.coordinator +
+                                      ": a stage on another machine cannot reach this one");
+  }
 
   net::Hello hello;
   hello.role = net::Role::worker;
@@ -232,6 +248,7 @@ void Worker::on_assign(const net::Assign& a) {
   sc.n_threads = opt_.n_threads;
   // LOAD_PROGRESS at most every 250 ms, and at the end.
   LoadOptions load;
+  load.slot_bytes = opt_.staging_slot_bytes;
   auto last = std::chrono::steady_clock::now() - 1s;
   load.progress = [this, &last](const LoadProgress& p) {
     const auto now = std::chrono::steady_clock::now();
@@ -255,10 +272,15 @@ void Worker::on_assign(const net::Assign& a) {
   r.workspace_bytes = p.bytes(PlanLine::Workspace);
   r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.boundary_width = a.has_output ? 0 : uint32_t(stage_->arch().boundary_elems_per_token());
+  // A report, not a log line: whatever the log level, the output says what
+  // the stage loaded and with which staging ring (tests read it). Before
+  // READY, so that it is written when the coordinator says it is ready.
+  // (Not "baton worker: ...", the prefix of the line a failing worker dies with.)
+  std::fprintf(stderr, "baton worker %s: stage %u, layers %s loaded in %.2f s (staging %d x %llu MiB)\n",
+               opt_.name.c_str(), unsigned(a.stage_index),
+               layer_range_text(int(a.layer_first), int(a.layer_last)).c_str(), r.load_seconds,
+               load.slots, static_cast<unsigned long long>(load.slot_bytes >> 20));
   coord_->send(r);
-  net::log(net::LogLevel::info, opt_.name + ": stage " + std::to_string(a.stage_index) + " layers " +
-                                    std::to_string(a.layer_first) + ".." + std::to_string(a.layer_last) +
-                                    " loaded");
 }
 
 void Worker::fail(net::WireError code, const std::string& text) {

@@ -20,6 +20,7 @@ struct WorkerOptions {
   std::string secret_file;
   std::string model;        // full GGUF; empty: the path in ASSIGN
   uint64_t mem_limit = 0;   // bytes the stage's plan may use; 0: no limit
+  uint64_t staging_slot_bytes = uint64_t(64) << 20;  // each of the loader's staging buffers (--staging-mb)
   Backend backend = Backend::Cpu;
   std::string name;         // for logs and the coordinator's messages
   int n_threads = 1;

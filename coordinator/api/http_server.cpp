@@ -9,6 +9,7 @@
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/http_request_from_beast.h"
 #include "coordinator/api/connection_admission.h"
+#include "net/address.h"
 
 // Boost 1.74's Asio needs <utility> before it under C++20.
 #include <utility>
@@ -721,15 +722,20 @@ HttpServer::HttpServer(HttpServerConfig config, HttpHandler handler, HttpServerH
     : impl_(std::make_unique<Impl>(std::move(config), std::move(handler), std::move(hooks))) {
   auto& a = impl_->acceptor;
   beast::error_code ec;
-  auto addr = asio::ip::make_address(impl_->cfg.host, ec);
-  if (ec) throw std::runtime_error(fmt::format("'{}' is not an IP address", impl_->cfg.host));
-  tcp::endpoint ep(addr, impl_->cfg.port);
+  tcp::endpoint ep;
+  try {
+    ep = tcp::endpoint(net::resolve_host(impl_->cfg.host), impl_->cfg.port);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(
+        fmt::format("cannot listen on {}: {}", net::join_host_port(impl_->cfg.host, impl_->cfg.port), e.what()));
+  }
   a.open(ep.protocol(), ec);
   if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) a.bind(ep, ec);
   if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    throw std::runtime_error(fmt::format("cannot listen on {}:{}: {}", impl_->cfg.host, impl_->cfg.port, ec.message()));
+    throw std::runtime_error(
+        fmt::format("cannot listen on {}: {}", net::join_host_port(impl_->cfg.host, impl_->cfg.port), ec.message()));
   }
 }
 

@@ -1,4 +1,5 @@
 #include "coordinator/api/metrics.h"
+#include "engine/layer_range_text.h"
 
 #include <fmt/format.h>
 
@@ -189,7 +190,8 @@ std::string Metrics::render(const ServiceHealth& health) const {
   for (const StageHealth& s : health.stages) {
     uint64_t planned = 0;
     for (const auto& line : s.memory_planned) planned += line.second;
-    const std::string node = fmt::format("node=\"{}\",layers=\"{}-{}\"", label_value(s.node), s.first_layer, s.last_layer);
+    const std::string node = fmt::format("node=\"{}\",layers=\"{}\"", label_value(s.node),
+                                         layer_range_text(s.first_layer, s.last_layer));
     out += fmt::format("baton_memory_bytes{{{},kind=\"planned\"}} {}\n", node, planned);
     out += fmt::format("baton_memory_bytes{{{},kind=\"used\"}} {}\n", node, s.memory_used);
     out += fmt::format("baton_memory_bytes{{{},kind=\"rss\"}} {}\n", node, s.rss_bytes);

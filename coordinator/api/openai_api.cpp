@@ -14,6 +14,7 @@
 #include "coordinator/api/metrics.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
+#include "engine/layer_range_text.h"
 
 namespace baton {
 
@@ -296,7 +297,7 @@ std::pair<int, std::string> OpenAiApi::health_body() const {
     }
     stages.push_back({{"node", s.node},
                       {"address", s.address},
-                      {"layers", {s.first_layer, s.last_layer}},
+                      {"layers", layer_range_text(s.first_layer, s.last_layer)},
                       {"embedding", s.embedding},
                       {"head", s.head},
                       {"state", s.state},

@@ -22,6 +22,7 @@
 #include "engine/node_plan.h"
 #include "net/connection.h"
 #include "net/log.h"
+#include "engine/layer_range_text.h"
 
 namespace baton {
 
@@ -164,8 +165,7 @@ std::string Cluster::describe(size_t index) const {
   std::string s = "worker " + net::printable(m.hello.node_name);
   if (m.stage >= 0) {
     const StageSlice& sl = stages_[size_t(m.stage)].slice;
-    s += " (stage " + std::to_string(m.stage) + ", layers " + std::to_string(sl.layers.first) + ".." +
-         std::to_string(sl.layers.last) + ", " + m.address + ")";
+    s += " (stage " + std::to_string(m.stage) + ", layers " + layer_range_text(sl.layers) + ", " + m.address + ")";
   } else {
     s += " (" + m.address + ")";
   }
@@ -433,8 +433,7 @@ std::string Cluster::route_problem() const {
   if (!assigned_) return "the stages are not assigned yet";
   for (size_t i = 0; i < stages_.size(); ++i) {
     const Slot& s = stages_[i];
-    const std::string what = "stage " + std::to_string(i) + " (layers " + std::to_string(s.slice.layers.first) + ".." +
-                             std::to_string(s.slice.layers.last) + ")";
+    const std::string what = "stage " + std::to_string(i) + " (layers " + layer_range_text(s.slice.layers) + ")";
     if (s.member < 0) return what + " has no worker" + (failure_.empty() ? "" : "; " + failure_);
     if (!members_[size_t(s.member)]->ready) return what + " is loading on " + describe(size_t(s.member));
   }
@@ -502,8 +501,7 @@ void Cluster::assign(const std::vector<StageSlice>& slices, const StageSettings&
     if (stages_[i].member >= 0) continue;
     if (r == rest.size() || !can_take(*members_[rest[r]], i)) {
       throw ClusterFailure("no registered worker can take stage " + std::to_string(i) + " (layers " +
-                           std::to_string(slices[i].layers.first) + ".." + std::to_string(slices[i].layers.last) +
-                           "): its split part or model differs");
+                           layer_range_text(slices[i].layers) + "): its split part or model differs");
     }
     stages_[i].member = int(rest[r]);
     members_[rest[r]]->stage = int(i);

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "engine/node_plan.h"  // parse_size
+#include "net/address.h"
 
 namespace baton {
 
@@ -96,6 +97,11 @@ ClusterConfig load_cluster_config(const std::string& path) {
     c.listen = get<std::string>(path, *t, "cluster", "listen", c.listen);
     c.secret_file = resolve(base, get<std::string>(path, *t, "cluster", "secret_file", ""));
     c.threads_per_worker = get<int>(path, *t, "cluster", "threads_per_worker", 0);
+    try {
+      (void)net::split_host_port(c.listen);  // the syntax now; the name resolves when the coordinator binds it
+    } catch (const std::invalid_argument& e) {
+      fail(path, std::string("cluster.listen: ") + e.what());
+    }
     c.link = get<std::string>(path, *t, "cluster", "link", c.link);
     if (c.link != "auto" && c.link != "tcp" && c.link != "nccl") fail(path, "cluster.link must be auto, tcp or nccl");
   }

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "net/address.h"
 #include "net/auth.h"
 #include "net/log.h"
 
@@ -116,13 +117,13 @@ LocalCluster::~LocalCluster() {
 
 void LocalCluster::spawn(size_t i) {
   const std::string model = opt_.worker_models.empty() ? opt_.model : opt_.worker_models[i];
-  const std::string coordinator = opt_.cluster.bind_host + ":" + std::to_string(cluster_->port());
+  const std::string coordinator = net::join_host_port(opt_.cluster.bind_host, cluster_->port());
   std::vector<std::string> args = {binary_,
                                    "worker",
                                    "--coordinator",
                                    coordinator,
                                    "--listen",
-                                   opt_.cluster.bind_host + ":0",
+                                   net::join_host_port(opt_.cluster.bind_host, 0),
                                    "--secret-file",
                                    "/dev/fd/3",
                                    "--model",
@@ -145,6 +146,10 @@ void LocalCluster::spawn(size_t i) {
   if (!opt_.worker_fault.empty()) {
     args.push_back("--fault");
     args.push_back(opt_.worker_fault);
+  }
+  if (opt_.staging_mb > 0) {
+    args.push_back("--staging-mb");
+    args.push_back(std::to_string(opt_.staging_mb));
   }
   if (i < opt_.worker_mem_limits.size() && opt_.worker_mem_limits[i] > 0) {
     args.push_back("--mem-limit");

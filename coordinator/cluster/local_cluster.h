@@ -32,6 +32,7 @@ struct LocalClusterOptions {
   std::vector<int> gpus;        // worker i gets --gpu gpus[i % size]; empty: none given
   int step_delay_ms = 0;   // passed to the workers (tests)
   std::vector<uint64_t> worker_mem_limits;  // worker i's --mem-limit in bytes (absent or 0: none)
+  uint64_t staging_mb = 0;  // the workers' --staging-mb (0: the loader's default)
   std::string worker_fault;  // the workers' --fault (tests); empty: none
   std::string binary;      // empty: this process's executable
   ClusterOptions cluster;

@@ -70,7 +70,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   config_.stage.max_batch = std::min(config_.stage.max_batch, config_.stage.n_ctx);
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
-  plan_ = plan_stage_runner(config_.backend, file_, config_.stage);
+  LoadOptions staging;  // the plan counts the ring the load will use
+  staging.slot_bytes = config_.staging_slot_bytes;
+  plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
   info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
   const std::unique_ptr<Arch> arch = Arch::from_gguf(file_);
   n_layer_ = arch->dims().n_layer;
@@ -306,6 +308,7 @@ void LocalEngine::scheduler() {
   try {
     auto t0 = Clock::now();
     LoadOptions load;
+    load.slot_bytes = config_.staging_slot_bytes;
     load.progress = [this](const LoadProgress& p) {
       load_done_.store(p.done);
       if (config_.on_load_progress) config_.on_load_progress(p);

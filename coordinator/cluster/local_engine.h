@@ -53,6 +53,7 @@ struct LocalEngineConfig {
   int queue_capacity = 64;     // requests waiting beyond the busy slots
   int64_t prefill_chunk = 0;   // prompt tokens of one sequence per step; 0 = the stage's max_batch
   bool prefix_cache = true;    // reuse the KV a free slot kept of its last request (prefix_cache.h)
+  uint64_t staging_slot_bytes = uint64_t(64) << 20;  // each of the loader's staging buffers (--staging-mb)
   // Called on the loading thread as the weights arrive (engine/loader.h).
   std::function<void(const LoadProgress&)> on_load_progress;
 };

@@ -1,4 +1,5 @@
 #include "coordinator/cluster/placement.h"
+#include "engine/layer_range_text.h"
 
 #include <fmt/format.h>
 
@@ -190,7 +191,7 @@ std::string plan_summary(const MemoryPlan& p) {
 }
 
 std::string layers_text(const StagePlacement& s) {
-  return fmt::format("layers {}-{}{}{}", s.layers.first, s.layers.last, s.embedding ? " + embedding" : "",
+  return fmt::format("layers {}{}{}", layer_range_text(s.layers), s.embedding ? " + embedding" : "",
                      s.head ? " + head" : "");
 }
 
@@ -210,6 +211,7 @@ StageRequest PlacementRequest::stage(LayerRange layers, bool embedding, bool hea
   s.n_threads = n_threads;
   s.optional_caches = optional_caches;
   s.ds4_kv = ds4_kv;
+  s.staging_slot_bytes = staging_slot_bytes;
   return s;
 }
 
@@ -323,16 +325,19 @@ std::vector<NodeSpec> parse_nodes(std::string_view text) {
   };
   for (std::string_view item : split(text, ',')) {
     auto fail = [&](const std::string& why) {
-      throw std::invalid_argument(fmt::format("bad node '{}': {} (NAME=SIZE[:unified|:discrete][:cpu|:cuda]"
+      throw std::invalid_argument(fmt::format("bad node '{}': {} ([NAME=]SIZE[:unified|:discrete][:cpu|:cuda]"
                                               "[:reserve=SIZE][:bw=SIZE])",
                                               item, why));
     };
+    // A bare SIZE[:...] (no '=' before the first ':') names the node by its
+    // place in the pipeline: node0, node1, ...
     const size_t eq = item.find('=');
-    if (eq == std::string_view::npos || eq == 0) fail("expected NAME=SIZE");
+    const bool named = eq != std::string_view::npos && eq < item.find(':');
+    if (named && eq == 0) fail("empty NAME");
     NodeSpec n;
-    n.name = std::string(item.substr(0, eq));
+    n.name = named ? std::string(item.substr(0, eq)) : "node" + std::to_string(out.size());
     if (!names.insert(n.name).second) fail("the name is used twice");
-    std::vector<std::string_view> fields = split(item.substr(eq + 1), ':');
+    std::vector<std::string_view> fields = split(named ? item.substr(eq + 1) : item, ':');
     n.memory_bytes = parse_size(fields[0]);
     if (n.memory_bytes == 0) fail("no memory");
     for (size_t k = 1; k < fields.size(); ++k) {

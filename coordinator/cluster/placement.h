@@ -39,6 +39,7 @@ struct PlacementRequest {
   int n_threads = 1;
   uint64_t optional_caches = 0;  // per stage
   Ds4KvStorage ds4_kv = Ds4KvStorage::F32;
+  uint64_t staging_slot_bytes = uint64_t(64) << 20;  // each loader staging buffer (--staging-mb)
 
   StageRequest stage(LayerRange layers, bool embedding, bool head, Backend backend, int64_t n_ctx) const;
 };
@@ -72,8 +73,9 @@ struct Placement {
 // Throws std::invalid_argument for no nodes or a bad request.
 Placement place_layers(const ModelPlanner& model, const std::vector<NodeSpec>& nodes, const PlacementRequest& r);
 
-// "NAME=SIZE[:unified|:discrete][:cpu|:cuda][:reserve=SIZE][:bw=SIZE],..."
-// (bw in bytes per second, e.g. bw=273GB). Throws std::invalid_argument.
+// "[NAME=]SIZE[:unified|:discrete][:cpu|:cuda][:reserve=SIZE][:bw=SIZE],..."
+// (bw in bytes per second, e.g. bw=273GB); a node without NAME= is named
+// node0, node1, ... by its place. Throws std::invalid_argument.
 std::vector<NodeSpec> parse_nodes(std::string_view text);
 
 }  // namespace baton

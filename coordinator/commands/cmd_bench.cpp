@@ -41,6 +41,7 @@
 #include "engine/loader.h"
 #include "engine/memory_plan.h"
 #include "engine/part_info.h"
+#include "engine/layer_range_text.h"
 
 namespace baton {
 
@@ -209,8 +210,7 @@ int bench(const BenchOptions& o) {
     sc.embedding = part->has_embedding;
     sc.head = part->has_output;
     if (!o.load_only && !(sc.embedding && sc.head)) {
-      throw std::invalid_argument(o.model + " holds layers " + std::to_string(sc.first_layer) + ".." +
-                                  std::to_string(sc.last_layer) +
+      throw std::invalid_argument(o.model + " holds layers " + layer_range_text(sc.first_layer, sc.last_layer) +
                                   " without the embedding or the head: only --load-only can measure it");
     }
   }
@@ -372,7 +372,7 @@ int cmd_bench(int argc, char** argv) {
     if (std::string_view(argv[i]) == "--serve") return cmd_bench_serve(argc, argv);
   }
   auto o = parse(argc, argv);
-  if (!o) return 0;
+  if (!o || parse_only()) return 0;
   return bench(*o);
 }
 

@@ -596,7 +596,7 @@ int bench(const Options& o) {
 
 int cmd_bench_serve(int argc, char** argv) {
   auto o = parse(argc, argv);
-  if (!o) return 0;
+  if (!o || parse_only()) return 0;
   return bench(*o);
 }
 

@@ -220,8 +220,9 @@ int cmd_logits(int argc, char** argv) {
   if (workers < 0) throw std::invalid_argument("--workers must be >= 1");
   auto backend = backend_from_name(backend_name_arg);
   if (!backend) throw std::invalid_argument("--backend must be cpu or cuda, got '" + backend_name_arg + "'");
-  if (std::string why = backend_unavailable(*backend); !why.empty()) throw CommandError(why, kExitRefused);
   const std::vector<int32_t> ids = parse_tokens(tokens);
+  if (parse_only()) return 0;
+  if (std::string why = backend_unavailable(*backend); !why.empty()) throw CommandError(why, kExitRefused);
   const bool lsm = workers > 0 || vm->count("log-softmax") > 0;
 
   const bool npy = out.size() >= 4 && out.compare(out.size() - 4, 4, ".npy") == 0;

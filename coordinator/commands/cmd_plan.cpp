@@ -1,4 +1,4 @@
-// `baton plan MODEL --nodes NAME=SIZE[:unified|:discrete],... --ctx N [--json]`:
+// `baton plan [-m] MODEL --nodes [NAME=]SIZE[:unified|:discrete],... --ctx N [--json]`:
 // the memory plan of every node of a pipeline, from the file's header alone,
 // and whether it fits. Exit 0 when it fits, 2 when it does not (with what
 // would fit), 1 for bad input.
@@ -12,10 +12,12 @@
 
 #include "coordinator/commands/commands.h"
 #include "coordinator/cluster/placement.h"
+#include "coordinator/commands/plan_deploy.h"
 #include "engine/command_error.h"
 #include "engine/command_line.h"
 #include "engine/model_files.h"
 #include "engine/node_plan.h"
+#include "engine/layer_range_text.h"
 
 namespace baton {
 namespace {
@@ -24,9 +26,10 @@ namespace po = boost::program_options;
 using Json = nlohmann::ordered_json;
 
 constexpr const char* kHelpTail = R"(
-Nodes: NAME=SIZE[:unified|:discrete][:cpu|:cuda][:reserve=SIZE][:bw=SIZE], comma
-separated, in pipeline order (the first holds the embedding, the last used one
-the output head; a node may be left empty).
+Nodes: [NAME=]SIZE[:unified|:discrete][:cpu|:cuda][:reserve=SIZE][:bw=SIZE],
+comma separated, in pipeline order (the first holds the embedding, the last used
+one the output head; a node may be left empty). A node without NAME= is named by
+its place: node0, node1, ...
   SIZE      bytes with a unit: B, KB, MB, GB, TB (powers of 1000) or KiB, MiB,
             GiB, TiB (powers of 1024), e.g. 96GB, 97887MiB, 128GiB.
   unified   memory shared with the OS (GB10 / DGX Spark): the plan keeps back a
@@ -49,10 +52,16 @@ When nothing fits it shows the closest placement, what each node lacks, the
 largest context that fits and how many nodes the requested context needs.
 Only the header is read: planning a 150 GiB file takes well under a second.
 
+When it fits, the output ends with the `baton split` command that cuts the
+model at these stages (into --split-dir) and a config (configs/*.toml, see
+docs/CONFIG.md) that runs a local worker per part with each node's memory as
+its cap; --json has both as "split_command" and "config".
+
 Exit status: 0 fits, 2 does not fit, 1 bad input.
 
 Examples:
   baton plan flash-q2.gguf --nodes rtx=97887MiB --ctx 393216
+  baton plan -m flash-q2.gguf --nodes 97887MiB --ctx 393216
   baton plan flash-q4.gguf --nodes spark1=128GB:unified,spark2=128GB:unified --ctx 131072
 )";
 
@@ -69,7 +78,7 @@ void print_stage(const StagePlacement& s, const NodeSpec& n) {
     std::printf("unused\n\n");
     return;
   }
-  std::printf("layers %d-%d%s%s\n", s.layers.first, s.layers.last, s.embedding ? " + embedding" : "",
+  std::printf("layers %s%s%s\n", layer_range_text(s.layers).c_str(), s.embedding ? " + embedding" : "",
               s.head ? " + head" : "");
   auto row = [](const char* name, uint64_t b, const std::string& detail) {
     std::printf("  %-16s %16llu B %12s", name, static_cast<unsigned long long>(b), format_size(b).c_str());
@@ -93,15 +102,17 @@ void print_stage(const StagePlacement& s, const NodeSpec& n) {
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
-  std::string model, nodes_text, reserve_text, caches_text = "0", kv = "f32";
+  std::string model, nodes_text, reserve_text, caches_text = "0", kv = "f32", split_dir = "parts";
   PlacementRequest req;
+  uint64_t staging_mb = req.staging_slot_bytes >> 20;
   po::options_description opts(
-      "usage: baton plan MODEL --nodes NAME=SIZE[:unified|:discrete],... --ctx N [options]\n\n"
+      "usage: baton plan [-m] MODEL --nodes [NAME=]SIZE[:unified|:discrete],... --ctx N [options]\n\n"
       "Computes the exact memory plan of every node of a pipeline before anything is\n"
       "loaded, places contiguous layer ranges on the nodes, and says whether it fits.\n\n"
       "options");
   opts.add_options()
       ("help,h", "show this help")
+      ("model,m", po::value(&model), "the GGUF file (or the first shard of a set); also taken positionally")
       ("nodes", po::value(&nodes_text), "the nodes, in pipeline order (see below)")
       ("ctx", po::value(&req.n_ctx), "context length to plan for, in tokens per sequence")
       ("micro-batch", po::value(&req.micro_batch)->default_value(req.micro_batch), "tokens per decode step")
@@ -111,16 +122,19 @@ int cmd_plan(int argc, char** argv) {
       ("threads", po::value(&req.n_threads)->default_value(req.n_threads), "CPU threads (per-thread scratch)")
       ("reserve", po::value(&reserve_text), "reserve of unified nodes that name none (default 8GiB)")
       ("optional-caches", po::value(&caches_text), "bytes of optional caches per stage (repacked weights...)")
+      ("staging-mb", po::value(&staging_mb)->default_value(staging_mb),
+       "MiB of each of the loader's 4 staging buffers, as the workers' --staging-mb (the ring counts on "
+       "unified cuda nodes)")
       ("kv", po::value(&kv)->default_value(kv),
        "deepseek4 KV storage: f32 (rows as float, the published engine's) or packed (FP8 + bf16 rope dims, FP4 "
        "indexer)")
+      ("split-dir", po::value(&split_dir)->default_value(split_dir),
+       "the folder the printed split command writes the parts to, and the config names them in")
       ("json", "print one JSON object instead of tables");
-  po::options_description hidden;
-  hidden.add_options()("model", po::value(&model), "GGUF file");
   po::positional_options_description positional;
   positional.add("model", 1);
-  const auto parsed = parse_command_line(
-      argc, argv, {.options = opts, .help_tail = kHelpTail, .hidden = &hidden, .positional = &positional});
+  const auto parsed =
+      parse_command_line(argc, argv, {.options = opts, .help_tail = kHelpTail, .positional = &positional});
   if (!parsed) return 0;
   const po::variables_map& vm = *parsed;
   if (model.empty() || nodes_text.empty() || !vm.count("ctx")) {
@@ -145,6 +159,9 @@ int cmd_plan(int argc, char** argv) {
     }
   }
   req.optional_caches = parse_size(caches_text);
+  if (staging_mb < 1 || staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  req.staging_slot_bytes = staging_mb << 20;
+  if (parse_only()) return 0;
   const ModelFiles files = ModelFiles::open(model);  // one file or a llama.cpp shard set
   ModelPlanner planner(files);
   p = place_layers(planner, nodes, req);
@@ -157,6 +174,7 @@ int cmd_plan(int argc, char** argv) {
                 {"reserve_bytes", n.reserve()}, {"usable_bytes", s.usable},  {"backend", backend_name(n.backend)},
                 {"bandwidth", n.effective_bandwidth()}, {"used", s.used()}};
       if (s.used()) {
+        j["layers"] = layer_range_text(s.layers);
         j["first_layer"] = s.layers.first;
         j["last_layer"] = s.layers.last;
         j["embedding"] = s.embedding;
@@ -182,6 +200,8 @@ int cmd_plan(int argc, char** argv) {
                 {"stages", std::move(stages)}};
     if (p.fits) {
       out["ctx_capacity"] = p.ctx_capacity;
+      out["split_command"] = split_command(model, p, split_dir);
+      out["config"] = config_stanza(model, p, nodes, req, split_dir);
     } else {
       out["reason"] = p.reason;
       out["max_ctx"] = p.max_ctx;
@@ -205,6 +225,11 @@ int cmd_plan(int argc, char** argv) {
     if (p.fits) {
       std::printf("fits: context capacity %lld tokens (set by the tightest stage)\n",
                   static_cast<long long>(p.ctx_capacity));
+      const std::string split = split_command(model, p, split_dir);
+      if (!split.empty()) std::printf("\nsplit it at these stages:\n%s\n", split.c_str());
+      std::printf("\nconfig for %s, then baton serve --config FILE):\n%s",
+                  split.empty() ? "this stage (save it" : ("these stages (save it beside " + split_dir + "/").c_str(),
+                  config_stanza(model, p, nodes, req, split_dir).c_str());
     } else {
       std::printf("does not fit: %s\nwhat would fit: %s\n", p.reason.c_str(), p.suggestion.c_str());
     }

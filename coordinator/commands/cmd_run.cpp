@@ -415,6 +415,7 @@ int run_distributed(const RunOptions& opt) {
   lo.worker_mem_limits = opt.mem_limit ? std::vector<uint64_t>(size_t(opt.workers), opt.mem_limit)
                                        : opt.worker_mem_limits;
   lo.backend = backend_name(opt.backend);
+  lo.staging_mb = opt.staging_mb;
   lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
   for (const std::string& p : opt.parts) lo.worker_models.push_back(fs::absolute(p).string());
   lo.wait_for_registration = false;
@@ -581,7 +582,7 @@ int run(const RunOptions& opt) {
 
 int cmd_run(int argc, char** argv) {
   auto opt = parse(argc, argv);
-  if (!opt) return 0;
+  if (!opt || parse_only()) return 0;
   return run(*opt);
 }
 

@@ -60,6 +60,7 @@ struct ServeOptions {
   std::vector<std::string> parts;
   int worker_delay_ms = 0;
   std::vector<uint64_t> worker_mem_limits;  // a local config's [[node]] memory, one per worker
+  uint64_t staging_mb = 64;                 // the loader's staging buffers, here or in every local worker
   int threads_per_worker = 0;
   bool remote = false;      // --config with local = false: workers on other machines register
   std::string listen;       // remote: where they register
@@ -98,7 +99,9 @@ constexpr const char* kUsage =
     "disconnects has its generation cancelled. A slot keeps the KV of its last\n"
     "request: a prompt that begins with those tokens takes that slot and computes\n"
     "only the rest (the prefix cache; usage.prompt_tokens_details.cached_tokens).\n\n"
-    "Once the port is open, stdout gets one line\n"
+    "The port is bound before the model is opened: a busy port or a --host that\n"
+    "does not resolve ends the command at once. Once connections are accepted,\n"
+    "stdout gets one line\n"
     "  baton serve: listening on http://HOST:PORT\n"
     "(with the real port when --port 0), then \"baton serve: ready ...\" when the\n"
     "model is loaded. Logs and one line per request go to stderr. SIGINT or SIGTERM\n"
@@ -138,10 +141,14 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "in-process stage's, or with --workers the local workers'")
       ("gpus", po::value<std::string>(),
        "with --workers and cuda: comma-separated GPU indices, worker i on the (i mod n)-th (workers may share one)")
+      ("staging-mb", po::value<uint64_t>(&r.staging_mb)->default_value(r.staging_mb),
+       "MiB of each of the loader's 4 staging buffers (pinned host memory with cuda), in this process or, "
+       "with --workers, in each local worker")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("host", po::value<std::string>(&r.http.host)->default_value("127.0.0.1"),
-       "address to listen on (an IP address; 0.0.0.0 for every interface)")
+       "address to listen on: an IP address (0.0.0.0 for every interface, :: or [::1] for IPv6) or a host "
+       "name (its IPv4 address when it has one); bound before the model loads")
       ("port", po::value<int>(&port)->default_value(8080), "TCP port; 0 = any free port (printed on stdout)")
       ("api-key-file", po::value<std::string>(&r.api_key_file),
        "file whose first line is the API key clients must send (Authorization: Bearer KEY, or x-api-key: KEY)")
@@ -255,6 +262,8 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   if (!r.gpus.empty() && r.workers == 0) throw std::invalid_argument("--gpus places local workers: give --workers or --parts");
   if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
   if (port < 0 || port > 65535) throw std::invalid_argument("--port must be in 0..65535");
+  if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  r.engine.staging_slot_bytes = r.staging_mb << 20;
   r.http.port = uint16_t(port);
   if (r.engine.stage.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
   if (r.engine.stage.n_seq < 1 || r.engine.stage.n_seq > 1024) throw std::invalid_argument("--parallel must be in 1..1024");
@@ -340,6 +349,37 @@ int serve(const ServeOptions& opt) {
     std::fprintf(stderr, "baton serve: %s\n", backend_note.c_str());
   }
   Metrics metrics;
+  HttpServerHooks hooks;
+  hooks.error_body = [](int status, const std::string& message, const std::string& kind) {
+    return error_body(message, error_type(status), "", kind);
+  };
+  hooks.on_error = [&metrics](int status, const std::string& kind) {
+    metrics.error(kind);
+    metrics.http_response("other", status);
+  };
+  const bool quiet = opt.quiet;
+  hooks.access_log = [&metrics, quiet](const HttpRequest& req, int status, uint64_t bytes, double seconds,
+                                       bool complete) {
+    metrics.http_response(route_name(req.path), status);
+    if (quiet) return;
+    std::fprintf(stderr, "baton serve: %s %s %d %.1f ms %llu B %s%s\n", net::printable(req.method, 16).c_str(),
+                 net::printable(req.path, 200).c_str(), status, seconds * 1000, (unsigned long long)bytes,
+                 req.remote.c_str(), complete ? "" : " (cut: the connection closed first)");
+  };
+  // Either the model in this process, or a pipeline of local workers (the
+  // cluster outlives the engine that drives it). Declared before the server
+  // and the API, which use them and so go first.
+  std::unique_ptr<LocalCluster> local;
+  std::unique_ptr<Cluster> remote;
+  std::unique_ptr<ClusterEngine> cluster_engine;
+  std::unique_ptr<LocalEngine> local_engine;
+  // The port is bound before the model is touched: a busy port or a host
+  // that does not resolve fails at once, not after a load of minutes.
+  // Connections wait in the backlog until start() below.
+  std::unique_ptr<OpenAiApi> api;
+  HttpHandler handler = [&api](std::shared_ptr<HttpExchange> ex) { api->handle(ex); };
+  if (opt.cors.enabled()) handler = with_cors(opt.cors, std::move(handler));
+  HttpServer server(opt.http, std::move(handler), hooks);
   LocalEngineConfig engine_config = opt.engine;
   engine_config.backend = backend;
   // One progress line a second while loading, and one at the end.
@@ -352,12 +392,6 @@ int serve(const ServeOptions& opt) {
                  double(p.done) / (1 << 20), double(p.total) / (1 << 20),
                  p.total ? 100.0 * double(p.done) / double(p.total) : 100.0, p.rate() / 1e9, p.eta());
   };
-  // Either the model in this process, or a pipeline of local workers (the
-  // cluster outlives the engine that drives it).
-  std::unique_ptr<LocalCluster> local;
-  std::unique_ptr<Cluster> remote;
-  std::unique_ptr<ClusterEngine> cluster_engine;
-  std::unique_ptr<LocalEngine> local_engine;
   GenerationService* service = nullptr;
   std::function<void()> wait_loaded, stop_engine;
   if (opt.workers > 0) {
@@ -372,6 +406,7 @@ int serve(const ServeOptions& opt) {
     lo.backend = backend_name(backend);
     lo.gpus = opt.gpus;
     lo.worker_mem_limits = opt.worker_mem_limits;
+    lo.staging_mb = opt.staging_mb;
     lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
     ClusterEngineConfig cc;
     cc.model_path = opt.model;
@@ -403,8 +438,8 @@ int serve(const ServeOptions& opt) {
       co.link_mode = lo.cluster.link_mode;
       remote = std::make_unique<Cluster>(net::load_secret_file(opt.secret_file), co);
       cluster = remote.get();
-      std::fprintf(stderr, "baton serve: waiting for %d workers on %s:%u\n", opt.workers, co.bind_host.c_str(),
-                   unsigned(remote->port()));
+      std::fprintf(stderr, "baton serve: waiting for %d workers on %s\n", opt.workers,
+                   net::join_host_port(co.bind_host, remote->port()).c_str());
     } else {
       local = std::make_unique<LocalCluster>(lo);
       cluster = &local->cluster();
@@ -440,29 +475,9 @@ int serve(const ServeOptions& opt) {
     std::fprintf(stderr, "baton serve: the model's chat template is not used (%s); chat prompts use the %s format\n",
                  model.chat_template_refused.c_str(), chat_family_name(model.chat_family));
   }
-  OpenAiApi api(engine, metrics, {api_key, chat_template});
-  HttpServerHooks hooks;
-  hooks.error_body = [](int status, const std::string& message, const std::string& kind) {
-    return error_body(message, error_type(status), "", kind);
-  };
-  hooks.on_error = [&metrics](int status, const std::string& kind) {
-    metrics.error(kind);
-    metrics.http_response("other", status);
-  };
-  const bool quiet = opt.quiet;
-  hooks.access_log = [&metrics, quiet](const HttpRequest& req, int status, uint64_t bytes, double seconds,
-                                       bool complete) {
-    metrics.http_response(route_name(req.path), status);
-    if (quiet) return;
-    std::fprintf(stderr, "baton serve: %s %s %d %.1f ms %llu B %s%s\n", net::printable(req.method, 16).c_str(),
-                 net::printable(req.path, 200).c_str(), status, seconds * 1000, (unsigned long long)bytes,
-                 req.remote.c_str(), complete ? "" : " (cut: the connection closed first)");
-  };
-  HttpHandler handler = [&api](std::shared_ptr<HttpExchange> ex) { api.handle(ex); };
-  if (opt.cors.enabled()) handler = with_cors(opt.cors, std::move(handler));
-  HttpServer server(opt.http, std::move(handler), hooks);
+  api = std::make_unique<OpenAiApi>(engine, metrics, ApiOptions{api_key, chat_template});
   server.start();
-  std::printf("baton serve: listening on http://%s:%u\n", opt.http.host.c_str(), unsigned(server.port()));
+  std::printf("baton serve: listening on http://%s\n", net::join_host_port(opt.http.host, server.port()).c_str());
   std::fflush(stdout);
 
   // Wait for the load, then for a signal.
@@ -502,7 +517,7 @@ int serve(const ServeOptions& opt) {
 
 int cmd_serve(int argc, char** argv) {
   auto opt = parse(argc, argv);
-  if (!opt) return 0;
+  if (!opt || parse_only()) return 0;
   return serve(*opt);
 }
 

@@ -1,4 +1,5 @@
 #include "engine/cuda/stage_base.h"
+#include "engine/layer_range_text.h"
 
 #include <fmt/format.h>
 
@@ -13,7 +14,7 @@ namespace baton {
 
 void add_stage_weights_line(MemoryPlan& plan, const WeightLayout& wl, const StageConfig& c) {
   plan.add(PlanLine::Weights, wl.bytes,
-           fmt::format("{} tensors, layers {}-{}{}{}, device", wl.n_tensors, c.first_layer, c.last_layer,
+           fmt::format("{} tensors, layers {}{}{}, device", wl.n_tensors, layer_range_text(c.first_layer, c.last_layer),
                        c.embedding ? " + embedding" : "", c.head ? " + head" : ""));
 }
 

@@ -1,0 +1,97 @@
+#include "coordinator/commands/plan_deploy.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "engine/layer_range_text.h"
+#include "engine/part_info.h"
+
+namespace baton {
+
+namespace {
+
+// A size parse_size reads back exactly, in the unit that divides it into
+// the smallest number (97887MiB, 128GB, 128GiB).
+std::string exact_size(uint64_t bytes) {
+  const std::pair<const char*, uint64_t> units[] = {
+      {"TiB", uint64_t(1) << 40}, {"GiB", uint64_t(1) << 30}, {"MiB", uint64_t(1) << 20}, {"KiB", uint64_t(1) << 10},
+      {"TB", 1000000000000ull},   {"GB", 1000000000ull},      {"MB", 1000000ull},         {"KB", 1000ull}};
+  std::string best = std::to_string(bytes) + "B";
+  uint64_t best_count = bytes;
+  for (const auto& [unit, size] : units) {
+    if (bytes >= size && bytes % size == 0 && bytes / size < best_count) {
+      best_count = bytes / size;
+      best = std::to_string(best_count) + unit;
+    }
+  }
+  return best;
+}
+
+// A TOML basic string.
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::vector<const StagePlacement*> used_stages(const Placement& p) {
+  std::vector<const StagePlacement*> out;
+  for (const StagePlacement& s : p.stages) {
+    if (s.used()) out.push_back(&s);
+  }
+  return out;
+}
+
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                             "0123456789_./:=,+-@%") == std::string::npos;
+  if (plain) return word;
+  std::string out = "'";
+  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string split_command(const std::string& model, const Placement& p, const std::string& out_dir) {
+  const auto stages = used_stages(p);
+  if (stages.size() < 2) return "";
+  std::string ranges;
+  for (const StagePlacement* s : stages) ranges += (ranges.empty() ? "" : ",") + layer_range_text(s->layers);
+  return "baton split " + shell_word(model) + " --layers " + ranges + " -o " + shell_word(out_dir);
+}
+
+std::string config_stanza(const std::string& model, const Placement& p, const std::vector<NodeSpec>& nodes,
+                          const PlacementRequest& req, const std::string& out_dir) {
+  const auto stages = used_stages(p);
+  // A config's relative paths are read from its own folder: the one model
+  // is named absolutely, the parts relative to a config saved beside them.
+  std::string out = "# " + std::string(stages.size() < 2 ? "One local worker" : "Local workers, one per part") +
+                    "; for workers on other machines see docs/CONFIG.md.\n[model]\n";
+  if (stages.size() < 2) {
+    out += "path = " + toml_string(std::filesystem::absolute(model).string()) + "\n";
+  } else {
+    const std::string stem = std::filesystem::path(model).stem().string();
+    out += "parts = [";
+    for (size_t i = 0; i < stages.size(); ++i) {
+      const std::string file = split_part_file_name(stem, int(i), int(stages.size()), stages[i]->layers);
+      out += (i ? ", " : "") + toml_string((std::filesystem::path(out_dir) / file).string());
+    }
+    out += "]\n";
+  }
+  out += fmt::format("\n[cluster]\nworkers = {}\n\n[serving]\nctx = {}\nparallel = {}\n", stages.size(), req.n_ctx,
+                     req.n_seq);
+  for (const StagePlacement* s : stages) {
+    const NodeSpec& n = nodes[s->node];
+    out += fmt::format("\n[[node]]\nname = {}\nbackend = \"{}\"\nmemory = \"{}\"\n", toml_string(n.name),
+                       backend_name(n.backend), exact_size(n.memory_bytes));
+    if (n.unified) out += "unified = true\n";
+  }
+  return out;
+}
+
+}  // namespace baton
