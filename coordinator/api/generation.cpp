@@ -200,13 +200,6 @@ bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& re
   return false;
 }
 
-void mask_logits(const std::vector<uint64_t>& bits, std::span<float> logits) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  for (size_t t = 0; t < logits.size(); ++t) {
-    if (!((bits[t >> 6] >> (t & 63)) & 1)) logits[t] = ninf;
-  }
-}
-
 ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const std::string& id, int64_t n_ctx) {
   std::shared_ptr<Tokenizer> tok = Tokenizer::from_gguf(f);
   auto arch = Arch::from_gguf(f);

@@ -231,8 +231,6 @@ void validate_request(GenerationRequest& request, const ModelInfo& info);
 // tokens once the text is complete. False when none is allowed.
 bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
                             std::vector<uint64_t>& bits);
-// Sets the logits of tokens outside `bits` to -infinity.
-void mask_logits(const std::vector<uint64_t>& bits, std::span<float> logits);
 
 // Records one sampled token of a request: an end-of-generation token (unless
 // the request ignores them) or a stop token ends it (not returned); otherwise the token, its logprobs when asked

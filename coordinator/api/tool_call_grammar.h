@@ -1,0 +1,28 @@
+// The grammar of a forced tool call (tool_choice "required" or a named
+// function): exactly one call of one of the given functions, written in the
+// model's own tool-call syntax (chat_output.h's ToolCallFormat), with
+// arguments that validate against the function's parameters schema.
+// docs/GRAMMAR.md gives the text each format produces.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/api/chat_output.h"
+#include "engine/grammar.h"
+
+namespace baton {
+
+struct ToolSpec {
+  std::string name;
+  nlohmann::ordered_json parameters;  // a JSON schema of the arguments object; null: any object
+};
+
+// Throws SchemaError (engine/json_schema_grammar.h) for a parameters schema
+// it cannot follow, std::invalid_argument for no tools or format none.
+std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools);
+
+}  // namespace baton
