@@ -9,6 +9,7 @@ JinjaTemplate JinjaTemplate::parse(const std::string& source) {
   JinjaTemplate t;
   try {
     t.program_ = std::make_shared<const jinja::Program>(jinja::parse(jinja::lex(source)));
+    t.source_ = std::make_shared<const std::string>(source);
   } catch (const jinja::TemplateError&) {
     throw;
   } catch (const std::exception& e) {

@@ -41,8 +41,12 @@ class JinjaTemplate {
                      uint64_t max_steps = kDefaultMaxSteps) const;
   std::string render(const nlohmann::ordered_json& context) const;
 
+  // The template's text (the chat APIs read the model's markup from it).
+  const std::string& source() const { return *source_; }
+
  private:
   std::shared_ptr<const jinja::Program> program_;
+  std::shared_ptr<const std::string> source_ = std::make_shared<const std::string>();
 };
 
 }  // namespace baton

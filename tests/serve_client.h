@@ -105,6 +105,10 @@ int start_long_stream(int port, int max_tokens);
 // max_tokens with it, plain, streamed and as a chat; bad types get 400.
 void check_ignore_eos(int port);
 
+// tests/serve/ (the Node scripts and their node_modules), and whether node runs.
+std::filesystem::path serve_scripts();
+bool have_node();
+
 // The official openai npm client (tests/serve/) against a server started with `extra`.
 void check_official_client(const std::vector<std::string>& extra);
 int env_int(const char* name, int def);

@@ -249,8 +249,14 @@ TEST(Serve, BadInputGetsOpenAiErrorsAndNeverCrashes) {
   expect_error(post(port, comp, with(good_comp, "logit_bias", {{"99999", 1}})), 400, "", "logit_bias");
   expect_error(post(port, comp, with(good_comp, "n", 2)), 400, "unsupported_parameter", "n");
   expect_error(post(port, comp, with(good_comp, "presence_penalty", 0.5)), 400, "unsupported_parameter");
+  // Tools: a malformed one is named; a good one is refused by a model without
+  // a Jinja template (stories260K renders with the plain format), and by completions.
   expect_error(post(port, chat, with(good_chat, "tools", json::array({{{"type", "function"}}}))), 400,
-               "unsupported_parameter", "tools");
+               "missing_required_parameter", "tools.[0].function");
+  const json tool = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  expect_error(post(port, chat, with(good_chat, "tools", json::array({tool}))), 400, "unsupported_parameter", "tools");
+  expect_error(post(port, comp, with(good_comp, "tools", json::array({tool}))), 400, "unsupported_parameter", "tools");
+  expect_error(post(port, chat, with(good_chat, "tool_choice", "required")), 400, "invalid_value", "tool_choice");
   expect_error(post(port, comp, with(good_comp, "prompt", json::array({1, 99999}))), 400, "", "prompt");
   expect_error(post(port, comp, with(good_comp, "prompt", json::array({"a", "b"}))), 400, "", "prompt");
   expect_error(post(port, comp, with(good_comp, "prompt", 42)), 400, "invalid_type", "prompt");

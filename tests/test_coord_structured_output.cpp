@@ -105,7 +105,7 @@ TEST(StructuredOutput, RandomModelWritesValidJsonForEverySeed) {
 
 ModelInfo model_for_parsing() {
   GgufFile f = GgufFile::open(test::model_path("stories260K.gguf"));
-  return model_info_from_gguf(f, test::model_path("stories260K.gguf"), "m", 512);
+  return model_info_from_gguf(f, test::model_path("stories260K.gguf"), "m", 2048);
 }
 
 TEST(StructuredOutput, ResponseFormatIsParsed) {
@@ -158,9 +158,9 @@ namespace baton {
 namespace {
 
 std::vector<ToolSpec> weather_tools() {
-  return {{"get_weather", ojson::parse(R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+  return {{"get_weather", "", ojson::parse(R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                            "days": {"type": "integer"}}, "required": ["city"]})")},
-          {"now", ojson()}};
+          {"now", "", ojson()}};
 }
 
 bool full_match(const std::shared_ptr<const Grammar>& g, const std::string& text) {
@@ -204,7 +204,7 @@ TEST(ToolCallGrammar, EachFormatWritesOneCallOfAGivenTool) {
   auto named = tool_call_grammar(ToolCallFormat::hermes, {weather_tools()[1]});
   EXPECT_FALSE(full_match(named, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a\"}}\n</tool_call>"));
   EXPECT_THROW(tool_call_grammar(ToolCallFormat::none, weather_tools()), std::invalid_argument);
-  EXPECT_THROW(tool_call_grammar(ToolCallFormat::hermes, {{"f", ojson::parse(R"({"properties": {"a": {"pattern": "x"}}})")}}),
+  EXPECT_THROW(tool_call_grammar(ToolCallFormat::hermes, {{"f", "", ojson::parse(R"({"properties": {"a": {"pattern": "x"}}})")}}),
                SchemaError);
 }
 
@@ -218,7 +218,7 @@ TEST(ToolCallGrammar, RandomModelWritesValidCalls) {
   LocalEngine engine(c, nullptr);
   engine.wait_loaded();
   const std::vector<ToolSpec> tools = {
-      weather_tools()[0], {"now", ojson::parse(R"({"properties": {"tz": {"type": "string", "maxLength": 4}}})")}};
+      weather_tools()[0], {"now", "", ojson::parse(R"({"properties": {"tz": {"type": "string", "maxLength": 4}}})")}};
   auto grammar = tool_call_grammar(ToolCallFormat::hermes, tools);
   const auto prompt = engine.model().tokenizer->encode("Call a tool:", true, false);
   constexpr int kSeeds = 20;
@@ -257,6 +257,57 @@ TEST(ToolCallGrammar, RandomModelWritesValidCalls) {
     ASSERT_TRUE(name == "get_weather" || name == "now");
     const ojson& params = tools[name == "get_weather" ? 0 : 1].parameters;
     EXPECT_EQ(test::schema_violation(call["arguments"], params, params), "");
+  }
+}
+
+}  // namespace
+}  // namespace baton
+
+#include <fstream>
+#include <sstream>
+
+#include "engine/jinja_template.h"
+
+namespace baton {
+namespace {
+
+// tool_choice "required" or a named function forces one call in the model's
+// syntax (Qwen 2.5's template: Hermes); "auto" leaves the model free.
+TEST(ToolCallGrammar, ToolChoiceForcesACallThroughTheRequest) {
+  const ModelInfo m = model_for_parsing();
+  std::ifstream in(test::shared_dir() + "/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const JinjaTemplate qwen = JinjaTemplate::parse(ss.str());
+  const std::string tools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}])";
+  auto body = [&](const std::string& choice, const std::string& extra = "") {
+    return R"({"model":"m","messages":[{"role":"user","content":"Weather?"}],"tools":)" + tools +
+           R"(,"tool_choice":)" + choice + extra + "}";
+  };
+  const std::string weather = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+  const std::string now = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  auto completes = [](const ApiRequest& r, const std::string& text) {
+    GrammarMatcher g(r.gen.grammar);
+    return g.advance(text) && g.finished();
+  };
+  const ApiRequest required = parse_chat_request(body(R"("required")"), m, &qwen);
+  ASSERT_NE(required.gen.grammar, nullptr);
+  EXPECT_TRUE(completes(required, weather));
+  EXPECT_TRUE(completes(required, now));
+  EXPECT_FALSE(completes(required, "It is sunny."));
+  const ApiRequest named =
+      parse_chat_request(body(R"({"type": "function", "function": {"name": "now"}})"), m, &qwen);
+  ASSERT_NE(named.gen.grammar, nullptr);
+  EXPECT_TRUE(completes(named, now));
+  EXPECT_FALSE(completes(named, weather));
+  EXPECT_EQ(parse_chat_request(body(R"("auto")"), m, &qwen).gen.grammar, nullptr);
+  try {
+    parse_chat_request(body(R"("required")", R"(,"response_format":{"type":"json_object"})"), m, &qwen);
+    ADD_FAILURE() << "a forced call and a response_format together were accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
   }
 }
 

@@ -6,6 +6,7 @@
 // their own JSON; neither parses model syntax itself.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,13 +14,17 @@
 namespace baton {
 
 // The tool-call syntaxes of the templates Baton serves.
+// docs/SERVING.md ("Tool calls and reasoning") gives each one's exact markup.
 enum class ToolCallFormat {
   none,           // no tool calls: all text is content
-  deepseek_dsml,  // DeepSeek V4: <｜DSML｜function_calls> ... invoke / parameter elements
-  llama3_json,    // Llama 3.x: {"name": ..., "parameters": {...}} as the whole answer
-  hermes,         // Hermes / Qwen: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
-  mistral,        // Mistral: [TOOL_CALLS] [{"name": ..., "arguments": {...}}]
+  deepseek_dsml,  // DeepSeek V3.2 / V4: <｜DSML｜tool_calls> (V3.2: function_calls) holding
+                  // <｜DSML｜invoke name="f"> with <｜DSML｜parameter name="k" string="true|false">v</...>
+  llama3_json,    // Llama 3.x: {"name": ..., "parameters": {...}} as the whole answer, or after <|python_tag|>
+  hermes,         // Hermes / Qwen: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one or more
+  mistral,        // Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Nemo) or
+                  // [TOOL_CALLS]name[ARGS]{...} per call (Small 3.2, Devstral, Ministral 3)
 };
+const char* tool_call_format_name(ToolCallFormat f);  // "none", "deepseek_dsml", ...
 
 struct ChatOutputFormat {
   ToolCallFormat tools = ToolCallFormat::none;
@@ -32,13 +37,15 @@ struct ChatOutputFormat {
 };
 
 struct ToolCall {
-  std::string id;         // "call_..." unique within the response
+  std::string id;         // "call_" + 24 letters and digits; Mistral: 9 letters and digits (its templates
+                          // refuse other ids when the call comes back in the history)
   std::string name;
-  std::string arguments;  // a JSON object, as text
+  std::string arguments;  // a JSON object, as text (JSON formats: as the model wrote it)
 };
 
 // What one push() or finish() releases. A tool call's delta carries id and
-// name on its first appearance and argument text after.
+// name on its first appearance (with any arguments so far), argument text
+// only after; one delta holds at most one entry per call.
 struct ChatOutputDelta {
   struct ToolCallDelta {
     int index = 0;  // position among this response's tool calls
@@ -60,9 +67,20 @@ struct ChatOutput {
 };
 
 // Splits a response's text as it arrives. Text that may still turn out to be
-// markup (a marker's first bytes, a tool call not yet closed) is held back
-// until it is decided; output the format does not parse is content, never an
-// error.
+// markup (a marker's first bytes, a tool call whose name is not complete) is
+// held back until it is decided; output the format does not parse is content,
+// never an error. Whatever the chunking, the accumulated output() is the same.
+//
+// Reasoning: a block opened by reasoning_start at the very start of the output
+// (after whitespace), or by the prompt (reasoning_open), runs to
+// reasoning_end; whitespace around the reasoning and right after it is dropped.
+// Tool calls: a call is committed once its name is complete; from then on its
+// arguments stream as they come (JSON formats: the model's text as written;
+// DSML: a JSON object built from the parameters, string="false" values that
+// are not JSON becoming strings). Markup that breaks off before a call is
+// committed is released as content; text that breaks a committed call's
+// markup ends the call (its arguments as far as they came) and is content.
+// Whitespace between content and a call is dropped.
 class ChatOutputParser {
  public:
   explicit ChatOutputParser(ChatOutputFormat format = {});
@@ -77,10 +95,58 @@ class ChatOutputParser {
   const ChatOutputFormat& format() const { return format_; }
 
  private:
+  enum class Mode;
+  // Consumes what buf_ decides; at_end: nothing more will come.
+  void run(bool at_end);
+  bool step(bool at_end);  // one decision; false when buf_ must wait for more text
+  bool step_start(bool at_end);
+  bool step_reasoning(bool at_end);
+  bool step_content(bool at_end);
+  bool step_json_call(bool at_end);
+  bool step_json_whole(bool at_end);
+  bool step_json_args(bool at_end);
+  bool step_json_tail(bool at_end);
+  bool step_after_call(bool at_end);
+  bool step_mistral(bool at_end);
+  bool step_dsml_block(bool at_end);
+  bool step_dsml_invoke(bool at_end);
+  bool step_dsml_string(bool at_end);
+  bool step_dsml_value(bool at_end);
+  bool scan_byte(char c, int until);
+  size_t scan_json(std::string_view s, size_t from, int until);
+  void close_dsml_call();
+  bool reasoning_on() const;
+  bool tools_on() const;
+
+  void consume(size_t n);
+  void reject();  // the held markup was not a call: its prefix is content
+  void emit_content(std::string_view s);
+  void emit_reasoning(std::string_view s);
+  void begin_call(std::string name, std::string id = {});
+  void emit_arguments(std::string_view s);
+  std::string new_id() const;
   void record(const ChatOutputDelta& d);
 
   ChatOutputFormat format_;
   ChatOutput output_;
+  ChatOutputDelta out_;     // what the present push() or finish() releases
+  std::string buf_;         // text not yet decided
+  Mode mode_;
+  bool content_seen_ = false;        // content other than whitespace was released
+  bool json_start_ = true;           // Llama: the output may still begin with a JSON call
+  bool skip_content_ws_ = false;     // right after the reasoning block
+  bool reasoning_seen_ = false;      // reasoning other than whitespace was released
+  std::string content_ws_, reasoning_ws_;  // trailing whitespace held back
+  int calls_ = 0;                    // tool calls begun
+  size_t prefix_ = 0;                // bytes of buf_ that are the held marker (content if rejected)
+  // JSON scanning (arguments and whole call objects): nesting and string state.
+  int depth_ = 0;
+  bool in_string_ = false, escape_ = false;
+  size_t scanned_ = 0;               // json_whole: bytes of buf_ already scanned
+  enum class After { hermes, llama, mistral_list, mistral_name } after_ = After::hermes;
+  // DSML: the block's closing tag, calls in it, parameters of the open invoke.
+  std::string dsml_close_;
+  int dsml_calls_ = 0, dsml_params_ = 0;
 };
 
 }  // namespace baton

@@ -157,6 +157,7 @@ void validate_request(GenerationRequest& request, const ModelInfo& info) {
     }
   }
   std::sort(request.stop_tokens.begin(), request.stop_tokens.end());
+  std::sort(request.show_tokens.begin(), request.show_tokens.end());
 }
 
 std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
@@ -170,6 +171,9 @@ std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tok
   GeneratedToken& g = ev.tokens.emplace_back();
   g.id = id;
   g.piece = tok.token_to_piece(id);
+  if (g.piece.empty() && std::binary_search(req.show_tokens.begin(), req.show_tokens.end(), id)) {
+    g.piece = tok.token_text(id);
+  }
   if (req.top_logprobs >= 0) {
     g.logprob = logprob;
     for (const auto& [alt, lp] : top) g.top.push_back({alt, lp, tok.token_to_piece(alt)});
@@ -185,6 +189,13 @@ std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tok
 bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
                             std::vector<uint64_t>& bits) {
   grammar.fill_mask(*info.vocab_trie, bits);
+  // Control tokens the output shows as text (chat markup such as Mistral's
+  // [TOOL_CALLS]) are in no trie: the model may write the markup with them.
+  for (int32_t t : req.show_tokens) {
+    if (t >= 0 && t < info.n_vocab && grammar.accepts(info.tokenizer->token_text(t))) {
+      bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+    }
+  }
   if (grammar.accepting()) {
     auto allow = [&](int32_t t) {
       if (t >= 0 && t < info.n_vocab) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);

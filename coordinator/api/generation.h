@@ -65,6 +65,10 @@ struct GenerationRequest {
   // accepts are sampled, end-of-generation tokens only once the text is
   // complete, and the request ends (stop) as soon as nothing can follow.
   std::shared_ptr<const Grammar> grammar;
+  // Control tokens whose text the output carries (a control token's text is
+  // otherwise left out): the chat markup a model writes with them, such as
+  // Mistral's [TOOL_CALLS], which the chat APIs parse (chat_output_format.h).
+  std::vector<int32_t> show_tokens;
   std::string id;  // the API's request id, for log lines
 };
 
@@ -222,8 +226,8 @@ ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const
 // Checks a request against the model before it is queued: a non-empty prompt
 // of ids in the vocabulary, max_tokens >= 1, prompt + max_tokens within the
 // context, top_logprobs and logit_bias in range. Throws std::invalid_argument
-// with the message the API returns. Sorts stop_tokens (accept_token searches
-// them).
+// with the message the API returns. Sorts stop_tokens and show_tokens
+// (accept_token searches them).
 void validate_request(GenerationRequest& request, const ModelInfo& info);
 
 // The tokens a request with a grammar may sample next, as n_vocab bits (64
@@ -233,7 +237,8 @@ bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& re
                             std::vector<uint64_t>& bits);
 
 // Records one sampled token of a request: an end-of-generation token (unless
-// the request ignores them) or a stop token ends it (not returned); otherwise the token, its logprobs when asked
+// the request ignores them) or a stop token ends it (not returned); otherwise the token
+// (a control token's piece is empty unless show_tokens names it), its logprobs when asked
 // (`logprob` and `top`, most likely first) and the text it releases go into
 // `ev`. Returns the finish reason when this token ends the request: a stop
 // string, max_tokens, or `context_full` (no room for another token); with a

@@ -32,7 +32,15 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, std::string model_id
       include_usage_(request.include_usage),
       model_id_(std::move(model_id)),
       id_(std::move(id)),
-      created_(created) {}
+      created_(created),
+      parser_(request.output) {}
+
+const char* ResponseBuilder::finish_name(FinishReason r) const {
+  if (endpoint_ == ApiEndpoint::chat && r == FinishReason::stop && !parser_.output().tool_calls.empty()) {
+    return "tool_calls";
+  }
+  return finish_reason_name(r);
+}
 
 std::string ResponseBuilder::sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
@@ -57,6 +65,43 @@ json bytes_of(const std::string& s) {
   json b = json::array();
   for (unsigned char c : s) b.push_back(int(c));
   return b;
+}
+
+// b after a, tool-call pieces of one call joined.
+void append_delta(ChatOutputDelta& a, ChatOutputDelta&& b) {
+  a.content += b.content;
+  a.reasoning += b.reasoning;
+  for (auto& t : b.tool_calls) {
+    if (!a.tool_calls.empty() && a.tool_calls.back().index == t.index && t.id.empty()) {
+      a.tool_calls.back().arguments += t.arguments;
+    } else {
+      a.tool_calls.push_back(std::move(t));
+    }
+  }
+}
+
+// A chat stream's delta: a tool call's first piece carries its id, type and
+// name (and the arguments so far); later pieces carry argument text only.
+json delta_json(const ChatOutputDelta& d) {
+  json j = json::object();
+  if (!d.reasoning.empty()) j["reasoning_content"] = d.reasoning;
+  if (!d.content.empty()) j["content"] = d.content;
+  if (!d.tool_calls.empty()) {
+    json calls = json::array();
+    for (const auto& t : d.tool_calls) {
+      json c = {{"index", t.index}};
+      if (!t.id.empty()) {
+        c["id"] = t.id;
+        c["type"] = "function";
+        c["function"] = {{"name", t.name}, {"arguments", t.arguments}};
+      } else {
+        c["function"] = {{"arguments", t.arguments}};
+      }
+      calls.push_back(std::move(c));
+    }
+    j["tool_calls"] = std::move(calls);
+  }
+  return j;
 }
 
 }  // namespace
@@ -109,14 +154,21 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const GenerationEvent& e
         {{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}})));
   }
   const bool has_logprobs = logprobs_ && !ev.tokens.empty();
-  if (!ev.text.empty() || has_logprobs) {
+  const bool normal_end = ev.finish && *ev.finish != FinishReason::error && *ev.finish != FinishReason::cancelled;
+  if (chat) {
+    ChatOutputDelta d = parser_.push(ev.text);
+    if (normal_end) append_delta(d, parser_.finish());
+    json delta = delta_json(d);
+    if (!delta.empty() || has_logprobs) {
+      json lp = has_logprobs ? logprobs_json(ev.tokens, offset_) : json();
+      if (delta.empty()) delta["content"] = "";
+      out.push_back(sse(choice_chunk({{"delta", delta}, {"logprobs", lp}, {"finish_reason", nullptr}})));
+    }
+    for (const auto& t : ev.tokens) offset_ += t.piece.size();
+  } else if (!ev.text.empty() || has_logprobs) {
     json lp = has_logprobs ? logprobs_json(ev.tokens, offset_) : json();
     for (const auto& t : ev.tokens) offset_ += t.piece.size();
-    if (chat) {
-      out.push_back(sse(choice_chunk({{"delta", {{"content", ev.text}}}, {"logprobs", lp}, {"finish_reason", nullptr}})));
-    } else {
-      out.push_back(sse(choice_chunk({{"text", ev.text}, {"logprobs", lp}, {"finish_reason", nullptr}})));
-    }
+    out.push_back(sse(choice_chunk({{"text", ev.text}, {"logprobs", lp}, {"finish_reason", nullptr}})));
   } else {
     for (const auto& t : ev.tokens) offset_ += t.piece.size();
   }
@@ -126,7 +178,7 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const GenerationEvent& e
                                                               : "the request was cancelled (the server is stopping)";
     out.push_back("data: " + error_body(msg, "server_error", "", "") + "\n\n");
   } else {
-    const char* reason = finish_reason_name(*ev.finish);
+    const char* reason = finish_name(*ev.finish);
     if (chat) {
       out.push_back(sse(choice_chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason}})));
     } else {
@@ -144,10 +196,15 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const GenerationEvent& e
 }
 
 void ResponseBuilder::add(const GenerationEvent& ev) {
-  text_ += ev.text;
+  if (endpoint_ == ApiEndpoint::chat) {
+    parser_.push(ev.text);
+    if (ev.finish) parser_.finish();
+  } else {
+    text_ += ev.text;
+  }
   if (logprobs_) tokens_.insert(tokens_.end(), ev.tokens.begin(), ev.tokens.end());
   if (ev.finish) {
-    finish_ = finish_reason_name(*ev.finish);
+    finish_ = finish_name(*ev.finish);
     usage_ = ev.usage;
   }
 }
@@ -157,7 +214,20 @@ std::string ResponseBuilder::body() const {
   choice["logprobs"] = logprobs_ ? logprobs_json(tokens_, 0) : json();
   json j;
   if (endpoint_ == ApiEndpoint::chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
+    const ChatOutput& out = parser_.output();
+    json message = {{"role", "assistant"}};
+    // OpenAI's shape: content null when the answer is only tool calls.
+    message["content"] = out.content.empty() && !out.tool_calls.empty() ? json() : json(out.content);
+    if (!out.reasoning.empty()) message["reasoning_content"] = out.reasoning;
+    if (!out.tool_calls.empty()) {
+      json calls = json::array();
+      for (const ToolCall& c : out.tool_calls) {
+        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      }
+      message["tool_calls"] = std::move(calls);
+    }
+    message["refusal"] = nullptr;
+    choice["message"] = std::move(message);
     j = {{"id", id_}, {"object", "chat.completion"}};
   } else {
     choice["text"] = text_;

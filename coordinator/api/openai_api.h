@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "coordinator/api/chat_output.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/openai_request.h"
@@ -27,7 +28,11 @@ namespace baton {
 class Metrics;
 
 // Builds the response of one request from its events: a whole JSON body, or
-// SSE chunks ("data: {...}\n\n", the last "data: [DONE]\n\n").
+// SSE chunks ("data: {...}\n\n", the last "data: [DONE]\n\n"). A chat's
+// text goes through a ChatOutputParser of the request's output format:
+// message.content, message.reasoning_content and message.tool_calls (in
+// streams: delta.content, delta.reasoning_content, delta.tool_calls), and
+// finish_reason "tool_calls" when the model stopped after calling tools.
 class ResponseBuilder {
  public:
   ResponseBuilder(const ApiRequest& request, std::string model_id, std::string id, int64_t created);
@@ -45,6 +50,7 @@ class ResponseBuilder {
   nlohmann::json chunk_base() const;
   nlohmann::json logprobs_json(const std::vector<GeneratedToken>& tokens, size_t text_offset) const;
   nlohmann::json usage_json(const Usage& u) const;
+  const char* finish_name(FinishReason r) const;
   static std::string sse(const nlohmann::json& j);
 
   ApiEndpoint endpoint_;
@@ -53,6 +59,7 @@ class ResponseBuilder {
   std::string model_id_, id_;
   int64_t created_;
   bool role_sent_ = false;
+  ChatOutputParser parser_;  // chat only
   // Non-streaming accumulation.
   std::string text_;
   std::vector<GeneratedToken> tokens_;

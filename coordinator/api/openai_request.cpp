@@ -8,8 +8,10 @@
 #include <optional>
 #include <random>
 
+#include "coordinator/api/chat_output_format.h"
 #include "engine/chat_jinja.h"
 #include "engine/chat_template.h"
+#include "coordinator/api/tool_call_grammar.h"
 #include "engine/json_schema_grammar.h"
 #include "engine/tokenizer.h"
 
@@ -22,6 +24,7 @@ namespace {
 constexpr size_t kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 256;
 constexpr int kMaxCompletionLogprobs = 5;  // the legacy completions API's limit
+constexpr size_t kMaxTools = 128;          // OpenAI's limit
 
 ApiError invalid(std::string message, std::string param, std::string code = "invalid_value") {
   return ApiError(400, std::move(message), "invalid_request_error", std::move(param), std::move(code), "bad_request");
@@ -173,9 +176,10 @@ void refuse_unsupported(const json& body) {
       throw invalid(fmt::format("'{}' is not supported by this server (only 0).", key), key, "unsupported_parameter");
     }
   }
-  for (const char* key : {"tools", "functions", "tool_choice", "function_call", "suffix"}) {
+  for (const char* key : {"functions", "function_call"}) {
     if (field(body, key)) {
-      throw invalid(fmt::format("'{}' is not supported by this server.", key), key, "unsupported_parameter");
+      throw invalid(fmt::format("'{}' is not supported by this server; use 'tools' and 'tool_choice'.", key), key,
+                    "unsupported_parameter");
     }
   }
   if (int_param(body, "n", 1, 1, 128) != 1) {
@@ -239,6 +243,30 @@ void parse_response_format(const json& body, std::string_view body_text, ApiRequ
     r.gen.grammar = json_schema_grammar(ordered);
   } catch (const SchemaError& e) {
     throw invalid(fmt::format("Invalid or unsupported JSON schema: {}.", e.what()), "response_format.json_schema.schema",
+                  "unsupported_parameter");
+  }
+}
+
+// tool_choice "required" or a named function: one call of the allowed
+// tools, in the model's own syntax, by a grammar (docs/GRAMMAR.md). A model
+// whose output format has no tool-call syntax, or whose prompt opened a
+// reasoning block, is left to decide (as with "auto").
+void force_tool_call(ApiRequest& r) {
+  const ToolChoice& choice = r.tools.choice;
+  if (choice.mode != ToolChoice::Mode::required && choice.mode != ToolChoice::Mode::named) return;
+  if (r.output.tools == ToolCallFormat::none || r.output.reasoning_open || r.tools.tools.empty()) return;
+  if (r.gen.grammar) {
+    throw invalid("A non-text 'response_format' and a forced 'tool_choice' cannot be combined.", "response_format",
+                  "unsupported_parameter");
+  }
+  std::vector<ToolSpec> allowed;
+  for (const ToolSpec& t : r.tools.tools) {
+    if (choice.mode == ToolChoice::Mode::required || t.name == choice.name) allowed.push_back(t);
+  }
+  try {
+    r.gen.grammar = tool_call_grammar(r.output.tools, allowed);
+  } catch (const SchemaError& e) {
+    throw invalid(fmt::format("Invalid or unsupported JSON schema in a tool's parameters: {}.", e.what()), "tools",
                   "unsupported_parameter");
   }
 }
@@ -400,23 +428,199 @@ std::string error_body(const ApiError& e) { return error_body(e.what(), e.type, 
 
 namespace {
 
+using ojson = nlohmann::ordered_json;
+
+// OpenAI's rule for function names.
+bool valid_function_name(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+ApiError missing(const std::string& param) {
+  return invalid(fmt::format("Missing required parameter: '{}'.", param), param, "missing_required_parameter");
+}
+
+// tools, tool_choice and parallel_tool_calls. `ordered` is the same body with
+// its key order (the schemas keep theirs).
+ChatTools parse_tools(const json& body, const ojson& ordered) {
+  ChatTools t;
+  if (const json* v = field(body, "tools")) {
+    if (!v->is_array()) throw wrong_type("tools", "an array", *v);
+    if (v->size() > kMaxTools) throw invalid(fmt::format("'tools' takes at most {} tools.", kMaxTools), "tools");
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& tool = (*v)[i];
+      const std::string p = fmt::format("tools.[{}]", i);
+      if (!tool.is_object()) throw wrong_type(p, "an object", tool);
+      const json* type = field(tool, "type");
+      if (!type) throw missing(p + ".type");
+      if (!type->is_string()) throw wrong_type(p + ".type", "a string", *type);
+      if (*type != "function") {
+        throw invalid(fmt::format("'{}.type' must be \"function\" (the only tool type supported); got '{}'.", p,
+                                  sanitize_utf8(type->get<std::string>().substr(0, 40))),
+                      p + ".type");
+      }
+      const json* fn = field(tool, "function");
+      if (!fn) throw missing(p + ".function");
+      if (!fn->is_object()) throw wrong_type(p + ".function", "an object", *fn);
+      const json* name = field(*fn, "name");
+      if (!name) throw missing(p + ".function.name");
+      if (!name->is_string()) throw wrong_type(p + ".function.name", "a string", *name);
+      ToolSpec spec;
+      spec.name = name->get<std::string>();
+      if (!valid_function_name(spec.name)) {
+        throw invalid(fmt::format("'{}.function.name' must be 1 to 64 letters, digits, underscores or dashes; got "
+                                  "'{}'.",
+                                  p, sanitize_utf8(spec.name.substr(0, 80))),
+                      p + ".function.name");
+      }
+      for (const ToolSpec& other : t.tools) {
+        if (other.name == spec.name) {
+          throw invalid(fmt::format("Tool names must be unique; '{}' is given twice.", spec.name),
+                        p + ".function.name");
+        }
+      }
+      if (const json* d = field(*fn, "description")) {
+        if (!d->is_string()) throw wrong_type(p + ".function.description", "a string", *d);
+        spec.description = d->get<std::string>();
+      }
+      if (const json* params = field(*fn, "parameters")) {
+        if (!params->is_object()) throw wrong_type(p + ".function.parameters", "an object", *params);
+        spec.parameters = ordered["tools"][i]["function"]["parameters"];
+      }
+      if (const json* strict = field(*fn, "strict"); strict && !strict->is_boolean()) {
+        throw wrong_type(p + ".function.strict", "a boolean", *strict);
+      }
+      t.tools.push_back(std::move(spec));
+    }
+  }
+  if (const json* c = field(body, "tool_choice")) {
+    using Mode = ToolChoice::Mode;
+    if (c->is_string()) {
+      const std::string v = c->get<std::string>();
+      if (v == "auto") {
+        t.choice.mode = Mode::automatic;
+      } else if (v == "none") {
+        t.choice.mode = Mode::none;
+      } else if (v == "required") {
+        t.choice.mode = Mode::required;
+      } else {
+        throw invalid(fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                  "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}; got '{}'.",
+                                  sanitize_utf8(v.substr(0, 40))),
+                      "tool_choice");
+      }
+    } else if (c->is_object()) {
+      const json* type = field(*c, "type");
+      const json* fn = field(*c, "function");
+      const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      if (!type || *type != "function" || !name || !name->is_string()) {
+        throw invalid("'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": "
+                      "...}}.",
+                      "tool_choice");
+      }
+      t.choice.mode = Mode::named;
+      t.choice.name = name->get<std::string>();
+      const bool known = std::any_of(t.tools.begin(), t.tools.end(),
+                                     [&](const ToolSpec& s) { return s.name == t.choice.name; });
+      if (!known) {
+        throw invalid(fmt::format("'tool_choice' names the function '{}', which is not among 'tools'.",
+                                  sanitize_utf8(t.choice.name.substr(0, 80))),
+                      "tool_choice");
+      }
+    } else {
+      throw wrong_type("tool_choice", "a string or an object", *c);
+    }
+    if (t.tools.empty() && (t.choice.mode == Mode::required || t.choice.mode == Mode::named)) {
+      throw invalid("'tool_choice' asks for a call but no 'tools' are given.", "tool_choice");
+    }
+  }
+  t.parallel = bool_param(body, "parallel_tool_calls", true);
+  return t;
+}
+
+// The messages as the template gets them: as sent, except that tool-call
+// arguments given as JSON text (OpenAI's shape) become objects, the shape
+// templates are written for (Llama's and Qwen 2.5's apply tojson to them;
+// DeepSeek's iterate over their items), and the null content of an assistant
+// message with tool calls becomes "" (Qwen 3's template searches it).
+// Checks the tool-call fields.
+ojson template_messages(const ojson& messages) {
+  ojson out = messages;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ojson& m = out[i];
+    const std::string p = fmt::format("messages.[{}]", i);
+    if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null() && !id->is_string()) {
+      throw wrong_type(p + ".tool_call_id", "a string", json::parse(id->dump()));
+    }
+    auto calls = m.find("tool_calls");
+    if (calls == m.end() || calls->is_null()) continue;
+    if (!calls->is_array()) throw wrong_type(p + ".tool_calls", "an array", json::parse(calls->dump()));
+    if (auto c = m.find("content"); c == m.end() || c->is_null()) m["content"] = "";
+    for (size_t j = 0; j < calls->size(); ++j) {
+      ojson& call = (*calls)[j];
+      const std::string cp = fmt::format("{}.tool_calls.[{}]", p, j);
+      if (!call.is_object()) throw wrong_type(cp, "an object", json::parse(call.dump()));
+      auto fn = call.find("function");
+      if (fn == call.end() || fn->is_null()) throw missing(cp + ".function");
+      if (!fn->is_object()) throw wrong_type(cp + ".function", "an object", json::parse(fn->dump()));
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string()) throw missing(cp + ".function.name");
+      auto args = fn->find("arguments");
+      if (args == fn->end() || args->is_null()) {
+        (*fn)["arguments"] = ojson::object();
+      } else if (args->is_string()) {
+        const std::string text = args->get<std::string>();
+        ojson parsed = text.empty() ? ojson::object() : ojson::parse(text, nullptr, false);
+        if (!parsed.is_object()) {
+          throw invalid(fmt::format("'{}.function.arguments' must be a JSON object (as text).", cp),
+                        cp + ".function.arguments");
+        }
+        *args = std::move(parsed);
+      } else if (!args->is_object()) {
+        throw wrong_type(cp + ".function.arguments", "a string", json::parse(args->dump()));
+      }
+    }
+  }
+  return out;
+}
+
+// reasoning_effort: OpenAI's values, and DeepSeek V4's "max".
+std::optional<std::string> reasoning_effort(const json& body) {
+  const json* e = field(body, "reasoning_effort");
+  if (!e) return std::nullopt;
+  if (!e->is_string()) throw wrong_type("reasoning_effort", "a string", *e);
+  const std::string v = e->get<std::string>();
+  for (const char* ok : {"none", "minimal", "low", "medium", "high", "xhigh", "max"}) {
+    if (v == ok) return v;
+  }
+  throw invalid(fmt::format("'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh, max; got '{}'.",
+                            sanitize_utf8(v.substr(0, 40))),
+                "reasoning_effort");
+}
+
 // The prompt from a Jinja chat template: the request's messages go to the
-// template as they are (any role, content parts, tool calls), with
-// chat_template_kwargs as extra variables.
-std::string render_with_template(std::string_view body_text, const json& body, const JinjaTemplate& tmpl,
-                                 const ModelInfo& model) {
-  const auto ordered = nlohmann::ordered_json::parse(body_text.begin(), body_text.end());
+// template (any role, content parts, tool calls), with the tools when the
+// request offers them, and chat_template_kwargs as extra variables. A
+// reasoning_effort turns thinking on ("none": off) unless the kwargs decide.
+std::string render_with_template(const ojson& ordered, const json& body, const JinjaTemplate& tmpl,
+                                 const ModelInfo& model, const ChatTools& tools) {
   ChatTemplateInput in;
-  in.messages = ordered.at("messages");
+  in.messages = template_messages(ordered.at("messages"));
+  if (tools.active()) in.tools = ordered.at("tools");
   in.bos_token = chat_bos_text(*model.tokenizer);
   in.eos_token = chat_eos_text(*model.tokenizer);
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
     in.kwargs = ordered.at("chat_template_kwargs");
   }
-  if (const json* effort = field(body, "reasoning_effort"); effort && effort->is_string() &&
-                                                             !in.kwargs.contains("reasoning_effort")) {
-    in.kwargs["reasoning_effort"] = effort->get<std::string>();
+  if (const auto effort = reasoning_effort(body)) {
+    if (*effort != "none" && !in.kwargs.contains("reasoning_effort")) in.kwargs["reasoning_effort"] = *effort;
+    if (!in.kwargs.contains("thinking") && !in.kwargs.contains("enable_thinking")) {
+      in.kwargs["thinking"] = *effort != "none";
+      in.kwargs["enable_thinking"] = *effort != "none";
+    }
   }
   try {
     return render_chat(tmpl, in);
@@ -434,6 +638,15 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   ApiRequest r;
   r.endpoint = ApiEndpoint::chat;
   const JinjaTemplate* tmpl = chat_template ? chat_template : model.chat_template.get();
+  // The same body with its key order, which tojson writes out.
+  const ojson ordered = ojson::parse(body_text.begin(), body_text.end());
+  r.tools = parse_tools(body, ordered);
+  if (r.tools.active() && !tmpl) {
+    throw invalid(fmt::format("This model's chat format ({}) renders no tools: it has no Jinja chat template. Serve "
+                              "it with --chat-template FILE to use tools.",
+                              chat_family_name(model.chat_family)),
+                  "tools", "unsupported_parameter");
+  }
 
   const json* msgs = field(body, "messages");
   if (!msgs) throw invalid("You must provide a messages parameter.", "messages", "missing_required_parameter");
@@ -449,6 +662,10 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
       throw invalid(fmt::format("'{}.role' must be a string.", param), param + ".role", "invalid_type");
     }
     if (tmpl) continue;  // the template decides which roles and contents it takes
+    if (field(m, "tool_calls")) {
+      throw invalid("This model's chat format renders no tool calls: it has no Jinja chat template.",
+                    param + ".tool_calls", "unsupported_parameter");
+    }
     std::string name = role->get<std::string>();
     if (name == "developer") name = "system";  // OpenAI's newer name for the system role
     if (name != "system" && name != "user" && name != "assistant") {
@@ -460,12 +677,13 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   }
   std::string prompt;
   if (tmpl) {
-    prompt = render_with_template(body_text, body, *tmpl, model);
+    prompt = render_with_template(ordered, body, *tmpl, model, r.tools);
   } else {
     ChatOptions opt;
+    if (const auto effort = reasoning_effort(body)) opt.thinking = *effort != "none";
     if (const json* kw = field(body, "chat_template_kwargs")) {
       if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
-      opt.thinking = bool_param(*kw, "enable_thinking", false);
+      opt.thinking = bool_param(*kw, "thinking", bool_param(*kw, "enable_thinking", opt.thinking));
     }
     try {
       prompt = render_chat(model.chat_family, chat, opt, chat_bos_text(*model.tokenizer));
@@ -476,9 +694,12 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   check_text_fits(prompt.size(), model, "messages");
   r.gen.prompt = model.tokenizer->encode(prompt, /*add_special=*/false, /*parse_special=*/true);
   if (r.gen.prompt.empty()) throw invalid("The conversation gives no tokens.", "messages");
+  r.output = request_output_format(chat_output_format(model, tmpl), prompt, r.tools.active());
+  r.gen.show_tokens = chat_marker_tokens(r.output, *model.tokenizer);
 
   parse_common(body, r, model);
   parse_response_format(body, body_text, r);
+  force_tool_call(r);
   // The family's end-of-turn tokens and strings are the model's way to end
   // generation: ignore_eos drops them along with the tokenizer's EOS. Text
   // stops are the Plain family's; a template's turns end on tokens.
@@ -542,6 +763,12 @@ ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo&
   }
   if (r.gen.prompt.empty()) throw invalid("The prompt gives no tokens.", "prompt");
 
+  for (const char* key : {"tools", "tool_choice", "suffix"}) {
+    if (field(body, key)) {
+      throw invalid(fmt::format("'{}' is not supported by this server's completions.", key), key,
+                    "unsupported_parameter");
+    }
+  }
   parse_common(body, r, model);
   parse_response_format(body, body_text, r);
   if (const json* lp = field(body, "logprobs")) {

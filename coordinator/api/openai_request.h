@@ -13,6 +13,8 @@
 #include <string>
 #include <string_view>
 
+#include "coordinator/api/chat_output.h"
+#include "coordinator/api/chat_tools.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/http_server.h"  // HttpHeaders
 
@@ -56,12 +58,20 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // the response carries logprobs
+  // Chat: the tools offered and the choice (a tool_choice of required or a
+  // named function is honoured by grammar-constrained sampling; without it
+  // the model decides, as with auto).
+  ChatTools tools;
+  // Chat: how the model's output splits into content, reasoning and tool
+  // calls (tools none when the request offers none, or tool_choice "none").
+  ChatOutputFormat output;
 };
 
 // Parse and validate a body (throws ApiError). The model's tokenizer turns the
 // prompt or the rendered chat into token ids here. The chat prompt is rendered
 // with `chat_template` when given (baton serve --chat-template), else with the
-// model's own template, else with its family's renderer (chat_template.h).
+// model's own template, else with its family's renderer (chat_template.h),
+// which renders no tools (a request offering tools is refused then).
 ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model,
                               const JinjaTemplate* chat_template = nullptr);
 ApiRequest parse_completion_request(std::string_view body, const ModelInfo& model);

@@ -42,7 +42,7 @@ class Builder {
 
   // The arguments object of one tool, as JSON.
   Grammar::RuleId arguments(const ToolSpec& t) {
-    if (t.parameters.is_null()) return json_.any_object();
+    if (t.parameters.is_null() || (t.parameters.is_object() && t.parameters.empty())) return json_.any_object();
     return json_.compile(t.parameters);
   }
 

@@ -12,15 +12,12 @@
 #include <vector>
 
 #include "coordinator/api/chat_output.h"
+#include "coordinator/api/chat_tools.h"
 #include "engine/grammar.h"
 
 namespace baton {
 
-struct ToolSpec {
-  std::string name;
-  nlohmann::ordered_json parameters;  // a JSON schema of the arguments object; null: any object
-};
-
+// A tool's parameters (chat_tools.h) that are null or {} take any object.
 // Throws SchemaError (engine/json_schema_grammar.h) for a parameters schema
 // it cannot follow, std::invalid_argument for no tools or format none.
 std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools);
