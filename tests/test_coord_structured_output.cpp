@@ -206,6 +206,20 @@ TEST(ToolCallGrammar, EachFormatWritesOneCallOfAGivenTool) {
     for (const auto& s : c.good) EXPECT_TRUE(full_match(g, s)) << s;
     for (const auto& s : c.bad) EXPECT_FALSE(full_match(g, s)) << s;
   }
+  // DSML writes each parameter alone; its $ref still resolves in the tool's schema.
+  auto refs = tool_call_grammar(ToolCallFormat::deepseek_dsml,
+                                {{"f", "", ojson::parse(R"({"$defs": {"n": {"type": "integer"}},
+                                                           "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["a"]})")}});
+  EXPECT_TRUE(full_match(refs, "<" + d + "tool_calls>\n<" + d + "invoke name=\"f\">\n<" + d +
+                                   "parameter name=\"a\" string=\"false\">12</" + d + "parameter>\n</" + d + "invoke>\n</" + d +
+                                   "tool_calls>"));
+  // An open reasoning block stays free up to its first end marker.
+  auto thinking = tool_call_grammar(ToolCallFormat::hermes, weather_tools(), "</think>");
+  const std::string call = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  EXPECT_TRUE(full_match(thinking, "Hmm, </thin k> <</think</think>\n\n" + call));
+  EXPECT_TRUE(full_match(thinking, "</think>" + call));
+  EXPECT_FALSE(full_match(thinking, "a</think>b" + call));
+  EXPECT_FALSE(full_match(thinking, call));
   // A named function: the grammar of that tool alone.
   auto named = tool_call_grammar(ToolCallFormat::hermes, {weather_tools()[1]});
   EXPECT_FALSE(full_match(named, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a\"}}\n</tool_call>"));

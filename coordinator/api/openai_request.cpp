@@ -249,12 +249,12 @@ void parse_response_format(const json& body, std::string_view body_text, ApiRequ
 
 // tool_choice "required" or a named function: one call of the allowed
 // tools, in the model's own syntax, by a grammar (docs/GRAMMAR.md). A model
-// whose output format has no tool-call syntax, or whose prompt opened a
-// reasoning block, is left to decide (as with "auto").
+// whose output format has no tool-call syntax is left to decide (as with
+// "auto"); a prompt that opened a reasoning block keeps it free until its end.
 void force_tool_call(ApiRequest& r) {
   const ToolChoice& choice = r.tools.choice;
   if (choice.mode != ToolChoice::Mode::required && choice.mode != ToolChoice::Mode::named) return;
-  if (r.output.tools == ToolCallFormat::none || r.output.reasoning_open || r.tools.tools.empty()) return;
+  if (r.output.tools == ToolCallFormat::none || r.tools.tools.empty()) return;
   if (r.gen.grammar) {
     throw invalid("A non-text 'response_format' and a forced 'tool_choice' cannot be combined.", "response_format",
                   "unsupported_parameter");
@@ -264,7 +264,8 @@ void force_tool_call(ApiRequest& r) {
     if (choice.mode == ToolChoice::Mode::required || t.name == choice.name) allowed.push_back(t);
   }
   try {
-    r.gen.grammar = tool_call_grammar(r.output.tools, allowed);
+    r.gen.grammar = tool_call_grammar(r.output.tools, allowed,
+                                      r.output.reasoning_open ? std::string_view(r.output.reasoning_end) : std::string_view());
   } catch (const SchemaError& e) {
     throw invalid(fmt::format("Invalid or unsupported JSON schema in a tool's parameters: {}.", e.what()), "tools",
                   "unsupported_parameter");

@@ -87,7 +87,7 @@ class Builder {
           const bool raw = dsml_raw_string(sub);
           std::vector<Item> p = Grammar::literal("<" + d + "parameter name=\"" + k + "\" string=\"" +
                                                  (raw ? "true" : "false") + "\">");
-          p.push_back(Item::ref(raw ? raw_text(sub) : json_.compile(sub)));
+          p.push_back(Item::ref(raw ? raw_text(sub) : json_.compile(sub, &t.parameters)));
           p = concat(p, Grammar::literal("</" + d + "parameter>\n"));
           const bool req = std::find(required.begin(), required.end(), k) != required.end();
           a.push_back(Item::ref(req ? rule({p}) : rule({{}, p})));
@@ -135,9 +135,47 @@ class Builder {
   JsonSchemaCompiler json_;
 };
 
+// Any bytes up to and including the first occurrence of `marker`: the
+// marker's matching automaton (Knuth-Morris-Pratt), one rule per matched
+// prefix length, each byte going to the length it leaves matched.
+Grammar::RuleId text_until(Grammar& g, std::string_view marker) {
+  const size_t n = marker.size();
+  std::vector<size_t> pi(n, 0);  // longest proper border of marker[0..k]
+  for (size_t k = 1; k < n; ++k) {
+    size_t j = pi[k - 1];
+    while (j > 0 && marker[k] != marker[j]) j = pi[j - 1];
+    pi[k] = j + (marker[k] == marker[j] ? 1 : 0);
+  }
+  auto delta = [&](size_t k, uint8_t b) {
+    for (;;) {
+      if (uint8_t(marker[k]) == b) return k + 1;
+      if (k == 0) return size_t(0);
+      k = pi[k - 1];
+    }
+  };
+  std::vector<Grammar::RuleId> state(n);
+  for (size_t k = 0; k < n; ++k) state[k] = g.add_rule();
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<ByteSet> to(n + 1);
+    std::vector<bool> used(n + 1, false);
+    for (int b = 0; b < 256; ++b) {
+      const size_t t = delta(k, uint8_t(b));
+      to[t].add(uint8_t(b), uint8_t(b));
+      used[t] = true;
+    }
+    for (size_t t = 0; t <= n; ++t) {
+      if (!used[t]) continue;
+      if (t == n) g.add_alternative(state[k], {Item::set(to[t])});
+      else g.add_alternative(state[k], {Item::set(to[t]), Item::ref(state[t])});
+    }
+  }
+  return state[0];
+}
+
 }  // namespace
 
-std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools) {
+std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools,
+                                                 std::string_view reasoning_end) {
   if (tools.empty()) throw std::invalid_argument("a forced tool call needs at least one tool");
   auto g = std::make_shared<Grammar>();
   Builder b(*g);
@@ -159,6 +197,10 @@ std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const st
       break;
     }
     case ToolCallFormat::none: throw std::invalid_argument("this model has no tool-call format to force");
+  }
+  if (!reasoning_end.empty()) {
+    const auto sep = b.rule({{}, {Item::byte('\n')}, {Item::byte('\n'), Item::byte('\n')}});
+    root = b.rule({{Item::ref(text_until(*g, reasoning_end)), Item::ref(sep), Item::ref(root)}});
   }
   g->set_root(root);
   try {

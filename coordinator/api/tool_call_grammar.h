@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "coordinator/api/chat_output.h"
@@ -20,6 +21,10 @@ namespace baton {
 // A tool's parameters (chat_tools.h) that are null or {} take any object.
 // Throws SchemaError (engine/json_schema_grammar.h) for a parameters schema
 // it cannot follow, std::invalid_argument for no tools or format none.
-std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools);
+// With `reasoning_end` (the prompt opened a reasoning block), the call comes
+// after free reasoning text that ends at the first reasoning_end, and up to
+// two newlines.
+std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools,
+                                                 std::string_view reasoning_end = {});
 
 }  // namespace baton
