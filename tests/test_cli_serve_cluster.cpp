@@ -85,6 +85,38 @@ TEST(ServeCluster, JsonSchemaResponseFormatMatchesInProcessOnTwoWorkers) {
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 
+// tool_choice "required" with Qwen 2.5's template: the model is made to
+// write one Hermes call, which the response returns as tool_calls, the same
+// in process and through the pipeline.
+TEST(ServeCluster, RequiredToolChoiceGivesACallOnTwoWorkers) {
+  const std::string tmpl = test::shared_dir() + "/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja";
+  const json body = json::parse(R"({"model": "stories260K", "max_tokens": 300, "temperature": 1, "seed": 9,
+    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 0}},
+      "required": ["city"]}}}],
+    "tool_choice": "required"})");
+  json alone;
+  {
+    ServeProcess server({"-m", stories(), "--quiet", "--chat-template", tmpl});
+    const Response r = post(server.port(), "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    alone = r.j()["choices"][0];
+  }
+  ServeProcess server({"-m", stories(), "--workers", "2", "--quiet", "--chat-template", tmpl});
+  const Response r = post(server.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json choice = r.j()["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << choice.dump();
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << choice.dump();
+  const json& fn = choice["message"]["tool_calls"][0]["function"];
+  EXPECT_EQ(fn["name"], "get_weather");
+  const json args = json::parse(fn["arguments"].get<std::string>());
+  ASSERT_TRUE(args.contains("city") && args["city"].is_string()) << args.dump();
+  EXPECT_EQ(fn, alone["message"]["tool_calls"][0]["function"]);
+  EXPECT_EQ(server.stop(), 0) << server.stderr_text();
+}
+
 // ---- batching through the pipeline ----
 
 // Six different prompts at once through two workers, four KV slots and a
