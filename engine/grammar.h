@@ -23,6 +23,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,6 +33,7 @@
 namespace baton {
 
 class Tokenizer;
+class GrammarAutomaton;  // grammar.cpp
 
 // 256 bits: which bytes an item accepts.
 struct ByteSet {
@@ -86,13 +88,18 @@ class Grammar {
   const ByteSet& byte_set(uint32_t i) const { return sets_[i]; }
 
  private:
+  friend class GrammarMatcher;
   uint32_t intern_set(const ByteSet& s);
+  // The automaton the matchers of this grammar share (made on first use).
+  std::shared_ptr<GrammarAutomaton> automaton() const;
 
   std::vector<Element> elements_;
   std::vector<std::vector<uint32_t>> rules_;
   std::vector<ByteSet> sets_;
   std::unordered_map<std::string, uint32_t> set_index_;
   RuleId root_ = 0;
+  mutable std::mutex automaton_mu_;
+  mutable std::shared_ptr<GrammarAutomaton> automaton_;
 };
 
 // The vocabulary as a byte trie in preorder: node i's subtree is
@@ -120,7 +127,12 @@ class VocabTrie {
   uint16_t max_depth_ = 0;
 };
 
-// One generation's position in a grammar. Not thread-safe; one per sequence.
+// One generation's position in a grammar; one per sequence. The automaton
+// it walks (stacks, states, transitions, cached masks) belongs to the
+// grammar and is shared by every matcher of it (under a lock), so that
+// requests with the same grammar reuse each other's work; a matcher whose
+// shared automaton grew past its limits continues on a private one built
+// from its present state alone.
 class GrammarMatcher {
  public:
   explicit GrammarMatcher(std::shared_ptr<const Grammar> g);
@@ -138,27 +150,13 @@ class GrammarMatcher {
   void fill_mask(const VocabTrie& trie, std::vector<uint64_t>& mask);
 
  private:
-  struct Node {
-    uint32_t pos;
-    uint32_t parent;  // node id; 0 is the empty stack
-  };
-  using State = std::vector<uint32_t>;  // sorted node ids of stack tops; 0: the empty stack
-
-  uint32_t node(uint32_t pos, uint32_t parent);
-  uint32_t intern(State&& s);
-  void expand(uint32_t id, State& out, int depth);
-  uint32_t next(uint32_t state, uint8_t b);  // 0: dead
-  void compact();
-
   std::shared_ptr<const Grammar> g_;
-  std::vector<Node> nodes_;
-  std::unordered_map<uint64_t, uint32_t> index_;
-  std::vector<State> states_;  // id -> sorted stack tops; 0: dead (no stack)
-  std::unordered_map<std::string, uint32_t> state_ids_;
-  std::vector<uint32_t> trans_;  // state * 256 + byte -> state, computed on first use
-  uint32_t cur_ = 0;
-  std::unordered_map<uint32_t, std::vector<uint64_t>> mask_cache_;  // by state
+  std::shared_ptr<GrammarAutomaton> a_;
+  uint32_t cur_ = 0;  // state id in a_
   std::vector<uint32_t> walk_;  // the trie walk's state per depth
 };
+
+// Sets the logits of tokens outside `bits` (fill_mask's layout) to -infinity.
+void mask_logits(std::span<const uint64_t> bits, std::span<float> logits);
 
 }  // namespace baton

@@ -201,8 +201,8 @@ Grammar::RuleId JsonSchemaCompiler::any_array() {
   return arr;
 }
 
-Grammar::RuleId JsonSchemaCompiler::compile(const json& schema) {
-  doc_ = &schema;
+Grammar::RuleId JsonSchemaCompiler::compile(const json& schema, const json* document) {
+  doc_ = document ? document : &schema;
   refs_.clear();
   const RuleId r = value(schema, "#");
   doc_ = nullptr;

@@ -32,7 +32,9 @@ class JsonSchemaCompiler {
   // The rule of the values `schema` (a whole document: $ref resolves inside
   // it) accepts. Throws SchemaError. Ordered: properties are written in the
   // order the schema gives them.
-  Grammar::RuleId compile(const nlohmann::ordered_json& schema);
+  // `document`, when given, is the document `schema` sits in ($ref
+  // resolves there), e.g. a tool's parameters for one of its properties.
+  Grammar::RuleId compile(const nlohmann::ordered_json& schema, const nlohmann::ordered_json* document = nullptr);
 
   // Building blocks, each made once per grammar.
   Grammar::RuleId ws();            // nothing, a space, or a newline and up to 16 spaces or tabs

@@ -268,6 +268,7 @@ void check(const Forward& m, Check& c) {
              "FORWARD sampling parameters must be finite");
     c.expect(s.top_logprobs <= kMaxTopLogprobs, "FORWARD top_logprobs over the limit");
     c.expect(s.logit_bias.size() <= kMaxLogitBias, "FORWARD has too many logit biases");
+    c.expect(s.allowed.size() <= kMaxAllowedWords, "FORWARD allowed-token mask over the limit");
     for (const LogitBias& b : s.logit_bias) {
       c.expect(b.token >= 0 && std::isfinite(b.bias), "FORWARD logit bias needs a token id >= 0 and a finite bias");
     }

@@ -249,6 +249,7 @@ struct LogitBias {
   bool operator==(const LogitBias&) const = default;
 };
 inline constexpr size_t kMaxLogitBias = 1024;
+inline constexpr size_t kMaxAllowedWords = size_t(1) << 16;  // vocabularies up to 4M tokens
 
 // Sampling for one sequence; used by the last stage only, carried from the
 // first stage onwards so the coordinator talks to one stage. The last stage
@@ -262,10 +263,14 @@ struct SamplingParams {
   bool want_logprobs = false;
   uint32_t top_logprobs = 0;  // alternatives per sampled token (<= kMaxTopLogprobs)
   std::vector<LogitBias> logit_bias;  // v2; logprobs are of the biased distribution
+  // v5: structured output. Empty, or one bit per vocabulary token (64 per
+  // word, token t in bit t % 64 of word t / 64): only tokens whose bit is
+  // set may be sampled (the coordinator follows the request's grammar).
+  std::vector<uint64_t> allowed;
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(temperature, top_k, top_p, min_p, seed, want_logprobs, top_logprobs, logit_bias);
+    ar(temperature, top_k, top_p, min_p, seed, want_logprobs, top_logprobs, logit_bias, allowed);
   }
   bool operator==(const SamplingParams&) const = default;
 };

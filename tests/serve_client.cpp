@@ -1,4 +1,5 @@
 #include "tests/serve_client.h"
+#include "tests/json_schema_check.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -441,6 +442,13 @@ void check_official_client(const std::vector<std::string>& extra) {
             out["chat"]["usage"]["prompt_tokens"].get<int>() - 1);
   EXPECT_EQ(out["models"], json::array({kModel}));
   EXPECT_EQ(out["bad_model_status"], 404);
+  // Structured output through the official client: JSON that follows the schema.
+  const std::string content = out["structured"]["content"].get<std::string>();
+  EXPECT_EQ(out["structured"]["finish_reason"], "stop") << content;
+  const auto doc = nlohmann::ordered_json::parse(content, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << content;
+  const auto schema = nlohmann::ordered_json::parse(out["structured"]["schema"].dump());
+  EXPECT_EQ(test::schema_violation(doc, schema, schema), "") << content;
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 

@@ -25,6 +25,7 @@
 #include "net/auth.h"
 #include "net/codec.h"
 #include "net/protocol.h"
+#include "tests/json_schema_check.h"
 #include "tests/serve_client.h"
 #include "tests/test_util.h"
 
@@ -43,6 +44,77 @@ TEST(ServeCluster, OfficialOpenAiNodeClientOnTwoWorkers) { check_official_client
 TEST(ServeCluster, IgnoreEosRunsToMaxTokensOnTwoWorkers) {
   ServeProcess server({"-m", stories(), "--workers", "2", "--quiet"});
   check_ignore_eos(server.port());
+}
+
+// Structured output through the pipeline: the coordinator masks, the last
+// stage samples. The same seed gives the same JSON as in process, and it
+// follows the schema; an unsupported keyword is a 400 naming it.
+TEST(ServeCluster, JsonSchemaResponseFormatMatchesInProcessOnTwoWorkers) {
+  const json schema = json::parse(R"({"type": "object", "properties": {"title": {"type": "string", "maxLength": 10},
+      "n": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+      "required": ["title", "n", "tags"]})");
+  const json body = {{"model", "stories260K"},
+                     {"messages", json::array({{{"role", "user"}, {"content", "Give me JSON."}}})},
+                     {"max_tokens", 300},
+                     {"temperature", 1},
+                     {"seed", 42},
+                     {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "t"}, {"schema", schema}}}}}};
+  std::string alone;
+  {
+    ServeProcess server({"-m", stories(), "--quiet"});
+    const Response r = post(server.port(), "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    alone = r.j()["choices"][0]["message"]["content"].get<std::string>();
+  }
+  ServeProcess server({"-m", stories(), "--workers", "2", "--quiet"});
+  const Response r = post(server.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j()["choices"][0]["finish_reason"], "stop");
+  const std::string text = r.j()["choices"][0]["message"]["content"].get<std::string>();
+  EXPECT_EQ(text, alone);
+  const auto doc = nlohmann::ordered_json::parse(text, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << text;
+  const auto oschema = nlohmann::ordered_json::parse(schema.dump());
+  EXPECT_EQ(test::schema_violation(doc, oschema, oschema), "") << text;
+
+  json bad = body;
+  bad["response_format"]["json_schema"]["schema"]["properties"]["title"]["pattern"] = "^[a-z]+$";
+  const Response refused = post(server.port(), "/v1/chat/completions", bad);
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_NE(refused.body.find("'pattern' is not supported (at #/properties/title)"), std::string::npos) << refused.body;
+  EXPECT_EQ(server.stop(), 0) << server.stderr_text();
+}
+
+// tool_choice "required" with Qwen 2.5's template: the model is made to
+// write one Hermes call, which the response returns as tool_calls, the same
+// in process and through the pipeline.
+TEST(ServeCluster, RequiredToolChoiceGivesACallOnTwoWorkers) {
+  const std::string tmpl = test::shared_dir() + "/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja";
+  const json body = json::parse(R"({"model": "stories260K", "max_tokens": 300, "temperature": 1, "seed": 9,
+    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 0}},
+      "required": ["city"]}}}],
+    "tool_choice": "required"})");
+  json alone;
+  {
+    ServeProcess server({"-m", stories(), "--quiet", "--chat-template", tmpl});
+    const Response r = post(server.port(), "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    alone = r.j()["choices"][0];
+  }
+  ServeProcess server({"-m", stories(), "--workers", "2", "--quiet", "--chat-template", tmpl});
+  const Response r = post(server.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json choice = r.j()["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << choice.dump();
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << choice.dump();
+  const json& fn = choice["message"]["tool_calls"][0]["function"];
+  EXPECT_EQ(fn["name"], "get_weather");
+  const json args = json::parse(fn["arguments"].get<std::string>());
+  ASSERT_TRUE(args.contains("city") && args["city"].is_string()) << args.dump();
+  EXPECT_EQ(fn, alone["message"]["tool_calls"][0]["function"]);
+  EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 
 // ---- batching through the pipeline ----

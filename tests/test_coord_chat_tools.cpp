@@ -391,6 +391,33 @@ TEST(ChatTools, WholeResponseCarriesToolCallsAndReasoning) {
   EXPECT_FALSE(x["choices"][0]["message"].contains("tool_calls"));
 }
 
+// The users' case end to end below the HTTP server: DeepSeek V4 Flash's
+// template, tools and reasoning_effort; the request's format parses what
+// the model writes in thinking mode into reasoning, text and a DSML call.
+TEST(ChatTools, DeepSeekV4ThinkingWithTools) {
+  const ModelInfo m = stories_info("deepseek-ai-DeepSeek-V4-Flash-0731.jinja");
+  const ApiRequest r =
+      parse_chat_request(chat_body({{"tools", {kWeatherTool}}, {"reasoning_effort", "max"}}).dump(), m);
+  EXPECT_EQ(r.output.tools, ToolCallFormat::deepseek_dsml);
+  EXPECT_TRUE(r.output.reasoning_open);
+  const std::string prompt = m.tokenizer->decode(r.gen.prompt);
+  EXPECT_NE(prompt.find("## Tools"), std::string::npos);
+  EXPECT_NE(prompt.find("\"name\": \"get_weather\""), std::string::npos);
+  ResponseBuilder b(r, "m", "chatcmpl-1", 7);
+  const std::string output =
+      "The user wants Paris' weather.</think>Checking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+      "</｜DSML｜tool_calls>";
+  for (const auto& ev : events_of(output, 7, FinishReason::stop)) b.add(ev);
+  const json j = json::parse(b.body());
+  const json& msg = j["choices"][0]["message"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(msg["reasoning_content"], "The user wants Paris' weather.");
+  EXPECT_EQ(msg["content"], "Checking.");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+}
+
 TEST(ChatTools, StreamCarriesToolCallDeltas) {
   for (size_t piece : {1, 4, 1000}) {
     SCOPED_TRACE(piece);

@@ -90,6 +90,7 @@ struct Gen {
     s.want_logprobs = flag();
     s.top_logprobs = below(kMaxTopLogprobs + 1);
     for (uint32_t i = below(3); i > 0; --i) s.logit_bias.push_back({int32_t(below(1 << 20)), real(-100, 100)});
+    for (uint32_t i = below(3); i > 0; --i) s.allowed.push_back(u64());
     return s;
   }
 
@@ -436,6 +437,15 @@ TEST(NetCodec, InconsistentForwardIsRefusedOnBothSides) {
   s.chunks.push_back(SeqChunk{1, 0, 1, true, nan_temp});
   s.tokens = {1};
   EXPECT_EQ(Codec::validate(s), Errc::invalid_field);
+
+  SamplingParams huge_mask;
+  huge_mask.allowed.resize(kMaxAllowedWords + 1);
+  Forward m;
+  m.chunks.push_back(SeqChunk{1, 0, 1, true, huge_mask});
+  m.tokens = {1};
+  EXPECT_EQ(Codec::validate(m), Errc::invalid_field);
+  m.chunks[0].sampling.allowed.resize(kMaxAllowedWords);
+  EXPECT_FALSE(Codec::validate(m));
 }
 
 TEST(NetCodec, LargeActivationPayloadRoundTripsThroughTheStreamDecoder) {

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
 #include "engine/backend.h"
+#include "engine/grammar.h"
 #include "engine/loader.h"
 #include "engine/node_plan.h"
 #include "engine/part_info.h"
@@ -332,6 +334,11 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
                             std::to_string(c.start_pos) + " with " + std::to_string(c.n_tokens) +
                             " tokens (context " + std::to_string(stage_->n_ctx()) + ")");
     }
+    if (assign_.has_output && c.sample && !c.sampling.allowed.empty() &&
+        c.sampling.allowed.size() != (size_t(stage_->n_vocab()) + 63) / 64) {
+      return send_error(net::WireError::bad_request, f.request_id,
+                        "the allowed-token mask of sequence " + std::to_string(seq) + " does not match the vocabulary");
+    }
     batch.push_back({seq, int64_t(c.n_tokens), assign_.has_output && c.sample});
   }
   std::span<const float> y;
@@ -391,11 +398,13 @@ net::Result Worker::sample(const net::SeqChunk& c, std::span<const float> logits
     it = samplers_.emplace(c.seq, Sampler(p, int32_t(logits.size()))).first;
   }
   std::span<const float> dist = logits;
-  if (!c.sampling.logit_bias.empty()) {
+  if (!c.sampling.logit_bias.empty() || !c.sampling.allowed.empty()) {
     biased_.assign(logits.begin(), logits.end());
     for (const net::LogitBias& b : c.sampling.logit_bias) {
       if (size_t(b.token) < biased_.size()) biased_[size_t(b.token)] += b.bias;
     }
+    // Structured output: the coordinator's grammar mask (size checked with the FORWARD).
+    if (!c.sampling.allowed.empty()) mask_logits(c.sampling.allowed, biased_);
     dist = biased_;
   }
   net::Result r;
@@ -406,7 +415,9 @@ net::Result Worker::sample(const net::SeqChunk& c, std::span<const float> logits
   if (c.sampling.want_logprobs) {
     r.logprobs.push_back(token_logprobs(dist, id, int(c.sampling.top_logprobs), &top_));
     auto& list = r.top.emplace_back();
-    for (const TokenLogprobEntry& t : top_) list.push_back({t.id, t.logprob});
+    for (const TokenLogprobEntry& t : top_) {
+      if (std::isfinite(t.logprob)) list.push_back({t.id, t.logprob});  // masked tokens are not alternatives
+    }
   }
   return r;
 }

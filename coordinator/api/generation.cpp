@@ -195,6 +195,13 @@ std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tok
 bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
                             std::vector<uint64_t>& bits) {
   grammar.fill_mask(*info.vocab_trie, bits);
+  // Control tokens the output shows as text (chat markup such as Mistral's
+  // [TOOL_CALLS]) are in no trie: the model may write the markup with them.
+  for (int32_t t : req.show_tokens) {
+    if (t >= 0 && t < info.n_vocab && grammar.accepts(info.tokenizer->token_text(t))) {
+      bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
+    }
+  }
   if (grammar.accepting()) {
     auto allow = [&](int32_t t) {
       if (t >= 0 && t < info.n_vocab) bits[size_t(t) >> 6] |= uint64_t(1) << (t & 63);
@@ -208,13 +215,6 @@ bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& re
     if (w) return true;
   }
   return false;
-}
-
-void mask_logits(const std::vector<uint64_t>& bits, std::span<float> logits) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  for (size_t t = 0; t < logits.size(); ++t) {
-    if (!((bits[t >> 6] >> (t & 63)) & 1)) logits[t] = ninf;
-  }
 }
 
 ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const std::string& id, int64_t n_ctx) {

@@ -61,6 +61,10 @@ struct GenerationRequest {
   // -1: no logprobs; 0..kMaxTopLogprobs: the chosen token's log-probability
   // plus that many most likely alternatives, from the unfiltered distribution.
   int top_logprobs = -1;
+  // Structured output (docs/GRAMMAR.md): only tokens whose bytes the grammar
+  // accepts are sampled, end-of-generation tokens only once the text is
+  // complete, and the request ends (stop) as soon as nothing can follow.
+  std::shared_ptr<const Grammar> grammar;
   // Control tokens whose text the output carries (a control token's text is
   // otherwise left out): the chat markup a model writes with them, such as
   // Mistral's [TOOL_CALLS], which the chat APIs parse (chat_output_format.h).
@@ -243,8 +247,6 @@ void validate_request(GenerationRequest& request, const ModelInfo& info);
 // tokens once the text is complete. False when none is allowed.
 bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
                             std::vector<uint64_t>& bits);
-// Sets the logits of tokens outside `bits` to -infinity.
-void mask_logits(const std::vector<uint64_t>& bits, std::span<float> logits);
 
 // Records one sampled token of a request: an end-of-generation token (unless
 // the request ignores them) or a stop token ends it (not returned); otherwise the token

@@ -11,6 +11,8 @@
 #include "coordinator/api/chat_output_format.h"
 #include "coordinator/api/chat_prompt.h"
 #include "engine/chat_template.h"
+#include "coordinator/api/tool_call_grammar.h"
+#include "engine/json_schema_grammar.h"
 #include "engine/tokenizer.h"
 
 namespace baton {
@@ -38,12 +40,6 @@ void refuse_unsupported(const json& body) {
                     "unsupported_parameter");
     }
   }
-  if (const json* v = field(body, "response_format")) {
-    if (!v->is_object() || v->value("type", json()) != "text") {
-      throw invalid("Only response_format {\"type\": \"text\"} is supported.", "response_format",
-                    "unsupported_parameter");
-    }
-  }
   if (int_param(body, "n", 1, 1, 128) != 1) {
     throw invalid("Only n = 1 is supported.", "n", "unsupported_parameter");
   }
@@ -54,6 +50,84 @@ void refuse_unsupported(const json& body) {
     throw invalid("'echo' is not supported by this server.", "echo", "unsupported_parameter");
   }
   if (const json* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
+}
+
+// response_format (docs/GRAMMAR.md): "text", "json_object" (any JSON
+// object) or "json_schema" (values of the schema), the latter two as a
+// grammar the sampler follows. The schema is read again from the body text
+// in document order, since properties are written in the order it gives.
+void parse_response_format(const json& body, std::string_view body_text, ApiRequest& r) {
+  const json* v = field(body, "response_format");
+  if (!v) return;
+  if (!v->is_object()) throw wrong_type("response_format", "an object", *v);
+  const json* type = field(*v, "type");
+  if (!type || !type->is_string()) {
+    throw invalid("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\".",
+                  "response_format.type");
+  }
+  const std::string t = type->get<std::string>();
+  if (t == "text") return;
+  if (t == "json_object") {
+    r.gen.grammar = json_object_grammar();
+    return;
+  }
+  if (t != "json_schema") {
+    throw invalid(fmt::format("response_format type '{}' is not supported (text, json_object, json_schema).",
+                              sanitize_utf8(t.substr(0, 40))),
+                  "response_format.type", "unsupported_parameter");
+  }
+  const json* js = field(*v, "json_schema");
+  if (!js) {
+    throw invalid("'response_format.json_schema' is required with type json_schema.",
+                  "response_format.json_schema", "missing_required_parameter");
+  }
+  if (!js->is_object()) throw wrong_type("response_format.json_schema", "an object", *js);
+  const json* name = field(*js, "name");
+  if (!name) {
+    throw invalid("'response_format.json_schema.name' is required.", "response_format.json_schema.name",
+                  "missing_required_parameter");
+  }
+  if (!name->is_string()) throw wrong_type("response_format.json_schema.name", "a string", *name);
+  if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean()) {
+    throw wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+  }
+  const json* schema = field(*js, "schema");
+  if (schema && !schema->is_object() && !schema->is_boolean()) {
+    throw wrong_type("response_format.json_schema.schema", "an object", *schema);
+  }
+  nlohmann::ordered_json ordered = true;  // no schema: any JSON value
+  if (schema) ordered = nlohmann::ordered_json::parse(body_text)["response_format"]["json_schema"]["schema"];
+  try {
+    r.gen.grammar = json_schema_grammar(ordered);
+  } catch (const SchemaError& e) {
+    throw invalid(fmt::format("Invalid or unsupported JSON schema: {}.", e.what()), "response_format.json_schema.schema",
+                  "unsupported_parameter");
+  }
+}
+
+// tool_choice "required" or a named function: one call of the allowed
+// tools, in the model's own syntax, by a grammar (docs/GRAMMAR.md). A model
+// whose output format has no tool-call syntax is left to decide (as with
+// "auto"); a prompt that opened a reasoning block keeps it free until its end.
+void force_tool_call(ApiRequest& r) {
+  const ToolChoice& choice = r.tools.choice;
+  if (choice.mode != ToolChoice::Mode::required && choice.mode != ToolChoice::Mode::named) return;
+  if (r.output.tools == ToolCallFormat::none || r.tools.tools.empty()) return;
+  if (r.gen.grammar) {
+    throw invalid("A non-text 'response_format' and a forced 'tool_choice' cannot be combined.", "response_format",
+                  "unsupported_parameter");
+  }
+  std::vector<ToolSpec> allowed;
+  for (const ToolSpec& t : r.tools.tools) {
+    if (choice.mode == ToolChoice::Mode::required || t.name == choice.name) allowed.push_back(t);
+  }
+  try {
+    r.gen.grammar = tool_call_grammar(r.output.tools, allowed,
+                                      r.output.reasoning_open ? std::string_view(r.output.reasoning_end) : std::string_view());
+  } catch (const SchemaError& e) {
+    throw invalid(fmt::format("Invalid or unsupported JSON schema in a tool's parameters: {}.", e.what()), "tools",
+                  "unsupported_parameter");
+  }
 }
 
 // Sampling, seed, stop strings, logit_bias and streaming: the fields the two
@@ -362,6 +436,8 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   r.gen.show_tokens = chat_marker_tokens(r.output, *model.tokenizer);
 
   parse_common(body, r, model);
+  parse_response_format(body, body_text, r);
+  force_tool_call(r);
   add_chat_stops(r.gen, model, tmpl);
 
   r.logprobs = bool_param(body, "logprobs", false);
@@ -425,6 +501,7 @@ ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo&
     }
   }
   parse_common(body, r, model);
+  parse_response_format(body, body_text, r);
   if (const json* lp = field(body, "logprobs")) {
     if (!is_integral(*lp)) throw wrong_type("logprobs", "an integer", *lp);
     r.gen.top_logprobs = int(int_param(body, "logprobs", 0, 0, kMaxCompletionLogprobs));

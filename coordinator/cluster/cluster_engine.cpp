@@ -37,6 +37,7 @@ struct ClusterEngine::Sequence {
   uint64_t admitted = 0, last_run = 0;
   bool begun = false;  // its first chunk was sent (with `begins`)
   bool ended = false;
+  std::optional<GrammarMatcher> grammar;  // structured output: the coordinator masks, the last stage samples
   TextAssembler text;
   Usage usage;
 
@@ -292,8 +293,15 @@ void ClusterEngine::send_batches() {
     MicroBatch mb;
     for (const SchedChunk& pc : plan) {
       Sequence& s = *slots_[size_t(pc.slot)];
-      s.last_run = steps_;
       net::SeqChunk c;
+      const bool samples = !pc.prefill || s.prompt_sent + size_t(pc.n_tokens) == s.req.prompt.size();
+      if (samples && s.grammar && !grammar_allowed_tokens(*s.grammar, s.req, info_, c.sampling.allowed)) {
+        // Nothing can continue the text: end it rather than sample outside the grammar.
+        finish(s, FinishReason::error, {}, "the grammar admits no token of the vocabulary here");
+        release(s);
+        continue;
+      }
+      s.last_run = steps_;
       c.seq = uint32_t(s.slot);
       c.sampling.temperature = s.req.sampling.temperature;
       c.sampling.top_k = s.req.sampling.top_k;
@@ -324,6 +332,7 @@ void ClusterEngine::send_batches() {
       if (c.sample) ++mb.results_left;
       chunks.push_back(std::move(c));
     }
+    if (chunks.empty()) continue;
     if (mb.results_left == 0) mb.results_left = 1;  // the acknowledgement
     uint64_t rid = 0;
     try {
@@ -339,10 +348,11 @@ void ClusterEngine::send_batches() {
     }
     mb.sent = Clock::now();
     for (const SchedChunk& pc : plan) {
-      Sequence& s = *slots_[size_t(pc.slot)];
-      if (!pc.prefill || s.prompt_sent == s.req.prompt.size()) {
-        s.in_flight = rid;
-        s.sent = mb.sent;
+      Sequence* s = slots_[size_t(pc.slot)].get();
+      if (!s) continue;  // ended by its grammar before the batch left
+      if (!pc.prefill || s->prompt_sent == s->req.prompt.size()) {
+        s->in_flight = rid;
+        s->sent = mb.sent;
       }
     }
     in_flight_[rid] = std::move(mb);
@@ -379,7 +389,8 @@ void ClusterEngine::handle(Event& e) {
     const bool context_full = s.position() >= info_.n_ctx;
     // Its last step is back and nothing of it is in flight: the stages
     // hold the KV of exactly the tokens sent, which the slot keeps.
-    if (auto reason = accept_token(s.req, *info_.tokenizer, id, logprob, top, context_full, s.text, s.usage, ev)) {
+    if (auto reason = accept_token(s.req, *info_.tokenizer, id, logprob, top, context_full, s.text, s.usage, ev,
+                                   s.grammar ? &*s.grammar : nullptr)) {
       finish(s, *reason, std::move(ev));
       release(s, /*keep=*/true);
     } else {
@@ -454,6 +465,7 @@ void ClusterEngine::scheduler() {
           return c.slot;
         }, [&](Sequence& seq) {
           seq.usage.queue_s = seconds_between(seq.submitted, Clock::now());
+          if (seq.req.grammar) seq.grammar.emplace(seq.req.grammar);
           seq.admitted = ++admitted_;
           ++active_;
         });

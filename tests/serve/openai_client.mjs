@@ -1,6 +1,6 @@
 // Drives `baton serve` with the official openai package as a real client:
-// models, non-streaming and streaming completions and chat completions, and
-// one refused request. Prints one JSON object with what it received; exits 1
+// models, non-streaming and streaming completions and chat completions, a
+// chat completion with a json_schema response_format, and one refused request. Prints one JSON object with what it received; exits 1
 // when the client throws or a stream is malformed. Run by
 // tests/test_cli_serve.cpp (OfficialOpenAiNodeClient), which compares the text
 // with `baton run`.
@@ -91,6 +91,26 @@ async function main() {
   check(role === "assistant", "chat stream role");
   check(cfinish !== null, "chat stream finish_reason");
   out.chat_stream = { text: ctext, finish_reason: cfinish, usage: cusage, chunks: cchunks };
+
+  // Structured output: a json_schema response_format at temperature 1; the
+  // gtest checks that the content is JSON that follows the schema.
+  const schema = {
+    type: "object",
+    properties: {
+      name: { type: "string", maxLength: 8 },
+      age: { type: "integer", minimum: 0 },
+      pet: { enum: ["cat", "dog", null] },
+    },
+    required: ["name", "age", "pet"],
+    additionalProperties: false,
+  };
+  const structured = await client.chat.completions.create({
+    model: a.model, messages, max_tokens: 400, temperature: 1, seed: 5,
+    response_format: { type: "json_schema", json_schema: { name: "person", schema, strict: true } },
+  });
+  out.structured = {
+    schema, content: structured.choices[0].message.content, finish_reason: structured.choices[0].finish_reason,
+  };
 
   // A refusal comes back as the client's APIError with the status.
   try {

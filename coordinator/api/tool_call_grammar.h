@@ -1,0 +1,30 @@
+// The grammar of a forced tool call (tool_choice "required" or a named
+// function): exactly one call of one of the given functions, written in the
+// model's own tool-call syntax (chat_output.h's ToolCallFormat), with
+// arguments that validate against the function's parameters schema.
+// docs/GRAMMAR.md gives the text each format produces.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "coordinator/api/chat_output.h"
+#include "coordinator/api/chat_tools.h"
+#include "engine/grammar.h"
+
+namespace baton {
+
+// A tool's parameters (chat_tools.h) that are null or {} take any object.
+// Throws SchemaError (engine/json_schema_grammar.h) for a parameters schema
+// it cannot follow, std::invalid_argument for no tools or format none.
+// With `reasoning_end` (the prompt opened a reasoning block), the call comes
+// after free reasoning text that ends at the first reasoning_end, and up to
+// two newlines.
+std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools,
+                                                 std::string_view reasoning_end = {});
+
+}  // namespace baton

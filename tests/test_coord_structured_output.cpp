@@ -1,0 +1,335 @@
+// Structured output end to end in process: models sampling at temperature 1
+// under a JSON schema's grammar write JSON that validates against the schema,
+// for every seed (100 on stories260K, 20 on a random-weight model with the
+// real 32000-token Llama-2 vocabulary); response_format is parsed, or refused
+// with a 400 naming what is not supported; forced tool calls.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "coordinator/api/openai_request.h"
+#include "coordinator/api/tool_call_grammar.h"
+#include "coordinator/cluster/local_engine.h"
+#include "engine/json_schema_grammar.h"
+#include "engine/tokenizer.h"
+#include "tests/json_schema_check.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+struct Outcome {
+  std::string text;
+  FinishReason finish = FinishReason::error;
+  std::string error;
+  bool done = false;
+};
+
+const char* kSchema = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 6},
+    "age": {"type": "integer", "minimum": 0},
+    "score": {"type": ["number", "null"]},
+    "kind": {"enum": ["cat", "dog", 7, null]},
+    "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "minItems": 1, "maxItems": 2},
+    "ok": {"type": "boolean"},
+    "pet": {"type": "object", "properties": {"legs": {"const": 4}}, "required": ["legs"]}
+  },
+  "required": ["name", "age", "kind", "tags"],
+  "$defs": {"tag": {"type": "string", "minLength": 1, "maxLength": 3}}
+})";
+
+// Every seed at once on `model`, sampling at temperature 1 under the
+// schema's grammar: each text ends with stop and validates.
+void check_seeds(const std::string& model, int seeds) {
+  LocalEngineConfig c;
+  c.model_path = test::model_path(model);
+  c.stage.n_ctx = 1024;
+  c.stage.n_seq = 4;
+  c.stage.max_batch = 64;
+  c.queue_capacity = seeds;  // every seed at once
+  LocalEngine engine(c, nullptr);
+  engine.wait_loaded();
+  const ojson schema = ojson::parse(kSchema);
+  auto grammar = json_schema_grammar(schema);
+  const auto prompt = engine.model().tokenizer->encode("Answer in JSON:", true, false);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Outcome> out(static_cast<size_t>(seeds));
+  int finished = 0;
+  for (int seed = 0; seed < seeds; ++seed) {
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_k = 40;  // of the allowed tokens (the others are -infinity)
+    r.sampling.top_p = 1;
+    r.sampling.min_p = 0;
+    r.sampling.seed = uint64_t(seed);
+    r.max_tokens = 600;  // above the longest text the schema admits, in single-byte tokens
+    r.grammar = grammar;
+    engine.submit(std::move(r), [&, seed](GenerationEvent&& ev) {
+      std::lock_guard lock(mu);
+      Outcome& o = out[size_t(seed)];
+      o.text += ev.text;
+      if (ev.finish) {
+        o.finish = *ev.finish;
+        o.error = ev.error;
+        o.done = true;
+        ++finished;
+        cv.notify_all();
+      }
+    });
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return finished == seeds; });
+  std::set<std::string> distinct;
+  for (int seed = 0; seed < seeds; ++seed) {
+    const Outcome& o = out[size_t(seed)];
+    SCOPED_TRACE(model + " seed " + std::to_string(seed) + ": " + o.text);
+    ASSERT_EQ(o.finish, FinishReason::stop) << o.error;  // the grammar completed
+    const ojson v = ojson::parse(o.text, nullptr, false);
+    ASSERT_FALSE(v.is_discarded());
+    EXPECT_EQ(test::schema_violation(v, schema, schema), "");
+    distinct.insert(o.text);
+  }
+  // Sampling still samples: the seeds give different documents.
+  EXPECT_GT(distinct.size(), size_t(seeds / 2));
+}
+
+// 100 seeds on the 512-token SentencePiece vocabulary (fast), 20 on the
+// random-weight model with the real 32000-token Llama-2 vocabulary.
+TEST(StructuredOutput, ValidJsonForEverySeedSmallVocabulary) { check_seeds("stories260K.gguf", 100); }
+TEST(StructuredOutput, RandomModelWritesValidJsonForEverySeed) { check_seeds("llama-2-tiny-random.gguf", 20); }
+
+ModelInfo model_for_parsing() {
+  GgufFile f = GgufFile::open(test::model_path("stories260K.gguf"));
+  return model_info_from_gguf(f, test::model_path("stories260K.gguf"), "m", 2048);
+}
+
+TEST(StructuredOutput, ResponseFormatIsParsed) {
+  const ModelInfo m = model_for_parsing();
+  auto chat = [&](const std::string& rf) {
+    return parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":)" + rf + "}", m);
+  };
+  EXPECT_EQ(chat(R"({"type":"text"})").gen.grammar, nullptr);
+  ApiRequest obj = chat(R"({"type":"json_object"})");
+  ASSERT_NE(obj.gen.grammar, nullptr);
+  GrammarMatcher om(obj.gen.grammar);
+  EXPECT_TRUE(om.advance(R"({"a": [1]})") && om.finished());
+  ApiRequest js = chat(R"({"type":"json_schema","json_schema":{"name":"x","strict":true,
+      "schema":{"type":"object","properties":{"z":{"type":"null"},"a":{"type":"boolean"}},"required":["z","a"]}}})");
+  ASSERT_NE(js.gen.grammar, nullptr);
+  GrammarMatcher jm(js.gen.grammar);
+  // The schema's own order (z before a), not the alphabetical one.
+  EXPECT_TRUE(jm.advance(R"({"z":null,"a":true})") && jm.finished());
+  ApiRequest comp = parse_completion_request(R"({"model":"m","prompt":"x","response_format":{"type":"json_object"}})", m);
+  EXPECT_NE(comp.gen.grammar, nullptr);
+}
+
+TEST(StructuredOutput, UnsupportedResponseFormatsAre400s) {
+  const ModelInfo m = model_for_parsing();
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"type":"yaml"})", "response_format type 'yaml' is not supported"},
+      {R"("json")", "Invalid type for 'response_format'"},
+      {R"({"type":"json_schema"})", "'response_format.json_schema' is required"},
+      {R"({"type":"json_schema","json_schema":{"schema":{}}})", "'response_format.json_schema.name' is required"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"a+"}}})",
+       "'pattern' is not supported (at #)"},
+      {R"({"type":"json_schema","json_schema":{"name":"x","schema":{"properties":{"n":{"type":"integer","multipleOf":2}}}}})",
+       "'multipleOf' is not supported (at #/properties/n)"},
+  };
+  for (const auto& [rf, want] : cases) {
+    try {
+      parse_chat_request(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":)" + rf + "}", m);
+      ADD_FAILURE() << "accepted " << rf;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace baton
+
+namespace baton {
+namespace {
+
+std::vector<ToolSpec> weather_tools() {
+  return {{"get_weather", "", ojson::parse(R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                           "days": {"type": "integer"}}, "required": ["city"]})")},
+          {"now", "", ojson()}};
+}
+
+bool full_match(const std::shared_ptr<const Grammar>& g, const std::string& text) {
+  GrammarMatcher m(g);
+  return m.advance(text) && m.finished();
+}
+
+TEST(ToolCallGrammar, EachFormatWritesOneCallOfAGivenTool) {
+  const std::string d = "\xEF\xBD\x9C" "DSML" "\xEF\xBD\x9C";
+  struct Case {
+    ToolCallFormat format;
+    std::vector<std::string> good, bad;
+  };
+  const Case cases[] = {
+      {ToolCallFormat::hermes,
+       {"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 2}}\n</tool_call>",
+        "<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>"},
+       {"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 2}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>", "Sure! <tool_call>"}},
+      {ToolCallFormat::llama3_json,
+       {R"({"name": "get_weather", "parameters": {"city": "Oslo"}})"},
+       {R"({"name": "get_weather", "arguments": {"city": "Oslo"}})"}},
+      {ToolCallFormat::mistral,
+       {R"([TOOL_CALLS][{"name": "now", "arguments": {"x": [1]}}])"},
+       {R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": 1}}])"}},
+      {ToolCallFormat::deepseek_dsml,
+       {"<" + d + "tool_calls>\n<" + d + "invoke name=\"get_weather\">\n<" + d +
+            "parameter name=\"city\" string=\"true\">New York</" + d + "parameter>\n<" + d +
+            "parameter name=\"days\" string=\"false\">3</" + d + "parameter>\n</" + d + "invoke>\n</" + d + "tool_calls>",
+        "<" + d + "tool_calls>\n<" + d + "invoke name=\"now\">\n</" + d + "invoke>\n</" + d + "tool_calls>"},
+       {"<" + d + "tool_calls>\n<" + d + "invoke name=\"get_weather\">\n</" + d + "invoke>\n</" + d + "tool_calls>",
+        "<" + d + "tool_calls>\n<" + d + "invoke name=\"get_weather\">\n<" + d +
+            "parameter name=\"city\" string=\"true\">a<b</" + d + "parameter>\n</" + d + "invoke>\n</" + d + "tool_calls>"}},
+  };
+  for (const Case& c : cases) {
+    auto g = tool_call_grammar(c.format, weather_tools());
+    for (const auto& s : c.good) EXPECT_TRUE(full_match(g, s)) << s;
+    for (const auto& s : c.bad) EXPECT_FALSE(full_match(g, s)) << s;
+  }
+  // DSML writes each parameter alone; its $ref still resolves in the tool's schema.
+  auto refs = tool_call_grammar(ToolCallFormat::deepseek_dsml,
+                                {{"f", "", ojson::parse(R"({"$defs": {"n": {"type": "integer"}},
+                                                           "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["a"]})")}});
+  EXPECT_TRUE(full_match(refs, "<" + d + "tool_calls>\n<" + d + "invoke name=\"f\">\n<" + d +
+                                   "parameter name=\"a\" string=\"false\">12</" + d + "parameter>\n</" + d + "invoke>\n</" + d +
+                                   "tool_calls>"));
+  // An open reasoning block stays free up to its first end marker.
+  auto thinking = tool_call_grammar(ToolCallFormat::hermes, weather_tools(), "</think>");
+  const std::string call = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  EXPECT_TRUE(full_match(thinking, "Hmm, </thin k> <</think</think>\n\n" + call));
+  EXPECT_TRUE(full_match(thinking, "</think>" + call));
+  EXPECT_FALSE(full_match(thinking, "a</think>b" + call));
+  EXPECT_FALSE(full_match(thinking, call));
+  // A named function: the grammar of that tool alone.
+  auto named = tool_call_grammar(ToolCallFormat::hermes, {weather_tools()[1]});
+  EXPECT_FALSE(full_match(named, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a\"}}\n</tool_call>"));
+  EXPECT_THROW(tool_call_grammar(ToolCallFormat::none, weather_tools()), std::invalid_argument);
+  EXPECT_THROW(tool_call_grammar(ToolCallFormat::hermes, {{"f", "", ojson::parse(R"({"properties": {"a": {"pattern": "x"}}})")}}),
+               SchemaError);
+}
+
+// The random model, forced to call a tool: every seed writes a call whose
+// arguments validate against the tool's schema.
+TEST(ToolCallGrammar, RandomModelWritesValidCalls) {
+  LocalEngineConfig c;
+  c.model_path = test::model_path("llama-2-tiny-random.gguf");
+  c.stage.n_ctx = 512;
+  c.stage.n_seq = 4;
+  LocalEngine engine(c, nullptr);
+  engine.wait_loaded();
+  const std::vector<ToolSpec> tools = {
+      weather_tools()[0], {"now", "", ojson::parse(R"({"properties": {"tz": {"type": "string", "maxLength": 4}}})")}};
+  auto grammar = tool_call_grammar(ToolCallFormat::hermes, tools);
+  const auto prompt = engine.model().tokenizer->encode("Call a tool:", true, false);
+  constexpr int kSeeds = 20;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Outcome> out(kSeeds);
+  int finished = 0;
+  for (int seed = 0; seed < kSeeds; ++seed) {
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.sampling = {1.0f, 40, 1.0f, 0.0f, uint64_t(seed)};
+    r.max_tokens = 400;
+    r.grammar = grammar;
+    engine.submit(std::move(r), [&, seed](GenerationEvent&& ev) {
+      std::lock_guard lock(mu);
+      out[size_t(seed)].text += ev.text;
+      if (ev.finish) {
+        out[size_t(seed)].finish = *ev.finish;
+        ++finished;
+        cv.notify_all();
+      }
+    });
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return finished == kSeeds; });
+  const std::string open = "<tool_call>\n", close = "\n</tool_call>";
+  for (const Outcome& o : out) {
+    SCOPED_TRACE(o.text);
+    ASSERT_EQ(o.finish, FinishReason::stop);
+    ASSERT_EQ(o.text.rfind(open, 0), 0u);
+    ASSERT_GE(o.text.size(), open.size() + close.size());
+    ASSERT_EQ(o.text.substr(o.text.size() - close.size()), close);
+    const ojson call = ojson::parse(o.text.substr(open.size(), o.text.size() - open.size() - close.size()), nullptr, false);
+    ASSERT_FALSE(call.is_discarded());
+    const std::string name = call["name"].get<std::string>();
+    ASSERT_TRUE(name == "get_weather" || name == "now");
+    const ojson& params = tools[name == "get_weather" ? 0 : 1].parameters;
+    EXPECT_EQ(test::schema_violation(call["arguments"], params, params), "");
+  }
+}
+
+}  // namespace
+}  // namespace baton
+
+#include <fstream>
+#include <sstream>
+
+#include "engine/jinja_template.h"
+
+namespace baton {
+namespace {
+
+// tool_choice "required" or a named function forces one call in the model's
+// syntax (Qwen 2.5's template: Hermes); "auto" leaves the model free.
+TEST(ToolCallGrammar, ToolChoiceForcesACallThroughTheRequest) {
+  const ModelInfo m = model_for_parsing();
+  std::ifstream in(test::shared_dir() + "/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const JinjaTemplate qwen = JinjaTemplate::parse(ss.str());
+  const std::string tools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}])";
+  auto body = [&](const std::string& choice, const std::string& extra = "") {
+    return R"({"model":"m","messages":[{"role":"user","content":"Weather?"}],"tools":)" + tools +
+           R"(,"tool_choice":)" + choice + extra + "}";
+  };
+  const std::string weather = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+  const std::string now = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  auto completes = [](const ApiRequest& r, const std::string& text) {
+    GrammarMatcher g(r.gen.grammar);
+    return g.advance(text) && g.finished();
+  };
+  const ApiRequest required = parse_chat_request(body(R"("required")"), m, &qwen);
+  ASSERT_NE(required.gen.grammar, nullptr);
+  EXPECT_TRUE(completes(required, weather));
+  EXPECT_TRUE(completes(required, now));
+  EXPECT_FALSE(completes(required, "It is sunny."));
+  const ApiRequest named =
+      parse_chat_request(body(R"({"type": "function", "function": {"name": "now"}})"), m, &qwen);
+  ASSERT_NE(named.gen.grammar, nullptr);
+  EXPECT_TRUE(completes(named, now));
+  EXPECT_FALSE(completes(named, weather));
+  EXPECT_EQ(parse_chat_request(body(R"("auto")"), m, &qwen).gen.grammar, nullptr);
+  try {
+    parse_chat_request(body(R"("required")", R"(,"response_format":{"type":"json_object"})"), m, &qwen);
+    ADD_FAILURE() << "a forced call and a response_format together were accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+  }
+}
+
+}  // namespace
+}  // namespace baton
