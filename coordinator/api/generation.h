@@ -61,10 +61,6 @@ struct GenerationRequest {
   // -1: no logprobs; 0..kMaxTopLogprobs: the chosen token's log-probability
   // plus that many most likely alternatives, from the unfiltered distribution.
   int top_logprobs = -1;
-  // Structured output (docs/GRAMMAR.md): only tokens whose bytes the grammar
-  // accepts are sampled, end-of-generation tokens only once the text is
-  // complete, and the request ends (stop) as soon as nothing can follow.
-  std::shared_ptr<const Grammar> grammar;
   // Control tokens whose text the output carries (a control token's text is
   // otherwise left out): the chat markup a model writes with them, such as
   // Mistral's [TOOL_CALLS], which the chat APIs parse (chat_output_format.h).
