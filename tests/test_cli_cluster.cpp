@@ -264,11 +264,11 @@ TEST(ClusterRun, MemLimitCapsTheStageAndEachWorker) {
 }
 
 // --staging-mb reaches every worker run --workers starts: each reports the
-// ring it loaded with (a report line, whatever the log level).
+// ring it loaded with (an info line: -v).
 TEST(ClusterRun, StagingMbReachesEveryWorker) {
   auto reports = [](std::vector<std::string> extra, const std::string& ring) {
     std::vector<std::string> argv = {test::baton_binary(), "run", "-m", test::model_path("stories260K.gguf"),
-                                     "-p", "Once", "-n", "2", "-t", "1", "--workers", "2"};
+                                     "-p", "Once", "-n", "2", "-t", "1", "--workers", "2", "-v"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     const test::CommandResult r = test::run_command(argv);
     EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -274,14 +274,17 @@ void Worker::on_assign(const net::Assign& a) {
   r.workspace_bytes = p.bytes(PlanLine::Workspace);
   r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.boundary_width = a.has_output ? 0 : uint32_t(stage_->arch().boundary_elems_per_token());
-  // A report, not a log line: whatever the log level, the output says what
-  // the stage loaded and with which staging ring (tests read it). Before
-  // READY, so that it is written when the coordinator says it is ready.
-  // (Not "baton worker: ...", the prefix of the line a failing worker dies with.)
-  std::fprintf(stderr, "baton worker %s: stage %u, layers %s loaded in %.2f s (staging %d x %llu MiB)\n",
-               opt_.name.c_str(), unsigned(a.stage_index),
-               layer_range_text(int(a.layer_first), int(a.layer_last)).c_str(), r.load_seconds,
-               load.slots, static_cast<unsigned long long>(load.slot_bytes >> 20));
+  // What the stage loaded and with which staging ring, at info level (run
+  // keeps its workers to warnings unless -v; serve and worker show it).
+  // Before READY, so that it is written when the coordinator says it is
+  // ready. (Not "baton worker: ...", the prefix of the line a failing worker
+  // dies with.)
+  if (net::log_enabled(net::LogLevel::info)) {
+    std::fprintf(stderr, "baton worker %s: stage %u, layers %s loaded in %.2f s (staging %d x %llu MiB)\n",
+                 opt_.name.c_str(), unsigned(a.stage_index),
+                 layer_range_text(int(a.layer_first), int(a.layer_last)).c_str(), r.load_seconds,
+                 load.slots, static_cast<unsigned long long>(load.slot_bytes >> 20));
+  }
   coord_->send(r);
 }
 

@@ -65,9 +65,6 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   config_.stage.all_logits = false;
   if (config_.queue_capacity < 0) throw std::invalid_argument("the queue capacity must be >= 0");
   if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
-  // The stage plans a batch of at most its context; a step budget beyond it
-  // would build forwards the stage refuses.
-  config_.stage.max_batch = std::min(config_.stage.max_batch, config_.stage.n_ctx);
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
   LoadOptions staging;  // the plan counts the ring the load will use
@@ -76,6 +73,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
   const std::unique_ptr<Arch> arch = Arch::from_gguf(file_);
   n_layer_ = arch->dims().n_layer;
+  // The stage plans a batch of at most its context; a step budget beyond it
+  // would build forwards the stage refuses.
+  config_.stage.max_batch = std::min(config_.stage.max_batch, info_.n_ctx);
   cache_ = PrefixCache(config_.stage.n_seq, {config_.prefix_cache, arch->kv_truncatable()});
   if (config_.prefill_chunk == 0) config_.prefill_chunk = std::min(config_.stage.max_batch, info_.n_ctx);
   config_.prefill_chunk = std::min({config_.prefill_chunk, config_.stage.max_batch, info_.n_ctx});
