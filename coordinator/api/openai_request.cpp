@@ -414,7 +414,17 @@ ChatTools parse_tools(const json& body, const ojson& ordered) {
       }
       if (const json* params = field(*fn, "parameters")) {
         if (!params->is_object()) throw wrong_type(p + ".function.parameters", "an object", *params);
-        spec.parameters = ordered["tools"][i]["function"]["parameters"];
+        // From the ordered body when it has the same shape there, so that the
+        // schema keeps its key order.
+        const ojson* o = ordered.contains("tools") && ordered["tools"].is_array() && i < ordered["tools"].size()
+                             ? &ordered["tools"][i]
+                             : nullptr;
+        if (o && o->is_object() && o->contains("function") && (*o)["function"].is_object() &&
+            (*o)["function"].contains("parameters") && (*o)["function"]["parameters"].is_object()) {
+          spec.parameters = (*o)["function"]["parameters"];
+        } else {
+          spec.parameters = ojson::parse(params->dump());
+        }
       }
       if (const json* strict = field(*fn, "strict"); strict && !strict->is_boolean()) {
         throw wrong_type(p + ".function.strict", "a boolean", *strict);
@@ -535,7 +545,7 @@ std::string render_with_template(const ojson& ordered, const json& body, const J
                                  const ModelInfo& model, const ChatTools& tools) {
   ChatTemplateInput in;
   in.messages = template_messages(ordered.at("messages"));
-  if (tools.active()) in.tools = ordered.at("tools");
+  if (tools.active()) in.tools = ordered.contains("tools") ? ordered["tools"] : ojson::array();
   in.bos_token = chat_bos_text(*model.tokenizer);
   in.eos_token = chat_eos_text(*model.tokenizer);
   if (const json* kw = field(body, "chat_template_kwargs")) {
