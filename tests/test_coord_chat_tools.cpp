@@ -165,6 +165,19 @@ TEST(ChatTools, BadFieldsAreNamed) {
   expect_refused(m, chat_body({{"messages", msgs}}), "messages.[1].tool_calls", "invalid_type");
   expect_refused(m, chat_body({{"messages", {{{"role", "tool"}, {"tool_call_id", 5}, {"content", "x"}}}}}),
                  "messages.[0].tool_call_id", "invalid_type");
+  // A key given twice (the last one counts) is a request like any other.
+  for (const char* dup : {R"("tools":5,"tools":[{"type":"function","function":{"name":"f","parameters":{"a":1}}}])",
+                          R"("tools":[{"type":"function","function":{"name":"f","parameters":{"a":1}}}],"tools":5)"}) {
+    const std::string body =
+        std::string(R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],)") + dup + "}";
+    try {
+      const ApiRequest r = parse_chat_request(body, m);
+      ASSERT_EQ(r.tools.tools.size(), 1u);
+      EXPECT_EQ(r.tools.tools[0].parameters.dump(), R"({"a":1})");
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, "tools") << e.what();
+    }
+  }
   // Without a Jinja template nothing renders tools.
   const ModelInfo bare = stories_info();
   expect_refused(bare, chat_body({{"tools", {kWeatherTool}}}), "tools", "unsupported_parameter");

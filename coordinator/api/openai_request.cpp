@@ -264,7 +264,17 @@ ChatTools parse_tools(const json& body, const ojson& ordered) {
       }
       if (const json* params = field(*fn, "parameters")) {
         if (!params->is_object()) throw wrong_type(p + ".function.parameters", "an object", *params);
-        spec.parameters = ordered["tools"][i]["function"]["parameters"];
+        // From the ordered body when it has the same shape there, so that the
+        // schema keeps its key order.
+        const ojson* o = ordered.contains("tools") && ordered["tools"].is_array() && i < ordered["tools"].size()
+                             ? &ordered["tools"][i]
+                             : nullptr;
+        if (o && o->is_object() && o->contains("function") && (*o)["function"].is_object() &&
+            (*o)["function"].contains("parameters") && (*o)["function"]["parameters"].is_object()) {
+          spec.parameters = (*o)["function"]["parameters"];
+        } else {
+          spec.parameters = ojson::parse(params->dump());
+        }
       }
       if (const json* strict = field(*fn, "strict"); strict && !strict->is_boolean()) {
         throw wrong_type(p + ".function.strict", "a boolean", *strict);
@@ -418,7 +428,7 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   // unless the kwargs decide.
   ChatConversation chat;
   chat.messages = tmpl ? template_messages(ordered.at("messages")) : ordered.at("messages");
-  if (r.tools.active()) chat.tools = ordered.at("tools");
+  if (r.tools.active()) chat.tools = ordered.contains("tools") ? ordered.at("tools") : ojson::array();
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
     chat.kwargs = ordered.at("chat_template_kwargs");
