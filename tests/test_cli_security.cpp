@@ -281,12 +281,14 @@ TEST(SecuritySecrets, ApiKeyNeverAppearsInLogsHealthOrMetrics) {
   test::write_file(dir.file("key"), std::vector<uint8_t>(key.begin(), key.end()));
   Server s({"--api-key-file", dir.file("key")});
   const std::string body = R"({"model":"stories260K","prompt":"Once","max_tokens":2,"temperature":0})";
-  // Good and bad keys, the key where it does not belong (the URL, a wrong
-  // scheme, a header of its own), and requests that fail for other reasons.
+  // Good and bad keys (as a Bearer token or Anthropic's x-api-key), the key
+  // where it does not belong (the URL, a wrong scheme), and requests that
+  // fail for other reasons.
   EXPECT_EQ(status_of(post(s.port, "/v1/completions", body, "Authorization: Bearer " + key + "\r\n")), 200);
   EXPECT_EQ(status_of(post(s.port, "/v1/completions", body, "Authorization: Bearer " + key + "0\r\n")), 401);
   EXPECT_EQ(status_of(post(s.port, "/v1/completions", body, "Authorization: Basic " + key + "\r\n")), 401);
-  EXPECT_EQ(status_of(post(s.port, "/v1/completions", body, "X-Api-Key: " + key + "\r\n")), 401);
+  EXPECT_EQ(status_of(post(s.port, "/v1/completions", body, "X-Api-Key: " + key + "\r\n")), 200);
+  EXPECT_EQ(status_of(post(s.port, "/v1/completions", body, "X-Api-Key: " + key + "0\r\n")), 401);
   EXPECT_EQ(status_of(get(s.port, "/v1/models?key=" + key)), 401);
   EXPECT_EQ(status_of(post(s.port, "/v1/completions", "{bad", "Authorization: Bearer " + key + "\r\n")), 400);
   EXPECT_EQ(status_of(get(s.port, "/nowhere", "Authorization: Bearer " + key + "\r\n")), 404);

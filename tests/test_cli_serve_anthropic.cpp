@@ -28,6 +28,12 @@ const std::string kKey = "sk-test-anthropic";
 
 // A template that renders tools and tool turns (Qwen 3's), so that the
 // stories model takes the whole Messages API.
+// A response's whole prompt: Anthropic counts the tokens computed
+// (input_tokens) apart from those the prefix cache reused.
+int64_t prompt_tokens(const json& usage) {
+  return usage.at("input_tokens").get<int64_t>() + usage.value("cache_read_input_tokens", int64_t(0));
+}
+
 std::string tool_template() { return test::shared_dir() + "/chat_templates/Qwen-Qwen3-0.6B.jinja"; }
 
 // The server most tests share: a key, the tool template, one allowed origin.
@@ -224,7 +230,7 @@ TEST_F(AnthropicServe, ToolsAndToolResultsReachTheTemplate) {
   json count_req = req;
   count_req.erase("max_tokens");
   const int64_t with_tools = post(port(), "/v1/messages/count_tokens", count_req, kAuth).j()["input_tokens"];
-  EXPECT_EQ(r.j()["usage"]["input_tokens"], with_tools);
+  EXPECT_EQ(prompt_tokens(r.j()["usage"]), with_tools);
   count_req.erase("tools");
   count_req.erase("tool_choice");
   const Response without = post(port(), "/v1/messages/count_tokens", count_req, kAuth);
@@ -360,19 +366,19 @@ TEST_F(AnthropicServe, OfficialAnthropicNodeClient) {
   const std::string want = cj["choices"][0]["message"]["content"];
   EXPECT_EQ(out["create"]["text"], want);
   EXPECT_EQ(out["create"]["blocks"], json::array({"text"}));
-  EXPECT_EQ(out["create"]["usage"]["input_tokens"], cj["usage"]["prompt_tokens"]);
+  EXPECT_EQ(prompt_tokens(out["create"]["usage"]), cj["usage"]["prompt_tokens"]);
   EXPECT_EQ(out["create"]["usage"]["output_tokens"], cj["usage"]["completion_tokens"]);
   EXPECT_EQ(out["stream"]["text"], want);
   EXPECT_EQ(out["stream"]["final_text"], want);
   EXPECT_EQ(out["stream"]["stop_reason"], out["create"]["stop_reason"]);
   EXPECT_EQ(out["stream"]["usage"]["output_tokens"], out["create"]["usage"]["output_tokens"]);
-  EXPECT_EQ(out["stream"]["usage"]["input_tokens"], out["create"]["usage"]["input_tokens"]);
+  EXPECT_EQ(prompt_tokens(out["stream"]["usage"]), prompt_tokens(out["create"]["usage"]));
   const json events = out["stream"]["events"];
   EXPECT_EQ(events[0], "message_start");
   EXPECT_EQ(events[1], "content_block_start");  // the SDK hides ping
   EXPECT_EQ(events[events.size() - 3], "content_block_stop");
   EXPECT_EQ(events[events.size() - 2], "message_delta");
-  EXPECT_EQ(out["count_tokens"], out["create"]["usage"]["input_tokens"]);
+  EXPECT_EQ(out["count_tokens"], prompt_tokens(out["create"]["usage"]));
   ASSERT_TRUE(out.contains("stop")) << "the greedy text has fewer than two words: " << want;
   EXPECT_EQ(out["stop"]["stop_reason"], "stop_sequence");
   EXPECT_EQ(out["stop"]["stop_sequence"], out["stop"]["sequence"]);

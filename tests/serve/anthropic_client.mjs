@@ -110,7 +110,8 @@ async function main() {
   check(answer.type === "message", "tool round trip answered");
   out.tools = {
     stop_reason: answer.stop_reason,
-    input_tokens: answer.usage.input_tokens,
+    // The whole prompt: what was computed plus what the prefix cache reused.
+    input_tokens: answer.usage.input_tokens + (answer.usage.cache_read_input_tokens ?? 0),
     count_with_tools: (await client.messages.countTokens({ model: a.model, tools, messages: history })).input_tokens,
     count_without_tools: (await client.messages.countTokens({ model: a.model, messages: history })).input_tokens,
   };
