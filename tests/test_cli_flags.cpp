@@ -163,10 +163,23 @@ TEST(CliFlags, RunErrorsNameTheFileAndASplitPartSaysWhatToRun) {
   expect_error(baton({"run", dir.file("junk.gguf"), "--workers", "2"}), "run", dir.file("junk.gguf") + ": not a GGUF file");
   const auto bench = baton({"bench", dir.file("junk.gguf"), "--backend", "cpu"});
   expect_error(bench, "bench", dir.file("junk.gguf") + ": not a GGUF file");
+  expect_error(baton({"plan", dir.file("junk.gguf"), "--nodes", "8GiB", "--ctx", "512"}), "plan",
+               dir.file("junk.gguf") + ": not a GGUF file");
+  expect_error(baton({"logits", "-m", dir.file("junk.gguf"), "--tokens", "1,2", "-o", dir.file("l.npy")}), "logits",
+               dir.file("junk.gguf") + ": not a GGUF file");
+  // serve says which backend it took first; its error is the last line.
+  for (std::vector<std::string> extra : {std::vector<std::string>{}, {"--workers", "2"}}) {
+    std::vector<std::string> argv = {"serve", dir.file("junk.gguf"), "--port", "0", "--backend", "cpu"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto serve = baton(argv);
+    EXPECT_EQ(serve.exit_code, 1) << serve.err;
+    EXPECT_NE(serve.err.find("baton serve: " + dir.file("junk.gguf") + ": not a GGUF file"), std::string::npos)
+        << serve.err;
+  }
   const auto split = baton({"split", stories(), "--layers", "0:2,3:output", "-o", dir.path().string()});
   ASSERT_EQ(split.exit_code, 0) << split.err;
   const std::string part = dir.file("stories260K-part1-of-2-layers-0-2.gguf");
-  expect_error(baton({"run", "-m", part, "-n", "1"}), "run", part + ": this is a split part (1 of 2, layers 0..2): use --parts");
+  expect_error(baton({"run", "-m", part, "-n", "1"}), "run", part + ": this is a split part (1 of 2, layers 0:2): use --parts");
 }
 
 TEST(CliFlags, WorkersLogWarningsOnlyUnlessVerbose) {

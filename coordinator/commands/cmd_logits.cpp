@@ -98,7 +98,7 @@ using RowSink = std::function<void(std::span<const float>)>;  // rows of n_vocab
 // The whole model in this process, in forwards of up to `batch` tokens.
 void local_rows(const std::string& model, const std::vector<int32_t>& ids, Backend backend, int n_threads,
                 int64_t batch, bool lsm, const RowSink& sink) {
-  GgufFile file = GgufFile::open(model);
+  GgufFile file = about_file(model, [&] { return GgufFile::open(model); });
   StageConfig sc;
   sc.n_ctx = int64_t(ids.size());
   sc.n_threads = n_threads;
@@ -131,7 +131,7 @@ void local_rows(const std::string& model, const std::vector<int32_t>& ids, Backe
 void pipeline_rows(const std::string& model, const std::vector<int32_t>& ids, Backend backend, int workers,
                    int n_threads, const RowSink& sink) {
   const std::string path = std::filesystem::absolute(model).string();
-  GgufFile file = GgufFile::open(path);
+  GgufFile file = about_file(model, [&] { return GgufFile::open(path); });
   const ModelPlanner planner(file);
   const int64_t V = Arch::from_gguf(file)->dims().n_vocab;
   if (V > int64_t(net::kMaxTopLogprobs)) {
@@ -229,7 +229,7 @@ int cmd_logits(int argc, char** argv) {
   // Created exclusively beside `out` and renamed when complete; removed if
   // anything throws.
   TempFile file(out);
-  const size_t V = size_t(Arch::from_gguf(GgufFile::open(model))->dims().n_vocab);
+  const size_t V = size_t(Arch::from_gguf(about_file(model, [&] { return GgufFile::open(model); }))->dims().n_vocab);
   size_t n_rows = 0;
   if (npy) {
     const std::string h = npy_header(ids.size(), V);

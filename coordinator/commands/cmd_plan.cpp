@@ -162,7 +162,8 @@ int cmd_plan(int argc, char** argv) {
   if (staging_mb < 1 || staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   req.staging_slot_bytes = staging_mb << 20;
   if (parse_only()) return 0;
-  const ModelFiles files = ModelFiles::open(model);  // one file or a llama.cpp shard set
+  // One file or a llama.cpp shard set.
+  const ModelFiles files = about_file(model, [&] { return ModelFiles::open(model); });
   ModelPlanner planner(files);
   p = place_layers(planner, nodes, req);
 

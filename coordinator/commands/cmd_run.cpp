@@ -32,6 +32,7 @@
 #include "engine/node_plan.h"
 #include "engine/backend.h"
 #include "engine/command_error.h"
+#include "engine/layer_range_text.h"
 #include "engine/gguf.h"
 #include "engine/sampler.h"
 #include "engine/stage.h"
@@ -128,8 +129,8 @@ void refuse_split_part(const GgufFile& f, const std::string& path) {
   const std::optional<PartInfo> part = about_file(path, [&] { return read_part_info(f); });
   if (!part || part->count <= 1) return;
   throw std::runtime_error(path + ": this is a split part (" + std::to_string(part->index + 1) + " of " +
-                           std::to_string(part->count) + ", layers " + std::to_string(part->range.first) + ".." +
-                           std::to_string(part->range.last) + "): use --parts with all " +
+                           std::to_string(part->count) + ", layers " + layer_range_text(part->range.first, part->range.last) +
+                           "): use --parts with all " +
                            std::to_string(part->count) + " parts, or the model it was split from");
 }
 

@@ -420,7 +420,7 @@ int serve(const ServeOptions& opt) {
     cc.prefix_cache = opt.engine.prefix_cache;
     // The model's file is checked before any worker starts.
     {
-      GgufFile check = GgufFile::open(opt.model);
+      GgufFile check = about_file(opt.model, [&] { return GgufFile::open(opt.model); });
       const int n_layer = Arch::from_gguf(check)->dims().n_layer;
       if (opt.workers > n_layer) {
         throw std::invalid_argument(std::to_string(opt.workers) + " workers for " + std::to_string(n_layer) +
@@ -455,7 +455,7 @@ int serve(const ServeOptions& opt) {
     std::fprintf(stderr, "baton serve: %s on %d %s workers (%s)\n", opt.model.c_str(), opt.workers,
                  opt.remote ? "remote" : "local", chat_family_name(service->model().chat_family));
   } else {
-    local_engine = std::make_unique<LocalEngine>(engine_config, &metrics);
+    local_engine = about_file(opt.model, [&] { return std::make_unique<LocalEngine>(engine_config, &metrics); });
     service = local_engine.get();
     wait_loaded = [&] { local_engine->wait_loaded(); };
     stop_engine = [&] { local_engine->shutdown(); };
