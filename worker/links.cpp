@@ -116,7 +116,10 @@ void Worker::connect_next(const std::string& address, net::LinkKind kind) {
         if (std::holds_alternative<net::LinkAck>(m)) enqueue({std::move(m), nullptr, gen});
       },
       [this, gen = next_gen_.load()](std::error_code, const std::string& reason) {
-        net::log(net::LogLevel::warn, opt_.name + ": the link to the next stage closed: " + reason);
+        // Info, not a warning: at a normal end the next stage may close
+        // before this one reads its own SHUTDOWN, and a real failure is
+        // reported by the coordinator, which hears of it too.
+        net::log(net::LogLevel::info, opt_.name + ": the link to the next stage closed: " + reason);
         // A dead peer never completes an NCCL transfer: fail it now
         // rather than at the watchdog's deadline.
         std::lock_guard lock(mu_);
