@@ -22,7 +22,8 @@ StageConfig Stage::resolve(const Arch& arch, StageConfig c) {
   if (c.n_seq < 1) throw std::invalid_argument(fmt::format("need at least one sequence slot, got {}", c.n_seq));
   if (c.max_batch < 1) throw std::invalid_argument(fmt::format("max batch must be >= 1, got {}", c.max_batch));
   if (c.n_threads < 1) throw std::invalid_argument(fmt::format("thread count must be >= 1, got {}", c.n_threads));
-  c.max_batch = std::min(c.max_batch, c.n_ctx);
+  // A batch holds at most one chunk per sequence, each within the context.
+  c.max_batch = std::min(c.max_batch, c.n_ctx * c.n_seq);
   return c;
 }
 

@@ -5,8 +5,8 @@
 // logits are compared at every position (prefill: cuBLAS GEMMs and grouped
 // experts), then token-by-token decode (the captured graph), a 5-token
 // batch (matvec and moe_decode), two stages passing the HC state, a Q4 file,
-// a file whose expert types differ by layer, and greedy tokens through the
-// backend seam. The plan test runs without a
+// a file whose expert types differ by layer, a batch of 12 sequences, and
+// greedy tokens through the backend seam. The plan test runs without a
 // GPU; the rest skip.
 //
 // Tolerance, per logit row, relative to its max |logit|: the CPU is exact
@@ -252,6 +252,60 @@ TEST(CudaDs4Stage, TwoStagesEqualWhole) {
   std::printf("two stages vs whole: max rel err %.3g\n", worst);
   // The same kernels on the same data: only launch shapes could differ.
   EXPECT_LT(worst, 1e-5);
+}
+
+// A batch of several sequences in one forward (enqueue_batch): prompt
+// chunks of different lengths beside single decode tokens, sequences that
+// start late, a chunk that asks for no logits, then decode-only batches of
+// 12 rows (small_matmul, experts per pair) and 5 rows (the matvecs). Each
+// output row against the CPU running that sequence alone.
+TEST(CudaDs4Stage, BatchOfSequencesMatchesCpu) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  const GgufFile f = GgufFile::open(write_tiny(dir, "q2", seed));
+  constexpr int kSeqs = 12;
+  StageConfig c = config(128, false);
+  c.n_seq = kSeqs;
+  Stage cpu(f, c);
+  CudaDs4Stage gpu(f, c);
+  ASSERT_TRUE(gpu.batches());
+  const int64_t V = cpu.n_vocab();
+  std::mt19937_64 rng(seed + 5);
+  RowErrors err;
+  int steps = 0;
+  // lengths[s]: the tokens sequence s takes this step (0: not in the batch);
+  // quiet: a sequence whose chunk asks for no logits.
+  auto step = [&](const std::vector<int64_t>& lengths, int quiet) {
+    std::vector<BatchChunk> chunks;
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> want;
+    for (int sq = 0; sq < kSeqs; ++sq) {
+      if (lengths[size_t(sq)] == 0) continue;
+      const auto t = random_tokens(rng(), size_t(lengths[size_t(sq)]), V);
+      chunks.push_back({sq, lengths[size_t(sq)], sq != quiet});
+      tokens.insert(tokens.end(), t.begin(), t.end());
+      const auto l = cpu.forward(sq, t);
+      if (sq != quiet) want.emplace_back(l.begin(), l.end());
+    }
+    const auto got = gpu.forward_batch(chunks, tokens);
+    ASSERT_EQ(got.size(), want.size() * size_t(V));
+    for (size_t i = 0; i < want.size(); ++i) err.add(rel_err(got.subspan(i * size_t(V), size_t(V)), want[i]));
+    ++steps;
+  };
+  // 86 rows: two long prompts (tensor-core attention), short ones, and
+  // sequence 2's chunk without logits.
+  step({40, 17, 5, 1, 3, 2, 9, 1, 1, 4, 2, 1}, 2);
+  // 14 rows: sequence 2's next 3 tokens beside 11 decode tokens.
+  step({1, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1}, -1);
+  for (int i = 0; i < 3; ++i) step(std::vector<int64_t>(kSeqs, 1), -1);  // 12 decode rows
+  for (int i = 0; i < 3; ++i) step({1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0}, -1);  // 5 decode rows
+  err.report("batch of sequences");
+  EXPECT_LT(err.quantile(0.5), kTypical);
+  EXPECT_LE(err.over(kOutlier), 0.15);
+  for (int sq = 0; sq < kSeqs; ++sq) EXPECT_EQ(gpu.position(sq), cpu.position(sq)) << "sequence " << sq;
+  EXPECT_EQ(steps, 8);
 }
 
 // Greedy tokens through the backend seam (what `baton run` uses): the CUDA

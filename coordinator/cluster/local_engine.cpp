@@ -73,9 +73,10 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
   const std::unique_ptr<Arch> arch = Arch::from_gguf(file_);
   n_layer_ = arch->dims().n_layer;
-  // The stage plans a batch of at most its context; a step budget beyond it
-  // would build forwards the stage refuses.
-  config_.stage.max_batch = std::min(config_.stage.max_batch, info_.n_ctx);
+  // The stage plans a batch of at most a context per sequence
+  // (Stage::resolve); a step budget beyond it would build forwards the stage
+  // refuses. One prompt's chunk stays within the context.
+  config_.stage.max_batch = std::min(config_.stage.max_batch, info_.n_ctx * config_.stage.n_seq);
   cache_ = PrefixCache(config_.stage.n_seq, {config_.prefix_cache, arch->kv_truncatable()});
   if (config_.prefill_chunk == 0) config_.prefill_chunk = std::min(config_.stage.max_batch, info_.n_ctx);
   config_.prefill_chunk = std::min({config_.prefill_chunk, config_.stage.max_batch, info_.n_ctx});

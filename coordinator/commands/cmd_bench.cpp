@@ -12,6 +12,10 @@
 // token, the head once per chunk, and attention's q.k and p.v products over
 // the visible positions; compare it with bf16_tflops, a dense bf16 cuBLAS
 // GEMM measured in the same run.
+//
+// --parallel N,M,...: afterwards N sequences decode together, every step one
+// forward of N rows (forward_batch_greedy, as `baton serve` steps them), and
+// the aggregate decode rate per N goes to stderr.
 #include <boost/program_options.hpp>
 
 #include <fmt/format.h>
@@ -69,13 +73,14 @@ struct BenchOptions {
   bool load_only = false;
   bool no_pdl = false;
   bool profile = false;
+  std::vector<int64_t> parallel;  // sequence counts decoding together
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::optional<BenchOptions> parse(int argc, char** argv) {
   BenchOptions o;
-  std::string backend = "auto", mem_limit;
+  std::string backend = "auto", mem_limit, parallel;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description desc(
       "usage: baton bench [-m] MODEL [options]\n\n"
@@ -112,6 +117,10 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
       ("profile", po::bool_switch(&o.profile),
        "CUDA: per-kernel tables of a decode step on stderr, node by node and each kernel's marginal cost in the "
        "replay (and for deepseek4 the GPU time per prefill phase)")
+      ("parallel", po::value<std::string>(&parallel),
+       "comma list of sequence counts: after the single-stream rows, N sequences with a prompt of ctx-start "
+       "tokens each decode --gen-tokens steps together, one forward of N rows per step; prints their aggregate "
+       "decode tok/s")
       ("load-only", po::bool_switch(&o.load_only), "measure the ceilings and the load, then exit (no prefill or decode)")
       ("mem-limit", po::value<std::string>(&mem_limit),
        "most memory the stage's plan may use (device lines with --backend cuda), e.g. 128GB: refused before "
@@ -130,6 +139,24 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   if (o.batch < 1) throw std::invalid_argument("--batch must be >= 1");
   if (o.staging_mb < 1 || o.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   if (o.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (!parallel.empty()) {
+    for (size_t at = 0; at <= parallel.size();) {
+      const size_t end = std::min(parallel.find(',', at), parallel.size());
+      const std::string item = parallel.substr(at, end - at);
+      size_t used = 0;
+      int64_t n = 0;
+      try {
+        n = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != item.size() || n < 1 || n > 1024) {
+        throw std::invalid_argument("--parallel takes a comma list of sequence counts in 1..1024, got '" + parallel + "'");
+      }
+      o.parallel.push_back(n);
+      at = end + 1;
+    }
+  }
   if (!mem_limit.empty()) o.mem_limit = parse_size(mem_limit);
   return o;
 }
@@ -204,6 +231,7 @@ int bench(const BenchOptions& o) {
   sc.n_ctx = o.ctx_max + o.gen_tokens;
   sc.max_batch = std::min(o.batch, sc.n_ctx);
   sc.n_threads = o.n_threads;
+  for (int64_t n : o.parallel) sc.n_seq = std::max(sc.n_seq, int(n));
   if (const std::optional<PartInfo> part = read_part_info(file)) {
     sc.first_layer = part->range.first;
     sc.last_layer = part->range.last;
@@ -339,6 +367,30 @@ int bench(const BenchOptions& o) {
                  ceil.bf16_flops_per_s > 0 ? 100.0 * row.prefill_tflops * 1e12 / ceil.bf16_flops_per_s : 0.0,
                  ceil.bf16_flops_per_s / 1e12, row.gen_tps, row.gen_gbps, row.roofline_pct,
                  ceil.copy_bytes_per_s / 1e9);
+  }
+
+  // N sequences at once: each prefilled alone, then decode steps of N rows.
+  for (const int64_t n_par : o.parallel) {
+    std::vector<int32_t> next(static_cast<size_t>(n_par));
+    for (int64_t q = 0; q < n_par; ++q) {
+      r.reset(int(q));
+      const auto prompt = random_prompt(o.ctx_start);
+      for (size_t at = 0; at < prompt.size(); at += size_t(r.max_batch())) {
+        const size_t n = std::min(prompt.size() - at, size_t(r.max_batch()));
+        next[size_t(q)] = r.forward_greedy(int(q), std::span<const int32_t>(prompt.data() + at, n));
+      }
+    }
+    std::vector<BatchChunk> chunks;
+    for (int64_t q = 0; q < n_par; ++q) chunks.push_back({int(q), 1, true});
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < o.gen_tokens; ++i) {
+      const std::span<const int32_t> ids = r.forward_batch_greedy(chunks, next);
+      std::copy(ids.begin(), ids.end(), next.begin());
+    }
+    const double tg = seconds_since(t0);
+    std::fprintf(stderr, "parallel %lld at ctx %lld: decode %.1f tok/s aggregate (%.1f per sequence), %.2f ms a step\n",
+                 (long long)n_par, (long long)o.ctx_start, double(n_par * o.gen_tokens) / tg, double(o.gen_tokens) / tg,
+                 1e3 * tg / double(o.gen_tokens));
   }
 
   if (o.csv) {

@@ -15,6 +15,8 @@
 #include "engine/kv_cache.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_small.cuh"
+#include "kernels/cuda/moe_xq.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/sampling.cuh"
 
@@ -46,6 +48,7 @@ CudaDs4Stage::Mat make_mat(const Tensor& t) {
     throw std::runtime_error(fmt::format("tensor {} cannot run on the CUDA backend: {}", t.name, e.what()));
   }
   m.xq = cuda::matvec_xq_supported(t.type) && t.ne[0] % 32 == 0;
+  m.small = cuda::small_matmul_supported(m.w);
   return m;
 }
 
@@ -182,7 +185,8 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   L.HC = s.hc_width();
   L.MIX = s.hc_mix();
   L.B = c.max_batch;
-  L.LR = c.head ? (c.all_logits ? c.max_batch : 1) : 0;
+  // Logit rows: one per sequence of a batch (or every token's, all_logits).
+  L.LR = c.head ? std::max<int64_t>(c.all_logits ? c.max_batch : 1, std::min<int64_t>(c.max_batch, c.n_seq)) : 0;
   L.V = s.n_vocab;
   L.H = s.n_head;
   L.hd = s.head_dim;
@@ -199,6 +203,7 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   L.score_stride = (c.n_ctx + Deepseek4Shape::kIndexedRatio - 1) / Deepseek4Shape::kIndexedRatio;
   const uint64_t B = uint64_t(L.B), f = 4;
   const int64_t small = std::min<int64_t>(L.B, cuda::kMatvecMaxTokens);
+  const int64_t pair_rows = std::min<int64_t>(L.B, kMoePairRows);
 
   uint64_t at = 0;
   auto take = [&](uint64_t bytes) {
@@ -211,11 +216,13 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   L.mix = take(B * L.MIX * f);
   L.h = take(B * L.E * f);
   L.y = take(B * L.E * f);
-  L.params = take((3 * B + 1) * 4);
+  L.batch_params = 2 * L.B + 1;
+  L.params = take((3 * B + 1 + uint64_t(L.batch_params)) * 4);
   L.freqs_main = take(uint64_t(s.rope_dim / 2) * f);
   L.freqs_comp = take(uint64_t(s.rope_dim / 2) * f);
-  L.xq_bytes = std::max(uint64_t(small) * cuda::xq_row_bytes(align_up(std::max({L.E, L.QR, L.G * L.OR, L.SF}), 32)),
-                        uint64_t(L.G) * cuda::xq_row_bytes(align_up(L.HD / L.G, 32)));
+  L.xq_bytes = std::max({uint64_t(small) * cuda::xq_row_bytes(align_up(std::max({L.E, L.QR, L.G * L.OR, L.SF}), 32)),
+                         uint64_t(L.G) * cuda::xq_row_bytes(align_up(L.HD / L.G, 32)),
+                         uint64_t(pair_rows) * cuda::xq_row_bytes(align_up(L.E, 32))});  // the experts' input
   L.xq = take(L.xq_bytes);
   // Attention and MoE phases share one region (each is done before the next
   // starts); the head's logits come after both.
@@ -253,7 +260,10 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   L.sorted = take(B * L.K * 4);
   L.slot_of = take(B * L.K * 4);
   for (const auto& l : w.layers) {
-    L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_decode_workspace_bytes(l.moe, small, L.K));
+    L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_decode_workspace_bytes(l.moe, pair_rows, L.K));
+    if (cuda::moe_xq_supported(l.moe)) {
+      L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_xq_workspace_bytes(l.moe, pair_rows, L.K));
+    }
     if (L.B > cuda::kMatvecMaxTokens) {
       L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_prefill_workspace_bytes(l.moe, L.B, L.K));
     }
@@ -262,12 +272,18 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   const uint64_t moe_end = at;
   at = std::max(attention_end, moe_end);
   L.logits = take(uint64_t(L.LR) * L.V * f);
+  L.head_in = take(uint64_t(L.LR) * L.HC * f);
   L.argmax = take(uint64_t(std::max<int64_t>(L.LR, 1)) * 4);
   L.argmax_ws_bytes = cuda::argmax_workspace_bytes(L.LR);
   L.argmax_ws = take(L.argmax_ws_bytes);
   // Prefill GEMMs: x rounded to 16 bits plus a dequantized F16 tile.
   auto need = [&](const Mat& m, int64_t n) {
     if (!m.w.data || n <= cuda::kMatvecMaxTokens) return;
+    if (m.small) {
+      L.mm_bytes = std::max<uint64_t>(
+          L.mm_bytes, cuda::small_matmul_workspace_bytes(m.w.rows, m.w.cols, std::min(n, cuda::kSmallMatmulMaxTokens)));
+      if (n <= cuda::kSmallMatmulMaxTokens) return;
+    }
     const uint64_t row = uint64_t(m.w.cols) * 2;
     const int64_t cap = std::max<int64_t>(64, int64_t(kMaxTileBytes / row) / 64 * 64);
     L.mm_bytes = std::max<uint64_t>(L.mm_bytes,
@@ -293,7 +309,7 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
     h = align_up(h + bytes, kPlanAlignment);
     return off;
   };
-  L.h_params = take_h((3 * B + 1) * 4);
+  L.h_params = take_h((3 * B + 1 + uint64_t(L.batch_params)) * 4);
   L.h_ids = take_h(uint64_t(std::max<int64_t>(L.LR, 1)) * 4);
   L.h_offsets = take_h(uint64_t(L.NE + 1) * 4);
   L.h_out = take_h((c.head ? uint64_t(L.LR) * L.V : B * L.HC) * f);
@@ -416,6 +432,8 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   SharedLayout shared = shared_of(*layout_, layout_->HC);
   shared.negated_positions = true;  // for the inverse rotation of V (ds4_attention's rope_pos)
   shared.input_in_forward = true;
+  shared.batch_params = layout_->batch_params;
+  shared.batch_graphs = false;  // the per-sequence kernels take their streams by host pointer
   open_device(f, wl, shared, load);
   side_ = make_stage_stream();
   fork_ = make_stage_event();

@@ -14,6 +14,13 @@
 // (moe_prefill), which needs the group sizes on the host: one synchronisation
 // per layer.
 //
+// A batch of several sequences (enqueue_batch) runs every row-wise step
+// (HC, projections, router, experts, head) once over all rows; the steps
+// that read or write a sequence's own streams (compressors, indexer,
+// attention, the window ring) run chunk by chunk against that sequence's
+// cache. Those kernels take the cache by pointer, so a batch is queued every
+// step rather than replayed from a graph.
+//
 // Stage boundary: the whole hyper-connection state, n_hc * n_embd floats per
 // token. The forward copies the host input rows into the HC state itself,
 // inside the decode graph, so this stage has no device boundary rows. Only
@@ -23,6 +30,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <vector>
 
 #include "engine/arch_deepseek4.h"
 #include "engine/backend.h"
@@ -52,10 +60,20 @@ class CudaDs4Stage final : public CudaStageBase {
   // graph: capturing the decode graph, where positions come from device
   // memory and pos0 is ignored.
   void enqueue(int seq, int64_t n, int64_t pos0, bool graph) override;
-  void attention(int seq, int layer, int64_t n, int64_t pos0, bool graph);
+  // A batch's chunks from the pinned step parameters, then the forward.
+  void enqueue_batch(int64_t n, int64_t n_out, bool graph) override;
+  // One sequence's rows of a forward: rows [r0, r0 + n) at positions pos0...
+  struct Chunk {
+    int seq = 0;
+    int64_t r0 = 0, n = 0, pos0 = 0;
+  };
+  // The forward of n rows made of `chunks`; batch: the head computes the
+  // logits of the n_out rows the step parameters name (out_rows).
+  void run_forward(const std::vector<Chunk>& chunks, int64_t n, int64_t n_out, bool batch, bool graph);
+  void attention(const std::vector<Chunk>& chunks, int layer, int64_t n, bool graph);
   // Returns the shared expert's output when it is left for the HC-post to add.
   const float* moe(int layer, int64_t n);
-  void head(int64_t n);
+  void head(int64_t n, int64_t n_out, bool batch);
   // x: n rows of floats; xq: the same rows quantized for matvec_xq, or null.
   void project(const Mat& m, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
                int64_t out_stride);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,7 @@
 #include "kernels/cuda/ds4_router.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_small.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/moe_xq.cuh"
@@ -83,7 +85,8 @@ struct PhaseTimer {
     phase[used] = p;
     BATON_CUDA_CHECK(cudaEventRecord(ev[used++], st));
   }
-  void report(cudaStream_t st, int64_t n) {
+  // queued_ms: the host's time to queue the forward (launch overhead).
+  void report(cudaStream_t st, int64_t n, double queued_ms) {
     BATON_CUDA_CHECK(cudaStreamSynchronize(st));
     double ms[kPhases] = {}, total = 0;
     for (size_t i = 1; i < used; ++i) {
@@ -91,7 +94,7 @@ struct PhaseTimer {
       BATON_CUDA_CHECK(cudaEventElapsedTime(&t, ev[i - 1], ev[i]));
       ms[phase[i]] += t, total += t;
     }
-    std::string line = fmt::format("ds4 prefill of {} tokens: {:.1f} ms;", n, total);
+    std::string line = fmt::format("ds4 forward of {} rows: {:.1f} ms (queued in {:.1f} ms);", n, total, queued_ms);
     for (int p = 0; p < kPhases; ++p) line += fmt::format(" {} {:.1f}", kPhaseNames[p], ms[p]);
     std::fprintf(stderr, "%s\n", line.c_str());
     used = 0;
@@ -102,8 +105,11 @@ PhaseTimer& timer() {
   t.on = stage_profiling();
   return t;
 }
-void mark(cudaStream_t st, int64_t n, int p) {
-  if (n > cuda::kMatvecMaxTokens && timer().on) timer().mark(st, p);
+// Whether this forward is timed: prefill forwards and batches of several
+// sequences (set by run_forward; the stage's thread only).
+thread_local bool t_timed = false;
+void mark(cudaStream_t st, int p) {
+  if (t_timed) timer().mark(st, p);
 }
 
 }  // namespace
@@ -115,6 +121,10 @@ void CudaDs4Stage::project(const Mat& m, const float* x, const void* xq, int64_t
     cuda::matvec_xq(m.w, xq, n, out, out_stride, stream_.get());
   } else if (n <= cuda::kMatvecMaxTokens) {
     cuda::matvec(m.w, x, n, x_stride, out, out_stride, stream_.get());
+  } else if (m.small && n <= cuda::kSmallMatmulMaxTokens) {
+    // A batch of 9..64 rows (several sequences' decode tokens): W read once,
+    // no F16 copy of it.
+    cuda::small_matmul(m.w, x, n, x_stride, out, out_stride, workspace_.data() + L.mm, L.mm_bytes, stream_.get());
   } else {
     cuda::matmul(cublas_.get(), m.w, x, n, x_stride, out, out_stride, workspace_.data() + L.mm, L.mm_bytes,
                  stream_.get());
@@ -131,6 +141,29 @@ const void* CudaDs4Stage::quantize_for(std::initializer_list<const Mat*> mats, c
 }
 
 void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
+  run_forward({Chunk{seq, 0, n, pos0}}, n, config_.all_logits ? n : 1, /*batch=*/false, graph);
+}
+
+void CudaDs4Stage::enqueue_batch(int64_t n, int64_t n_out, bool graph) {
+  if (graph) throw std::logic_error("the deepseek4 CUDA stage queues its batches; it has no batch graphs");
+  // The rows run_batch() put in the pinned parameters: tokens[B],
+  // positions[B], -positions[B], pos0, seqs[B], ...; a sequence's rows are
+  // adjacent and in position order.
+  const int64_t B = layout_->B;
+  const int32_t* hp = reinterpret_cast<const int32_t*>(io_.data() + layout_->h_params);
+  const int32_t* pos = hp + B;
+  const int32_t* seqs = hp + 3 * B + 1;
+  std::vector<Chunk> chunks;
+  for (int64_t r = 0; r < n; ++r) {
+    if (chunks.empty() || chunks.back().seq != seqs[r]) chunks.push_back(Chunk{seqs[r], r, 0, pos[r]});
+    ++chunks.back().n;
+  }
+  run_forward(chunks, n, n_out, /*batch=*/true, graph);
+}
+
+void CudaDs4Stage::run_forward(const std::vector<Chunk>& chunks, int64_t n, int64_t n_out, bool batch, bool graph) {
+  t_timed = timer().on && !graph && (n > cuda::kMatvecMaxTokens || batch);
+  const auto queue_start = std::chrono::steady_clock::now();
   const Layout& L = *layout_;
   const Deepseek4Shape& s = ds4_->shape();
   const Weights& W = *w_;
@@ -184,32 +217,34 @@ void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
   auto join_comb = [&](bool forked) {
     if (forked) BATON_CUDA_CHECK(cudaStreamWaitEvent(st, join_.get(), 0));
   };
-  mark(st, n, kHead);
+  mark(st, kHead);
   for (int l = config_.first_layer; l <= config_.last_layer; ++l) {
     const Weights::Layer& w = W.layers[size_t(l - config_.first_layer)];
     const bool forked_a = hc_pre(w, 0);
-    mark(st, n, kHc);
-    attention(seq, l, n, pos0, graph);
+    mark(st, kHc);
+    attention(chunks, l, n, graph);
     join_comb(forked_a);
     cuda::ds4_hc_post(hs, x, f(L.y), mix, n, x, st);
     const bool forked_f = hc_pre(w, 1);
-    mark(st, n, kHc);
+    mark(st, kHc);
     const float* shared = moe(l, n);  // the shared expert's output when not yet added
-    mark(st, n, kShared);
+    mark(st, kShared);
     join_comb(forked_f);
     if (shared) {
       cuda::ds4_hc_post_add(hs, x, f(L.moe_out), shared, mix, n, x, st);
     } else {
       cuda::ds4_hc_post(hs, x, f(L.moe_out), mix, n, x, st);
     }
-    mark(st, n, kHc);
+    mark(st, kHc);
   }
-  if (config_.head) head(n);
-  mark(st, n, kHead);
-  if (n > cuda::kMatvecMaxTokens && timer().on) timer().report(st, n);
+  if (config_.head) head(n, n_out, batch);
+  mark(st, kHead);
+  if (t_timed) {
+    timer().report(st, n, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - queue_start).count());
+  }
 }
 
-void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph) {
+void CudaDs4Stage::attention(const std::vector<Chunk>& chunks, int l, int64_t n, bool graph) {
   const Layout& L = *layout_;
   const Deepseek4Shape& s = ds4_->shape();
   const Weights::Layer& w = w_->layers[size_t(l - config_.first_layer)];
@@ -219,10 +254,12 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   const int32_t* d_pos = reinterpret_cast<const int32_t*>(ws + L.params) + L.B;
   const int32_t* d_neg = d_pos + L.B;
   const int32_t* d_pos0 = d_pos + 2 * L.B;
-  // In a decode graph the kernels read the position from d_pos0; the host
-  // value is the largest it can be, which sizes their grids.
+  // In a decode graph (one sequence) the kernels read the position from
+  // d_pos0; the host value is the largest it can be, which sizes their grids.
   const int32_t* P = graph ? d_pos0 : nullptr;
-  const int64_t bound = graph ? config_.n_ctx - n : pos0;
+  auto bound_of = [&](const Chunk& c) { return graph ? config_.n_ctx - c.n : c.pos0; };
+  // One sequence's single token: the norm + RoPE launch stores its window row.
+  const bool single = chunks.size() == 1 && n == 1;
   const float eps = float(s.rms_eps);
   const int64_t E = L.E, hd = L.hd, HD = L.HD, QR = L.QR, rd = s.rope_dim;
   const float* freqs = f(w.ratio > 0 ? L.freqs_comp : L.freqs_main);
@@ -272,7 +309,6 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     cuda::rmsnorm(q_lat, QR, w.qa_norm, q_lat, QR, n, QR, eps, st);
   }
   project(w.qb, q_lat, xl, n, QR, q, HD);
-  float* ring = kv_stream(l, seq, A::kWindow);
   const int64_t window = layout_->kv[size_t(l - config_.first_layer)].rows[A::kWindow];
   const bool fuse = n <= cuda::kMatvecMaxTokens;  // decode: norm + RoPE in one launch
   if (fuse) {
@@ -282,7 +318,7 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     cuda::Ds4NormRopeRows qr, kr;
     qr.x = q, qr.token_stride = HD, qr.n_heads = int(L.H);
     kr.x = kv_new, kr.token_stride = hd, kr.n_heads = 1, kr.w = w.kv_norm;
-    if (n == 1) kr.ring = ring, kr.window = window;
+    if (single) kr.ring = kv_stream(l, chunks[0].seq, A::kWindow), kr.window = window;
     cuda::ds4_norm_rope2(qr, kr, n, int(hd), int(rd), eps, d_pos, freqs, st);
   } else {
     cuda::rmsnorm(q, hd, nullptr, q, hd, n * L.H, hd, eps, st);
@@ -292,101 +328,142 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
     cuda::rope(kv_new + hd - rd, n, hd, 1, int(hd), int(rd), d_pos, freqs, RopeMode::Normal, st);
   }
 
-  mark(st, n, kProj);
-  // One compressor step; the attention's rows and the indexer's differ only
-  // in their lanes, width, projections and KV streams.
-  auto compress = [&](int lanes, int64_t dim, const float* kv, const float* gate, int64_t stride,
-                      const cuda::MatrixView& ape, const float* norm, int state_stream, int rows_stream) {
-    cuda::Ds4CompressParams cp;
-    cp.ratio = w.ratio;
-    cp.lanes = lanes;
-    cp.dim = dim;
-    cp.rope_dim = int(rd);
-    cp.eps = eps;
-    cp.kv = kv;
-    cp.gate = gate;
-    cp.stride = stride;
-    cp.ape = ape;
-    cp.norm = norm;
-    cp.inv_freq = freqs_comp;
-    cp.state = kv_stream(l, seq, state_stream);
-    cp.rows = kv_stream(l, seq, rows_stream);
-    cp.pos0 = bound;
-    cp.n_tokens = n;
-    cp.pos0_dev = P;
-    cuda::ds4_compress(cp, st);
-  };
-  if (w.ratio > 0) {
-    compress(s.compressor_lanes(l), hd, ckv, cg, cw, w.comp_ape, w.comp_norm, A::kCompState, A::kCompRows);
-  }
-  mark(st, n, kCompress);
+  mark(st, kProj);
+  // The indexer's queries and weights are row-wise: all rows at once.
+  const float iscale = float(1.0 / std::sqrt(double(id) * double(L.ih)));
+  float* iq = f(L.iq);
   if (w.indexed) {
-    compress(2, id, ikv, ig, iw2, w.idx_ape, w.idx_norm, A::kIdxState, A::kIdxRows);
-    float* iq = f(L.iq);
     project(w.idx_qb, q_lat, xl, n, QR, iq, L.ih * id);
     cuda::rope(iq + id - rd, n, L.ih * id, int(L.ih), int(id), int(rd), d_pos, freqs_comp, RopeMode::Normal, st);
-    const float iscale = float(1.0 / std::sqrt(double(id) * double(L.ih)));
     if (!fuse) cuda::ds4_scale(iwts, n * L.ih, iscale, st);  // decode: applied as the indexer reads w
-    cuda::Ds4IndexerParams ip;
-    ip.n_head = int(L.ih);
-    ip.head_dim = int(id);
-    ip.ratio = w.ratio;
-    ip.top_k = int(L.top_k);
-    ip.q = iq;
-    ip.w = iwts;
-    ip.w_scale = fuse ? iscale : 1.0f;
-    ip.rows = kv_stream(l, seq, A::kIdxRows);
-    ip.pos0 = bound;
-    ip.n_tokens = n;
-    ip.scores = f(L.iscore);
-    ip.score_stride = L.score_stride;
-    ip.itop = reinterpret_cast<int32_t*>(ws + L.itop);
-    ip.pos0_dev = P;
-    if (tc_prefill(n) && cuda::ds4_indexer_scores_tc_supported(ip)) {
-      cuda::ds4_indexer_scores_tc(ip, st);
-      cuda::ds4_indexer_topk(ip, st);
-    } else {
-      cuda::ds4_indexer_select(ip, st);
+  }
+  // The rest reads and writes each sequence's own streams. A batch's single
+  // tokens (decode rows) go through each kernel together, a span of adjacent
+  // rows of several sequences (cuda::Ds4Rows); prompt chunks one by one.
+  struct Span {
+    Chunk c;            // rows: c.seq unused, c.pos0 the largest position
+    bool rows = false;
+  };
+  std::vector<Span> spans;
+  for (const Chunk& c : chunks) {
+    const bool row = c.n == 1 && chunks.size() > 1;
+    if (row && !spans.empty() && spans.back().rows && spans.back().c.r0 + spans.back().c.n == c.r0) {
+      Chunk& b = spans.back().c;
+      ++b.n;
+      b.pos0 = std::max(b.pos0, c.pos0);
+      continue;
     }
+    spans.push_back({c, row});
   }
-  mark(st, n, kIndexer);
+  const int32_t* d_seqs = d_pos0 + 1;
+  const KvLayer& kvl = layout_->kv[size_t(l - config_.first_layer)];
+  for (const Span& sp : spans) {
+    const Chunk& c = sp.c;
+    const int64_t r = c.r0, nc = c.n, bound = bound_of(c);
+    cuda::Ds4Rows rows;
+    if (sp.rows) rows = {d_seqs + r, d_pos + r, int64_t(kvl.block / sizeof(float))};
+    const int seq = sp.rows ? 0 : c.seq;  // rows: sequence 0's streams, offset per row
+    float* ring = kv_stream(l, seq, A::kWindow);
+    // One compressor step; the attention's rows and the indexer's differ only
+    // in their lanes, width, projections and KV streams.
+    auto compress = [&](int lanes, int64_t dim, const float* kv, const float* gate, int64_t stride,
+                        const cuda::MatrixView& ape, const float* norm, int state_stream, int rows_stream) {
+      cuda::Ds4CompressParams cp;
+      cp.ratio = w.ratio;
+      cp.lanes = lanes;
+      cp.dim = dim;
+      cp.rope_dim = int(rd);
+      cp.eps = eps;
+      cp.kv = kv + r * stride;
+      cp.gate = gate + r * stride;
+      cp.stride = stride;
+      cp.ape = ape;
+      cp.norm = norm;
+      cp.inv_freq = freqs_comp;
+      cp.state = kv_stream(l, seq, state_stream);
+      cp.rows = kv_stream(l, seq, rows_stream);
+      cp.pos0 = bound;
+      cp.n_tokens = nc;
+      cp.pos0_dev = P;
+      cp.batch = rows;
+      cuda::ds4_compress(cp, st);
+    };
+    if (w.ratio > 0) {
+      compress(s.compressor_lanes(l), hd, ckv, cg, cw, w.comp_ape, w.comp_norm, A::kCompState, A::kCompRows);
+    }
+    mark(st, kCompress);
+    int32_t* itop = reinterpret_cast<int32_t*>(ws + L.itop) + r * L.top_k;
+    if (w.indexed) {
+      compress(2, id, ikv, ig, iw2, w.idx_ape, w.idx_norm, A::kIdxState, A::kIdxRows);
+      cuda::Ds4IndexerParams ip;
+      ip.n_head = int(L.ih);
+      ip.head_dim = int(id);
+      ip.ratio = w.ratio;
+      ip.top_k = int(L.top_k);
+      ip.q = iq + r * L.ih * id;
+      ip.w = iwts + r * L.ih;
+      ip.w_scale = fuse ? iscale : 1.0f;
+      ip.rows = kv_stream(l, seq, A::kIdxRows);
+      ip.batch = rows;
+      ip.pos0 = bound;
+      ip.n_tokens = nc;
+      ip.scores = f(L.iscore) + r * L.score_stride;
+      ip.score_stride = L.score_stride;
+      ip.itop = itop;
+      ip.pos0_dev = P;
+      if (!sp.rows && tc_prefill(nc) && cuda::ds4_indexer_scores_tc_supported(ip)) {
+        cuda::ds4_indexer_scores_tc(ip, st);
+        cuda::ds4_indexer_topk(ip, st);
+      } else {
+        cuda::ds4_indexer_select(ip, st);
+      }
+    }
+    mark(st, kIndexer);
 
-  // Attention over the window rows and the visible compressed rows.
-  cuda::Ds4AttentionParams ap;
-  ap.n_head = int(L.H);
-  ap.head_dim = int(hd);
-  ap.scale = float(1.0 / std::sqrt(double(hd)));
-  ap.q = q;
-  ap.q_stride = HD;
-  ap.kv_new = kv_new;
-  ap.ring = ring;
-  ap.window = window;
-  ap.comp_rows = w.ratio > 0 ? kv_stream(l, seq, A::kCompRows) : nullptr;
-  ap.ratio = w.ratio;
-  ap.itop = w.indexed ? reinterpret_cast<const int32_t*>(ws + L.itop) : nullptr;
-  ap.top_k = int(L.top_k);
-  ap.sinks = w.sinks;
-  ap.pos0 = bound;
-  ap.n_tokens = n;
-  ap.out = att;
-  ap.out_stride = HD;
-  ap.pos0_dev = P;
-  const bool tc = tc_prefill(n) && cuda::ds4_attention_tc_supported(ap);
-  if (tc) {
-    cuda::ds4_attention_tc(ap, st);  // long batches: per-token products on the tensor cores
-  } else {
-    // V carried the keys' rotation: undone at the query's position by the
-    // kernel that writes the output.
-    ap.rope_pos = d_neg;
-    ap.rope_freq = freqs;
-    ap.rope_dim = int(rd);
-    cuda::ds4_attention(ap, ws + L.attn, L.attn_bytes, st);
+    // Attention over the window rows and the visible compressed rows.
+    cuda::Ds4AttentionParams ap;
+    ap.n_head = int(L.H);
+    ap.head_dim = int(hd);
+    ap.scale = float(1.0 / std::sqrt(double(hd)));
+    ap.q = q + r * HD;
+    ap.q_stride = HD;
+    ap.kv_new = kv_new + r * hd;
+    ap.ring = ring;
+    ap.window = window;
+    ap.comp_rows = w.ratio > 0 ? kv_stream(l, seq, A::kCompRows) : nullptr;
+    ap.ratio = w.ratio;
+    ap.itop = w.indexed ? itop : nullptr;
+    ap.top_k = int(L.top_k);
+    ap.sinks = w.sinks;
+    ap.pos0 = bound;
+    ap.n_tokens = nc;
+    ap.out = att + r * HD;
+    ap.out_stride = HD;
+    ap.pos0_dev = P;
+    ap.batch = rows;
+    const bool tc = !sp.rows && tc_prefill(nc) && cuda::ds4_attention_tc_supported(ap);
+    if (tc) {
+      cuda::ds4_attention_tc(ap, st);  // long chunks: per-token products on the tensor cores
+    } else {
+      // V carried the keys' rotation: undone at the query's position by the
+      // kernel that writes the output.
+      ap.rope_pos = d_neg + r;
+      ap.rope_freq = freqs;
+      ap.rope_dim = int(rd);
+      cuda::ds4_attention(ap, ws + L.attn, L.attn_bytes, st);
+    }
+    // A single decode token (every decode graph) was stored by the norm + RoPE launch.
+    if (sp.rows) {
+      cuda::ds4_window_store_rows(kv_new + r * hd, nc, hd, rows, ring, window, st);
+    } else if (!single) {
+      cuda::ds4_window_store(kv_new + r * hd, nc, hd, c.pos0, ring, window, st);
+    }
+    // V carried the keys' rotation: undo it at the query's position.
+    if (tc) {
+      cuda::rope(att + r * HD + hd - rd, nc, HD, int(L.H), int(hd), int(rd), d_neg + r, freqs, RopeMode::Normal, st);
+    }
+    mark(st, kAttn);
   }
-  // One token (every decode graph) was stored by the norm + RoPE launch.
-  if (n > 1) cuda::ds4_window_store(kv_new, n, hd, pos0, ring, window, st);
-  // V carried the keys' rotation: undo it at the query's position.
-  if (tc) cuda::rope(att + hd - rd, n, HD, int(L.H), int(hd), int(rd), d_neg, freqs, RopeMode::Normal, st);
-  mark(st, n, kAttn);
 
   // Grouped output: group g's heads through its o_lora_rank rows of output_a.
   const int64_t gw = HD / L.G, GO = L.G * L.OR;
@@ -409,7 +486,7 @@ void CudaDs4Stage::attention(int seq, int l, int64_t n, int64_t pos0, bool graph
   }
   const void* xo = quantize_for({&w.out_b}, o_lat, GO, n, GO);
   project(w.out_b, o_lat, xo, n, GO, f(L.y), E);
-  mark(st, n, kOutProj);
+  mark(st, kOutProj);
 }
 
 const float* CudaDs4Stage::moe(int l, int64_t n) {
@@ -438,7 +515,7 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
   }
   cuda::ds4_router(rp, router, n, ids, wts, st);
 
-  if (n <= cuda::kMatvecMaxTokens && cuda::moe_xq_supported(w.moe) && E % 32 == 0 &&
+  if (n <= kMoePairRows && cuda::moe_xq_supported(w.moe) && E % 32 == 0 &&
       L.moe_bytes >= cuda::moe_xq_workspace_bytes(w.moe, n, int(L.K))) {
     // Integer-dot experts on the quantized h (the shared expert's, when there is one).
     const void* xe = xh;
@@ -447,7 +524,7 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
       xe = ws + L.xq;
     }
     cuda::moe_decode_xq(w.moe, xe, n, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
-  } else if (n <= cuda::kMatvecMaxTokens) {
+  } else if (n <= kMoePairRows && L.moe_bytes >= cuda::moe_decode_workspace_bytes(w.moe, n, int(L.K))) {
     cuda::moe_decode(w.moe, h, n, E, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
   } else {
     // Grouped GEMMs: the group sizes come back to the host first.
@@ -459,10 +536,10 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
     int32_t* host_offsets = reinterpret_cast<int32_t*>(io_.data() + L.h_offsets);
     BATON_CUDA_CHECK(cudaMemcpyAsync(host_offsets, g.offsets, uint64_t(L.NE + 1) * 4, cudaMemcpyDeviceToHost, st));
     sync();
-    mark(st, n, kRoute);
+    mark(st, kRoute);
     cuda::moe_prefill(cublas_.get(), w.moe, h, n, E, g, host_offsets, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes,
                       st);
-    mark(st, n, kExperts);
+    mark(st, kExperts);
   }
   if (SF == 0) return nullptr;
   float* sg = f(L.shared);
@@ -492,15 +569,23 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
   return nullptr;
 }
 
-void CudaDs4Stage::head(int64_t n) {
+void CudaDs4Stage::head(int64_t n, int64_t n_out, bool batch) {
   const Layout& L = *layout_;
   const Deepseek4Shape& s = ds4_->shape();
   const Weights& W = *w_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = workspace_.data();
   auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
-  const int64_t rows = config_.all_logits ? n : 1;
+  const int64_t rows = n_out;
+  if (rows == 0) return;  // a batch of prompt chunks that are not yet done
   const float* xr = f(L.x) + (n - rows) * L.HC;
+  if (batch) {
+    // The rows that ask for logits (out_rows), gathered.
+    const int32_t* out_rows = reinterpret_cast<const int32_t*>(ws + L.params) + 4 * L.B + 1;
+    float* g = f(L.head_in);
+    cuda::get_rows({DType::F32, f(L.x), n, L.HC, uint64_t(L.HC) * sizeof(float)}, out_rows, rows, g, L.HC, st);
+    xr = g;
+  }
   float *flat = f(L.flat), *mix = f(L.mix), *h = f(L.h), *logits = f(L.logits);
   cuda::rmsnorm(xr, L.HC, nullptr, flat, L.HC, rows, L.HC, float(s.rms_eps), st);
   project(W.out_hc_fn, flat, nullptr, rows, L.HC, mix, L.MIX);

@@ -17,7 +17,14 @@ namespace baton {
 struct CudaDs4Stage::Mat {
   cuda::MatrixView w{};  // data null: absent
   bool xq = false;       // matvec_xq takes it (decode reads quantized activations)
+  bool small = false;    // small_matmul takes it (batches of 9..kSmallMatmulMaxTokens rows)
 };
+
+// Batches of up to this many rows run the routed experts per (token, expert)
+// pair (moe_decode_xq / moe_decode) rather than grouped through cuBLAS: the
+// grouped path dequantizes every expert it touches to F16, which at a few
+// rows per expert costs far more than reading each pair's expert rows.
+inline constexpr int64_t kMoePairRows = 64;
 
 struct CudaDs4Stage::Weights {
   struct Layer {
@@ -75,8 +82,11 @@ struct CudaDs4Stage::Layout {
   uint64_t router = 0, ids = 0, wts = 0, shared = 0, moe_out = 0, sh_out = 0, offsets = 0, sorted = 0, slot_of = 0,
            moe = 0, moe_bytes = 0;
   uint64_t logits = 0, argmax = 0, mm = 0, mm_bytes = 0, cublas = 0, cublas_bytes = 0, bytes = 0;
+  uint64_t head_in = 0;  // a batch's logit rows of the HC state, gathered (LR rows)
   uint64_t argmax_ws = 0, argmax_ws_bytes = 0;  // split argmax slots (zeroed at build, left zero by each call)
-  // Pinned io: params are int32 tokens[B], positions[B], -positions[B], pos0.
+  // Pinned io: params are int32 tokens[B], positions[B], -positions[B], pos0,
+  // then a batch's seqs[B], out_rows[B], n_pos (batch_params of them).
+  int64_t batch_params = 0;
   uint64_t h_params = 0, h_ids = 0, h_offsets = 0, h_out = 0, h_in = 0, io_bytes = 0;
   std::vector<KvLayer> kv;
   uint64_t kv_bytes = 0;

@@ -124,6 +124,10 @@ class CudaStageBase : public StageRunner {
     // out_rows[B], and n_pos (1 + the largest position of the batch);
     // 0: the stage runs one sequence per forward.
     int64_t batch_params = 0;
+    // A decode batch (single tokens that all ask for output) replays a graph
+    // captured per batch size; false: the forward is queued every step (a
+    // stage whose kernels take each sequence's cache by host pointer).
+    bool batch_graphs = true;
   };
 
   // The shared fields of a stage's Layout, which names them alike (B the
@@ -171,8 +175,9 @@ class CudaStageBase : public StageRunner {
   virtual void enqueue(int seq, int64_t n, int64_t pos0, bool graph) = 0;
   // Queues the forward of a batch of n rows of several sequences, whose
   // tokens, positions, sequences and output rows are in the step
-  // parameters; the head computes the logits of n_out rows. graph:
-  // capturing a batch graph. Stages with batch_params only.
+  // parameters (also readable on the host, in the pinned io, when graph is
+  // false); the head computes the logits of n_out rows. graph: capturing a
+  // batch graph. Stages with batch_params only.
   virtual void enqueue_batch(int64_t n, int64_t n_out, bool graph);
 
   // The pinned step parameters into the workspace, on stream_.

@@ -48,15 +48,29 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = int(blockIdx.x) * kAttnWarps + warp;
   if (h >= p.n_head) return;  // whole warps only: no block barrier below
-  if (p.pos0_dev) {
+  const int64_t t = blockIdx.y;
+  const int hd = p.head_dim, per = hd / 32;
+  // Positions from kv0 on come from kv_new rows (from kv_base), earlier
+  // ones from the ring.
+  int64_t pos, kv0, last;
+  const float* kv_base = p.kv_new;
+  if (p.batch.seq) {
+    // Row t of its own sequence: only its own K = V row is in kv_new.
+    const int64_t sq = p.batch.seq[t];
+    pos = kv0 = p.batch.pos[t];
+    kv_base = p.kv_new + t * hd;
+    p.ring += sq * p.batch.seq_stride;
+    if (p.comp_rows) p.comp_rows += sq * p.batch.seq_stride;
+    last = pos + 1;
+  } else {
+    if (p.pos0_dev) p.pos0 = *p.pos0_dev;
+    pos = p.pos0 + t, kv0 = p.pos0, last = p.pos0 + p.n_tokens;
+  }
+  if (p.batch.seq || p.pos0_dev) {
     // The splits were sized for the upper bound; share the real rows.
-    p.pos0 = *p.pos0_dev;
-    const int64_t last = p.pos0 + p.n_tokens;
     const int64_t cv = p.ratio > 0 ? (p.itop ? min(int64_t(p.top_k), last / p.ratio) : last / p.ratio) : 0;
     chunk = (min(p.window, last) + cv + gridDim.z - 1) / gridDim.z;
   }
-  const int64_t t = blockIdx.y, pos = p.pos0 + t;
-  const int hd = p.head_dim, per = hd / 32;
   float qv[kPerLane], acc[kPerLane];
   const float* qh = p.q + t * p.q_stride + int64_t(h) * hd;
 #pragma unroll
@@ -92,7 +106,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
   auto row_of = [&](int64_t k) -> const float* {
     if (k < n_win) {
       const int64_t j = lo + k;
-      return j >= p.pos0 ? p.kv_new + (j - p.pos0) * hd : p.ring + (j % p.window) * hd;
+      return j >= kv0 ? kv_base + (j - kv0) * hd : p.ring + (j % p.window) * hd;
     }
     const int64_t c = k - n_win;
     const int64_t idx = p.itop ? int64_t(p.itop[t * p.top_k + c]) : c;
@@ -202,6 +216,15 @@ __global__ void __launch_bounds__(kMergeThreads) attention_merge_kernel(Ds4Atten
   *reinterpret_cast<float4*>(p.out + t * p.out_stride + int64_t(h) * hd + 4 * c) = make_float4(o[0], o[1], o[2], o[3]);
 }
 
+__global__ void window_store_rows_kernel(const float* __restrict__ kv_new, int64_t hd, Ds4Rows rows,
+                                         float* __restrict__ ring, int64_t window) {
+  pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
+  pdl_wait();     // before any read: every input may come from the kernel before
+  const int64_t t = blockIdx.x;
+  float* dst = ring + int64_t(rows.seq[t]) * rows.seq_stride + (rows.pos[t] % window) * hd;
+  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kv_new[t * hd + i];
+}
+
 __global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_tokens, int64_t n_store, int64_t hd,
                                     int64_t pos0, float* __restrict__ ring, int64_t window) {
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
@@ -213,7 +236,7 @@ __global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_
 
 // The longest visible list of the batch (window + compressed rows).
 int64_t max_visible(const Ds4AttentionParams& p) {
-  const int64_t last = p.pos0 + p.n_tokens;  // rows complete after the last token: last / ratio
+  const int64_t last = p.batch.seq ? p.pos0 + 1 : p.pos0 + p.n_tokens;  // rows complete after the last token: last / ratio
   const int64_t comp = p.ratio > 0 ? (p.itop ? std::min<int64_t>(p.top_k, last / p.ratio) : last / p.ratio) : 0;
   return std::min(p.window, last) + comp;
 }
@@ -239,6 +262,8 @@ void validate_attention(const Ds4AttentionParams& p) {
           "strides below n_head * head_dim");
   require(p.ratio == 0 || (p.ratio > 0 && p.comp_rows != nullptr), who, "compressed rows need comp_rows");
   require(p.itop == nullptr || (p.ratio > 0 && p.top_k >= 1), who, "itop needs a ratio and top_k");
+  require(p.batch.seq == nullptr || (p.batch.pos && p.batch.seq_stride > 0 && !p.pos0_dev), who,
+          "decode rows need positions and a sequence stride, and no device pos0");
   require(p.rope_pos == nullptr || (p.rope_freq != nullptr && p.rope_dim >= 2 && p.rope_dim % 2 == 0 &&
                                     p.rope_dim <= p.head_dim),
           who, "rope_pos needs rope_freq and an even rope_dim up to head_dim");
@@ -261,7 +286,8 @@ void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspac
   const size_t need = ds4_attention_workspace_bytes(p);
   const unsigned head_blocks = unsigned((p.n_head + kAttnWarps - 1) / kAttnWarps);
   if (splits > 1 && workspace != nullptr && workspace_bytes >= need) {
-    const int64_t chunk = p.pos0_dev ? 0 : (max_visible(p) + splits - 1) / splits;  // 0: from the device position
+    // 0: from the device position(s)
+    const int64_t chunk = p.pos0_dev || p.batch.seq ? 0 : (max_visible(p) + splits - 1) / splits;
     float* part = static_cast<float*>(workspace);
     launch_pdl("ds4_attention_kernel", ds4_attention_kernel<true>,
                dim3(dim3(head_blocks, unsigned(p.n_tokens), unsigned(splits))), dim3(kAttnWarps * 32), 0, stream, p,
@@ -285,6 +311,16 @@ void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, i
   launch_pdl("window_store_kernel", window_store_kernel, dim3(unsigned(n_store)), dim3(256), 0, stream, kv_new,
              n_tokens, n_store, head_dim, pos0, ring, window);
   check_launch("window_store_kernel");
+}
+
+void ds4_window_store_rows(const float* kv_new, int64_t n_rows, int64_t head_dim, const Ds4Rows& rows, float* ring,
+                           int64_t window, cudaStream_t stream) {
+  require(kv_new && ring && rows.seq && rows.pos && rows.seq_stride > 0 && n_rows >= 1 && n_rows <= 65535 &&
+              head_dim >= 1 && window >= 1,
+          "ds4_window_store_rows", "bad arguments");
+  launch_pdl("window_store_rows_kernel", window_store_rows_kernel, dim3(unsigned(n_rows)), dim3(256), 0, stream, kv_new,
+             head_dim, rows, ring, window);
+  check_launch("window_store_rows_kernel");
 }
 
 }  // namespace baton::cuda

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ds4_rows.cuh"
 
 namespace baton::cuda {
 
@@ -52,6 +53,8 @@ struct Ds4AttentionParams {
   const int32_t* rope_pos = nullptr;
   const float* rope_freq = nullptr;
   int rope_dim = 0;
+  // t for its own position and its sequence's ring and compressed rows.
+  Ds4Rows batch;
 };
 // Decode and short batches split each (token, head)'s rows across blocks
 // when given a workspace of ds4_attention_workspace_bytes (0 when splitting
@@ -66,5 +69,9 @@ void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspac
 // stored by ds4_norm_rope2, which reads its position from device memory.)
 void ds4_window_store(const float* kv_new, int64_t n_tokens, int64_t head_dim, int64_t pos0, float* ring,
                       int64_t window, cudaStream_t stream);
+// The same for n_rows decode rows of several sequences: row t's kv_new row
+// into ring row rows.pos[t] % window of sequence rows.seq[t].
+void ds4_window_store_rows(const float* kv_new, int64_t n_rows, int64_t head_dim, const Ds4Rows& rows, float* ring,
+                           int64_t window, cudaStream_t stream);
 
 }  // namespace baton::cuda

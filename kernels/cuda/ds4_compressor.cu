@@ -56,12 +56,24 @@ __global__ void compress_pool_kernel(Ds4CompressParams p, int64_t w_lo, bool sto
   pdl_wait();     // before any read: every input may come from the kernel before
   extern __shared__ float row[];  // dim floats
   __shared__ float red[32];
-  if (p.pos0_dev) {
+  int64_t block = blockIdx.x;
+  if (p.batch.seq) {
+    // Block b: decode row b, one token of its own sequence.
+    const int64_t sq = p.batch.seq[block];
+    p.pos0 = p.batch.pos[block];
+    p.n_tokens = 1;
+    p.kv += block * p.stride;
+    p.gate += block * p.stride;
+    p.state += sq * p.batch.seq_stride;
+    p.rows += sq * p.batch.seq_stride;
+    w_lo = p.pos0 / p.ratio;
+    block = 0;
+  } else if (p.pos0_dev) {
     p.pos0 = *p.pos0_dev;
     w_lo = p.pos0 / p.ratio;
   }
   if (store_token) compress_store_token(p, 0);
-  const int64_t w = w_lo + blockIdx.x;
+  const int64_t w = w_lo + block;
   if (w >= (p.pos0 + p.n_tokens) / p.ratio) return;  // whole block: before any barrier
   const int64_t W = int64_t(p.lanes) * p.dim, R = int64_t(p.lanes) * p.ratio;
   const float* kv_ring = p.state;
@@ -169,6 +181,16 @@ void ds4_compress(const Ds4CompressParams& p, cudaStream_t stream) {
               p.ape.cols == p.lanes * p.dim && p.ape.row_bytes >= uint64_t(p.ape.cols) * dtype_info(p.ape.type).block_bytes,
           who, "ape must be F32 or F16 with ratio rows of lanes * dim");
   const int64_t w_lo = p.pos0 / p.ratio, w_hi = (p.pos0 + p.n_tokens) / p.ratio;
+  if (p.batch.seq) {
+    require(p.batch.pos && p.batch.seq_stride > 0 && !p.pos0_dev && p.n_tokens <= 65535 &&
+                (p.n_tokens == 1 || p.stride >= p.lanes * p.dim),
+            who, "decode rows need positions, a sequence stride and no device pos0");
+    const unsigned threads = unsigned(std::max<int64_t>(64, (p.dim + 31) / 32 * 32));
+    // Each block stores its row's state and pools the window the row completes.
+    launch_pdl("compress_pool_kernel", compress_pool_kernel, dim3(unsigned(p.n_tokens)), dim3(threads),
+               size_t(p.dim) * sizeof(float), stream, p, w_lo, true);
+    return;
+  }
   // A thread per feature (dim <= 1024).
   const unsigned threads = unsigned(std::max<int64_t>(64, (p.dim + 31) / 32 * 32));
   if (p.n_tokens == 1) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ds4_rows.cuh"
 
 namespace baton::cuda {
 
@@ -46,6 +47,9 @@ struct Ds4CompressParams {
   // int32 when the kernels run, and pos0 above is only its upper bound
   // (grids are sized for it). Null: pos0 is the position.
   const int32_t* pos0_dev = nullptr;
+  // t) is one token of sequence batch.seq[t], whose state and rows are
+  // batch.seq_stride floats per sequence on from those given.
+  Ds4Rows batch;
 };
 void ds4_compress(const Ds4CompressParams& p, cudaStream_t stream);
 

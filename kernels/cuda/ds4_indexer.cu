@@ -28,7 +28,8 @@ __global__ void indexer_score_kernel(Ds4IndexerParams p) {
   extern __shared__ float qs[];  // n_head * head_dim query values, then n_head weights
   if (p.pos0_dev) p.pos0 = *p.pos0_dev;
   const int64_t t = blockIdx.y;
-  const int64_t nv = (p.pos0 + t + 1) / p.ratio;
+  if (p.batch.seq) p.rows += int64_t(p.batch.seq[t]) * p.batch.seq_stride;
+  const int64_t nv = ((p.batch.seq ? p.batch.pos[t] : p.pos0 + t) + 1) / p.ratio;
   if (nv <= p.top_k) return;
   const int hd = p.head_dim, per = hd / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = int(blockDim.x >> 5);
@@ -89,7 +90,8 @@ __device__ __forceinline__ void block_count(bool flag, int* warp_cnt, int& befor
 // the first (lowest-index) ones equal to it. Output ascending by row.
 __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_kernel(const float* __restrict__ scores, int64_t stride, int64_t pos0, int ratio, int top_k,
-                        int32_t* __restrict__ itop, const int32_t* __restrict__ pos0_dev) {
+                        int32_t* __restrict__ itop, const int32_t* __restrict__ pos0_dev,
+                        const int32_t* __restrict__ row_pos) {
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // before any read: every input may come from the kernel before
   __shared__ int hist[256];
@@ -98,7 +100,7 @@ __global__ void __launch_bounds__(kTopkThreads)
   __shared__ int warp_cnt[32];
   if (pos0_dev) pos0 = *pos0_dev;
   const int64_t t = blockIdx.x;
-  const int64_t nv = (pos0 + t + 1) / ratio;
+  const int64_t nv = ((row_pos ? row_pos[t] : pos0 + t) + 1) / ratio;  // row_pos: decode rows
   int32_t* out = itop + t * top_k;
   if (nv <= top_k) {
     for (int64_t w = threadIdx.x; w < nv; w += blockDim.x) out[w] = int32_t(w);
@@ -177,7 +179,9 @@ void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream) {
   require(p.n_tokens >= 1 && p.n_tokens <= 65535 && p.pos0 >= 0, who, "1..65535 tokens");
   require(p.q && p.w && p.rows && p.scores && p.itop, who, "null buffer");
   require(reinterpret_cast<uintptr_t>(p.q) % 16 == 0, who, "q must be 16-byte aligned");
-  const int64_t max_nv = (p.pos0 + p.n_tokens) / p.ratio;
+  require(p.batch.seq == nullptr || (p.batch.pos && p.batch.seq_stride > 0 && !p.pos0_dev), who,
+          "decode rows need positions and a sequence stride, and no device pos0");
+  const int64_t max_nv = (p.batch.seq ? p.pos0 + 1 : p.pos0 + p.n_tokens) / p.ratio;
   require(p.score_stride >= max_nv, who, "score_stride below the number of rows");
   if (max_nv > p.top_k) {
     const size_t shared = size_t(p.n_head) * size_t(p.head_dim + 1) * sizeof(float);
@@ -193,7 +197,7 @@ void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream) {
     check_launch("indexer_score_kernel");
   }
   launch_pdl("indexer_topk_kernel", indexer_topk_kernel, dim3(unsigned(p.n_tokens)), dim3(kTopkThreads), 0, stream,
-             p.scores, p.score_stride, p.pos0, p.ratio, p.top_k, p.itop, p.pos0_dev);
+             p.scores, p.score_stride, p.pos0, p.ratio, p.top_k, p.itop, p.pos0_dev, p.batch.pos);
   check_launch("indexer_topk_kernel");
 }
 
@@ -202,9 +206,10 @@ void ds4_indexer_topk(const Ds4IndexerParams& p, cudaStream_t stream) {
   require(p.ratio >= 1 && p.top_k >= 1, who, "ratio and top_k must be positive");
   require(p.n_tokens >= 1 && p.n_tokens <= 65535 && p.pos0 >= 0, who, "1..65535 tokens");
   require(p.scores && p.itop, who, "null buffer");
-  require(p.score_stride >= (p.pos0 + p.n_tokens) / p.ratio, who, "score_stride below the number of rows");
+  require(p.score_stride >= (p.batch.seq ? p.pos0 + 1 : p.pos0 + p.n_tokens) / p.ratio, who,
+          "score_stride below the number of rows");
   launch_pdl("indexer_topk_kernel", indexer_topk_kernel, dim3(unsigned(p.n_tokens)), dim3(kTopkThreads), 0, stream,
-             p.scores, p.score_stride, p.pos0, p.ratio, p.top_k, p.itop, p.pos0_dev);
+             p.scores, p.score_stride, p.pos0, p.ratio, p.top_k, p.itop, p.pos0_dev, p.batch.pos);
   check_launch("indexer_topk_kernel");
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ds4_rows.cuh"
 
 namespace baton::cuda {
 
@@ -37,6 +38,8 @@ struct Ds4IndexerParams {
   int64_t score_stride = 0;        // >= (pos0 + n_tokens) / ratio
   int32_t* itop = nullptr;
   const int32_t* pos0_dev = nullptr;  // as in Ds4CompressParams
+  // sequence's index rows (rows + batch.seq[t] * batch.seq_stride).
+  Ds4Rows batch;
 };
 void ds4_indexer_select(const Ds4IndexerParams& p, cudaStream_t stream);
 // The top-k step of ds4_indexer_select alone, over scores already written to
