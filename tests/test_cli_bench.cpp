@@ -37,7 +37,7 @@ TEST(CliBench, CpuSweepWritesTheCsv) {
   auto r = test::run_command({test::baton_binary(), "bench", "-m", dir.file("m.gguf"), "--backend", "cpu", "--csv",
                               "--ctx-start", "16", "--ctx-max", "64", "--step-mul", "2", "--gen-tokens", "4",
                               "--batch", "16", "--threads", "2", "--copy-mb", "16", "--read-mb", "1", "--load-csv",
-                              dir.file("load.csv")});
+                              dir.file("load.csv"), "--parallel", "1,3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto lines = split(r.out, '\n');
   ASSERT_EQ(lines.size(), 4u) << r.out;  // header + ctx 16, 32, 64
@@ -63,6 +63,10 @@ TEST(CliBench, CpuSweepWritesTheCsv) {
     EXPECT_GT(std::stod(v[8]), 0.0);
   }
   EXPECT_NE(r.err.find("loaded"), std::string::npos) << r.err;
+  // --parallel: N sequences decoding together, one line each.
+  for (const char* n : {"parallel 1 at ctx 16: decode ", "parallel 3 at ctx 16: decode "}) {
+    EXPECT_NE(r.err.find(n), std::string::npos) << r.err;
+  }
   const auto bytes = test::read_file(dir.file("load.csv"));
   const auto load = split(std::string(bytes.begin(), bytes.end()), '\n');
   ASSERT_EQ(load.size(), 2u);
@@ -133,6 +137,14 @@ TEST(CliBench, LoadOnlyTakesASplitPartAndMemLimitRefuses) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--mem-limit allows 4.00 KiB"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("loaded"), std::string::npos) << "refused before loading: " << r.err;
+}
+
+TEST(CliBench, BadParallelListIsRefused) {
+  for (const char* bad : {"0", "2,,3", "x", "4,2000"}) {
+    auto r = test::run_command({test::baton_binary(), "bench", "-m", "missing.gguf", "--parallel", bad});
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_NE(r.err.find("--parallel takes a comma list"), std::string::npos) << r.err;
+  }
 }
 
 TEST(CliBench, BadBackendIsAnError) {

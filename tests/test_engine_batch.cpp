@@ -193,6 +193,39 @@ TEST(EngineBatch, RefusesBadBatches) {
   EXPECT_EQ(r->position(0), 0);
 }
 
+// A batch may hold more tokens than one context (one chunk per sequence,
+// each within it): three 60-token prompts in one forward of 180 rows with a
+// 64-token context give each sequence the logits it gets alone.
+TEST(EngineBatch, BatchBeyondOneContextEqualsAlone) {
+  GgufFile f = GgufFile::open(test::model_path("stories260K.gguf"));
+  StageConfig sc = batch_config();
+  sc.max_batch = 1000;
+  auto r = make_stage_runner(Backend::Cpu, f, sc);
+  EXPECT_EQ(r->config().max_batch, sc.n_ctx * sc.n_seq);  // cut to a context per sequence, not to one context
+  auto alone_runner = make_stage_runner(Backend::Cpu, f, batch_config());
+  std::mt19937_64 rng(test::test_seed());
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> want;
+  std::vector<BatchChunk> chunks;
+  for (int q = 0; q < 3; ++q) {
+    const auto prompt = random_prompt(rng, 60, int32_t(r->n_vocab()));
+    tokens.insert(tokens.end(), prompt.begin(), prompt.end());
+    chunks.push_back({q, 60, true});
+    std::span<const float> l;
+    for (size_t at = 0; at < prompt.size(); at += 30) {
+      l = alone_runner->forward(q, std::span<const int32_t>(prompt).subspan(at, 30));
+    }
+    want.emplace_back(l.begin(), l.end());
+  }
+  const std::span<const float> got = r->forward_batch(chunks, tokens);
+  const size_t v = size_t(r->n_vocab());
+  ASSERT_EQ(got.size(), 3 * v);
+  for (size_t q = 0; q < 3; ++q) {
+    const std::span<const float> row = got.subspan(q * v, v);
+    EXPECT_EQ(std::vector<float>(row.begin(), row.end()), want[q]) << "sequence " << q;
+  }
+}
+
 // The prefix cache's step (StageRunner::truncate): sequence `seq` ran `first`
 // and generated from it; its first `keep` positions are kept and `second`
 // continues from there, as one chunk of the rest, in a batch with a decode

@@ -151,7 +151,8 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
         used = 0;
       }
       if (used != item.size() || n < 1 || n > 1024) {
-        throw std::invalid_argument("--parallel takes a comma list of sequence counts in 1..1024, got '" + parallel + "'");
+        throw std::invalid_argument("--parallel takes a comma list of sequence counts in 1..1024, got '" + parallel +
+                                    "'");
       }
       o.parallel.push_back(n);
       at = end + 1;

@@ -240,7 +240,8 @@ void CudaDs4Stage::run_forward(const std::vector<Chunk>& chunks, int64_t n, int6
   if (config_.head) head(n, n_out, batch);
   mark(st, kHead);
   if (t_timed) {
-    timer().report(st, n, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - queue_start).count());
+    const std::chrono::duration<double, std::milli> queued = std::chrono::steady_clock::now() - queue_start;
+    timer().report(st, n, queued.count());
   }
 }
 

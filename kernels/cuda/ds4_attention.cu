@@ -236,7 +236,8 @@ __global__ void window_store_kernel(const float* __restrict__ kv_new, int64_t n_
 
 // The longest visible list of the batch (window + compressed rows).
 int64_t max_visible(const Ds4AttentionParams& p) {
-  const int64_t last = p.batch.seq ? p.pos0 + 1 : p.pos0 + p.n_tokens;  // rows complete after the last token: last / ratio
+  // Rows complete after the last token: last / ratio.
+  const int64_t last = p.batch.seq ? p.pos0 + 1 : p.pos0 + p.n_tokens;
   const int64_t comp = p.ratio > 0 ? (p.itop ? std::min<int64_t>(p.top_k, last / p.ratio) : last / p.ratio) : 0;
   return std::min(p.window, last) + comp;
 }
