@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "engine/json_escape.h"
+
 namespace baton::jinja {
 
 Value Value::undefined(std::string name) {
@@ -336,18 +338,7 @@ std::string json_string(std::string_view s, bool ensure_ascii) {
       i += n - 1;
       continue;
     }
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-        else out += ch;
-    }
+    append_json_escaped(out, ch);
   }
   return out + "\"";
 }

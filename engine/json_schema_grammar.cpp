@@ -488,16 +488,21 @@ std::shared_ptr<const Grammar> json_object_grammar() {
   return g;
 }
 
-std::shared_ptr<const Grammar> json_schema_grammar(const json& schema) {
-  auto g = std::make_shared<Grammar>();
-  JsonSchemaCompiler c(*g);
-  g->set_root(c.compile(schema));
+std::shared_ptr<const Grammar> finish_schema_grammar(std::shared_ptr<Grammar> g, Grammar::RuleId root) {
+  g->set_root(root);
   try {
     g->check();
   } catch (const std::invalid_argument&) {
     throw SchemaError("a '$ref' cycle that reads no input first (left recursion) is not supported");
   }
   return g;
+}
+
+std::shared_ptr<const Grammar> json_schema_grammar(const json& schema) {
+  auto g = std::make_shared<Grammar>();
+  JsonSchemaCompiler c(*g);
+  const Grammar::RuleId root = c.compile(schema);
+  return finish_schema_grammar(std::move(g), root);
 }
 
 }  // namespace baton

@@ -65,6 +65,10 @@ class JsonSchemaCompiler {
   std::map<std::string, RuleId> shared_;
 };
 
+// Sets g's root and checks the grammar; a rule that can recurse without
+// reading input (a '$ref' cycle) is a SchemaError. Returns g.
+std::shared_ptr<const Grammar> finish_schema_grammar(std::shared_ptr<Grammar> g, Grammar::RuleId root);
+
 // Any JSON object (response_format {"type": "json_object"}).
 std::shared_ptr<const Grammar> json_object_grammar();
 // Values of `schema` (response_format json_schema). Throws SchemaError.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "coordinator/api/chat_output.h"
+#include "engine/json_escape.h"
 
 namespace baton {
 
@@ -113,27 +114,7 @@ inline size_t utf8_whole(std::string_view s, size_t n) {
 inline std::string json_escape(std::string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          static constexpr char kHex[] = "0123456789abcdef";
-          out += "\\u00";
-          out += kHex[c >> 4];
-          out += kHex[c & 15];
-        } else {
-          out += ch;
-        }
-    }
-  }
+  for (const char ch : s) append_json_escaped(out, ch);
   return out;
 }
 

@@ -202,13 +202,7 @@ std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const st
     const auto sep = b.rule({{}, {Item::byte('\n')}, {Item::byte('\n'), Item::byte('\n')}});
     root = b.rule({{Item::ref(text_until(*g, reasoning_end)), Item::ref(sep), Item::ref(root)}});
   }
-  g->set_root(root);
-  try {
-    g->check();
-  } catch (const std::invalid_argument&) {
-    throw SchemaError("a '$ref' cycle that reads no input first (left recursion) is not supported");
-  }
-  return g;
+  return finish_schema_grammar(std::move(g), root);
 }
 
 }  // namespace baton
