@@ -17,6 +17,7 @@
 #include "engine/chat_template.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
+#include "tests/test_model_info.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -24,18 +25,7 @@ namespace {
 
 using json = nlohmann::json;
 
-ModelInfo stories_info() {
-  GgufFile f = GgufFile::open(test::model_path("stories260K.gguf"));
-  ModelInfo m;
-  m.id = "stories260K";
-  m.n_ctx = 2048;
-  m.n_vocab = 512;
-  m.tokenizer = Tokenizer::from_gguf(f);
-  m.chat_family = detect_chat_family(f);
-  m.chat_stop_tokens = chat_stop_tokens(m.chat_family, *m.tokenizer);
-  m.chat_stop_strings = chat_stop_strings(m.chat_family);
-  return m;
-}
+ModelInfo stories_info() { return test::stories_model_info(2048); }
 
 // A template that writes out every field the mapping fills.
 const char* kShowAll =

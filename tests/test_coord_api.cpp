@@ -15,6 +15,7 @@
 #include "engine/chat_template.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
+#include "tests/test_model_info.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -98,18 +99,7 @@ TEST(ServeText, ConstantTimeCompare) {
   EXPECT_TRUE(constant_time_equal("", ""));
 }
 
-ModelInfo stories_info() {
-  GgufFile f = GgufFile::open(test::model_path("stories260K.gguf"));
-  ModelInfo m;
-  m.id = "stories260K";
-  m.n_ctx = 128;
-  m.n_vocab = 512;
-  m.tokenizer = Tokenizer::from_gguf(f);
-  m.chat_family = detect_chat_family(f);
-  m.chat_stop_tokens = chat_stop_tokens(m.chat_family, *m.tokenizer);
-  m.chat_stop_strings = chat_stop_strings(m.chat_family);
-  return m;
-}
+ModelInfo stories_info() { return test::stories_model_info(128); }
 
 TEST(ServeApi, ParsesRequestsIntoGenerationRequests) {
   ModelInfo m = stories_info();
