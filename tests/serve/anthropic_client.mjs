@@ -10,25 +10,13 @@
 //   node anthropic_client.mjs --base-url http://127.0.0.1:PORT --model NAME --api-key KEY
 //                             [--max-tokens N]
 import Anthropic from "@anthropic-ai/sdk";
+import { check, parseArgs, run } from "./common.mjs";
 
 function args() {
-  const a = { maxTokens: 30 };
-  const argv = process.argv.slice(2);
-  for (let i = 0; i < argv.length; i += 2) {
-    const [k, v] = [argv[i], argv[i + 1]];
-    if (v === undefined) throw new Error(`missing value for ${k}`);
-    if (k === "--base-url") a.baseURL = v;
-    else if (k === "--model") a.model = v;
-    else if (k === "--api-key") a.apiKey = v;
-    else if (k === "--max-tokens") a.maxTokens = Number(v);
-    else throw new Error(`unknown option ${k}`);
-  }
+  const flags = { "--base-url": "baseURL", "--model": "model", "--api-key": "apiKey", "--max-tokens": "maxTokens#" };
+  const a = parseArgs(flags, { maxTokens: 30 });
   if (!a.baseURL || !a.model || !a.apiKey) throw new Error("--base-url, --model and --api-key are required");
   return a;
-}
-
-function check(cond, what) {
-  if (!cond) throw new Error(`check failed: ${what}`);
 }
 
 function textOf(message) {
@@ -125,7 +113,4 @@ async function main() {
   process.stdout.write(JSON.stringify(out) + "\n");
 }
 
-main().catch((e) => {
-  process.stderr.write(`anthropic_client: ${e.stack || e}\n`);
-  process.exit(1);
-});
+run("anthropic_client", main);

@@ -8,26 +8,16 @@
 //   node openai_client.mjs --base-url http://127.0.0.1:PORT/v1 --model NAME
 //                          [--prompt TEXT] [--max-tokens N] [--api-key KEY]
 import OpenAI from "openai";
+import { check, parseArgs, run } from "./common.mjs";
 
 function args() {
-  const a = { prompt: "Once upon a time", maxTokens: 30, apiKey: "unused" };
-  const argv = process.argv.slice(2);
-  for (let i = 0; i < argv.length; i += 2) {
-    const [k, v] = [argv[i], argv[i + 1]];
-    if (v === undefined) throw new Error(`missing value for ${k}`);
-    if (k === "--base-url") a.baseURL = v;
-    else if (k === "--model") a.model = v;
-    else if (k === "--prompt") a.prompt = v;
-    else if (k === "--max-tokens") a.maxTokens = Number(v);
-    else if (k === "--api-key") a.apiKey = v;
-    else throw new Error(`unknown option ${k}`);
-  }
+  const flags = {
+    "--base-url": "baseURL", "--model": "model", "--prompt": "prompt", "--max-tokens": "maxTokens#",
+    "--api-key": "apiKey",
+  };
+  const a = parseArgs(flags, { prompt: "Once upon a time", maxTokens: 30, apiKey: "unused" });
   if (!a.baseURL || !a.model) throw new Error("--base-url and --model are required");
   return a;
-}
-
-function check(cond, what) {
-  if (!cond) throw new Error(`check failed: ${what}`);
 }
 
 async function main() {
@@ -125,7 +115,4 @@ async function main() {
   process.stdout.write(JSON.stringify(out) + "\n");
 }
 
-main().catch((e) => {
-  process.stderr.write(`openai_client: ${e.stack || e}\n`);
-  process.exit(1);
-});
+run("openai_client", main);

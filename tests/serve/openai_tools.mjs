@@ -13,24 +13,12 @@
 import { readFileSync } from "node:fs";
 import OpenAI from "openai";
 import { ChatCompletionStream } from "openai/lib/ChatCompletionStream";
+import { check, parseArgs, run } from "./common.mjs";
 
 function args() {
-  const a = {};
-  const argv = process.argv.slice(2);
-  for (let i = 0; i < argv.length; i += 2) {
-    const [k, v] = [argv[i], argv[i + 1]];
-    if (v === undefined) throw new Error(`missing value for ${k}`);
-    if (k === "--base-url") a.baseURL = v;
-    else if (k === "--model") a.model = v;
-    else if (k === "--chunks") a.chunks = v;
-    else throw new Error(`unknown option ${k}`);
-  }
+  const a = parseArgs({ "--base-url": "baseURL", "--model": "model", "--chunks": "chunks" });
   if (!a.chunks && (!a.baseURL || !a.model)) throw new Error("--base-url and --model, or --chunks, are required");
   return a;
-}
-
-function check(cond, what) {
-  if (!cond) throw new Error(`check failed: ${what}`);
 }
 
 const tools = [{
@@ -96,7 +84,4 @@ async function main() {
   process.stdout.write(JSON.stringify(out) + "\n");
 }
 
-main().catch((e) => {
-  process.stderr.write(`openai_tools: ${e.stack || e}\n`);
-  process.exit(1);
-});
+run("openai_tools", main);
