@@ -38,25 +38,42 @@ std::string require_string(const ojson& obj, const char* key, const std::string&
   return v.get<std::string>();
 }
 
+// Calls visit(type, block, param of the block) for each block of an array
+// of content blocks, each checked to be an object with a string "type".
+template <class Visit>
+void walk_blocks(const ojson& content, const std::string& param, Visit&& visit) {
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string p = fmt::format("{}.{}", param, i);
+    const ojson& block = content[i];
+    if (!block.is_object()) throw wrong_type(p, "an object", block);
+    visit(require_string(block, "type", p), block, p);
+  }
+}
+
+// A text block's text after those before it, "\n" between them.
+void append_text(std::string& text, bool& have_text, const ojson& block, const std::string& param) {
+  if (have_text) text += "\n";
+  text += require_string(block, "text", param);
+  have_text = true;
+}
+
+ApiError unsupported_block(const std::string& type, const std::string& param, const char* where) {
+  return unsupported(
+      fmt::format("Content blocks of type '{}' are not supported {}.", sanitize_utf8(type.substr(0, 40)), where),
+      param + ".type");
+}
+
 // The text of a string or an array of text blocks (system, tool_result
 // content).
 std::string text_of(const ojson& v, const std::string& param) {
   if (v.is_string()) return v.get<std::string>();
   if (!v.is_array()) throw wrong_type(param, "a string or an array of text blocks", v);
   std::string text;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const std::string p = fmt::format("{}.{}", param, i);
-    const ojson& block = v[i];
-    if (!block.is_object()) throw wrong_type(p, "an object", block);
-    const std::string type = require_string(block, "type", p);
-    if (type != "text") {
-      throw unsupported(fmt::format("Content blocks of type '{}' are not supported here; only text.",
-                                    sanitize_utf8(type.substr(0, 40))),
-                        p + ".type");
-    }
-    if (i) text += "\n";
-    text += require_string(block, "text", p);
-  }
+  bool have_text = false;
+  walk_blocks(v, param, [&](const std::string& type, const ojson& block, const std::string& p) {
+    if (type != "text") throw unsupported_block(type, p, "here; only text");
+    append_text(text, have_text, block, p);
+  });
   return text;
 }
 
@@ -87,15 +104,9 @@ struct Converter {
       text.clear();
       have_text = false;
     };
-    for (size_t i = 0; i < content.size(); ++i) {
-      const std::string p = fmt::format("{}.{}", param, i);
-      const ojson& block = content[i];
-      if (!block.is_object()) throw wrong_type(p, "an object", block);
-      const std::string type = require_string(block, "type", p);
+    walk_blocks(content, param, [&](const std::string& type, const ojson& block, const std::string& p) {
       if (type == "text") {
-        if (have_text) text += "\n";
-        text += require_string(block, "text", p);
-        have_text = true;
+        append_text(text, have_text, block, p);
       } else if (type == "tool_result") {
         if (!templated) throw needs_template("tool_result blocks", p);
         flush();
@@ -114,11 +125,9 @@ struct Converter {
       } else if (type == "tool_use" || type == "thinking" || type == "redacted_thinking") {
         throw invalid(fmt::format("'{}' blocks belong in assistant messages.", type), p + ".type");
       } else {
-        throw unsupported(fmt::format("Content blocks of type '{}' are not supported by this server.",
-                                      sanitize_utf8(type.substr(0, 40))),
-                          p + ".type");
+        throw unsupported_block(type, p, "by this server");
       }
-    }
+    });
     flush();
     if (content.empty()) out.push_back({{"role", "user"}, {"content", ""}});
   }
@@ -131,15 +140,9 @@ struct Converter {
     std::string text, reasoning;
     bool have_text = false;  // a separator goes between text blocks
     ojson calls = ojson::array();
-    for (size_t i = 0; i < content.size(); ++i) {
-      const std::string p = fmt::format("{}.{}", param, i);
-      const ojson& block = content[i];
-      if (!block.is_object()) throw wrong_type(p, "an object", block);
-      const std::string type = require_string(block, "type", p);
+    walk_blocks(content, param, [&](const std::string& type, const ojson& block, const std::string& p) {
       if (type == "text") {
-        if (have_text) text += "\n";
-        text += require_string(block, "text", p);
-        have_text = true;
+        append_text(text, have_text, block, p);
       } else if (type == "thinking") {
         reasoning += require_string(block, "thinking", p);
         if (const ojson* s = field(block, "signature"); s && !s->is_string()) {
@@ -160,11 +163,9 @@ struct Converter {
       } else if (type == "tool_result") {
         throw invalid("'tool_result' blocks belong in user messages.", p + ".type");
       } else {
-        throw unsupported(fmt::format("Content blocks of type '{}' are not supported by this server.",
-                                      sanitize_utf8(type.substr(0, 40))),
-                          p + ".type");
+        throw unsupported_block(type, p, "by this server");
       }
-    }
+    });
     // Content stays a string even beside tool calls: templates apply string
     // tests and methods to it ('</think>' in content, content.strip()).
     ojson msg = {{"role", "assistant"}, {"content", text}};
