@@ -1,6 +1,6 @@
 // `baton serve`'s flags of other servers' spelling: --api-key KEY and
 // $BATON_API_KEY beside --api-key-file, --served-model-name/--alias for
-// --model-id, --log-level (warn: no request lines), and one warning for a
+// --model-id, --log-level (warn: no start-up or request lines), and one warning for a
 // --ctx beyond the model's trained context.
 #include <gtest/gtest.h>
 
@@ -59,10 +59,17 @@ TEST(ServeFlags, LogLevelWarnDropsTheRequestLines) {
   ASSERT_EQ(post(quiet.port(), "/v1/completions", kRequest).status, 200);
   quiet.stop();
   EXPECT_EQ(quiet.stderr_text().find("POST /v1/completions"), std::string::npos) << quiet.stderr_text();
+  // The start-up lines are info lines too.
+  for (const char* line : {"baton serve: backend ", "baton serve: loading ", "loading weights"}) {
+    EXPECT_EQ(quiet.stderr_text().find(line), std::string::npos) << line << "\n" << quiet.stderr_text();
+  }
   ServeProcess info({stories()});
   ASSERT_EQ(post(info.port(), "/v1/completions", kRequest).status, 200);
   info.stop();
   EXPECT_NE(info.stderr_text().find("POST /v1/completions"), std::string::npos) << info.stderr_text();
+  for (const char* line : {"baton serve: backend ", "baton serve: loading ", "loading weights"}) {
+    EXPECT_NE(info.stderr_text().find(line), std::string::npos) << line << "\n" << info.stderr_text();
+  }
 }
 
 TEST(ServeFlags, CtxBeyondTheTrainedContextIsOneWarning) {

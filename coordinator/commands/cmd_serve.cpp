@@ -342,11 +342,14 @@ int serve(const ServeOptions& opt) {
   // A client that vanishes must not kill the process with SIGPIPE.
   signal(SIGPIPE, SIG_IGN);
 
+  // The start-up lines are info lines (--log-level warn keeps only warnings,
+  // errors and the "listening on" line on stdout).
+  const bool info = net::log_enabled(net::LogLevel::info);
   std::string backend_note;
   const Backend backend = resolve_backend(opt.backend, &backend_note);
   if (!opt.remote) {
     if (std::string why = backend_unavailable(backend); !why.empty()) throw CommandError(why, kExitRefused);
-    std::fprintf(stderr, "baton serve: %s\n", backend_note.c_str());
+    if (info) std::fprintf(stderr, "baton serve: %s\n", backend_note.c_str());
   }
   Metrics metrics;
   HttpServerHooks hooks;
@@ -384,8 +387,9 @@ int serve(const ServeOptions& opt) {
   engine_config.backend = backend;
   // One progress line a second while loading, and one at the end.
   auto last_line = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-  engine_config.on_load_progress = [last_line](const LoadProgress& p) {
+  engine_config.on_load_progress = [last_line, info](const LoadProgress& p) {
     const auto now = std::chrono::steady_clock::now();
+    if (!info) return;
     if (p.done < p.total && now - *last_line < std::chrono::seconds(1)) return;
     *last_line = now;
     std::fprintf(stderr, "baton serve: loading weights: %.1f / %.1f MiB (%.0f%%), %.2f GB/s, ETA %.1f s\n",
@@ -438,7 +442,7 @@ int serve(const ServeOptions& opt) {
       co.link_mode = lo.cluster.link_mode;
       remote = std::make_unique<Cluster>(net::load_secret_file(opt.secret_file), co);
       cluster = remote.get();
-      std::fprintf(stderr, "baton serve: waiting for %d workers on %s\n", opt.workers,
+      if (info) std::fprintf(stderr, "baton serve: waiting for %d workers on %s\n", opt.workers,
                    net::join_host_port(co.bind_host, remote->port()).c_str());
     } else {
       local = std::make_unique<LocalCluster>(lo);
@@ -452,14 +456,14 @@ int serve(const ServeOptions& opt) {
       if (local) local->restart_exited_workers();
     };
     stop_engine = [&] { cluster_engine->shutdown(); };
-    std::fprintf(stderr, "baton serve: %s on %d %s workers (%s)\n", opt.model.c_str(), opt.workers,
+    if (info) std::fprintf(stderr, "baton serve: %s on %d %s workers (%s)\n", opt.model.c_str(), opt.workers,
                  opt.remote ? "remote" : "local", chat_family_name(service->model().chat_family));
   } else {
     local_engine = about_file(opt.model, [&] { return std::make_unique<LocalEngine>(engine_config, &metrics); });
     service = local_engine.get();
     wait_loaded = [&] { local_engine->wait_loaded(); };
     stop_engine = [&] { local_engine->shutdown(); };
-    std::fprintf(stderr, "baton serve: loading %s (%s, %.1f MiB planned: %s)\n", opt.model.c_str(),
+    if (info) std::fprintf(stderr, "baton serve: loading %s (%s, %.1f MiB planned: %s)\n", opt.model.c_str(),
                  service->model().arch.c_str(), double(local_engine->memory_plan().total()) / (1 << 20),
                  chat_family_name(service->model().chat_family));
   }
@@ -468,9 +472,9 @@ int serve(const ServeOptions& opt) {
   warn_beyond_trained_context("baton serve", model.n_ctx_train, model.n_ctx);
 
   if (chat_template) {
-    std::fprintf(stderr, "baton serve: chat prompts from %s\n", opt.chat_template_file.c_str());
+    if (info) std::fprintf(stderr, "baton serve: chat prompts from %s\n", opt.chat_template_file.c_str());
   } else if (model.chat_template) {
-    std::fprintf(stderr, "baton serve: chat prompts from the model's chat template\n");
+    if (info) std::fprintf(stderr, "baton serve: chat prompts from the model's chat template\n");
   } else if (!model.chat_template_refused.empty()) {
     std::fprintf(stderr, "baton serve: the model's chat template is not used (%s); chat prompts use the %s format\n",
                  model.chat_template_refused.c_str(), chat_family_name(model.chat_family));
