@@ -7,7 +7,7 @@ bash scripts/deps.sh
 jobs=$(( $(nproc) < 2 ? $(nproc) : 2 ))
 build=build-test
 # CUDA off: without a GPU the CUDA suites only skip, and no GPU code gets a
-# sanitizer build; scripts/cuda_arch_check.sh below still compiles every .cu.
+# sanitizer build; scripts/cuda_arch_check.sh (below) still compiles every .cu.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBATON_CUDA=OFF \
       -DBATON_SANITIZE=address,undefined -DBATON_TESTS=ON >/dev/null
 cmake --build "$build" -j "$jobs"
@@ -17,24 +17,41 @@ if command -v npm >/dev/null 2>&1; then
 fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# Two more builds are needed: the libFuzzer targets (clang, when it has
+# libFuzzer) and the CUDA sources for sm_120 and sm_121 (when nvcc is here).
+# They run at the lowest priority while the suites run, which leave most of
+# the second core idle; their output goes to a log shown at the end.
+fuzz=0
+if printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
+     clang++ -x c++ -fsanitize=fuzzer - -o /tmp/baton-fuzz-probe.$$ >/dev/null 2>&1; then
+  rm -f /tmp/baton-fuzz-probe.$$
+  fuzz=1
+fi
+bg_log="$build/background-builds.log"
+(
+  if ((fuzz)); then nice -n 19 bash tests/fuzz/run.sh --build-only || echo "fuzz build failed"; fi
+  nice -n 19 bash scripts/cuda_arch_check.sh || echo "cuda_arch_check failed"
+) > "$bg_log" 2>&1 &
+bg=$!
 failed=()
 for t in "$build"/tests/test_*; do
   [ -x "$t" ] || continue
   echo "=== $(basename "$t")"
   if ! "$t" --gtest_brief=1; then failed+=("$(basename "$t")"); fi
 done
+wait "$bg" || true
+echo "=== background builds (fuzz targets, CUDA for sm_120/sm_121)"
+tail -n 5 "$bg_log"
+grep -q "^fuzz build failed" "$bg_log" && failed+=("fuzz build")
+grep -q "^cuda_arch_check failed" "$bg_log" && failed+=("cuda_arch_check")
 # The quick form of the fuzzing (10 s per libFuzzer target; the long runs
 # are in docs/RELIABILITY.md). Needs clang with libFuzzer; skipped otherwise.
-if printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
-     clang++ -x c++ -fsanitize=fuzzer - -o /tmp/baton-fuzz-probe.$$ >/dev/null 2>&1; then
-  rm -f /tmp/baton-fuzz-probe.$$
+if ((fuzz)); then
   echo "=== fuzz (quick)"
   if ! bash tests/fuzz/run.sh 10; then failed+=("fuzz"); fi
 else
   echo "=== fuzz (quick): skipped (no clang with libFuzzer on this machine)"
 fi
-# The CUDA sources must also compile for sm_120 and sm_121 (no GPU needed).
-if ! bash scripts/cuda_arch_check.sh; then failed+=("cuda_arch_check"); fi
 if ((${#failed[@]})); then
   echo "FAILED suites: ${failed[*]}"
   exit 1
