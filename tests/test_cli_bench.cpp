@@ -143,7 +143,7 @@ TEST(CliBench, BadParallelListIsRefused) {
   for (const char* bad : {"0", "2,,3", "x", "4,2000"}) {
     auto r = test::run_command({test::baton_binary(), "bench", "-m", "missing.gguf", "--parallel", bad});
     EXPECT_EQ(r.exit_code, 1) << bad;
-    EXPECT_NE(r.err.find("--parallel takes a comma list"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--parallel takes a comma-separated list"), std::string::npos) << r.err;
   }
 }
 

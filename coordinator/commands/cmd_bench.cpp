@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "coordinator/commands/commands.h"
+#include "coordinator/commands/count_list.h"
 #include "coordinator/commands/load_report.h"
 #include "engine/backend.h"
 #include "engine/command_error.h"
@@ -139,25 +140,7 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   if (o.batch < 1) throw std::invalid_argument("--batch must be >= 1");
   if (o.staging_mb < 1 || o.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   if (o.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
-  if (!parallel.empty()) {
-    for (size_t at = 0; at <= parallel.size();) {
-      const size_t end = std::min(parallel.find(',', at), parallel.size());
-      const std::string item = parallel.substr(at, end - at);
-      size_t used = 0;
-      int64_t n = 0;
-      try {
-        n = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != item.size() || n < 1 || n > 1024) {
-        throw std::invalid_argument("--parallel takes a comma list of sequence counts in 1..1024, got '" + parallel +
-                                    "'");
-      }
-      o.parallel.push_back(n);
-      at = end + 1;
-    }
-  }
+  if (!parallel.empty()) o.parallel = parse_count_list(parallel, "--parallel", 1024);
   if (!mem_limit.empty()) o.mem_limit = parse_size(mem_limit);
   return o;
 }

@@ -36,6 +36,7 @@
 #include "coordinator/commands/bench_serve_child.h"
 #include "coordinator/commands/bench_serve_client.h"
 #include "coordinator/commands/commands.h"
+#include "coordinator/commands/count_list.h"
 #include "engine/command_error.h"
 #include "engine/command_line.h"
 
@@ -89,26 +90,6 @@ constexpr const char* kUsage =
     "or --api-key among SERVE-ARGS, or $BATON_API_KEY, the clients send that key.\n\n"
     "Example:\n"
     "  baton bench --serve --concurrency 1,4,16,64 -- -m model.gguf --parallel 64\n\n";
-
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || item.empty() || v < 1 || v > 4096) {
-      throw std::invalid_argument("--concurrency takes a comma-separated list of counts in 1..4096, got '" + s + "'");
-    }
-    out.push_back(v);
-  }
-  if (out.empty()) throw std::invalid_argument("--concurrency needs at least one count");
-  return out;
-}
 
 // The value of a serve option given as "--name V" or "--name=V", if any.
 std::optional<std::string> serve_option(const std::vector<std::string>& args, const std::string& name) {
@@ -173,7 +154,7 @@ std::optional<Options> parse(int argc, char** argv) {
       }
     }
   }
-  o.concurrency = parse_list(concurrency);
+  for (const int64_t n : parse_count_list(concurrency, "--concurrency", 4096)) o.concurrency.push_back(int(n));
   if (o.prompt_tokens < 1) throw std::invalid_argument("--prompt-tokens must be at least 1");
   if (o.completion_tokens < 1) throw std::invalid_argument("--completion-tokens must be at least 1");
   if (o.requests_per_client < 1) throw std::invalid_argument("--requests-per-client must be at least 1");
