@@ -17,39 +17,19 @@ if command -v npm >/dev/null 2>&1; then
 fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# Two more builds are needed: the libFuzzer targets (clang, when it has
-# libFuzzer) and the CUDA sources for sm_120 and sm_121 (when nvcc is here).
-# While the suites run (about one core's work) they build on the last core
-# only, at the lowest priority, so that the suites keep a core to themselves;
-# what is left when the suites end builds on every core below.
-fuzz=0
-if printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
-     clang++ -x c++ -fsanitize=fuzzer - -o /tmp/baton-fuzz-probe.$$ >/dev/null 2>&1; then
-  rm -f /tmp/baton-fuzz-probe.$$
-  fuzz=1
-fi
-bg=""
-if (( $(nproc) >= 2 )) && command -v taskset >/dev/null 2>&1 && command -v setsid >/dev/null 2>&1; then
-  last_cpu=$(( $(nproc) - 1 ))
-  # Its own process group (setsid), so that what is still building can be stopped as one.
-  setsid bash -c "
-    if (( $fuzz )); then taskset -c $last_cpu nice -n 19 bash tests/fuzz/run.sh --build-only; fi
-    taskset -c $last_cpu nice -n 19 bash scripts/cuda_arch_check.sh" > "$build/background-builds.log" 2>&1 &
-  bg=$!
-fi
 failed=()
 for t in "$build"/tests/test_*; do
   [ -x "$t" ] || continue
   echo "=== $(basename "$t")"
   if ! "$t" --gtest_brief=1; then failed+=("$(basename "$t")"); fi
 done
-# Stop the background builds; ninja picks up where they were.
-if [ -n "$bg" ]; then kill -- "-$bg" 2>/dev/null || true; wait "$bg" 2>/dev/null || true; fi
 # The CUDA sources must also compile for sm_120 and sm_121 (no GPU needed).
 if ! bash scripts/cuda_arch_check.sh; then failed+=("cuda_arch_check"); fi
 # The quick form of the fuzzing (10 s per libFuzzer target; the long runs
 # are in docs/RELIABILITY.md). Needs clang with libFuzzer; skipped otherwise.
-if ((fuzz)); then
+if printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
+     clang++ -x c++ -fsanitize=fuzzer - -o /tmp/baton-fuzz-probe.$$ >/dev/null 2>&1; then
+  rm -f /tmp/baton-fuzz-probe.$$
   echo "=== fuzz (quick)"
   if ! bash tests/fuzz/run.sh 10; then failed+=("fuzz"); fi
 else

@@ -8,7 +8,7 @@
 #
 # --build: the build folder (default build-fuzz); --runs: stop each target
 # after N executions or SECONDS, whichever comes first; --build-only: build
-# the targets and stop (scripts/test.sh builds them while the suites run).
+# the targets and stop.
 #
 # Each target starts from its committed seeds (tests/fuzz/corpus/TARGET/, read
 # only) plus the corpus it grew in earlier runs (DIR/fuzz-corpus/TARGET/).
