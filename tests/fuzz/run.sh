@@ -4,11 +4,9 @@
 #
 #   tests/fuzz/run.sh [SECONDS] [TARGET...]      (default 60 s, every target)
 #   tests/fuzz/run.sh [--build DIR] [--runs N] [SECONDS] [TARGET...]
-#   tests/fuzz/run.sh --build-only [--build DIR] [TARGET...]
 #
 # --build: the build folder (default build-fuzz); --runs: stop each target
-# after N executions or SECONDS, whichever comes first; --build-only: build
-# the targets and stop.
+# after N executions or SECONDS, whichever comes first.
 #
 # Each target starts from its committed seeds (tests/fuzz/corpus/TARGET/, read
 # only) plus the corpus it grew in earlier runs (DIR/fuzz-corpus/TARGET/).
@@ -20,22 +18,16 @@ cd "$(dirname "$0")/../.."
 
 build=build-fuzz
 runs=-1
-build_only=0
 while [[ ${1:-} == --* ]]; do
   case $1 in
-    --build) build=$2; shift ;;
-    --runs) runs=$2; shift ;;
-    --build-only) build_only=1 ;;
-    *) echo "usage: $0 [--build DIR] [--runs N] [SECONDS] [TARGET...] | --build-only [--build DIR] [TARGET...]" >&2
-       exit 2 ;;
+    --build) build=$2 ;;
+    --runs) runs=$2 ;;
+    *) echo "usage: $0 [--build DIR] [--runs N] [SECONDS] [TARGET...]" >&2; exit 2 ;;
   esac
-  shift
+  shift 2
 done
-seconds=60
-if ((build_only == 0)); then
-  seconds=${1:-60}
-  shift || true
-fi
+seconds=${1:-60}
+shift || true
 all=(fuzz_gguf fuzz_frame fuzz_split fuzz_http fuzz_tokenizer fuzz_jinja fuzz_chat_output)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
@@ -44,7 +36,6 @@ jobs=$(( $(nproc) < 2 ? $(nproc) : 2 ))
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
       -DBATON_CUDA=OFF -DBATON_TESTS=OFF -DBATON_FUZZ=ON -DBATON_SANITIZE=address,undefined >/dev/null
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
-((build_only == 0)) || exit 0
 
 rows=()
 found=0
