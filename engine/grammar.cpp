@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -95,17 +94,28 @@ void Grammar::check() const {
       }
     }
   }
+  // Depth-first search with an explicit stack: a grammar's depth (a long
+  // chain of rules) must not set the depth of this thread's stack.
   std::vector<uint8_t> mark(rules_.size(), 0);  // 0 new, 1 on the path, 2 done
-  std::function<void(uint32_t)> visit = [&](uint32_t r) {
-    mark[r] = 1;
-    for (uint32_t c : corners[r]) {
+  std::vector<std::pair<uint32_t, size_t>> path;  // rule, next corner to look at
+  for (uint32_t root = 0; root < rules_.size(); ++root) {
+    if (mark[root] != 0) continue;
+    mark[root] = 1;
+    path.emplace_back(root, 0);
+    while (!path.empty()) {
+      auto& [r, next] = path.back();
+      if (next == corners[r].size()) {
+        mark[r] = 2;
+        path.pop_back();
+        continue;
+      }
+      const uint32_t c = corners[r][next++];
       if (mark[c] == 1) throw std::invalid_argument("grammar: a rule refers to itself before reading any input");
-      if (mark[c] == 0) visit(c);
+      if (mark[c] == 0) {
+        mark[c] = 1;
+        path.emplace_back(c, 0);
+      }
     }
-    mark[r] = 2;
-  };
-  for (uint32_t r = 0; r < rules_.size(); ++r) {
-    if (mark[r] == 0) visit(r);
   }
 }
 

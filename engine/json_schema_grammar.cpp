@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <functional>
 #include <set>
 
 namespace baton {
@@ -204,6 +203,7 @@ Grammar::RuleId JsonSchemaCompiler::any_array() {
 Grammar::RuleId JsonSchemaCompiler::compile(const json& schema, const json* document) {
   doc_ = document ? document : &schema;
   refs_.clear();
+  depth_ = 0;
   const RuleId r = value(schema, "#");
   doc_ = nullptr;
   return r;
@@ -236,6 +236,19 @@ Grammar::RuleId JsonSchemaCompiler::ref(const std::string& target, const std::st
 }
 
 Grammar::RuleId JsonSchemaCompiler::value(const json& s, const std::string& at) {
+  // Schemas inside schemas and $ref hops each go one level deeper; the bound
+  // keeps the compiler's stack the same whatever the input (a chain of 5,000
+  // $refs once overflowed it).
+  if (depth_ >= kMaxSchemaDepth) {
+    refuse(fmt::format("the schema nests deeper than {} levels (schemas inside schemas and '$ref' hops)",
+                       kMaxSchemaDepth),
+           at.size() > 200 ? at.substr(0, 200) + "..." : at);
+  }
+  ++depth_;
+  struct Leave {
+    int& d;
+    ~Leave() { --d; }
+  } leave{depth_};
   if (s.is_boolean()) {
     if (!s.get<bool>()) refuse("the schema 'false' admits no value", at);
     return any_value();
@@ -373,26 +386,41 @@ Grammar::RuleId JsonSchemaCompiler::key_not_in(const std::vector<std::string>& n
   const RuleId free_rest = repeat(free_char, 0, -1);
   // After a byte that leaves the trie: any characters, then the quote.
   const RuleId tail = rule_of({{Item::ref(free_rest), Item::byte('"')}});
-  // Build the trie node rules recursively over sorted names.
-  std::vector<std::string> sorted = names;
-  std::sort(sorted.begin(), sorted.end());
-  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-  std::function<RuleId(const std::string&)> node = [&](const std::string& prefix) -> RuleId {
-    std::vector<std::vector<Item>> alts;
-    ByteSet children;
-    for (const std::string& n : sorted) {
-      if (n.size() > prefix.size() && n.compare(0, prefix.size(), prefix) == 0) {
-        const uint8_t b = uint8_t(n[prefix.size()]);
-        if (children.has(b)) continue;
-        children.add(b, b);
-        alts.push_back({Item::byte(b), Item::ref(node(prefix + char(b)))});
+  // The trie of the names, built without recursion (a name's length must
+  // not set the stack's depth). A child always comes after its parent, so
+  // the rules are made from the last node back to the root.
+  struct TrieNode {
+    std::vector<std::pair<uint8_t, uint32_t>> children;  // byte, node index
+    bool is_name = false;
+  };
+  std::vector<TrieNode> trie(1);
+  for (const std::string& n : names) {
+    uint32_t at_node = 0;
+    for (char ch : n) {
+      const uint8_t b = uint8_t(ch);
+      auto& kids = trie[at_node].children;
+      auto it = std::find_if(kids.begin(), kids.end(), [&](const auto& k) { return k.first == b; });
+      if (it != kids.end()) {
+        at_node = it->second;
+      } else {
+        kids.emplace_back(b, uint32_t(trie.size()));
+        at_node = uint32_t(trie.size());
+        trie.emplace_back();
       }
     }
-    if (!std::binary_search(sorted.begin(), sorted.end(), prefix)) alts.push_back({Item::byte('"')});
+    trie[at_node].is_name = true;
+  }
+  std::vector<RuleId> rule_of_node(trie.size());
+  for (size_t i = trie.size(); i-- > 0;) {
+    std::vector<std::vector<Item>> alts;
     ByteSet other = plain;
-    for (int b = 0; b < 256; ++b) {
-      if (children.has(uint8_t(b))) other.remove(uint8_t(b));
+    auto kids = trie[i].children;
+    std::sort(kids.begin(), kids.end());
+    for (const auto& [b, child] : kids) {
+      alts.push_back({Item::byte(b), Item::ref(rule_of_node[child])});
+      other.remove(b);
     }
+    if (!trie[i].is_name) alts.push_back({Item::byte('"')});
     alts.push_back({Item::set(other), Item::ref(tail)});
     // Multi-byte characters: their first byte is never a name's (names are ASCII).
     for (size_t i = 1; i < g_.alternatives(free_char).size(); ++i) {
@@ -403,9 +431,9 @@ Grammar::RuleId JsonSchemaCompiler::key_not_in(const std::vector<std::string>& n
       alt.push_back(Item::ref(tail));
       alts.push_back(std::move(alt));
     }
-    return rule_of(alts);
-  };
-  return rule_of({{Item::byte('"'), Item::ref(node(""))}});
+    rule_of_node[i] = rule_of(alts);
+  }
+  return rule_of({{Item::byte('"'), Item::ref(rule_of_node[0])}});
 }
 
 // Declared properties come in the schema's order, required ones always,

@@ -22,6 +22,10 @@ struct SchemaError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Schemas nested inside schemas, $ref hops included, deeper than this are
+// refused (SchemaError).
+inline constexpr int kMaxSchemaDepth = 64;
+
 // Adds to a Grammar the rules of values of JSON schemas. Several schemas may
 // go into one grammar (a tool call: one schema per function), each given its
 // own root document for $ref.
@@ -63,6 +67,7 @@ class JsonSchemaCompiler {
   const nlohmann::ordered_json* doc_ = nullptr;
   std::map<std::string, RuleId> refs_;  // per document
   std::map<std::string, RuleId> shared_;
+  int depth_ = 0;  // schemas being compiled, one inside the other
 };
 
 // Sets g's root and checks the grammar; a rule that can recurse without

@@ -330,6 +330,61 @@ TEST(ChatTools, ToolConversationsRenderAsJinja2Does) {
   }
 }
 
+// The tool-call histories clients send (content absent, null, empty or as
+// parts; arguments as text, as an object or absent; several calls) through
+// every stock template: each answers with a prompt or a 400, never a crash.
+// An assistant turn without "content" once read freed memory (run this suite
+// under the sanitizers, as CI does).
+TEST(ChatTools, ToolCallHistoriesThroughEveryStockTemplate) {
+  auto call = [](const std::string& id, json args) {
+    json fn = {{"name", "get_weather"}};
+    if (!args.is_null()) fn["arguments"] = std::move(args);
+    return json{{"id", id}, {"type", "function"}, {"function", fn}};
+  };
+  const json text_args = R"({"city": "Paris"})";
+  const json obj_args = {{"city", "Paris"}};
+  std::vector<json> assistants;
+  for (const json& args : {text_args, obj_args, json()}) {
+    const json calls = {call("c1", args)};
+    assistants.push_back({{"role", "assistant"}, {"tool_calls", calls}});  // no content key
+    assistants.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}});
+    assistants.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", calls}});
+    assistants.push_back({{"role", "assistant"},
+                          {"content", json::array({{{"type", "text"}, {"text", "Checking."}}})},
+                          {"tool_calls", calls}});
+  }
+  assistants.push_back({{"role", "assistant"}, {"tool_calls", {call("c1", text_args), call("c2", obj_args)}}});
+  assistants.push_back({{"tool_calls", {call("c1", text_args)}}, {"role", "assistant"}});  // role after the calls
+
+  int rendered = 0, refused = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(test::shared_dir() + "/chat_templates")) {
+    if (entry.path().extension() != ".jinja") continue;
+    const std::string name = entry.path().filename().string();
+    SCOPED_TRACE(name);
+    const ModelInfo m = stories_info(name);
+    for (const json& assistant : assistants) {
+      json msgs = json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}, assistant});
+      for (const json& c : assistant["tool_calls"]) {
+        msgs.push_back({{"role", "tool"}, {"tool_call_id", c["id"]}, {"content", "{\"temp\": 19}"}});
+      }
+      for (const bool with_tools : {false, true}) {
+        json extra = {{"messages", msgs}, {"max_tokens", 2}};
+        if (with_tools) extra["tools"] = json::array({kWeatherTool});
+        try {
+          const ApiRequest r = parse_chat_request(chat_body(extra).dump(), m);
+          EXPECT_FALSE(r.gen.prompt.empty());
+          ++rendered;
+        } catch (const ApiError& e) {
+          EXPECT_EQ(e.status, 400) << e.what();
+          ++refused;
+        }
+      }
+    }
+  }
+  // Most templates render tool histories; a few refuse some shapes by design.
+  EXPECT_GT(rendered, 10 * refused) << rendered << " rendered, " << refused << " refused";
+}
+
 // ---- response shapes, from fixture outputs fed as generation events ----
 
 ApiRequest request_with(ChatOutputFormat f, bool stream) {

@@ -5,6 +5,8 @@
 // with a 400 naming what is not supported; forced tool calls.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -155,6 +157,56 @@ TEST(StructuredOutput, UnsupportedResponseFormatsAre400s) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
+}
+
+// A $ref chain 5,000 deep (382 KB, within every request limit) once
+// overflowed the compiler's stack: now a 400 naming the depth limit, through
+// response_format and through a tool's parameters alike. A chain within the
+// limit, and a property name of 10,000 bytes beside additionalProperties
+// (once a recursion as deep as the name), still compile.
+std::string ref_chain(int n) {
+  std::string defs;
+  for (int i = 0; i < n; ++i) {
+    defs += fmt::format(R"("d{}":{{"$ref":"#/$defs/d{}"}},)", i, i + 1);
+  }
+  defs += fmt::format(R"("d{}":{{"type":"integer"}})", n);
+  return R"({"$ref":"#/$defs/d0","$defs":{)" + defs + "}}";
+}
+
+TEST(StructuredOutput, DeepSchemasAre400sNotCrashes) {
+  const ModelInfo m = model_for_parsing();
+  const std::string head = R"({"model":"m","messages":[{"role":"user","content":"hi"}],)";
+  const std::string deep = ref_chain(5000);
+  ASSERT_GT(deep.size(), 100000u);
+  for (const std::string& body :
+       {head + R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)" + deep + "}}}",
+        head + R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":)" +
+            deep + R"(}}}}],"tool_choice":"required"})"}) {
+    try {
+      parse_chat_request(body, m);
+      ADD_FAILURE() << "accepted a 5,000-deep $ref chain";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_NE(std::string(e.what()).find(fmt::format("deeper than {} levels", kMaxSchemaDepth)), std::string::npos)
+          << e.what();
+    }
+  }
+  ApiRequest ok = parse_chat_request(
+      head + R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)" + ref_chain(40) + "}}}", m);
+  ASSERT_NE(ok.gen.grammar, nullptr);
+  GrammarMatcher om(ok.gen.grammar);
+  EXPECT_TRUE(om.advance("42") && om.finished());
+
+  const std::string name(10000, 'k');
+  ApiRequest wide = parse_chat_request(
+      head + R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object",)" +
+          R"("properties":{")" + name + R"(":{"type":"integer"}},"additionalProperties":{"type":"boolean"}}}}})",
+      m);
+  ASSERT_NE(wide.gen.grammar, nullptr);
+  GrammarMatcher wm(wide.gen.grammar);
+  EXPECT_TRUE(wm.advance(R"({"kk":true})") && wm.finished());
+  GrammarMatcher wn(wide.gen.grammar);
+  EXPECT_FALSE(wn.advance("{\"" + name + "\":true"));  // the declared name takes an integer
 }
 
 }  // namespace

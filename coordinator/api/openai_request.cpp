@@ -341,10 +341,12 @@ ojson template_messages(const ojson& messages) {
     if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null() && !id->is_string()) {
       throw wrong_type(p + ".tool_call_id", "a string", json::parse(id->dump()));
     }
-    auto calls = m.find("tool_calls");
-    if (calls == m.end() || calls->is_null()) continue;
-    if (!calls->is_array()) throw wrong_type(p + ".tool_calls", "an array", json::parse(calls->dump()));
+    if (auto calls = m.find("tool_calls"); calls == m.end() || calls->is_null()) continue;
+    // Adding "content" inserts into the ordered object, which moves its
+    // elements: look "tool_calls" up again only after that.
     if (auto c = m.find("content"); c == m.end() || c->is_null()) m["content"] = "";
+    const auto calls = m.find("tool_calls");
+    if (!calls->is_array()) throw wrong_type(p + ".tool_calls", "an array", json::parse(calls->dump()));
     for (size_t j = 0; j < calls->size(); ++j) {
       ojson& call = (*calls)[j];
       const std::string cp = fmt::format("{}.tool_calls.[{}]", p, j);
