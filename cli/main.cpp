@@ -35,7 +35,7 @@ const Command kCommands[] = {
     {"merge", baton::cmd_merge, "rebuild a GGUF from the parts split wrote", true},
     {"worker", baton::cmd_worker, "run one pipeline stage for a coordinator", false},
     {"bench", baton::cmd_bench, "prefill/decode speed against measured ceilings; --serve: load through the API", false},
-    {"convert", baton::cmd_convert, "convert a HuggingFace llama/qwen2 checkpoint (safetensors) to GGUF", true},
+    {"convert", baton::cmd_convert, "convert a HuggingFace llama/qwen2/qwen3/deepseek_v4 checkpoint (safetensors) to GGUF", true},
     {"logits", baton::cmd_logits, "write the logits of every position of a token sequence (for oracles)", true},
 };
 

@@ -56,6 +56,22 @@ inline constexpr Alias kAliases[] = {
     {"--temperature", "temp"},
     {"--served-model-name", "model-id"},
     {"--alias", "model-id"},
+    {"-np", "parallel"},
+    {"--max-num-seqs", "parallel"},
+    {"--pipeline-parallel-size", "workers"},
+};
+
+// Switches of other servers that ask for what Baton always does: taken and
+// dropped (a value of on/off/auto after them too), wherever the command runs
+// models.
+struct Accepted {
+  std::string_view option;
+  std::string_view why;
+};
+inline constexpr Accepted kAccepted[] = {
+    {"--jinja", "chat templates always run as Jinja"},
+    {"--flash-attn", "attention always runs fused"},
+    {"-fa", "attention always runs fused"},
 };
 
 // Options of other servers that have no counterpart under another name: the
@@ -70,6 +86,12 @@ inline constexpr Foreign kForeign[] = {
     {"--gpu-layers", "every layer of a stage goes to the GPU with --backend cuda (auto picks it when one is usable)"},
     {"-tp", "Baton splits a model by layers: --workers K (a pipeline of K stages)"},
     {"--tensor-parallel-size", "Baton splits a model by layers: --workers K (a pipeline of K stages)"},
+    {"-ctk", "Baton keeps the KV cache unquantized (DeepSeek V4's may be packed: baton plan --kv packed); "
+             "baton plan shows its bytes"},
+    {"-ctv", "Baton keeps the KV cache unquantized (DeepSeek V4's may be packed: baton plan --kv packed); "
+             "baton plan shows its bytes"},
+    {"--cache-type-k", "Baton keeps the KV cache unquantized; baton plan shows its bytes"},
+    {"--cache-type-v", "Baton keeps the KV cache unquantized; baton plan shows its bytes"},
 };
 
 inline size_t edit_distance(std::string_view a, std::string_view b) {
@@ -142,6 +164,18 @@ inline std::vector<std::string> normalize_words(int argc, char** argv,
       out.push_back(std::move(w));
       continue;
     }
+    if (const std::string bare = w.substr(0, w.find('=')); !find_long(all, bare.substr(bare.find_first_not_of('-')))) {
+      const bool accepted = std::any_of(std::begin(kAccepted), std::end(kAccepted),
+                                        [&](const Accepted& a) { return a.option == bare; });
+      // Only where the command runs models (it has --ctx).
+      if (accepted && find_long(all, "ctx")) {
+        if (w.find('=') == std::string::npos && i + 1 < argc) {
+          const std::string next = argv[i + 1];
+          if (next == "on" || next == "off" || next == "auto") ++i;
+        }
+        continue;
+      }
+    }
     const bool is_long = w[1] == '-';
     const size_t eq = w.find('=');
     std::string spelled = is_long ? w.substr(0, eq) : w.substr(0, 2);
@@ -184,6 +218,11 @@ inline std::string alias_help(const boost::program_options::options_description&
     if (a.alias.size() > 2 && command_line_detail::find_long(all, alias_name)) continue;
     if (a.alias.size() == 2 && all.find_nothrow(std::string(a.alias), false)) continue;
     text += "  " + std::string(a.alias) + " = --" + std::string(a.name) + "\n";
+  }
+  if (command_line_detail::find_long(all, "ctx")) {
+    for (const auto& a : command_line_detail::kAccepted) {
+      text += "  " + std::string(a.option) + ": taken and ignored (" + std::string(a.why) + ")\n";
+    }
   }
   return text.empty() ? text : "\nalso accepted (the spellings of llama.cpp and vLLM):\n" + text;
 }

@@ -196,7 +196,7 @@ MemoryPlan plan_stage(const GgufFile& f, const StageRequest& r) { return ModelPl
 
 uint64_t parse_size(std::string_view text) {
   auto fail = [&](const char* why) {
-    throw std::invalid_argument(fmt::format("bad size '{}': {} (use e.g. 96GB, 97887MiB, 128GiB, 4096)", text, why));
+    throw std::invalid_argument(fmt::format("bad size '{}': {} (use e.g. 96GB, 97887MiB, 128GiB, 4096B)", text, why));
   };
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
@@ -211,6 +211,9 @@ uint64_t parse_size(std::string_view text) {
       {"", 1},          {"b", 1},          {"kb", 1e3},         {"mb", 1e6},          {"gb", 1e9},
       {"tb", 1e12},     {"kib", 1024.0},   {"mib", 1048576.0},  {"gib", 1073741824.0}, {"tib", 1099511627776.0},
   };
+  // A bare number is a mistake more often than bytes (`--mem-limit 12`
+  // meaning 12 GB): bytes say B. Zero needs no unit.
+  if (unit.empty() && v != 0) fail("a size needs a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
   auto it = kUnits.find(unit);
   if (it == kUnits.end()) fail("unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
   const double bytes = std::round(v * it->second);

@@ -166,9 +166,10 @@ class ModelPlanner {
 // One-shot convenience: ModelPlanner(f).plan(r).
 MemoryPlan plan_stage(const GgufFile& f, const StageRequest& r);
 
-// "97887MiB", "96GB", "1.5TiB", "4096", "4096B": decimal suffixes KB MB GB
-// TB (10^3 steps) and binary KiB MiB GiB TiB (2^10 steps), either case.
-// Throws std::invalid_argument naming the text.
+// "97887MiB", "96GB", "1.5TiB", "4096B", "0": decimal suffixes KB MB GB
+// TB (10^3 steps) and binary KiB MiB GiB TiB (2^10 steps), either case. A
+// number without a unit other than 0 is refused (`--mem-limit 12` is not 12
+// bytes). Throws std::invalid_argument naming the text.
 uint64_t parse_size(std::string_view text);
 // "80.76 GiB", "512.00 MiB", "100 B".
 std::string format_size(uint64_t bytes);

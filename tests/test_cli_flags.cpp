@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,30 @@ TEST(CliFlags, AliasesOfLlamaCppAndVllm) {
   expect_error(baton({"bench", "--serve", "-c", "0", "--", stories()}), "bench", "--concurrency");
 }
 
+// More spellings: -np / --max-num-seqs for --parallel, --pipeline-parallel-size
+// for --workers; --jinja and --flash-attn [on|off|auto] taken and ignored
+// (Baton always does what they ask); the KV cache type flags explained.
+TEST(CliFlags, MoreSpellingsOfOtherServers) {
+  EXPECT_EQ(run_json({"-n", "2", "--temp", "0", "--jinja", "--flash-attn", "on", "-fa"}).value("n_gen", 0), 2);
+  EXPECT_EQ(run_json({"-n", "2", "--temp", "0", "--flash-attn=auto"}).value("n_gen", 0), 2);
+  expect_error(baton({"run", stories(), "-ctk", "q8_0"}), "run", "KV cache unquantized");
+  expect_error(baton({"serve", stories(), "--cache-type-v", "q4_0"}), "serve", "KV cache unquantized");
+  const auto help = baton({"serve", "--help"});
+  for (const char* line : {"-np = --parallel", "--max-num-seqs = --parallel", "--pipeline-parallel-size = --workers",
+                           "--jinja: taken and ignored"}) {
+    EXPECT_NE(help.out.find(line), std::string::npos) << line << "\n" << help.out;
+  }
+  // Taken where a command runs models only.
+  expect_error(baton({"inspect", stories(), "--jinja"}), "inspect", "unknown option '--jinja'");
+  setenv("BATON_PARSE_ONLY", "1", 1);
+  const auto serve_np = baton({"serve", stories(), "-np", "3", "--pipeline-parallel-size", "2", "--jinja"});
+  const auto serve_bad = baton({"serve", stories(), "-np", "x"});
+  unsetenv("BATON_PARSE_ONLY");
+  EXPECT_EQ(serve_np.exit_code, 0) << serve_np.err;
+  EXPECT_NE(serve_bad.exit_code, 0);
+  EXPECT_NE(serve_bad.err.find("parallel"), std::string::npos) << serve_bad.err;
+}
+
 TEST(CliFlags, ValuesThatBeginWithADash) {
   // -n -1: until the context is full.
   const auto j = run_json({"-n", "-1", "--temp", "0", "--ignore-eos", "--ctx", "24"});
@@ -114,6 +139,12 @@ TEST(CliFlags, VersionAndHelp) {
   const auto help_run = baton({"help", "run"}), run_help = baton({"run", "--help"});
   EXPECT_EQ(help_run.exit_code, 0);
   EXPECT_EQ(help_run.out, run_help.out);
+  EXPECT_NE(help.out.find("llama/qwen2/qwen3/deepseek_v4"), std::string::npos) << help.out;  // convert's
+  test::TempDir dir;
+  const auto missing = baton({"serve", "--config", dir.file("missing.toml")});
+  EXPECT_NE(missing.err.find("missing.toml: no such file"), std::string::npos) << missing.err;
+  const auto folder = baton({"run", "--config", dir.path().string()});
+  EXPECT_NE(folder.err.find("it is a folder"), std::string::npos) << folder.err;
   const auto bad = baton({"help", "frobnicate"});
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("unknown command 'frobnicate'"), std::string::npos) << bad.err;
@@ -180,6 +211,13 @@ TEST(CliFlags, RunErrorsNameTheFileAndASplitPartSaysWhatToRun) {
   ASSERT_EQ(split.exit_code, 0) << split.err;
   const std::string part = dir.file("stories260K-part1-of-2-layers-0-2.gguf");
   expect_error(baton({"run", "-m", part, "-n", "1"}), "run", part + ": this is a split part (1 of 2, layers 0:2): use --parts");
+  // serve once said "missing tensor token_embd.weight" of the second part.
+  const std::string part2 = dir.file("stories260K-part2-of-2-layers-3-output.gguf");
+  const auto serve = baton({"serve", part2, "--port", "0", "--backend", "cpu"});
+  EXPECT_EQ(serve.exit_code, 1) << serve.err;
+  EXPECT_NE(serve.err.find("baton serve: " + part2 + ": this is a split part (2 of 2, layers 3:output): use --parts"),
+            std::string::npos)
+      << serve.err;
 }
 
 TEST(CliFlags, WorkersLogWarningsOnlyUnlessVerbose) {

@@ -198,13 +198,18 @@ TEST(CliRun, HelpExplainsEveryOption) {
 // Runs baton from a folder where no default fixture can be found, with
 // BATON_MODEL set or not: the child inherits this process's cwd and env.
 test::CommandResult run_isolated(const std::vector<std::string>& args, const char* baton_model) {
+  // <dir>/iso/bin/baton run from <dir>/iso/work: the fixture would be
+  // <dir>/iso/shared or <dir>/shared, which never exist (a shared/ beside
+  // the temporary folder itself must not be found).
   test::TempDir dir;
-  fs::create_directories(dir.path() / "bin");
-  fs::path exe = dir.path() / "bin" / "baton";  // <dir>/bin/baton: <dir>/../shared does not exist
+  const fs::path root = dir.path() / "iso";
+  fs::create_directories(root / "bin");
+  fs::create_directories(root / "work");
+  fs::path exe = root / "bin" / "baton";
   fs::copy_file(test::baton_binary(), exe);
   fs::permissions(exe, fs::perms::owner_exec, fs::perm_options::add);
   fs::path old_cwd = fs::current_path();
-  fs::current_path(dir.path());
+  fs::current_path(root / "work");
   std::string old_env = std::getenv("BATON_MODEL") ? std::getenv("BATON_MODEL") : "";
   if (baton_model) {
     setenv("BATON_MODEL", baton_model, 1);
@@ -223,6 +228,16 @@ test::CommandResult run_isolated(const std::vector<std::string>& args, const cha
   return r;
 }
 
+// A fresh clone without ../shared: `run --workers 2` (scripts/run.sh's
+// command) takes the built-in model too, written to a file the workers open.
+TEST(CliRun, WorkersWithoutAModelRunTheSyntheticModel) {
+  auto r = run_isolated({"--workers", "2", "-n", "6", "--ignore-eos", "--json"}, nullptr);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["workers"], 2);
+  EXPECT_EQ(j["n_gen"].get<int>(), 6) << r.out;
+}
+
 TEST(CliRun, DefaultModelIsEnvThenFixtureThenSynthetic) {
   auto synth = run_isolated({"-n", "8", "--json"}, nullptr);
   ASSERT_EQ(synth.exit_code, 0) << synth.err;
@@ -237,6 +252,7 @@ TEST(CliRun, DefaultModelIsEnvThenFixtureThenSynthetic) {
   ASSERT_EQ(env.exit_code, 0) << env.err;
   auto je = nlohmann::json::parse(env.out);
   EXPECT_EQ(je["model"], stories);
+  EXPECT_TRUE(je["seed"].is_null()) << je["seed"];  // greedy: no seed
   EXPECT_EQ(je["tokens"].get<std::vector<int32_t>>(), (std::vector<int32_t>{432, 383, 286, 261, 376}));
 
   // From the build folder the fixture beside the checkout is found by the binary's path.

@@ -54,6 +54,19 @@ TEST(ServeFlags, ServedModelNameAndAliasNameTheModel) {
   }
 }
 
+// Without -m, serve takes run's default model: $BATON_MODEL, else the
+// fixture beside the checkout (test_cli_run covers the built-in model that
+// comes last, with the same function).
+TEST(ServeFlags, WithoutAModelServesTheDefault) {
+  const char* env = std::getenv("BATON_MODEL");
+  if (env && *env) GTEST_SKIP() << "BATON_MODEL is set: the default is the environment's";
+  ServeProcess s({});
+  const Response models = http(s.port(), "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(models.j()["data"][0]["id"], "stories260K");
+  EXPECT_EQ(post(s.port(), "/v1/completions", kRequest).status, 200);
+}
+
 TEST(ServeFlags, LogLevelWarnDropsTheRequestLines) {
   ServeProcess quiet({stories(), "--log-level", "warn"});
   ASSERT_EQ(post(quiet.port(), "/v1/completions", kRequest).status, 200);

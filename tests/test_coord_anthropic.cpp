@@ -15,6 +15,7 @@
 #include "coordinator/api/openai_request.h"
 #include "engine/chat_jinja.h"
 #include "engine/chat_template.h"
+#include "engine/grammar.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
 #include "tests/test_model_info.h"
@@ -478,6 +479,36 @@ TEST(AnthropicResponse, StreamEventsAndTheWholeMessageAgree) {
   EXPECT_EQ(events.back().second["error"]["type"], "api_error");
   EXPECT_NE(events.back().second["error"]["message"].get<std::string>().find("worker-1 died"), std::string::npos);
   EXPECT_EQ(json::parse(failing.error_body(503, "stopping"))["error"]["type"], "overloaded_error");
+}
+
+// tool_choice any / tool force a call by the grammar the OpenAI route uses
+// ("required" / a named function): once it was plain text with Qwen 2.5's
+// template. auto leaves the model free.
+TEST(AnthropicRequest, ToolChoiceAnyAndToolForceACall) {
+  ModelInfo m = stories_info();
+  const auto qwen = load_chat_template_file(test::shared_dir() + "/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+  auto body = [](const std::string& choice) {
+    return R"({"model":"stories260K","max_tokens":64,"messages":[{"role":"user","content":"Weather?"}],
+        "tools":[{"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}},
+                  "required":["city"]}},{"name":"now","input_schema":{"type":"object"}}],
+        "tool_choice":)" + choice + "}";
+  };
+  const std::string weather = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  const std::string now = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  auto accepts = [](const std::shared_ptr<const Grammar>& g, const std::string& text) {
+    GrammarMatcher mt(g);
+    return mt.advance(text) && mt.finished();
+  };
+  const MessagesRequest any = parse_messages_request(body(R"({"type":"any"})"), m, qwen.get());
+  ASSERT_NE(any.gen.grammar, nullptr);
+  EXPECT_TRUE(accepts(any.gen.grammar, weather));
+  EXPECT_TRUE(accepts(any.gen.grammar, now));
+  EXPECT_FALSE(accepts(any.gen.grammar, "Plain text."));
+  const MessagesRequest named = parse_messages_request(body(R"({"type":"tool","name":"now"})"), m, qwen.get());
+  ASSERT_NE(named.gen.grammar, nullptr);
+  EXPECT_TRUE(accepts(named.gen.grammar, now));
+  EXPECT_FALSE(accepts(named.gen.grammar, weather));
+  EXPECT_EQ(parse_messages_request(body(R"({"type":"auto"})"), m, qwen.get()).gen.grammar, nullptr);
 }
 
 // With a real template the request picks the model's output format (Qwen 3:

@@ -3,14 +3,18 @@
 // comparison, and request parsing into GenerationRequests.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/api/generation.h"
 #include "coordinator/api/openai_api.h"
 #include "coordinator/api/openai_request.h"
+#include "coordinator/api/prompt_pool.h"
 #include "engine/chat_jinja.h"
 #include "engine/chat_template.h"
 #include "engine/gguf.h"
@@ -271,6 +275,52 @@ TEST(ServeApi, JsonDepthAndValueCountAreBoundedBeforeParsing) {
   EXPECT_EQ(refusal(ids + "]}"), "");
   // Malformed JSON is still reported as such.
   EXPECT_NE(refusal("{\"model\":").find("could not parse"), std::string::npos);
+}
+
+// The prompt threads: a job runs until its cancel flag is set (the client
+// left, or the pool stops); jobs still queued at stop run with the flag set,
+// so that each answers; a full queue refuses.
+TEST(PromptPool, StopCancelsRunningJobsAndRunsQueuedOnesCancelled) {
+  using namespace std::chrono_literals;
+  PromptPool pool(1, 2);
+  std::atomic<int> started{0}, ended_cancelled{0}, queued_ran_cancelled{0};
+  auto spin = [&](const std::atomic<bool>& cancel) {
+    ++started;
+    const auto give_up = std::chrono::steady_clock::now() + 20s;
+    while (!cancel && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(1ms);
+    if (cancel) ++ended_cancelled;
+  };
+  auto flag = [] { return std::make_shared<std::atomic<bool>>(false); };
+  ASSERT_TRUE(pool.submit(spin, flag()));
+  while (started == 0) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(pool.submit([&](const std::atomic<bool>& c) { queued_ran_cancelled += c ? 1 : 0; }, flag()));
+  ASSERT_TRUE(pool.submit([&](const std::atomic<bool>& c) { queued_ran_cancelled += c ? 1 : 0; }, flag()));
+  EXPECT_FALSE(pool.submit([](const std::atomic<bool>&) {}, flag()));  // 2 queued already
+  const auto t = std::chrono::steady_clock::now();
+  pool.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t, 5s);
+  EXPECT_EQ(ended_cancelled, 1);
+  EXPECT_EQ(queued_ran_cancelled, 2);
+  EXPECT_TRUE(pool.stopping());
+  EXPECT_FALSE(pool.submit([](const std::atomic<bool>&) {}, flag()));
+}
+
+TEST(PromptPool, ACancelFlagSetByTheCallerStopsItsJobAlone) {
+  using namespace std::chrono_literals;
+  PromptPool pool(2, 8);
+  auto mine = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool> done{false}, other_done{false};
+  ASSERT_TRUE(pool.submit([&](const std::atomic<bool>& c) {
+    while (!c) std::this_thread::sleep_for(1ms);
+    done = true;
+  }, mine));
+  ASSERT_TRUE(pool.submit([&](const std::atomic<bool>&) { other_done = true; },
+                          std::make_shared<std::atomic<bool>>(false)));
+  while (!other_done) std::this_thread::sleep_for(1ms);  // the other thread still serves
+  EXPECT_FALSE(done);
+  *mine = true;  // what the exchange's abort does
+  for (int i = 0; i < 5000 && !done; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(done);
 }
 
 }  // namespace

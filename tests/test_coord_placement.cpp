@@ -147,10 +147,10 @@ TEST(Placement, ParseSizesAndNodes) {
   EXPECT_EQ(parse_size("97887MiB"), 97887ull << 20);
   EXPECT_EQ(parse_size("128gib"), 128ull << 30);
   EXPECT_EQ(parse_size("1.5KiB"), 1536u);
-  EXPECT_EQ(parse_size("4096"), 4096u);
+  EXPECT_EQ(parse_size("0"), 0u);
   EXPECT_EQ(parse_size("4096B"), 4096u);
   EXPECT_EQ(parse_size("2TB"), 2000000000000ull);
-  for (const char* bad : {"", "GB", "12XB", "-5GB", "1..2GB", "5 GB", "99999999999TB"}) {
+  for (const char* bad : {"", "GB", "12XB", "-5GB", "1..2GB", "5 GB", "99999999999TB", "96", "12", "4096"}) {
     EXPECT_THROW(parse_size(bad), std::invalid_argument) << bad;
   }
   auto nodes = parse_nodes("a=128GB:unified:reserve=4GiB,b=96GB:discrete:bw=1.8TB,c=64GiB:cpu");

@@ -19,9 +19,9 @@ AnthropicApi::AnthropicApi(GenerationService& service, Metrics& metrics,
                            std::shared_ptr<const JinjaTemplate> chat_template)
     : service_(service), metrics_(metrics), chat_template_(std::move(chat_template)) {}
 
-void AnthropicApi::messages(const std::shared_ptr<HttpExchange>& ex) {
+void AnthropicApi::messages(const std::shared_ptr<HttpExchange>& ex, const RenderBudget& budget) {
   const ModelInfo& model = service_.model();
-  MessagesRequest r = parse_messages_request(ex->request().body, model, chat_template_.get());
+  MessagesRequest r = parse_messages_request(ex->request().body, model, chat_template_.get(), budget);
   std::string id = make_request_id("msg_");
   r.gen.id = id;
   const int64_t input_tokens = int64_t(r.gen.prompt.size());
@@ -29,8 +29,8 @@ void AnthropicApi::messages(const std::shared_ptr<HttpExchange>& ex) {
   run_generation(service_, metrics_, ex, std::move(r.gen), std::move(shaper), r.stream);
 }
 
-void AnthropicApi::count_tokens(const std::shared_ptr<HttpExchange>& ex) {
-  const int64_t n = count_message_tokens(ex->request().body, service_.model(), chat_template_.get());
+void AnthropicApi::count_tokens(const std::shared_ptr<HttpExchange>& ex, const RenderBudget& budget) {
+  const int64_t n = count_message_tokens(ex->request().body, service_.model(), chat_template_.get(), budget);
   ex->respond(200, "application/json", dump_json({{"input_tokens", n}}));
 }
 

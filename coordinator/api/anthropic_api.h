@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "coordinator/api/chat_prompt.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/request_json.h"
@@ -32,8 +33,8 @@ class AnthropicApi {
   AnthropicApi(GenerationService& service, Metrics& metrics, std::shared_ptr<const JinjaTemplate> chat_template);
 
   // The two routes; they throw ApiError for a refusal.
-  void messages(const std::shared_ptr<HttpExchange>& ex);
-  void count_tokens(const std::shared_ptr<HttpExchange>& ex);
+  void messages(const std::shared_ptr<HttpExchange>& ex, const RenderBudget& budget = {});
+  void count_tokens(const std::shared_ptr<HttpExchange>& ex, const RenderBudget& budget = {});
 
  private:
   GenerationService& service_;

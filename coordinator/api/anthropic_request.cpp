@@ -9,6 +9,8 @@
 #include <set>
 
 #include "coordinator/api/chat_output_format.h"
+#include "coordinator/api/tool_call_grammar.h"
+#include "engine/json_schema_grammar.h"
 #include "engine/chat_template.h"
 
 namespace baton {
@@ -365,7 +367,7 @@ Parsed parse(std::string_view text, const ModelInfo& model) {
 }  // namespace
 
 MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& model,
-                                       const JinjaTemplate* chat_template) {
+                                       const JinjaTemplate* chat_template, const RenderBudget& budget) {
   const Parsed p = parse(text, model);
   const json& body = p.body;
   const JinjaTemplate* tmpl = chat_template_for(model, chat_template);
@@ -379,10 +381,17 @@ MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& m
                               r.conversation.thinking_budget, *max_tokens),
                   "thinking.budget_tokens");
   }
-  const ChatPrompt prompt = encode_chat(r.conversation.chat, model, tmpl);
+  const ChatPrompt prompt = encode_chat(r.conversation.chat, model, tmpl, budget);
   r.gen.prompt = prompt.tokens;
   r.output_format = request_output_format(chat_output_format(model, tmpl), prompt.text, r.conversation.tools.active());
   r.gen.show_tokens = chat_marker_tokens(r.output_format, *model.tokenizer);
+  // tool_choice any / tool: one call, by the grammar the OpenAI route uses.
+  try {
+    r.gen.grammar = forced_tool_call_grammar(r.conversation.tools, r.output_format);
+  } catch (const SchemaError& e) {
+    throw invalid(fmt::format("Invalid or unsupported JSON schema in a tool's input_schema: {}.", e.what()), "tools",
+                  "unsupported_parameter");
+  }
 
   SamplerParams& s = r.gen.sampling;
   // Anthropic's ranges and defaults: temperature 0..1 (default 1), top_p, top_k off unless given.
@@ -403,11 +412,12 @@ MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& m
   return r;
 }
 
-int64_t count_message_tokens(std::string_view text, const ModelInfo& model, const JinjaTemplate* chat_template) {
+int64_t count_message_tokens(std::string_view text, const ModelInfo& model, const JinjaTemplate* chat_template,
+                             const RenderBudget& budget) {
   const Parsed p = parse(text, model);
   const JinjaTemplate* tmpl = chat_template_for(model, chat_template);
   const MessagesConversation conv = messages_conversation(p.body, p.ordered, tmpl != nullptr);
-  return int64_t(encode_chat(conv.chat, model, tmpl).tokens.size());
+  return int64_t(encode_chat(conv.chat, model, tmpl, budget).tokens.size());
 }
 
 }  // namespace baton

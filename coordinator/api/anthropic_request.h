@@ -66,11 +66,11 @@ struct MessagesRequest {
 // conversation is tokenized into gen.prompt. max_tokens is required, as in
 // Anthropic's API.
 MessagesRequest parse_messages_request(std::string_view body, const ModelInfo& model,
-                                       const JinjaTemplate* chat_template = nullptr);
+                                       const JinjaTemplate* chat_template = nullptr, const RenderBudget& budget = {});
 
 // The token count of a /v1/messages/count_tokens body: the prompt that
 // /v1/messages renders from the same fields (max_tokens is not needed).
 int64_t count_message_tokens(std::string_view body, const ModelInfo& model,
-                             const JinjaTemplate* chat_template = nullptr);
+                             const JinjaTemplate* chat_template = nullptr, const RenderBudget& budget = {});
 
 }  // namespace baton

@@ -32,6 +32,7 @@ std::string message_content(const ojson& msg, size_t index) {
         throw invalid("Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported.", param,
                       "unsupported_parameter");
       }
+      if (&part != &it->front()) text += "\n";  // as the template path and the Anthropic route join them
       text += part["text"].get<std::string>();
     }
     return text;
@@ -76,7 +77,8 @@ const JinjaTemplate* chat_template_for(const ModelInfo& model, const JinjaTempla
   return override_template ? override_template : model.chat_template.get();
 }
 
-ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl) {
+ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl,
+                       const RenderBudget& budget) {
   std::string prompt;
   if (tmpl) {
     ChatTemplateInput in;
@@ -87,7 +89,13 @@ ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, con
     in.eos_token = chat_eos_text(*model.tokenizer);
     try {
       prompt = render_chat(*tmpl, in);
+      if (budget.cancel && *budget.cancel) throw jinja::RenderError("cancelled");
+      if (std::chrono::steady_clock::now() > budget.deadline) throw jinja::RenderError("the template ran too long");
     } catch (const jinja::RenderError& e) {
+      if (budget.cancel && *budget.cancel) {
+        throw ApiError(503, "The request was cancelled while its prompt was rendered.", "server_error", "", "",
+                       "cancelled");
+      }
       throw invalid(fmt::format("The model's chat template refused the conversation: {}", sanitize_utf8(e.what())),
                     "messages", "invalid_value");
     }

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -37,6 +39,14 @@ struct ChatConversation {
 // --chat-template) when given, else the model's; null for the family format.
 const JinjaTemplate* chat_template_for(const ModelInfo& model, const JinjaTemplate* override_template);
 
+// How long a chat template may render, and the flag that stops it early
+// (the client left, the server stops). The default: the engine's own limits
+// only (jinja_template.h).
+struct RenderBudget {
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  const std::atomic<bool>* cancel = nullptr;
+};
+
 struct ChatPrompt {
   std::string text;             // as rendered (the output format reads how it ends)
   std::vector<int32_t> tokens;  // the text tokenized, markers as special tokens
@@ -45,8 +55,10 @@ struct ChatPrompt {
 // Renders the conversation with `tmpl` (null: the family's format) and
 // tokenizes it. Throws ApiError (400, param "messages"): the template's
 // refusal quoted, a role or content the family format cannot render, a
-// prompt too long to tokenize, or one that gives no tokens.
-ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl);
+// prompt too long to tokenize, or one that gives no tokens. A render past
+// the budget's deadline is a 400 that says so; a cancelled one a 503.
+ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, const JinjaTemplate* tmpl,
+                       const RenderBudget& budget = {});
 
 // The model's ways to end a chat turn, unless the request ignores them: the
 // family's end-of-turn tokens, and without a template the Plain family's

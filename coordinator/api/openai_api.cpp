@@ -255,7 +255,10 @@ OpenAiApi::OpenAiApi(GenerationService& service, Metrics& metrics, ApiOptions op
     : service_(service),
       metrics_(metrics),
       options_(std::move(options)),
-      anthropic_(service, metrics, options_.chat_template) {}
+      anthropic_(service, metrics, options_.chat_template),
+      prompts_(options_.prompt_threads, options_.prompt_queue) {}
+
+void OpenAiApi::stop() { prompts_.stop(); }
 
 // The key from `x-api-key` (Anthropic's header) or `Authorization: Bearer`
 // (OpenAI's): either may carry it.
@@ -366,10 +369,10 @@ class OpenAiShaper final : public ResponseShaper {
 
 }  // namespace
 
-void OpenAiApi::generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint) {
+void OpenAiApi::generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint, const RenderBudget& budget) {
   const ModelInfo& model = service_.model();
   const std::string& body = ex->request().body;
-  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model, options_.chat_template.get())
+  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model, options_.chat_template.get(), budget)
                                                : parse_completion_request(body, model);
   std::string id = make_request_id(endpoint == ApiEndpoint::chat ? "chatcmpl-" : "cmpl-");
   r.gen.id = id;
@@ -377,10 +380,53 @@ void OpenAiApi::generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint en
   run_generation(service_, metrics_, ex, std::move(r.gen), std::move(shaper), r.stream);
 }
 
+void OpenAiApi::on_prompt_thread(const std::shared_ptr<HttpExchange>& ex,
+                                 std::function<void(const RenderBudget&)> work) {
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  // Replaced by the generation's own abort once it is submitted.
+  ex->on_abort([cancel] { *cancel = true; });
+  const auto timeout = options_.template_timeout;
+  auto job = [this, ex, timeout, work = std::move(work)](const std::atomic<bool>& cancelled) {
+    answer_errors(ex, [&] {
+      if (cancelled) throw ApiError(503, "The server is stopping.", "server_error", "", "", "stopping");
+      RenderBudget budget;
+      budget.deadline = std::chrono::steady_clock::now() + timeout;
+      budget.cancel = &cancelled;
+      work(budget);
+    });
+  };
+  if (!prompts_.submit(std::move(job), cancel)) {
+    if (prompts_.stopping()) throw ApiError(503, "The server is stopping.", "server_error", "", "", "stopping");
+    ApiError e(503, "The server is busy preparing other prompts; retry shortly.", "server_error", "", "",
+               "prompt_queue_full");
+    e.headers.emplace_back("Retry-After", "1");
+    throw e;
+  }
+}
+
+void OpenAiApi::answer_errors(const std::shared_ptr<HttpExchange>& ex, const std::function<void()>& route) {
+  const HttpRequest& req = ex->request();
+  try {
+    route();
+  } catch (const ApiError& e) {
+    send_error(ex, e);
+  } catch (const std::exception& e) {
+    metrics_.error("internal");
+    const std::string msg = std::string("internal error: ") + e.what();
+    const bool anthropic = is_anthropic_route(req.path);
+    ex->respond(500, "application/json",
+                anthropic ? anthropic_error_body(500, msg) : error_body(msg, "server_error", "", ""));
+  }
+}
+
 void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
+  answer_errors(ex, [&] { route(ex); });
+}
+
+void OpenAiApi::route(const std::shared_ptr<HttpExchange>& ex) {
   const HttpRequest& req = ex->request();
   const bool get = req.method == "GET", post = req.method == "POST";
-  try {
+  {
     if (req.path == "/health") {
       if (!get) throw method_not_allowed(req, "GET");
       auto [status, body] = health_body();
@@ -399,15 +445,16 @@ void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
     }
     if (req.path == "/v1/chat/completions" || req.path == "/v1/completions") {
       if (!post) throw method_not_allowed(req, "POST");
-      generate(ex, req.path == "/v1/completions" ? ApiEndpoint::completions : ApiEndpoint::chat);
+      const ApiEndpoint endpoint = req.path == "/v1/completions" ? ApiEndpoint::completions : ApiEndpoint::chat;
+      on_prompt_thread(ex, [this, ex, endpoint](const RenderBudget& b) { generate(ex, endpoint, b); });
       return;
     }
     if (req.path == "/v1/messages" || req.path == "/v1/messages/count_tokens") {
       if (!post) throw method_not_allowed(req, "POST");
       if (req.path == "/v1/messages") {
-        anthropic_.messages(ex);
+        on_prompt_thread(ex, [this, ex](const RenderBudget& b) { anthropic_.messages(ex, b); });
       } else {
-        anthropic_.count_tokens(ex);
+        on_prompt_thread(ex, [this, ex](const RenderBudget& b) { anthropic_.count_tokens(ex, b); });
       }
       return;
     }
@@ -428,14 +475,6 @@ void OpenAiApi::handle(const std::shared_ptr<HttpExchange>& ex) {
       return;
     }
     throw not_found(req);
-  } catch (const ApiError& e) {
-    send_error(ex, e);
-  } catch (const std::exception& e) {
-    metrics_.error("internal");
-    const std::string msg = std::string("internal error: ") + e.what();
-    const bool anthropic = is_anthropic_route(req.path);
-    ex->respond(500, "application/json",
-                anthropic ? anthropic_error_body(500, msg) : error_body(msg, "server_error", "", ""));
   }
 }
 

@@ -15,7 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -27,6 +29,7 @@
 #include "coordinator/api/generation_link.h"
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/openai_request.h"
+#include "coordinator/api/prompt_pool.h"
 
 namespace baton {
 
@@ -78,6 +81,12 @@ struct ApiOptions {
   // Renders chat prompts instead of the model's own template (serve
   // --chat-template); null = the model's.
   std::shared_ptr<const JinjaTemplate> chat_template;
+  // How long one chat template render may take (serve --template-timeout).
+  std::chrono::milliseconds template_timeout{2000};
+  // Threads that parse, render and tokenize request bodies (prompt_pool.h),
+  // and how many requests may wait for one (503 beyond).
+  int prompt_threads = 2;
+  size_t prompt_queue = 256;
 };
 
 class OpenAiApi {
@@ -89,8 +98,19 @@ class OpenAiApi {
   // The /health body and status (200 when every stage serves, else 503).
   std::pair<int, std::string> health_body() const;
 
+  // Cancels the renders in progress and answers the requests still waiting
+  // for a prompt thread (503); joins those threads. Before the server stops.
+  void stop();
+
  private:
-  void generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint);
+  void route(const std::shared_ptr<HttpExchange>& ex);
+  void generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint, const RenderBudget& budget);
+  // Runs `route` on a prompt thread with a render budget whose cancel flag
+  // the client's leaving sets.
+  void on_prompt_thread(const std::shared_ptr<HttpExchange>& ex,
+                        std::function<void(const RenderBudget&)> work);
+  // Answers what `route` throws (an ApiError's status, else 500).
+  void answer_errors(const std::shared_ptr<HttpExchange>& ex, const std::function<void()>& route);
   void send_error(const std::shared_ptr<HttpExchange>& ex, const ApiError& e);
   bool authorized(const HttpRequest& req) const;
 
@@ -98,6 +118,7 @@ class OpenAiApi {
   Metrics& metrics_;
   ApiOptions options_;
   AnthropicApi anthropic_;
+  PromptPool prompts_;  // last: its threads stop before the members they use go
 };
 
 // Equal strings in time that depends only on their lengths.

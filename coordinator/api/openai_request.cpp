@@ -110,24 +110,19 @@ void parse_response_format(const json& body, std::string_view body_text, ApiRequ
 // whose output format has no tool-call syntax is left to decide (as with
 // "auto"); a prompt that opened a reasoning block keeps it free until its end.
 void force_tool_call(ApiRequest& r) {
-  const ToolChoice& choice = r.tools.choice;
-  if (choice.mode != ToolChoice::Mode::required && choice.mode != ToolChoice::Mode::named) return;
-  if (r.output.tools == ToolCallFormat::none || r.tools.tools.empty()) return;
-  if (r.gen.grammar) {
-    throw invalid("A non-text 'response_format' and a forced 'tool_choice' cannot be combined.", "response_format",
-                  "unsupported_parameter");
-  }
-  std::vector<ToolSpec> allowed;
-  for (const ToolSpec& t : r.tools.tools) {
-    if (choice.mode == ToolChoice::Mode::required || t.name == choice.name) allowed.push_back(t);
-  }
+  std::shared_ptr<const Grammar> g;
   try {
-    r.gen.grammar = tool_call_grammar(r.output.tools, allowed,
-                                      r.output.reasoning_open ? std::string_view(r.output.reasoning_end) : std::string_view());
+    g = forced_tool_call_grammar(r.tools, r.output);
   } catch (const SchemaError& e) {
     throw invalid(fmt::format("Invalid or unsupported JSON schema in a tool's parameters: {}.", e.what()), "tools",
                   "unsupported_parameter");
   }
+  if (!g) return;
+  if (r.gen.grammar) {
+    throw invalid("A non-text 'response_format' and a forced 'tool_choice' cannot be combined.", "response_format",
+                  "unsupported_parameter");
+  }
+  r.gen.grammar = std::move(g);
 }
 
 // Sampling, seed, stop strings, logit_bias and streaming: the fields the two
@@ -341,6 +336,29 @@ ojson template_messages(const ojson& messages) {
     if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null() && !id->is_string()) {
       throw wrong_type(p + ".tool_call_id", "a string", json::parse(id->dump()));
     }
+    // Text parts become one string, "\n" between them (as the Anthropic
+    // route joins text blocks): most templates add content to strings, and
+    // those that take parts take a string too. Other parts are refused.
+    if (auto c = m.find("content"); c != m.end() && c->is_array()) {
+      std::string text;
+      for (size_t k = 0; k < c->size(); ++k) {
+        const ojson& part = (*c)[k];
+        const std::string pp = fmt::format("{}.content.[{}]", p, k);
+        if (!part.is_object()) throw wrong_type(pp, "an object", json::parse(part.dump()));
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string()) throw missing(pp + ".type");
+        if (*type != "text") {
+          throw invalid(fmt::format("Content parts of type '{}' are not supported: this server takes text only.",
+                                    sanitize_utf8(type->get<std::string>().substr(0, 40))),
+                        pp + ".type", "unsupported_parameter");
+        }
+        auto t = part.find("text");
+        if (t == part.end() || !t->is_string()) throw missing(pp + ".text");
+        if (k) text += "\n";
+        text += t->get<std::string>();
+      }
+      *c = std::move(text);
+    }
     if (auto calls = m.find("tool_calls"); calls == m.end() || calls->is_null()) continue;
     // Adding "content" inserts into the ordered object, which moves its
     // elements: look "tool_calls" up again only after that.
@@ -391,7 +409,8 @@ std::optional<std::string> reasoning_effort(const json& body) {
 
 }  // namespace
 
-ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model, const JinjaTemplate* chat_template) {
+ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model, const JinjaTemplate* chat_template,
+                              const RenderBudget& budget) {
   const json body = parse_body(body_text, model.n_ctx);
   check_model(body, model);
   ApiRequest r;
@@ -442,7 +461,7 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
       chat.kwargs["enable_thinking"] = *effort != "none";
     }
   }
-  const ChatPrompt prompt = encode_chat(chat, model, tmpl);
+  const ChatPrompt prompt = encode_chat(chat, model, tmpl, budget);
   r.gen.prompt = prompt.tokens;
   r.output = request_output_format(chat_output_format(model, tmpl), prompt.text, r.tools.active());
   r.gen.show_tokens = chat_marker_tokens(r.output, *model.tokenizer);

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "coordinator/api/chat_output.h"
+#include "coordinator/api/chat_prompt.h"
 #include "coordinator/api/chat_tools.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/request_json.h"
@@ -47,7 +48,7 @@ struct ApiRequest {
 // model's own template, else with its family's renderer (chat_template.h),
 // which renders no tools (a request offering tools is refused then).
 ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model,
-                              const JinjaTemplate* chat_template = nullptr);
+                              const JinjaTemplate* chat_template = nullptr, const RenderBudget& budget = {});
 ApiRequest parse_completion_request(std::string_view body, const ModelInfo& model);
 
 }  // namespace baton

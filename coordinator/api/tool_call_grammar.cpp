@@ -205,4 +205,16 @@ std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const st
   return finish_schema_grammar(std::move(g), root);
 }
 
+std::shared_ptr<const Grammar> forced_tool_call_grammar(const ChatTools& tools, const ChatOutputFormat& output) {
+  const ToolChoice& choice = tools.choice;
+  if (choice.mode != ToolChoice::Mode::required && choice.mode != ToolChoice::Mode::named) return nullptr;
+  if (output.tools == ToolCallFormat::none || tools.tools.empty()) return nullptr;
+  std::vector<ToolSpec> allowed;
+  for (const ToolSpec& t : tools.tools) {
+    if (choice.mode == ToolChoice::Mode::required || t.name == choice.name) allowed.push_back(t);
+  }
+  return tool_call_grammar(output.tools, allowed,
+                           output.reasoning_open ? std::string_view(output.reasoning_end) : std::string_view());
+}
+
 }  // namespace baton

@@ -27,4 +27,11 @@ namespace baton {
 std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools,
                                                  std::string_view reasoning_end = {});
 
+// The grammar a request's tool choice asks for, for both chat APIs: one
+// call of the allowed tools when the choice is "required" (Anthropic "any")
+// or names one, else null (the model decides). A model whose output format
+// has no tool-call syntax is left to decide too; a prompt that opened a
+// reasoning block keeps it free until its end. Throws SchemaError.
+std::shared_ptr<const Grammar> forced_tool_call_grammar(const ChatTools& tools, const ChatOutputFormat& output);
+
 }  // namespace baton

@@ -61,7 +61,12 @@ ClusterConfig load_cluster_config(const std::string& path) {
   ClusterConfig c;
   c.file = path;
   toml::table root;
-  if (std::error_code ec; !fs::is_regular_file(path, ec)) fail(path, "cannot read the config file " + path);
+  if (std::error_code ec; !fs::is_regular_file(path, ec)) {
+    const char* why = !fs::exists(path, ec) ? "no such file"
+                      : fs::is_directory(path, ec) ? "it is a folder"
+                                                   : "not a regular file";
+    fail(path, "cannot read the config file " + path + ": " + why);
+  }
   try {
     root = toml::parse_file(path);
   } catch (const toml::parse_error& e) {

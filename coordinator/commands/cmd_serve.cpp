@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "coordinator/commands/commands.h"
+#include "coordinator/commands/model_choice.h"
 #include "coordinator/commands/load_report.h"
 #include "coordinator/cluster/cluster_config.h"
 #include "coordinator/cluster/cluster_engine.h"
@@ -76,12 +77,13 @@ struct ServeOptions {
   LocalEngineConfig engine;
   HttpServerConfig http;
   double request_timeout_s = 10, idle_timeout_s = 60, write_timeout_s = 30;
+  double template_timeout_s = 2;
   bool quiet = false;
   net::LogOptions log;
 };
 
 constexpr const char* kUsage =
-    "usage: baton serve ([-m] MODEL | --config FILE) [--host H] [--port P] [--api-key-file F] [options]\n\n"
+    "usage: baton serve [[-m] MODEL | --config FILE] [--host H] [--port P] [--api-key-file F] [options]\n\n"
     "Serves a GGUF model over an OpenAI-compatible HTTP API and Anthropic's Messages API:\n"
     "  POST /v1/chat/completions   chat (messages rendered with the model's chat template)\n"
     "  POST /v1/completions        plain text completion\n"
@@ -126,7 +128,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   // clang-format off
   desc.add_options()
       ("help,h", "print this help and exit")
-      ("model,m", po::value<std::string>(&r.model), "GGUF model file to serve")
+      ("model,m", po::value<std::string>(&r.model),
+       ("GGUF model file to serve (default: $BATON_MODEL, else " + std::string(kDefaultModelRel) +
+        ", else the built-in synthetic model)").c_str())
       ("config", po::value<std::string>(&r.config),
        "cluster topology file (TOML, see configs/ and docs/CONFIG.md); options given here override it")
       ("workers", po::value<int>(&r.workers), "run the model on K local worker processes (a pipeline)")
@@ -161,6 +165,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("chat-template", po::value<std::string>(&r.chat_template_file),
        "Jinja chat template file rendering chat prompts instead of the model's own "
        "(tokenizer.chat_template); refused at start when it uses what Baton's Jinja engine lacks")
+      ("template-timeout", po::value<double>(&r.template_timeout_s)->default_value(2),
+       "seconds one chat template render may take; longer gets 400 (a model file's template is input from "
+       "strangers)")
       ("model-id", po::value<std::string>(&r.model_id),
        "the name /v1/models reports and clients pass as \"model\" (default: the file name without .gguf)")
       ("ctx", po::value<int64_t>(&r.engine.stage.n_ctx)->default_value(0),
@@ -219,6 +226,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (r.model.empty()) r.model = r.parts.front();  // any part carries the metadata and tokenizer
   }
   if (vm.count("cors")) r.cors = parse_cors_origins(vm["cors"].as<std::string>());
+  if (!(r.template_timeout_s > 0 && r.template_timeout_s <= 3600)) {
+    throw std::invalid_argument("--template-timeout must be in (0, 3600] seconds");
+  }
   if (vm.count("workers") && (r.workers < 1 || r.workers > 64)) throw std::invalid_argument("--workers must be in 1..64");
   if (vm.count("gpus")) {
     std::stringstream list(vm["gpus"].as<std::string>());
@@ -255,7 +265,10 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     r.listen = c.listen;
     r.secret_file = c.secret_file;
   }
-  if (r.model.empty()) throw std::invalid_argument("give the model to serve with -m MODEL (see --help)");
+  // Without a model: run's default ($BATON_MODEL, the fixture, else the
+  // built-in synthetic model, written to a file in serve()).
+  if (r.model.empty() && !r.remote) r.model = default_model();
+  if (r.model.empty() && r.remote) throw std::invalid_argument("give the model to serve with -m MODEL (see --help)");
   if (r.backend != "auto" && !backend_from_name(r.backend)) {
     throw std::invalid_argument("--backend must be auto, cpu or cuda, got '" + r.backend + "'");
   }
@@ -326,7 +339,17 @@ const char* error_type(int status) {
   return "invalid_request_error";
 }
 
-int serve(const ServeOptions& opt) {
+int serve(const ServeOptions& given) {
+  ServeOptions opt = given;
+  std::optional<SyntheticModelFile> synthetic;
+  if (opt.model.empty()) {
+    opt.model = synthetic.emplace().path();
+    std::fprintf(stderr, "baton serve: no model given ($BATON_MODEL, -m): serving the built-in synthetic model\n");
+  }
+  if (opt.parts.empty() && !opt.remote) {
+    const GgufFile f = about_file(opt.model, [&] { return GgufFile::open(opt.model); });
+    refuse_split_part(f, opt.model);
+  }
   std::string api_key = opt.api_key;
   if (!opt.api_key_file.empty()) api_key = read_api_key(opt.api_key_file);
   std::shared_ptr<const JinjaTemplate> chat_template;
@@ -473,13 +496,19 @@ int serve(const ServeOptions& opt) {
 
   if (chat_template) {
     if (info) std::fprintf(stderr, "baton serve: chat prompts from %s\n", opt.chat_template_file.c_str());
+    if (!model.chat_template_refused.empty()) {
+      std::fprintf(stderr, "baton serve: warning: the model's own chat template does not load (%s); %s replaces it\n",
+                   model.chat_template_refused.c_str(), opt.chat_template_file.c_str());
+    }
   } else if (model.chat_template) {
     if (info) std::fprintf(stderr, "baton serve: chat prompts from the model's chat template\n");
   } else if (!model.chat_template_refused.empty()) {
     std::fprintf(stderr, "baton serve: the model's chat template is not used (%s); chat prompts use the %s format\n",
                  model.chat_template_refused.c_str(), chat_family_name(model.chat_family));
   }
-  api = std::make_unique<OpenAiApi>(engine, metrics, ApiOptions{api_key, chat_template});
+  ApiOptions api_options{api_key, chat_template};
+  api_options.template_timeout = std::chrono::milliseconds(int64_t(opt.template_timeout_s * 1000));
+  api = std::make_unique<OpenAiApi>(engine, metrics, api_options);
   server.start();
   std::printf("baton serve: listening on http://%s\n", net::join_host_port(opt.http.host, server.port()).c_str());
   std::fflush(stdout);
@@ -509,7 +538,10 @@ int serve(const ServeOptions& opt) {
     }
   }
   if (signo) std::fprintf(stderr, "baton serve: %s received, stopping\n", signo == SIGINT ? "SIGINT" : "SIGTERM");
-  // The engine first: its last events go to connections that still exist.
+  // The prompts first (renders in progress are cancelled, waiting requests
+  // answered 503), then the engine: its last events go to connections that
+  // still exist.
+  api->stop();
   stop_engine();
   waiter.join();
   server.stop();

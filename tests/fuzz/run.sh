@@ -28,7 +28,7 @@ while [[ ${1:-} == --* ]]; do
 done
 seconds=${1:-60}
 shift || true
-all=(fuzz_gguf fuzz_frame fuzz_split fuzz_http fuzz_tokenizer fuzz_jinja fuzz_chat_output)
+all=(fuzz_gguf fuzz_frame fuzz_split fuzz_http fuzz_tokenizer fuzz_jinja fuzz_chat_output fuzz_chat_request)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 

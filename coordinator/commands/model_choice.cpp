@@ -1,0 +1,63 @@
+#include "coordinator/commands/model_choice.h"
+
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <system_error>
+
+#include "engine/command_error.h"
+#include "engine/gguf.h"
+#include "engine/layer_range_text.h"
+#include "engine/part_info.h"
+#include "engine/synth.h"
+
+namespace baton {
+
+namespace fs = std::filesystem;
+
+std::string default_model() {
+  if (const char* env = std::getenv("BATON_MODEL"); env && *env) return env;
+  std::error_code ec;
+  if (fs::is_regular_file(kDefaultModelRel, ec)) return kDefaultModelRel;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && !exe.empty()) {
+    // <repo>/build/baton -> <repo>/../shared/models/...
+    const fs::path candidate = exe.parent_path().parent_path() / kDefaultModelRel;
+    if (fs::is_regular_file(candidate, ec)) return candidate.lexically_normal().string();
+  }
+  return "";
+}
+
+SyntheticModelFile::SyntheticModelFile() {
+  std::string tmpl = (fs::temp_directory_path() / "baton-synthetic-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw std::system_error(errno, std::generic_category(), "cannot create a temporary folder");
+  dir_ = tmpl;
+  path_ = (fs::path(dir_) / "synthetic.gguf").string();
+  try {
+    write_synthetic_model(path_);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    throw;
+  }
+}
+
+SyntheticModelFile::~SyntheticModelFile() {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+void refuse_split_part(const GgufFile& f, const std::string& path) {
+  const std::optional<PartInfo> part = about_file(path, [&] { return read_part_info(f); });
+  if (!part || part->count <= 1) return;
+  throw std::runtime_error(path + ": this is a split part (" + std::to_string(part->index + 1) + " of " +
+                           std::to_string(part->count) + ", layers " +
+                           layer_range_text(part->range.first, part->range.last) + "): use --parts with all " +
+                           std::to_string(part->count) + " parts, or the model it was split from");
+}
+
+}  // namespace baton

@@ -1,0 +1,83 @@
+// Hostile chat templates through `baton serve` (docs/RELIABILITY.md,
+// "Hostile chat templates"): prompts are rendered off the HTTP threads, so a
+// template that runs long answers within --template-timeout while /health
+// keeps answering, and SIGTERM stops the server within a second even while a
+// render is in progress. The engine's own limits (depth, work, bytes) are
+// tested in test_engine_jinja.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "tests/serve_client.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+using namespace serve_test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// Hours of work for the message "slow" (a 60 MB string measured 100,000
+// times); an ordinary prompt for any other.
+const char* kSlowTemplate =
+    "{% if messages[0].content == 'slow' %}{% set s = 'x' * 60000000 %}{% for i in range(100000) %}"
+    "{% if s|length > 0 %}{% endif %}{% endfor %}{% endif %}"
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>";
+
+json chat(const std::string& content) {
+  return {{"model", kModel}, {"messages", {{{"role", "user"}, {"content", content}}}}, {"max_tokens", 2}};
+}
+
+std::string write_template(const test::TempDir& dir) {
+  const std::string path = dir.file("slow.jinja");
+  std::ofstream(path) << kSlowTemplate;
+  return path;
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+TEST(ServeTemplates, ALongRenderAnswersWithinTheTimeoutWhileHealthAnswers) {
+  test::TempDir dir;
+  ServeProcess server({"-m", stories(), "--chat-template", write_template(dir), "--template-timeout", "1"});
+  const int port = server.port();
+  ASSERT_EQ(post(port, "/v1/chat/completions", chat("hello")).status, 200);
+
+  const auto start = Clock::now();
+  auto slow = std::async(std::launch::async, [&] { return post(port, "/v1/chat/completions", chat("slow")); });
+  auto slow2 = std::async(std::launch::async, [&] { return post(port, "/v1/messages",
+      json{{"model", kModel}, {"max_tokens", 2}, {"messages", {{{"role", "user"}, {"content", "slow"}}}}}); });
+  // Both HTTP threads stay free: /health answers at once throughout.
+  while (slow.wait_for(0s) != std::future_status::ready) {
+    const auto t = Clock::now();
+    EXPECT_EQ(http(port, "GET", "/health").status, 200);
+    EXPECT_LT(seconds_since(t), 0.5);
+    std::this_thread::sleep_for(100ms);
+  }
+  const Response r = slow.get();
+  EXPECT_LT(seconds_since(start), 4.0);  // 1 s of render, slack for a loaded machine
+  expect_error(r, 400, "invalid_value", "messages");
+  EXPECT_EQ(slow2.get().status, 400);
+  EXPECT_EQ(post(port, "/v1/chat/completions", chat("hello")).status, 200);
+}
+
+TEST(ServeTemplates, SigtermStopsWithinASecondDuringARender) {
+  test::TempDir dir;
+  ServeProcess server({"-m", stories(), "--chat-template", write_template(dir), "--template-timeout", "60"});
+  const int port = server.port();
+  auto slow = std::async(std::launch::async, [&] { return post(port, "/v1/chat/completions", chat("slow")); });
+  std::this_thread::sleep_for(500ms);  // the render is under way
+  const auto t = Clock::now();
+  EXPECT_EQ(server.stop(), 0);
+  EXPECT_LT(seconds_since(t), 1.0);
+  const Response r = slow.get();
+  // Cancelled (503), ended by the engine's work limit first (400), or the connection closed.
+  EXPECT_TRUE(r.status == 503 || r.status == 400 || r.status == 0) << r.status << " " << r.body;
+}
+
+}  // namespace
+}  // namespace baton
