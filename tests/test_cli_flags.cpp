@@ -212,10 +212,10 @@ TEST(CliFlags, RunErrorsNameTheFileAndASplitPartSaysWhatToRun) {
   const std::string part = dir.file("stories260K-part1-of-2-layers-0-2.gguf");
   expect_error(baton({"run", "-m", part, "-n", "1"}), "run", part + ": this is a split part (1 of 2, layers 0:2): use --parts");
   // serve once said "missing tensor token_embd.weight" of the second part.
-  const std::string part2 = dir.file("stories260K-part2-of-2-layers-3-output.gguf");
+  const std::string part2 = dir.file("stories260K-part2-of-2-layers-3-4.gguf");
   const auto serve = baton({"serve", part2, "--port", "0", "--backend", "cpu"});
   EXPECT_EQ(serve.exit_code, 1) << serve.err;
-  EXPECT_NE(serve.err.find("baton serve: " + part2 + ": this is a split part (2 of 2, layers 3:output): use --parts"),
+  EXPECT_NE(serve.err.find("baton serve: " + part2 + ": this is a split part (2 of 2, layers 3:4): use --parts"),
             std::string::npos)
       << serve.err;
 }
