@@ -1,5 +1,6 @@
 #include "engine/part_info.h"
 
+#include <regex>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +16,13 @@ uint64_t split_key_u64(const GgufFile& f, const char* key) {
 std::string split_part_file_name(const std::string& stem, int index, int count, LayerRange range) {
   return stem + "-part" + std::to_string(index + 1) + "-of-" + std::to_string(count) + "-layers-" +
          std::to_string(range.first) + "-" + std::to_string(range.last) + ".gguf";
+}
+
+std::string split_source_stem(const std::string& stem) {
+  static const std::regex kSuffix("-part[0-9]+-of-[0-9]+-layers-[0-9]+-[0-9]+$");
+  std::smatch m;
+  if (!std::regex_search(stem, m, kSuffix) || m.position(0) == 0) return stem;
+  return stem.substr(0, size_t(m.position(0)));
 }
 
 std::optional<PartInfo> read_part_info(const GgufFile& f) {

@@ -38,6 +38,9 @@ std::optional<PartInfo> read_part_info(const GgufFile& f);
 // model named `stem`: "STEM-partI-of-N-layers-FIRST-LAST.gguf" (no ':' in
 // file names). `baton plan` prints configs that name the parts the same way.
 std::string split_part_file_name(const std::string& stem, int index, int count, LayerRange range);
+// The stem a part's file name was made from: "ds4-q4" for
+// "ds4-q4-part1-of-2-layers-0-21"; any other stem as it is.
+std::string split_source_stem(const std::string& stem);
 
 // A split key stored as u64 (hashes may not fit the signed view of as_int()).
 // Throws when the key is missing or of another type.

@@ -91,6 +91,29 @@ TEST_F(CliPlan, Q2OnOneRtxPro6000FitsAt384K) {
   EXPECT_GT(j["ctx_capacity"].get<int64_t>(), 393216);
 }
 
+// Two Sparks hold far more than DeepSeek V4's trained 1M tokens: the plan
+// quotes the trained length and shows what the memory would hold beside
+// it, unless --ctx asks for more.
+TEST_F(CliPlan, ContextBeyondTheTrainedLengthIsCappedUnlessAskedFor) {
+  const std::vector<std::string> nodes = {"--nodes", "s1=128GB:unified,s2=128GB:unified"};
+  std::vector<std::string> args = {q2()};
+  args.insert(args.end(), nodes.begin(), nodes.end());
+  args.insert(args.end(), {"--ctx", "4096"});
+  const Json j = plan_json(args, 0);
+  const int64_t trained = j["n_ctx_train"].get<int64_t>();
+  ASSERT_EQ(trained, 1048576);
+  ASSERT_GT(j["ctx_capacity"].get<int64_t>(), trained);
+  EXPECT_EQ(j["ctx_usable"].get<int64_t>(), trained);
+  const auto r = plan(args);
+  EXPECT_NE(r.out.find("context capacity 1048576 tokens (the model's trained length; the memory would hold " +
+                       std::to_string(j["ctx_capacity"].get<int64_t>()) + ")"),
+            std::string::npos)
+      << r.out;
+  args.back() = "2000000";  // asked for more than the trained length: the memory's figure
+  const Json more = plan_json(args, 0);
+  EXPECT_EQ(more["ctx_usable"], more["ctx_capacity"]);
+}
+
 TEST_F(CliPlan, Q2OnOneRtxPro6000At1MNamesTheLargestContext) {
   auto r = plan({q2(), "--nodes", "rtx=97887MiB", "--ctx", "1048576"});
   ASSERT_EQ(r.exit_code, 2) << r.out << r.err;

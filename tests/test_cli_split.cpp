@@ -5,7 +5,9 @@
 
 #include <filesystem>
 
+#include "coordinator/api/generation.h"
 #include "engine/gguf.h"
+#include "engine/part_info.h"
 #include "engine/model_files.h"
 #include "gguf_split/split.h"
 #include "tests/test_util.h"
@@ -94,6 +96,21 @@ TEST(Split, PartsHoldOnlyTheirSliceAndMergeBackByteIdentical) {
   r = baton({"merge", parts[1], parts[0], "-o", merged});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(test::read_file(merged), test::read_file(src));
+}
+
+// The model id a server reports for a part is the model's name, not the
+// part's: the stem its file name was made from.
+TEST(Split, APartServesUnderTheNameOfItsModel) {
+  EXPECT_EQ(split_source_stem("ds4-q4-part1-of-2-layers-0-21"), "ds4-q4");
+  EXPECT_EQ(split_source_stem("stories260K-part2-of-2-layers-3-4"), "stories260K");
+  EXPECT_EQ(split_source_stem("stories260K"), "stories260K");
+  EXPECT_EQ(split_source_stem("-part1-of-2-layers-0-2"), "-part1-of-2-layers-0-2");  // nothing would be left
+  EXPECT_EQ(split_source_stem("x-part1-of-2-layers-0-2b"), "x-part1-of-2-layers-0-2b");
+  test::TempDir tmp;
+  CommandResult r = baton({"split", model_path("stories260K.gguf"), "--layers", "0:2,3:output", "-o", tmp.file("p")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string part = files_in(tmp.path() / "p")[0];
+  EXPECT_EQ(model_info_from_gguf(GgufFile::open(part), part, "", 256).id, "stories260K");
 }
 
 TEST(Split, DryRunWritesNothing) {

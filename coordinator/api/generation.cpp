@@ -4,6 +4,7 @@
 #include "engine/chat_jinja.h"
 #include "engine/chat_template.h"
 #include "engine/gguf.h"
+#include "engine/part_info.h"
 #include "engine/sampler.h"
 #include "engine/stage.h"
 #include "engine/tokenizer.h"
@@ -222,7 +223,9 @@ ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const
   auto arch = Arch::from_gguf(f);
   ModelInfo info;
   info.path = path;
-  info.id = id.empty() ? std::filesystem::path(path).stem().string() : id;
+  // The file name, a split part's without its part suffix: general.name is
+  // often the architecture or a converter's folder ("llama" in the fixture).
+  info.id = id.empty() ? split_source_stem(std::filesystem::path(path).stem().string()) : id;
   info.arch = f.get_str("general.architecture", "");
   info.n_vocab = tok->n_vocab();
   info.created = int64_t(std::time(nullptr));

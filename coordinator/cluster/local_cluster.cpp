@@ -153,7 +153,7 @@ void LocalCluster::spawn(size_t i) {
   }
   if (i < opt_.worker_mem_limits.size() && opt_.worker_mem_limits[i] > 0) {
     args.push_back("--mem-limit");
-    args.push_back(std::to_string(opt_.worker_mem_limits[i]));
+    args.push_back(std::to_string(opt_.worker_mem_limits[i]) + "B");
   }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

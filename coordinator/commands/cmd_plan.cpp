@@ -71,7 +71,20 @@ Json plan_json(const MemoryPlan& p) {
   return lines;
 }
 
-void print_stage(const StagePlacement& s, const NodeSpec& n) {
+// The context to quote for a capacity: at most the trained length unless the
+// request asks for more (a model degrades past it; the memory figure is
+// shown beside it).
+int64_t quoted_ctx(int64_t capacity, int64_t trained, int64_t requested) {
+  return trained > 0 && requested <= trained ? std::min(capacity, trained) : capacity;
+}
+
+std::string capacity_text(int64_t capacity, int64_t trained, int64_t requested) {
+  const int64_t q = quoted_ctx(capacity, trained, requested);
+  if (q == capacity) return fmt::format("{} tokens", capacity);
+  return fmt::format("{} tokens (the model's trained length; the memory would hold {})", q, capacity);
+}
+
+void print_stage(const StagePlacement& s, const NodeSpec& n, int64_t trained, int64_t requested) {
   std::printf("node %s: %s %s, %s, %.0f GB/s: ", n.name.c_str(), format_size(n.memory_bytes).c_str(), n.kind().c_str(),
               backend_name(n.backend), n.effective_bandwidth() / 1e9);
   if (!s.used()) {
@@ -95,7 +108,7 @@ void print_stage(const StagePlacement& s, const NodeSpec& n) {
     std::printf("  %-16s %16lld B %12s  (does not fit)\n", "margin", static_cast<long long>(s.margin),
                 ("-" + format_size(uint64_t(-s.margin))).c_str());
   }
-  std::printf("  %-16s %16lld tokens%s\n\n", "context capacity", static_cast<long long>(s.ctx_capacity),
+  std::printf("  %-16s %s%s\n\n", "context capacity", capacity_text(s.ctx_capacity, trained, requested).c_str(),
               s.ctx_capacity == 0 ? " (not even one)" : "");
 }
 
@@ -200,7 +213,8 @@ int cmd_plan(int argc, char** argv) {
                 {"fits", p.fits},
                 {"stages", std::move(stages)}};
     if (p.fits) {
-      out["ctx_capacity"] = p.ctx_capacity;
+      out["ctx_capacity"] = p.ctx_capacity;  // what the memory holds
+      out["ctx_usable"] = quoted_ctx(p.ctx_capacity, planner.n_ctx_train(), req.n_ctx);
       out["split_command"] = split_command(model, p, split_dir);
       out["config"] = config_stanza(model, p, nodes, req, split_dir);
     } else {
@@ -222,10 +236,10 @@ int cmd_plan(int argc, char** argv) {
                   static_cast<long long>(planner.n_ctx_train()));
     }
     std::printf("\n");
-    for (const StagePlacement& s : p.stages) print_stage(s, nodes[s.node]);
+    for (const StagePlacement& s : p.stages) print_stage(s, nodes[s.node], planner.n_ctx_train(), req.n_ctx);
     if (p.fits) {
-      std::printf("fits: context capacity %lld tokens (set by the tightest stage)\n",
-                  static_cast<long long>(p.ctx_capacity));
+      std::printf("fits: context capacity %s, set by the tightest stage\n",
+                  capacity_text(p.ctx_capacity, planner.n_ctx_train(), req.n_ctx).c_str());
       const std::string split = split_command(model, p, split_dir);
       if (!split.empty()) std::printf("\nsplit it at these stages:\n%s\n", split.c_str());
       std::printf("\nconfig for %s, then baton serve --config FILE):\n%s",

@@ -169,7 +169,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "seconds one chat template render may take; longer gets 400 (a model file's template is input from "
        "strangers)")
       ("model-id", po::value<std::string>(&r.model_id),
-       "the name /v1/models reports and clients pass as \"model\" (default: the file name without .gguf)")
+       "the name /v1/models reports and clients pass as \"model\" (default: the file name without .gguf, and a split part's without its part suffix)")
       ("ctx", po::value<int64_t>(&r.engine.stage.n_ctx)->default_value(0),
        "context per sequence in tokens (prompt + completion); 0 = the model's, at most 4096")
       ("parallel", po::value<int>(&r.engine.stage.n_seq)->default_value(4),
