@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <stdexcept>
 
 #include "engine/arch.h"
@@ -252,9 +253,70 @@ uint64_t plan_bytes_under_limit(Backend b, const MemoryPlan& plan) {
   return need;
 }
 
+namespace {
+
+uint64_t read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return UINT64_MAX;
+  try {
+    return std::stoull(text);
+  } catch (const std::exception&) {
+    return UINT64_MAX;
+  }
+}
+
+// The limit's headroom of this process's memory cgroup (v2, else v1).
+uint64_t cgroup_headroom() {
+  std::ifstream in("/proc/self/cgroup");
+  uint64_t best = UINT64_MAX;
+  for (std::string line; std::getline(in, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::string dir, limit_file, usage_file;
+    if (controllers.empty()) {
+      dir = "/sys/fs/cgroup" + path, limit_file = "memory.max", usage_file = "memory.current";
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      dir = "/sys/fs/cgroup/memory" + path, limit_file = "memory.limit_in_bytes", usage_file = "memory.usage_in_bytes";
+    } else {
+      continue;
+    }
+    const uint64_t limit = read_number(dir + "/" + limit_file), used = read_number(dir + "/" + usage_file);
+    if (limit == UINT64_MAX || used == UINT64_MAX) continue;  // no limit, or not visible from here
+    best = std::min(best, limit > used ? limit - used : 0);
+  }
+  return best;
+}
+
+}  // namespace
+
+uint64_t host_memory_available() {
+  uint64_t avail = UINT64_MAX;
+  std::ifstream in("/proc/meminfo");
+  for (std::string key; in >> key;) {
+    uint64_t kib = 0;
+    std::string unit;
+    in >> kib >> unit;
+    if (key == "MemAvailable:") {
+      avail = kib * 1024;
+      break;
+    }
+  }
+  return std::min(avail, cgroup_headroom());
+}
+
 std::string memory_limit_problem(Backend b, const MemoryPlan& plan, uint64_t limit) {
   const uint64_t need = plan_bytes_under_limit(b, plan);
-  if (limit == 0 || need <= limit) return "";
+  if (limit == 0) {
+    if (b != Backend::Cpu) return "";
+    const uint64_t avail = host_memory_available();
+    if (need <= avail) return "";
+    return "stage needs " + format_size(need) + "; this machine has " + format_size(avail) +
+           " available now (a smaller --ctx, or the model split across machines: baton plan; --mem-limit SIZE "
+           "checks against SIZE instead)";
+  }
+  if (need <= limit) return "";
   return "stage needs " + format_size(need) + "; --mem-limit allows " + format_size(limit);
 }
 

@@ -215,8 +215,15 @@ bool stage_profiling();
 // CUDA the device's lines (the host lines, pinned io and load staging, are
 // not device memory), on the CPU every line.
 uint64_t plan_bytes_under_limit(Backend b, const MemoryPlan& plan);
-// Empty when the plan fits `limit` bytes (0: no limit); else one line saying
-// what the stage needs and what the limit allows.
+// Empty when the plan fits `limit` bytes; else one line saying what the
+// stage needs and what the limit allows. Without a limit (0) a CPU stage is
+// held to the memory this process can have now (host_memory_available): a
+// plan beyond it would end in an OOM kill or bad_alloc halfway through the
+// load.
 std::string memory_limit_problem(Backend b, const MemoryPlan& plan, uint64_t limit);
+// The host memory a new allocation can have now: the kernel's MemAvailable,
+// less under a cgroup memory limit (v2 memory.max, v1 limit_in_bytes) its
+// headroom. UINT64_MAX when nothing says.
+uint64_t host_memory_available();
 
 }  // namespace baton

@@ -220,6 +220,27 @@ TEST(CliFlags, RunErrorsNameTheFileAndASplitPartSaysWhatToRun) {
       << serve.err;
 }
 
+// A CPU plan larger than the memory the machine has now is refused before
+// anything is allocated, with the plan's figure and the machine's (it once
+// ended in std::bad_alloc halfway through a 153 GiB load). A context of a
+// billion tokens asks stories260K for terabytes of KV cache.
+TEST(CliFlags, ACpuPlanBeyondTheMachinesMemoryIsRefusedBeforeLoading) {
+  for (std::vector<std::string> extra : {std::vector<std::string>{}, {"--workers", "2"}}) {
+    std::vector<std::string> argv = {"run", stories(), "--backend", "cpu", "--ctx", "1000000000", "-n", "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto r = baton(argv);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("available now"), std::string::npos) << r.err;
+  }
+  const auto serve = baton({"serve", stories(), "--backend", "cpu", "--port", "0", "--ctx", "1000000000"});
+  EXPECT_EQ(serve.exit_code, 1) << serve.err;
+  EXPECT_NE(serve.err.find("available now"), std::string::npos) << serve.err;
+  // serve --mem-limit is checked as run's is.
+  const auto capped = baton({"serve", stories(), "--backend", "cpu", "--port", "0", "--mem-limit", "1MiB"});
+  EXPECT_EQ(capped.exit_code, 1) << capped.err;
+  EXPECT_NE(capped.err.find("--mem-limit allows 1.00 MiB"), std::string::npos) << capped.err;
+}
+
 TEST(CliFlags, WorkersLogWarningsOnlyUnlessVerbose) {
   const auto quiet = baton({"run", stories(), "-n", "4", "--temp", "0", "--workers", "2", "-t", "2"});
   ASSERT_EQ(quiet.exit_code, 0) << quiet.err;

@@ -70,6 +70,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   LoadOptions staging;  // the plan counts the ring the load will use
   staging.slot_bytes = config_.staging_slot_bytes;
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
+  if (std::string why = memory_limit_problem(config_.backend, plan_, config_.mem_limit); !why.empty()) {
+    throw std::runtime_error(why + " (baton plan shows the lines)");
+  }
   info_ = model_info_from_gguf(file_, config_.model_path, config_.model_id, config_.stage.n_ctx);
   const std::unique_ptr<Arch> arch = Arch::from_gguf(file_);
   n_layer_ = arch->dims().n_layer;

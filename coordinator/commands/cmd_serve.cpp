@@ -43,6 +43,7 @@
 #include "engine/command_error.h"
 #include "engine/command_line.h"
 #include "engine/gguf.h"
+#include "engine/node_plan.h"
 #include "net/auth.h"
 #include "net/log.h"
 #include "net/log_options.h"
@@ -78,6 +79,7 @@ struct ServeOptions {
   HttpServerConfig http;
   double request_timeout_s = 10, idle_timeout_s = 60, write_timeout_s = 30;
   double template_timeout_s = 2;
+  std::string mem_limit;  // --mem-limit: the in-process stage's, or each local worker's
   bool quiet = false;
   net::LogOptions log;
 };
@@ -165,6 +167,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("chat-template", po::value<std::string>(&r.chat_template_file),
        "Jinja chat template file rendering chat prompts instead of the model's own "
        "(tokenizer.chat_template); refused at start when it uses what Baton's Jinja engine lacks")
+      ("mem-limit", po::value<std::string>(&r.mem_limit),
+       "most memory the stage's plan may use, in process or in each local worker, e.g. 90GiB (refused before "
+       "loading when it does not fit; default: the device, or on the CPU what the machine has available)")
       ("template-timeout", po::value<double>(&r.template_timeout_s)->default_value(2),
        "seconds one chat template render may take; longer gets 400 (a model file's template is input from "
        "strangers)")
@@ -264,6 +269,12 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     }
     r.listen = c.listen;
     r.secret_file = c.secret_file;
+  }
+  // After the config: --mem-limit wins over its [[node]] memory.
+  if (!r.mem_limit.empty()) {
+    const uint64_t limit = parse_size(r.mem_limit);
+    r.engine.mem_limit = limit;
+    if (r.workers > 0) r.worker_mem_limits.assign(size_t(r.workers), limit);
   }
   // Without a model: run's default ($BATON_MODEL, the fixture, else the
   // built-in synthetic model, written to a file in serve()).
