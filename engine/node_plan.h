@@ -70,6 +70,7 @@ inline constexpr double kCpuBandwidth = 100e9;
 
 struct NodeSpec {
   std::string name;
+  bool named = false;         // NAME= given: a machine of its own (baton plan prints a remote config)
   uint64_t memory_bytes = 0;  // the node's memory (unified) or the device's (discrete)
   bool unified = false;       // GB10: the OS, page cache and process share the memory
   // Kept back from the plan; unset: kDefaultUnifiedReserve on a unified node,

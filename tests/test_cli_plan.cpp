@@ -225,7 +225,8 @@ TEST(CliPlanLlama, PrintedSplitCommandAndConfigRunThePlacement) {
   const std::string model = test::model_path("stories260K.gguf");
   test::TempDir dir;
   const std::string parts = dir.file("parts");
-  const std::vector<std::string> args = {model, "--nodes", "a=1GB:cpu,b=1GB:cpu", "--ctx", "256", "--split-dir", parts};
+  // Nodes without names: local workers (named ones are machines of their own).
+  const std::vector<std::string> args = {model, "--nodes", "1GB:cpu,1GB:cpu", "--ctx", "256", "--split-dir", parts};
   auto text = plan(args);
   ASSERT_EQ(text.exit_code, 0) << text.err;
   std::vector<std::string> json_args = args;
@@ -280,6 +281,38 @@ TEST(CliPlanLlama, PrintedSplitCommandAndConfigRunThePlacement) {
   const Json o = Json::parse(one.out);
   EXPECT_EQ(o["split_command"], "");
   EXPECT_NE(o["config"].get<std::string>().find("path = \"" + model + "\""), std::string::npos) << o["config"];
+}
+
+// Nodes given by name are machines of their own: the config is a remote
+// cluster's (the coordinator listens, workers register with the secret),
+// and the commands each machine runs come with it. It once printed a local
+// config for two named Sparks.
+TEST(CliPlanLlama, NamedNodesPrintARemoteConfigAndEachNodesCommand) {
+  const std::string model = test::model_path("stories260K.gguf");
+  test::TempDir dir;
+  const std::string parts = dir.file("parts");
+  auto r = plan({model, "--nodes", "spark-1=1GB:cpu,spark-2=1GB:cpu", "--ctx", "256", "--split-dir", parts, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  const std::string stanza = j["config"].get<std::string>();
+  const std::string part2 = parts + "/stories260K-part2-of-2-layers-" +
+                            j["stages"][1]["layers"].get<std::string>().replace(j["stages"][1]["layers"].get<std::string>().find(':'), 1, "-") +
+                            ".gguf";
+  for (const std::string& want :
+       {std::string("local = false"), std::string("listen = \"0.0.0.0:7070\""),
+        std::string("secret_file = \"/etc/baton/cluster.secret\""),
+        std::string("#   spark-1$ baton serve --config THIS_FILE"),
+        "#   spark-2$ baton worker --coordinator spark-1:7070 --listen spark-2:7071 --backend cpu --secret-file "
+        "/etc/baton/cluster.secret --model " + part2}) {
+    EXPECT_NE(stanza.find(want), std::string::npos) << want << "\n" << stanza;
+  }
+  const std::string config = dir.file("remote.toml");
+  test::write_file(config, std::vector<uint8_t>(stanza.begin(), stanza.end()));
+  const ClusterConfig c = load_cluster_config(config);
+  EXPECT_FALSE(c.local);
+  EXPECT_EQ(c.listen, "0.0.0.0:7070");
+  ASSERT_EQ(c.nodes.size(), 2u);
+  EXPECT_EQ(c.nodes[1].name, "spark-2");
 }
 
 // --staging-mb sizes the ring the plan counts on a unified CUDA node, as

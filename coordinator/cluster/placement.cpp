@@ -336,6 +336,7 @@ std::vector<NodeSpec> parse_nodes(std::string_view text) {
     if (named && eq == 0) fail("empty NAME");
     NodeSpec n;
     n.name = named ? std::string(item.substr(0, eq)) : "node" + std::to_string(out.size());
+    n.named = named;
     if (!names.insert(n.name).second) fail("the name is used twice");
     std::vector<std::string_view> fields = split(named ? item.substr(eq + 1) : item, ':');
     n.memory_bytes = parse_size(fields[0]);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "engine/layer_range_text.h"
@@ -65,13 +66,63 @@ std::string split_command(const std::string& model, const Placement& p, const st
   return "baton split " + shell_word(model) + " --layers " + ranges + " -o " + shell_word(out_dir);
 }
 
+namespace {
+
+// What each named node runs: the coordinator on the first, then a worker on
+// every node with its part (the same path on each machine).
+std::string remote_commands(const std::vector<const StagePlacement*>& stages, const std::vector<NodeSpec>& nodes,
+                            const std::vector<std::string>& files) {
+  const std::string coord = nodes[stages.front()->node].name;
+  std::string out = "# Workers on the machines named (each resolving to its cluster address on every node).\n"
+                    "# Start the coordinator, then a worker on each node with its part copied there:\n";
+  out += fmt::format("#   {}$ baton serve --config THIS_FILE --host 0.0.0.0 --port 8080\n", coord);
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const NodeSpec& n = nodes[stages[i]->node];
+    out += fmt::format("#   {}$ baton worker --coordinator {}:{} --listen {}:{} --backend {} --secret-file {} --model {}\n",
+                       n.name, coord, kRemoteCoordinatorPort, n.name, kRemoteWorkerPort, backend_name(n.backend),
+                       kRemoteSecretFile, shell_word(files[i]));
+  }
+  out += fmt::format("# The secret file (same bytes on every node, chmod 600) is yours to create: head -c 32 /dev/urandom "
+                     "| base64 > {}\n",
+                     kRemoteSecretFile);
+  return out;
+}
+
+}  // namespace
+
 std::string config_stanza(const std::string& model, const Placement& p, const std::vector<NodeSpec>& nodes,
                           const PlacementRequest& req, const std::string& out_dir) {
   const auto stages = used_stages(p);
+  // Nodes given by name are machines of their own: a remote cluster.
+  const bool remote = std::all_of(stages.begin(), stages.end(), [&](const StagePlacement* s) { return nodes[s->node].named; });
+  if (remote) {
+    std::vector<std::string> files;
+    const std::string stem = std::filesystem::path(model).stem().string();
+    for (size_t i = 0; i < stages.size(); ++i) {
+      files.push_back(stages.size() < 2 ? std::filesystem::absolute(model).string()
+                                        : std::filesystem::absolute(std::filesystem::path(out_dir) /
+                                                                    split_part_file_name(stem, int(i), int(stages.size()),
+                                                                                         stages[i]->layers))
+                                              .string());
+    }
+    std::string out = remote_commands(stages, nodes, files);
+    out += "[model]\n# The coordinator reads the metadata and the tokenizer only: any part.\npath = " +
+           toml_string(files.front()) + "\n";
+    out += fmt::format("\n[cluster]\nworkers = {}\nlocal = false\nlisten = \"0.0.0.0:{}\"\nsecret_file = {}\n",
+                       stages.size(), kRemoteCoordinatorPort, toml_string(kRemoteSecretFile));
+    out += fmt::format("\n[serving]\nctx = {}\nparallel = {}\n", req.n_ctx, req.n_seq);
+    for (const StagePlacement* s : stages) {
+      const NodeSpec& n = nodes[s->node];
+      out += fmt::format("\n[[node]]\nname = {}\nbackend = \"{}\"\nmemory = \"{}\"\n", toml_string(n.name),
+                         backend_name(n.backend), exact_size(n.memory_bytes));
+      if (n.unified) out += "unified = true\n";
+    }
+    return out;
+  }
   // A config's relative paths are read from its own folder: the one model
   // is named absolutely, the parts relative to a config saved beside them.
   std::string out = "# " + std::string(stages.size() < 2 ? "One local worker" : "Local workers, one per part") +
-                    "; for workers on other machines see docs/CONFIG.md.\n[model]\n";
+                    " (nodes given by name print a config of workers on those machines).\n[model]\n";
   if (stages.size() < 2) {
     out += "path = " + toml_string(std::filesystem::absolute(model).string()) + "\n";
   } else {

@@ -22,9 +22,19 @@ std::string shell_word(const std::string& word);
 // "" for one (a single stage serves the file as it is).
 std::string split_command(const std::string& model, const Placement& p, const std::string& out_dir);
 
-// The TOML a local cluster runs the placement with: [model] parts (the
-// files split_command writes, relative to a config beside DIR) or path (one
-// stage, absolute), [serving] ctx and parallel, one [[node]] per used stage.
+// Where a remote config has the coordinator listen and the workers dial,
+// and the secret file it names.
+inline constexpr int kRemoteCoordinatorPort = 7070;
+inline constexpr int kRemoteWorkerPort = 7071;
+inline constexpr const char* kRemoteSecretFile = "/etc/baton/cluster.secret";
+
+// The TOML that runs the placement. Nodes given without names: a local
+// cluster, [model] parts (the files split_command writes, relative to a
+// config beside DIR) or path (one stage, absolute), [serving] ctx and
+// parallel, one [[node]] per used stage. Nodes given by name (NAME=SIZE):
+// machines of their own, a remote cluster (local = false, listen,
+// secret_file), with the coordinator's and each node's `baton worker`
+// command in comments.
 std::string config_stanza(const std::string& model, const Placement& p, const std::vector<NodeSpec>& nodes,
                           const PlacementRequest& req, const std::string& out_dir);
 
