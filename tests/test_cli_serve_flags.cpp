@@ -67,6 +67,21 @@ TEST(ServeFlags, WithoutAModelServesTheDefault) {
   EXPECT_EQ(post(s.port(), "/v1/completions", kRequest).status, 200);
 }
 
+// The routes answer over HTTP, behind the API key as /v1/ is.
+TEST(ServeFlags, TokenizeAndDetokenizeRoutes) {
+  ServeProcess s({stories(), "--api-key", "k"});
+  const std::vector<std::string> key = {"Authorization: Bearer k"};
+  EXPECT_EQ(post(s.port(), "/tokenize", json{{"content", "Once"}}).status, 401);
+  const Response t = post(s.port(), "/tokenize", json{{"content", "Once upon a time"}}, key);
+  ASSERT_EQ(t.status, 200) << t.body;
+  const Response d = post(s.port(), "/detokenize", json{{"tokens", t.j()["tokens"]}}, key);
+  ASSERT_EQ(d.status, 200) << d.body;
+  // SentencePiece's word marker on the first piece: a leading space at most.
+  const std::string text = d.j()["content"].get<std::string>();
+  EXPECT_TRUE(text == "Once upon a time" || text == " Once upon a time") << text;
+  EXPECT_EQ(http(s.port(), "GET", "/tokenize", "", key).status, 405);
+}
+
 TEST(ServeFlags, LogLevelWarnDropsTheRequestLines) {
   ServeProcess quiet({stories(), "--log-level", "warn"});
   ASSERT_EQ(post(quiet.port(), "/v1/completions", kRequest).status, 200);

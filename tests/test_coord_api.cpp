@@ -15,6 +15,7 @@
 #include "coordinator/api/openai_api.h"
 #include "coordinator/api/openai_request.h"
 #include "coordinator/api/prompt_pool.h"
+#include "coordinator/api/tokenize_api.h"
 #include "engine/chat_jinja.h"
 #include "engine/chat_template.h"
 #include "engine/gguf.h"
@@ -321,6 +322,46 @@ TEST(PromptPool, ACancelFlagSetByTheCallerStopsItsJobAlone) {
   *mine = true;  // what the exchange's abort does
   for (int i = 0; i < 5000 && !done; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_TRUE(done);
+}
+
+// /tokenize and /detokenize in the shapes of llama-server ("content",
+// add_special off, with_pieces) and vLLM ("prompt" with BOS, "messages",
+// count and max_model_len); ids outside the vocabulary are a 400.
+TEST(TokenizeApi, LlamaServerAndVllmShapes) {
+  const ModelInfo m = test::stories_model_info(512);
+  const Tokenizer& tok = *m.tokenizer;
+  const nlohmann::json llama = nlohmann::json::parse(tokenize_response(R"({"content":"Once upon a time"})", m, nullptr));
+  const std::vector<int32_t> plain = tok.encode("Once upon a time", false, true);
+  EXPECT_EQ(llama["tokens"].get<std::vector<int32_t>>(), plain);
+  EXPECT_EQ(llama["count"], plain.size());
+  EXPECT_EQ(llama["max_model_len"], 512);
+  const nlohmann::json vllm =
+      nlohmann::json::parse(tokenize_response(R"({"model":"stories260K","prompt":"Once upon a time"})", m, nullptr));
+  EXPECT_EQ(vllm["tokens"].get<std::vector<int32_t>>(), tok.encode("Once upon a time", true, true));
+  const nlohmann::json pieces =
+      nlohmann::json::parse(tokenize_response(R"({"content":"Once upon","with_pieces":true})", m, nullptr));
+  std::string joined;
+  for (const auto& p : pieces["tokens"]) joined += p["piece"].get<std::string>();
+  EXPECT_EQ(tok.decode(tok.encode("Once upon", false, true)), joined);
+  // messages: the prompt the chat route renders.
+  const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}]})";
+  EXPECT_EQ(nlohmann::json::parse(tokenize_response(chat, m, nullptr))["tokens"].get<std::vector<int32_t>>(),
+            parse_chat_request(chat, m).gen.prompt);
+
+  const std::string ids = llama["tokens"].dump();
+  const nlohmann::json back = nlohmann::json::parse(detokenize_response(R"({"tokens":)" + ids + "}", m));
+  EXPECT_EQ(back["content"], tok.decode(plain));
+  EXPECT_EQ(back["prompt"], back["content"]);
+  for (const char* bad : {R"({"tokens":[1,512]})", R"({"tokens":"1"})", R"({})"}) {
+    EXPECT_THROW(detokenize_response(bad, m), ApiError) << bad;
+  }
+  EXPECT_THROW(tokenize_response(R"({"content":7})", m, nullptr), ApiError);
+  try {
+    tokenize_response(R"({"model":"other","content":"x"})", m, nullptr);
+    ADD_FAILURE() << "another model's id was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 404);
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "coordinator/api/anthropic_response.h"
 #include "coordinator/api/generation_link.h"
 #include "coordinator/api/metrics.h"
+#include "coordinator/api/tokenize_api.h"
 #include "engine/chat_template.h"
 #include "engine/tokenizer.h"
 #include "engine/layer_range_text.h"
@@ -438,10 +439,22 @@ void OpenAiApi::route(const std::shared_ptr<HttpExchange>& ex) {
       ex->respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(service_.health()));
       return;
     }
-    if (req.path.rfind("/v1/", 0) != 0) throw not_found(req);
+    const bool tokenize = req.path == "/tokenize" || req.path == "/detokenize";
+    if (req.path.rfind("/v1/", 0) != 0 && !tokenize) throw not_found(req);
     if (!authorized(req)) {
       throw ApiError(401, "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.",
                      "invalid_request_error", "", "invalid_api_key", "unauthorized");
+    }
+    if (tokenize) {
+      if (!post) throw method_not_allowed(req, "POST");
+      on_prompt_thread(ex, [this, ex](const RenderBudget& b) {
+        const std::string& body = ex->request().body;
+        ex->respond(200, "application/json",
+                    ex->request().path == "/tokenize"
+                        ? tokenize_response(body, service_.model(), options_.chat_template.get(), b)
+                        : detokenize_response(body, service_.model()));
+      });
+      return;
     }
     if (req.path == "/v1/chat/completions" || req.path == "/v1/completions") {
       if (!post) throw method_not_allowed(req, "POST");

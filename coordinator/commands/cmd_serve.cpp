@@ -94,6 +94,7 @@ constexpr const char* kUsage =
     "  GET  /v1/models             the served model\n"
     "  GET  /health                route state: stages, layers, loading progress, memory\n"
     "  GET  /metrics               Prometheus metrics\n"
+    "  POST /tokenize, /detokenize text (or messages) to token ids and back, as llama-server and vLLM\n"
     "The completion and message routes stream server-sent events with \"stream\": true.\n\n"
     "Concurrent requests share the model by continuous batching: up to --parallel\n"
     "sequences hold a KV slot; each step runs one batch of at most --batch tokens\n"
@@ -340,6 +341,8 @@ const char* route_name(const std::string& path) {
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "models";
   if (path == "/health") return "health";
   if (path == "/metrics") return "metrics";
+  if (path == "/tokenize") return "tokenize";
+  if (path == "/detokenize") return "detokenize";
   return "other";
 }
 
