@@ -83,15 +83,16 @@ struct Inbound {
   std::shared_ptr<Upstream> from;
   uint64_t next_gen = 0;
   Next next = Next::none;
-  std::shared_ptr<net::Connection> conn;  // dialled
-  std::string reason;                     // closed, dial_failed
+  std::shared_ptr<net::Connection> conn = nullptr;  // dialled
+  std::string reason = "";                          // closed, dial_failed
 };
 
 // A next-stage link that drops is dialled again after these delays,
 // doubling from the first up to the last (docs/PROTOCOL.md, "Failure and
-// healing"): the route heals within about a second of the way being open.
+// healing"): the route heals within about half a second of the way being
+// open again, for two connection attempts a second while it is not.
 inline constexpr std::chrono::milliseconds kFirstRedial{100};
-inline constexpr std::chrono::milliseconds kMaxRedial{1000};
+inline constexpr std::chrono::milliseconds kMaxRedial{500};
 
 class Worker {
  public:

@@ -362,7 +362,7 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
           if (current && assigned_ && !shutting_down_) {
             slot.link_down = blame(index, true,
                                    net::printable(m.hello.node_name) + ": the link to the next stage (" +
-                                       net::printable(ls->next_peer) + ") closed: " +
+                                       net::printable(ls->next_peer) + ") is down: " +
                                        net::printable(ls->reason, 1000) + "; dialling it again");
             net::log(net::LogLevel::error, slot.link_down);
             if (failure_.empty()) {
