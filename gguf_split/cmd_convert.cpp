@@ -18,6 +18,7 @@
 #include "gguf_split/convert_deepseek4.h"
 #include "gguf_split/convert_llama.h"
 #include "gguf_split/progress_throttle.h"
+#include "gguf_split/stale_temps.h"
 #include "engine/command_line.h"
 #include "engine/progress_line.h"
 
@@ -120,6 +121,7 @@ int cmd_convert(int argc, char** argv) {
     end_progress_line();
     std::fprintf(stderr, "note: %s\n", s.c_str());
   };
+  remove_stale_temps_beside(out);
   const auto t0 = Clock::now();
   ConvertResult r = deepseek4 ? convert_hf_deepseek4(o, experts) : convert_hf_llama(o);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -8,6 +8,7 @@
 
 #include "gguf_split/commands.h"
 #include "gguf_split/split.h"
+#include "gguf_split/stale_temps.h"
 #include "engine/command_line.h"
 #include "engine/progress_line.h"
 #include "engine/layer_range_text.h"
@@ -96,6 +97,7 @@ int cmd_split(int argc, char** argv) {
     return 0;
   }
   std::filesystem::create_directories(out_dir);
+  remove_stale_temps_in(out_dir);
   write_split(files, plan, progress_printer("copied"));
   return 0;
 }
@@ -120,6 +122,7 @@ int cmd_merge(int argc, char** argv) {
     return 1;
   }
   if (parse_only()) return 0;
+  remove_stale_temps_beside(out);
   merge_parts(parts, out, progress_printer("merged"));
   return 0;
 }

@@ -9,6 +9,7 @@
 
 #include "gguf_split/commands.h"
 #include "gguf_split/progress_throttle.h"
+#include "gguf_split/stale_temps.h"
 #include "engine/command_line.h"
 #include "engine/progress_line.h"
 #include "engine/synth.h"
@@ -106,6 +107,7 @@ int cmd_synth(int argc, char** argv) {
   o.data = *mode;
   Progress progress(vm->count("quiet") > 0);
   o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
+  remove_stale_temps_beside(out);
   const auto t0 = Clock::now();
   SynthResult r = write_synth_model(out, o);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();

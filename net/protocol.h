@@ -20,7 +20,7 @@ namespace baton::net {
 
 // Bumped on any change of a message's layout or meaning. Peers must speak the
 // same version (checked in the handshake, before anything else is trusted).
-inline constexpr uint32_t kProtocolVersion = 5;
+inline constexpr uint32_t kProtocolVersion = 6;
 
 // Frame type codes. APPEND-ONLY: never renumber, never reuse a retired value;
 // a new message takes the next number (and bumps kProtocolVersion).
@@ -78,6 +78,9 @@ enum class WireError : uint32_t {
   bad_request = 9,  // FORWARD that the stage cannot run (position, seq, size)
   cancelled = 10,
   shutting_down = 11,
+  // v6: a FORWARD could not be passed on because the link to the next stage
+  // is down; the next stage (or the way to it) is at fault, not the sender.
+  next_link_closed = 12,
 };
 
 // What a worker brings. Sizes in bytes; 0 means "not known".
@@ -467,15 +470,18 @@ struct LinkAck {
 
 // Worker -> coordinator (v3): what the link to the next stage really is now
 // (after setup, a fallback, or a route change); the coordinator shows it in
-// /health.
+// /health. v6: `connected` false says the link is down (it closed while both
+// workers may be up) and the worker is dialling next_peer again; the route
+// is broken until the same worker reports it connected.
 struct LinkStatus {
   std::string next_peer;
   LinkKind kind = LinkKind::tcp;
-  std::string reason;  // why tcp (or a note for nccl)
+  std::string reason;  // why tcp (or a note for nccl); with !connected, why the link is down
+  bool connected = true;  // v6
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(next_peer, kind, reason);
+    ar(next_peer, kind, reason, connected);
   }
   bool operator==(const LinkStatus&) const = default;
 };

@@ -416,6 +416,31 @@ TEST(CliConvert, ConvertedModelRunsAndQuantFallsBackPerTensor) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// Regression: a convert killed mid-write (SIGXFSZ here) left its temporary
+// file beside the output for good; the next convert to that folder removes
+// it (engine/temp_file.h) and writes what an uninterrupted one writes.
+TEST(CliConvert, TheNextConvertRemovesWhatAKilledOneLeft) {
+  test::TempDir dir;
+  Tiny c;
+  std::filesystem::create_directories(dir.file("hf"));
+  std::filesystem::create_directories(dir.file("out"));
+  write_checkpoint(dir.file("hf"), c, make_weights(c, 5, "F32"), "F32");
+  const std::string out = dir.file("out/m.gguf");
+  auto r = test::run_command({"/bin/sh", "-c", "ulimit -f 8; exec \"$0\" \"$@\"", test::baton_binary(), "convert",
+                              "--quiet", "--from", dir.file("hf"), "-o", out});
+  ASSERT_EQ(r.exit_code, -1) << "not killed by SIGXFSZ: " << r.err;
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("out"))) left.push_back(e.path().string());
+  ASSERT_EQ(left.size(), 1u);
+  ASSERT_TRUE(temp_file_owner(std::filesystem::path(left[0]).filename().string()).has_value()) << left[0];
+  r = baton({"convert", "--quiet", "--from", dir.file("hf"), "-o", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("removed " + left[0]), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(left[0]));
+  ASSERT_EQ(baton({"convert", "--quiet", "--from", dir.file("hf"), "-o", dir.file("ref.gguf")}).exit_code, 0);
+  EXPECT_EQ(test::read_file(out), test::read_file(dir.file("ref.gguf")));
+}
+
 // A hand-made byte-level BPE tokenizer.json: "hello world" merges to
 // [hello, Ġwor, l, d]; "<|end|>" is a special added token and the EOS.
 TEST(CliConvert, ConvertsAByteLevelBpeTokenizer) {

@@ -5,7 +5,10 @@
 // coordinator's and a worker's port change nothing, and the quick chaos run.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -410,6 +414,150 @@ TEST(ServeCluster, AHandshakeFloodOnTheClusterPortDoesNotStopHealing) {
   Response after = post(port, "/v1/completions", {{"model", kModel}, {"prompt", "Hi"}, {"max_tokens", 2}});
   EXPECT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
+}
+
+// A free loopback port (bound, read, released: the caller binds it next).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    throw std::runtime_error("no free port");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// `baton serve --config` of a remote cluster of three `baton worker`s that
+// this test starts, worker-1 behind a test::TcpProxy: worker-1 advertises
+// the proxy's port (--advertise), so worker-0's link to it runs through the
+// proxy, which the test cuts and restores while every process stays up.
+struct ProxiedCluster {
+  explicit ProxiedCluster(std::vector<std::string> serve_args = {}) {
+    const std::string secret = dir.file("secret");
+    const std::string key(64, 's');
+    test::write_file(secret, std::vector<uint8_t>(key.begin(), key.end()));
+    fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
+    const std::string cfg = dir.file("remote.toml");
+    const std::string text = "[model]\npath = \"" + stories() + "\"\n[cluster]\nworkers = 3\nlocal = false\n" +
+                             "listen = \"127.0.0.1:0\"\nsecret_file = \"" + secret + "\"\n";
+    test::write_file(cfg, std::vector<uint8_t>(text.begin(), text.end()));
+    serve_args.insert(serve_args.begin(), {"--config", cfg});
+    server = std::make_unique<ServeProcess>(serve_args, /*wait_ready=*/false);
+    std::smatch m;
+    static const std::regex waiting(R"(waiting for 3 workers on 127\.0\.0\.1:(\d+))");
+    std::string err;
+    for (int i = 0; i < 200 && !std::regex_search(err = server->stderr_text(), m, waiting); ++i) {
+      std::this_thread::sleep_for(50ms);
+    }
+    if (m.empty()) throw std::runtime_error("the coordinator did not listen: " + err);
+    const std::string coordinator = "127.0.0.1:" + m[1].str();
+    const int behind = free_port();
+    proxy = std::make_unique<test::TcpProxy>(uint16_t(behind));
+    for (int i = 0; i < 3; ++i) {
+      std::vector<std::string> argv = {test::baton_binary(), "worker", "--coordinator", coordinator, "--secret-file",
+                                       secret, "--model", stories(), "--name", "worker-" + std::to_string(i),
+                                       "--backend", "cpu", "--step-delay-ms", "5"};
+      if (i == 1) {
+        for (const std::string& a : {std::string("--listen"), "127.0.0.1:" + std::to_string(behind),
+                                     std::string("--advertise"), "127.0.0.1:" + std::to_string(proxy->port())}) {
+          argv.push_back(a);
+        }
+      }
+      const test::Spawned w = test::spawn_piped(argv, dir.file("worker-" + std::to_string(i) + ".err"));
+      ::close(w.stdout_fd);
+      workers.push_back(w.pid);
+    }
+  }
+  ~ProxiedCluster() {
+    server->stop();
+    for (pid_t w : workers) {
+      kill(w, SIGTERM);
+      int status = 0;
+      waitpid(w, &status, 0);
+    }
+  }
+  std::string logs() const {
+    std::string all = server->stderr_text();
+    for (int i = 0; i < 3; ++i) {
+      const auto b = test::read_file(dir.file("worker-" + std::to_string(i) + ".err"));
+      all += "\n--- worker-" + std::to_string(i) + " ---\n" + std::string(b.begin(), b.end());
+    }
+    return all;
+  }
+
+  test::TempDir dir;
+  std::unique_ptr<ServeProcess> server;
+  std::unique_ptr<test::TcpProxy> proxy;
+  std::vector<pid_t> workers;
+};
+
+// Regression: a link between two workers that dropped while both processes
+// stayed up (a NAT or firewall reset) was never dialled again: every request
+// failed with 500 while /health said 200 ok. Now the stage that dials the
+// link says it is down (the route is broken: a stream in flight ends with an
+// error naming the unreachable worker, requests get 503, /health says why)
+// and dials it again with backoff; the route heals within 2 s of the way
+// being open again.
+TEST(ServeCluster, ADroppedLinkBetweenLiveWorkersBreaksTheRouteThenHeals) {
+  ProxiedCluster c({"--ctx", "1024"});
+  const int port = c.server->port();
+  ASSERT_TRUE(wait_status(port, "ok", 60s)) << c.logs();
+  ASSERT_EQ(c.proxy->relayed(), 1) << c.logs();
+  const json req = {{"model", kModel}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
+  const Response before = post(port, "/v1/completions", req);
+  ASSERT_EQ(before.status, 200) << before.body;
+
+  int fd = start_long_stream(port, 900);
+  c.proxy->cut();
+  const auto t_cut = std::chrono::steady_clock::now();
+  const std::string rest = read_all(fd);
+  ::close(fd);
+  const double stream_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_cut).count();
+  EXPECT_LT(stream_s, 2.0) << rest;
+  EXPECT_NE(rest.find("generation failed"), std::string::npos) << rest;
+  EXPECT_NE(rest.find("worker worker-1 (stage 1"), std::string::npos) << rest;
+  EXPECT_NE(rest.find("unreachable from stage 0"), std::string::npos) << rest;
+
+  // While the link is down: 503 with the reason, /health not ok and why.
+  Response h = http(port, "GET", "/health");
+  EXPECT_EQ(h.status, 503) << h.body;
+  EXPECT_EQ(h.j()["status"], "error") << h.body;
+  EXPECT_NE(h.j()["stages"][1]["error"].dump().find("unreachable from stage 0"), std::string::npos) << h.body;
+  const Response during = post(port, "/v1/completions", req);
+  EXPECT_EQ(during.status, 503) << during.body;
+  EXPECT_NE(during.body.find("worker-1"), std::string::npos) << during.body;
+  // Several dials fail meanwhile (the proxy resets each), so the backoff
+  // grows; BATON_LINK_CUT_MS changes how long the link stays cut, and so
+  // where in the dialling the way opens again.
+  const int cut_ms = env_int("BATON_LINK_CUT_MS", 1500);
+  std::this_thread::sleep_for(std::chrono::milliseconds(cut_ms));
+  EXPECT_EQ(http(port, "GET", "/health").status, 503);
+  if (cut_ms >= 1000) EXPECT_GE(c.proxy->accepted(), 4) << c.logs();  // the first link and 3 dials at least
+
+  c.proxy->restore();
+  const auto t_open = std::chrono::steady_clock::now();
+  auto since_open = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count(); };
+  while (health(port)["status"] != "ok" && since_open() < 10) std::this_thread::sleep_for(10ms);
+  const double whole_s = since_open();
+  Response after;
+  while (since_open() < 10) {
+    after = post(port, "/v1/completions", req);
+    if (after.status == 200) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  const double heal_s = since_open();
+  std::printf("link cut: stream failed in %.2f s; after the way was open again: /health ok in %.2f s, "
+              "first 200 in %.2f s\n", stream_s, whole_s, heal_s);
+  ASSERT_EQ(after.status, 200) << after.body << c.logs();
+  EXPECT_LT(heal_s, 2.0) << c.logs();
+  EXPECT_EQ(after.j()["choices"][0]["text"], before.j()["choices"][0]["text"]);
+  EXPECT_EQ(health(port)["status"], "ok");
+  // Nothing was restarted: the same three processes serve.
+  for (pid_t w : c.workers) EXPECT_EQ(kill(w, 0), 0);
 }
 
 // Wrong secret, wrong version, a truncated frame, an oversized length and

@@ -3,12 +3,16 @@
 // byte for byte (also from a llama.cpp shard set).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <optional>
 
 #include "coordinator/api/generation.h"
 #include "engine/gguf.h"
-#include "engine/part_info.h"
 #include "engine/model_files.h"
+#include "engine/part_info.h"
+#include "engine/temp_file.h"
 #include "gguf_split/split.h"
 #include "tests/test_util.h"
 
@@ -284,6 +288,86 @@ TEST(Split, AFailedPartLeavesNoPartAndNoTemporaryFile) {
   EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("\nbaton split: "), std::string::npos) << "the error shares the progress line: " << r.err;
   EXPECT_EQ(files_in(tmp.path() / "parts"), std::vector<std::string>{});
+}
+
+// Regression: a writer killed mid-write (SIGKILL, or SIGXFSZ as here: the
+// file size limit with the signal's default action) left its temporary
+// parts in the output folder for good. Temporary names carry the writer's
+// host and pid (engine/temp_file.h); the next split into the folder removes
+// those whose process is gone, and leaves a live process's and another
+// machine's (a shared folder) alone.
+TEST(Split, TheNextSplitRemovesWhatAKilledSplitLeft) {
+  test::TempDir tmp;
+  const std::string src = model_path("stories260K.gguf");
+  const std::string parts = tmp.file("parts");
+  fs::create_directories(parts);
+  CommandResult r = test::run_command({"/bin/sh", "-c", "ulimit -f 1200; exec \"$0\" \"$@\"", test::baton_binary(),
+                                       "split", src, "--layers", "0:0,1:output", "-o", parts});
+  ASSERT_EQ(r.exit_code, -1) << "not killed by SIGXFSZ: " << r.err;
+  const std::vector<std::string> left = files_in(parts);
+  ASSERT_EQ(left.size(), 2u) << "part 1 complete and part 2 cut short, both under temporary names";
+  std::optional<TempFileOwner> owner;
+  for (const std::string& f : left) {
+    owner = temp_file_owner(fs::path(f).filename().string());
+    ASSERT_TRUE(owner.has_value()) << f;
+    EXPECT_NE(owner->target.find("stories260K"), std::string::npos) << f;
+  }
+  // Beside them: a live process's temporary (this test's) and one of the
+  // killed pid on another machine.
+  const std::string other_host = owner->host == "elsewhere" ? "elsewhere2" : "elsewhere";
+  const std::string live = parts + "/x.gguf.baton-" + owner->host + "-" + std::to_string(getpid()) + "-AbCd12.tmp";
+  const std::string foreign = parts + "/x.gguf.baton-" + other_host + "-" + std::to_string(owner->pid) + "-AbCd12.tmp";
+  test::write_file(live, {1});
+  test::write_file(foreign, {2});
+
+  r = baton({"split", src, "--layers", "0:0,1:output", "-o", parts});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string& f : left) {
+    EXPECT_FALSE(fs::exists(f)) << f << " is left";
+    EXPECT_NE(r.out.find("removed " + f), std::string::npos) << r.out;
+  }
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(foreign));
+  fs::remove(live);
+  fs::remove(foreign);
+  // The parts are those of a split that nothing interrupted.
+  r = baton({"split", src, "--layers", "0:0,1:output", "-o", tmp.file("ref")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> got = files_in(parts), want = files_in(tmp.path() / "ref");
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_EQ(want.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(fs::path(got[i]).filename(), fs::path(want[i]).filename());
+    EXPECT_EQ(test::read_file(got[i]), test::read_file(want[i])) << got[i];
+  }
+}
+
+TEST(Split, TemporaryNamesSayWhoWroteThem) {
+  test::TempDir tmp;
+  const std::string target = tmp.file("m-host-1.gguf");
+  TempFile t(target);
+  const std::string name = fs::path(t.path()).filename().string();
+  const std::optional<TempFileOwner> o = temp_file_owner(name);
+  ASSERT_TRUE(o.has_value()) << name;
+  EXPECT_EQ(o->target, "m-host-1.gguf");
+  EXPECT_EQ(o->pid, long(getpid()));
+  EXPECT_FALSE(o->host.empty());
+  EXPECT_EQ(name, "m-host-1.gguf.baton-" + o->host + "-" + std::to_string(getpid()) + "-" +
+                      name.substr(name.size() - 10, 6) + ".tmp");
+  // A live writer's file is never removed.
+  EXPECT_EQ(remove_stale_temp_files(tmp.path().string()), std::vector<std::string>{});
+  EXPECT_TRUE(fs::exists(t.path()));
+  // Names that are not Baton's temporaries.
+  for (const char* other : {"m.gguf", "m.gguf.tmp", "m.gguf.AbCdEf.tmp", "m.gguf.baton-h-12-AbCd.tmp",
+                            "m.gguf.baton-h-x1-AbCdEf.tmp", "m.gguf.baton--12-AbCdEf.tmp", ".baton-h-12-AbCdEf.tmp",
+                            "m.gguf.baton-h.x-12-AbCdEf.tmp", "m.gguf.baton-12-AbCdEf.tmp"}) {
+    EXPECT_FALSE(temp_file_owner(other).has_value()) << other;
+  }
+  const std::optional<TempFileOwner> dashed = temp_file_owner("a.b.baton-my-host-7-AbCdEf.tmp");
+  ASSERT_TRUE(dashed.has_value());
+  EXPECT_EQ(dashed->target, "a.b");
+  EXPECT_EQ(dashed->host, "my-host");
+  EXPECT_EQ(dashed->pid, 7);
 }
 
 TEST(Split, ShardPathNaming) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -13,6 +14,7 @@
 #include "engine/deepseek4_shape.h"
 #include "engine/gguf.h"
 #include "engine/node_plan.h"
+#include "engine/temp_file.h"
 #include "engine/tokenizer.h"
 #include "tests/test_util.h"
 
@@ -165,6 +167,28 @@ TEST(CliSynth, LlamaTinyRunsAndTokenizes) {
     auto r = test::run_command({test::baton_binary(), "run", "-m", path, "-n", "4", "--temp", "0", "-t", "1"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
   }
+}
+
+// Regression: a synth killed mid-write (SIGXFSZ here) left its temporary
+// file beside the output for good; the next synth to that folder removes
+// it (engine/temp_file.h) and writes the same file as an uninterrupted run.
+TEST(CliSynth, TheNextSynthRemovesWhatAKilledOneLeft) {
+  test::TempDir dir;
+  const std::string out = dir.file("tiny.gguf");
+  test::CommandResult r = test::run_command({"/bin/sh", "-c", "ulimit -f 64; exec \"$0\" \"$@\"",
+                                             test::baton_binary(), "synth", "--quiet", "--shape", "llama-tiny",
+                                             "-o", out});
+  ASSERT_EQ(r.exit_code, -1) << "not killed by SIGXFSZ: " << r.err;
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) left.push_back(e.path().string());
+  ASSERT_EQ(left.size(), 1u);
+  ASSERT_TRUE(temp_file_owner(std::filesystem::path(left[0]).filename().string()).has_value()) << left[0];
+  r = synth({"--shape", "llama-tiny", "-o", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("removed " + left[0]), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(left[0]));
+  ASSERT_EQ(synth({"--shape", "llama-tiny", "-o", dir.file("ref.gguf")}).exit_code, 0);
+  EXPECT_EQ(test::read_file(out), test::read_file(dir.file("ref.gguf")));
 }
 
 TEST(CliSynth, AliasSharesBytesPerPattern) {

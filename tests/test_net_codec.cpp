@@ -231,7 +231,7 @@ struct Gen {
       case MsgType::link_ack:
         return LinkAck{LinkKind(1 + below(2)), text(100)};
       case MsgType::link_status:
-        return LinkStatus{text(30), LinkKind(1 + below(2)), text(100)};
+        return LinkStatus{text(30), LinkKind(1 + below(2)), text(100), below(2) == 1};
     }
     ADD_FAILURE() << "no generator for type " << int(t);
     return Cancel{};

@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <tuple>
 #include <random>
 #include <stdexcept>
 
@@ -164,6 +166,132 @@ ConnectionFlood::ConnectionFlood(uint16_t port, size_t n, std::vector<uint8_t> f
 ConnectionFlood::~ConnectionFlood() {
   stop_.store(true);
   thread_.join();
+}
+
+namespace {
+
+// Closes with RST rather than FIN: the peer's next read or write fails.
+void reset_close(int fd) {
+  linger l{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  ::close(fd);
+}
+
+bool write_all(int fd, const uint8_t* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+TcpProxy::TcpProxy(uint16_t target_port) : target_(target_port) {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(listen_fd_, 16) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+      ::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::runtime_error("TcpProxy: cannot listen on 127.0.0.1");
+  }
+  port_ = ntohs(a.sin_port);
+  thread_ = std::thread([this] { run(); });
+}
+
+TcpProxy::~TcpProxy() {
+  stop_.store(true);
+  const char c = 's';
+  (void)!::write(wake_[1], &c, 1);
+  thread_.join();
+  ::close(listen_fd_);
+  ::close(wake_[0]);
+  ::close(wake_[1]);
+}
+
+void TcpProxy::cut() {
+  open_.store(false);
+  const char c = 'c';
+  (void)!::write(wake_[1], &c, 1);
+}
+
+void TcpProxy::restore() { open_.store(true); }
+
+void TcpProxy::run() {
+  struct Pair {
+    int a, b;  // accepted (client side), dialled (target side)
+  };
+  std::vector<Pair> pairs;
+  auto drop = [&](size_t i) {
+    reset_close(pairs[i].a);
+    reset_close(pairs[i].b);
+    pairs.erase(pairs.begin() + std::ptrdiff_t(i));
+    relayed_.store(int(pairs.size()));
+  };
+  std::vector<uint8_t> buf(1 << 16);
+  while (!stop_.load()) {
+    if (!open_.load()) {
+      while (!pairs.empty()) drop(pairs.size() - 1);
+    }
+    std::vector<pollfd> fds = {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    for (const Pair& p : pairs) {
+      fds.push_back({p.a, POLLIN, 0});
+      fds.push_back({p.b, POLLIN, 0});
+    }
+    if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
+    if (fds[0].revents) {
+      char sink[64];
+      while (::read(wake_[0], sink, sizeof sink) > 0) {
+      }
+      continue;  // cut or stop: seen at the top
+    }
+    // Relay what arrived; a side that closed or failed takes its pair down.
+    for (size_t k = pairs.size(); k-- > 0;) {
+      const short ra = fds[2 + 2 * k].revents, rb = fds[3 + 2 * k].revents;
+      bool ok = true;
+      for (auto [from, to, r] : {std::tuple{pairs[k].a, pairs[k].b, ra}, std::tuple{pairs[k].b, pairs[k].a, rb}}) {
+        if (!ok || !(r & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::recv(from, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n > 0) {
+          ok = write_all(to, buf.data(), size_t(n));
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          ok = false;
+        }
+      }
+      if (!ok) drop(k);
+    }
+    if (fds[1].revents & POLLIN) {
+      const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) {
+        accepted_.fetch_add(1);
+        int t = -1;
+        if (open_.load()) {
+          t = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          sockaddr_in a{};
+          a.sin_family = AF_INET;
+          a.sin_port = htons(target_);
+          a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          if (t >= 0 && ::connect(t, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+            ::close(t);
+            t = -1;
+          }
+        }
+        if (t < 0) {
+          reset_close(c);
+        } else {
+          pairs.push_back({c, t});
+          relayed_.store(int(pairs.size()));
+        }
+      }
+    }
+  }
+  while (!pairs.empty()) drop(pairs.size() - 1);
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {

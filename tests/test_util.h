@@ -75,6 +75,36 @@ class ConnectionFlood {
   std::thread thread_;
 };
 
+// A TCP relay on 127.0.0.1 (a free port) to 127.0.0.1:target_port, standing
+// in for a NAT or firewall between two processes: cut() resets every
+// connection through it (RST both ways) and resets each new one at once,
+// so both ends see the link drop while their processes stay up, until
+// restore() lets connections through again.
+class TcpProxy {
+ public:
+  explicit TcpProxy(uint16_t target_port);
+  ~TcpProxy();
+  TcpProxy(const TcpProxy&) = delete;
+  TcpProxy& operator=(const TcpProxy&) = delete;
+  uint16_t port() const { return port_; }
+  void cut();
+  void restore();
+  int relayed() const { return relayed_.load(); }  // connections currently relayed
+  int accepted() const { return accepted_.load(); }  // connections accepted, relayed or reset
+
+ private:
+  void run();
+  uint16_t target_;
+  uint16_t port_ = 0;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> open_{true};
+  std::atomic<bool> stop_{false};
+  std::atomic<int> relayed_{0};
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
 std::vector<uint8_t> read_file(const std::string& path);
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
 

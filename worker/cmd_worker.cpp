@@ -61,6 +61,9 @@ int cmd_worker(int argc, char** argv) {
       ("listen", po::value<std::string>(&opt.listen)->default_value(opt.listen),
        "HOST:PORT where the previous stage connects (port 0: any free port); HOST, a name or an address, "
        "must be reachable by it: the worker binds HOST's address and tells the coordinator HOST:PORT")
+      ("advertise", po::value<std::string>(&opt.advertise),
+       "HOST:PORT the previous stage dials instead of --listen's, when something forwards it here "
+       "(a port forward, NAT, a proxy)")
       ("secret-file", po::value<std::string>(&opt.secret_file)->required(),
        "file with the cluster's shared secret (chmod 600), or a pipe such as /dev/fd/3")
       ("model,m", po::value<std::string>(&opt.model), "the full GGUF (default: the path the coordinator assigns)")
@@ -90,6 +93,9 @@ int cmd_worker(int argc, char** argv) {
   net::apply_log_options(log, net::LogLevel::info);
   (void)net::split_host_port(opt.coordinator);  // the syntax now; names resolve when they are used
   (void)net::split_host_port(opt.listen);
+  if (!opt.advertise.empty() && net::split_host_port(opt.advertise).second == 0) {
+    throw std::invalid_argument("--advertise needs a port other than 0, got '" + opt.advertise + "'");
+  }
   if (backend != "auto" && !backend_from_name(backend)) {
     throw std::invalid_argument("--backend must be auto, cpu or cuda, got '" + backend + "'");
   }

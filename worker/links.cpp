@@ -95,41 +95,140 @@ void Worker::accept_upstream(std::shared_ptr<net::Connection> c) {
   upstream_.push_back(std::move(up));
 }
 
-// Output goes to the next stage's worker; a closed next link is not this
-// worker's failure to report: the coordinator watches that worker itself
-// and names it, and heals the route with ROUTE. A FORWARD that finds the
-// link closed is answered with ERROR.
+// Output goes to the next stage's worker. A next link that closes while
+// this worker runs is dialled again (with backoff) until it is back or the
+// coordinator routes the output elsewhere (ROUTE); meanwhile the coordinator
+// knows it is down (LINK_STATUS not connected) and holds the route broken.
+// When the next stage itself died, the coordinator hears of it on its own
+// link to it and names it; a FORWARD that finds the link closed is answered
+// with ERROR next_link_closed, which blames the next stage, not this one.
 void Worker::connect_next(const std::string& address, net::LinkKind kind) {
   drop_next_nccl();
   if (next_) next_->close("the route changed");
   next_.reset();
-  ++next_gen_;  // messages and closes of the old link are stale from now on
+  ++next_gen_;  // messages, closes and dials of the old link are stale from now on
   assign_.next_peer = address;
+  next_kind_ = kind;
   if (address.empty()) return;
+  std::shared_ptr<net::Connection> c;
+  try {
+    c = connect_blocking(io_, address, peer_hello(), secret_, "the next stage");
+  } catch (const std::exception& e) {
+    return next_down(e.what());
+  }
+  start_next(std::move(c));
+}
+
+net::Hello Worker::peer_hello() const {
   net::Hello hello;
   hello.role = net::Role::peer;
   hello.node_name = opt_.name;
   hello.model = model_identity(*file_);
-  next_ = connect_blocking(io_, address, hello, secret_, "the next stage");
+  return hello;
+}
+
+// A connection to the next stage becomes the link (generation next_gen_):
+// its close comes back to the loop, and the link is negotiated as the
+// coordinator chose.
+void Worker::start_next(std::shared_ptr<net::Connection> c) {
+  next_ = std::move(c);
+  redial_delay_ = kFirstRedial;
+  redial_failures_ = 0;
+  const uint64_t gen = next_gen_.load();
   next_->start(
-      [this, gen = next_gen_.load()](net::Message&& m) {
+      [this, gen](net::Message&& m) {
         if (std::holds_alternative<net::LinkAck>(m)) enqueue({std::move(m), nullptr, gen});
       },
-      [this, gen = next_gen_.load()](std::error_code, const std::string& reason) {
+      [this, gen](std::error_code, const std::string& reason) {
         // Info, not a warning: at a normal end the next stage may close
         // before this one reads its own SHUTDOWN, and a real failure is
         // reported by the coordinator, which hears of it too.
         net::log(net::LogLevel::info, opt_.name + ": the link to the next stage closed: " + reason);
-        // A dead peer never completes an NCCL transfer: fail it now
-        // rather than at the watchdog's deadline.
-        std::lock_guard lock(mu_);
-        if (gen == next_gen_ && next_nccl_) next_nccl_->abort("the next stage's link closed: " + reason);
+        {
+          // A dead peer never completes an NCCL transfer: fail it now
+          // rather than at the watchdog's deadline.
+          std::lock_guard lock(mu_);
+          if (gen == next_gen_ && next_nccl_) next_nccl_->abort("the next stage's link closed: " + reason);
+        }
+        Inbound in;
+        in.next_gen = gen;
+        in.next = Inbound::Next::closed;
+        in.reason = reason;
+        enqueue(std::move(in));
       });
-  if (kind == net::LinkKind::nccl) {
+  if (next_kind_ == net::LinkKind::nccl) {
     start_next_nccl();
   } else {
     report_link(net::LinkKind::tcp, "");
   }
+}
+
+void Worker::on_next_event(Inbound& in) {
+  if (in.next_gen != next_gen_) return;  // an old link's, or a dial the route has overtaken
+  switch (in.next) {
+    case Inbound::Next::closed:
+      if (!next_) return;
+      drop_next_nccl();
+      next_.reset();
+      ++next_gen_;
+      return next_down(in.reason);
+    case Inbound::Next::dialled:
+      if (next_ || !in.conn) return;
+      net::log(net::LogLevel::info, opt_.name + ": the link to the next stage (" + assign_.next_peer + ") is up again");
+      return start_next(std::move(in.conn));
+    case Inbound::Next::dial_failed:
+      if (next_) return;
+      // One line for the first failures and then at 4, 8, 16, ... in a row:
+      // a long outage does not flood the log.
+      ++redial_failures_;
+      if ((redial_failures_ & (redial_failures_ - 1)) == 0) {
+        net::log(net::LogLevel::info, opt_.name + ": still cannot reach the next stage at " + assign_.next_peer +
+                                          " (" + std::to_string(redial_failures_) + " attempts): " + in.reason);
+      }
+      redial_delay_ = std::min(redial_delay_ * 2, kMaxRedial);
+      return schedule_redial();
+    case Inbound::Next::none:
+      return;
+  }
+}
+
+// The link to the next stage is down (it closed, or the dial failed): say
+// so to the coordinator, which holds the route broken, and dial again.
+void Worker::next_down(const std::string& reason) {
+  net::log(net::LogLevel::info, opt_.name + ": the link to the next stage (" + assign_.next_peer +
+                                    ") is down: " + reason + "; dialling it again");
+  report_link(net::LinkKind::tcp, reason, false);
+  redial_delay_ = kFirstRedial;
+  redial_failures_ = 0;
+  schedule_redial();
+}
+
+// Dials assign_.next_peer after redial_delay_ on the io thread; the outcome
+// comes back to the loop as an Inbound of this generation.
+void Worker::schedule_redial() {
+  auto timer = std::make_shared<boost::asio::steady_timer>(io_, redial_delay_);
+  timer->async_wait([this, timer, gen = next_gen_.load(), address = assign_.next_peer,
+                     hello = peer_hello()](const boost::system::error_code& ec) mutable {
+    if (ec || gen != next_gen_) return;
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+    }
+    auto done = [this, gen](std::error_code e, const std::string& reason, std::shared_ptr<net::Connection> c) {
+      Inbound in;
+      in.next_gen = gen;
+      in.next = e || !c ? Inbound::Next::dial_failed : Inbound::Next::dialled;
+      in.conn = std::move(c);
+      in.reason = in.next == Inbound::Next::dial_failed && reason.empty() ? "no connection" : reason;
+      enqueue(std::move(in));
+    };
+    try {
+      auto [host, port] = net::split_host_port(address);
+      net::connect(io_, host, port, std::move(hello), secret_, link_config(), done);
+    } catch (const std::exception& e) {
+      done(std::make_error_code(std::errc::invalid_argument), e.what(), nullptr);
+    }
+  });
 }
 
 void Worker::start_next_nccl() {
@@ -207,8 +306,10 @@ void Worker::drop_next_nccl() {
   // `old` is released here: its destructor aborts the communicator.
 }
 
-void Worker::report_link(net::LinkKind kind, const std::string& reason) {
-  if (coord_) coord_->send(net::LinkStatus{assign_.next_peer, kind, reason.substr(0, net::kMaxTextBytes)});
+void Worker::report_link(net::LinkKind kind, const std::string& reason, bool connected) {
+  if (coord_) {
+    coord_->send(net::LinkStatus{assign_.next_peer, kind, reason.substr(0, net::kMaxTextBytes), connected});
+  }
 }
 
 // The receiving side of LINK_SETUP: join as rank 1 (bounded by the init

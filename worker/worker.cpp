@@ -74,6 +74,9 @@ Worker::~Worker() {
   guard_.reset();
   io_.stop();
   if (io_thread_.joinable()) io_thread_.join();
+  // A dial that ended during the above left its connection here.
+  std::lock_guard lock(mu_);
+  inbox_.clear();
 }
 
 int Worker::run() {
@@ -94,7 +97,8 @@ int Worker::run() {
   listener_ = std::make_unique<net::Listener>(
       io_, lhost, lport, net::LocalIdentity{net::Role::worker, opt_.name}, secret_, link_config(),
       [this](std::shared_ptr<net::Connection> c) { accept_upstream(std::move(c)); });
-  const std::string listen_address = net::join_host_port(lhost, listener_->port());
+  const std::string bound_address = net::join_host_port(lhost, listener_->port());
+  const std::string listen_address = opt_.advertise.empty() ? bound_address : opt_.advertise;
   // A stock /etc/hosts maps the machine's own name to 127.0.1.1: a stage on
   // another machine (where the coordinator is) could not dial that.
   if (const auto ip = net::resolve_host(lhost); ip.is_loopback() && !coordinator_ip.is_loopback()) {
@@ -119,7 +123,8 @@ int Worker::run() {
                   stop(1, "the link to the coordinator closed: " + reason);
                 });
   net::log(net::LogLevel::info, opt_.name + ": registered with the coordinator at " + opt_.coordinator +
-                                    ", listening on " + listen_address);
+                                    ", listening on " + bound_address +
+                                    (opt_.advertise.empty() ? "" : ", advertised as " + opt_.advertise));
   loop();
   return exit_code_;
 }
@@ -195,6 +200,7 @@ void Worker::send_error(net::WireError code, uint64_t request_id, const std::str
 }
 
 void Worker::handle(Inbound& in) {
+  if (in.next != Inbound::Next::none) return on_next_event(in);
   net::Message& m = in.msg;
   if (auto* a = std::get_if<net::Assign>(&m)) return on_assign(*a);
   if (auto* r = std::get_if<net::Route>(&m)) return on_route(*r);
@@ -383,7 +389,10 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
   tokens_sent_ += out.total_tokens();
   if (next_ && next_nccl_ok_) send_rows_over_nccl(out);
   if (!next_ || !next_->send(out)) {
-    send_error(net::WireError::internal, f.request_id, "the link to the next stage (" + assign_.next_peer + ") is closed");
+    // The next stage (or the way to it) failed, not this one: the code
+    // lets the coordinator blame it (coordinator/cluster/failure_blame.h).
+    send_error(net::WireError::next_link_closed, f.request_id,
+               "the link to the next stage (" + assign_.next_peer + ") is closed");
   }
 }
 

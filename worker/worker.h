@@ -17,6 +17,9 @@ namespace baton {
 struct WorkerOptions {
   std::string coordinator;  // "host:port"
   std::string listen = "127.0.0.1:0";  // "host:port" for the upstream stage's link; port 0: any free port
+  // "host:port" the previous stage dials instead of --listen's (a port
+  // forward, NAT, a proxy in front of this worker); empty: --listen's.
+  std::string advertise;
   std::string secret_file;
   std::string model;        // full GGUF; empty: the path in ASSIGN
   uint64_t mem_limit = 0;   // bytes the stage's plan may use; 0: no limit

@@ -9,9 +9,11 @@
 #include <utility>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 // clang-format on
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -72,12 +74,25 @@ struct Upstream {
 };
 
 // A message for the loop, with where it came from: an upstream stage's
-// connection, or the link to the next stage of generation next_gen.
+// connection, or the link to the next stage of generation next_gen. Or an
+// event of that link (next != none; msg is unused): it closed, or a dial
+// to bring it back ended (conn, or why not).
 struct Inbound {
+  enum class Next : uint8_t { none, closed, dialled, dial_failed };
   net::Message msg;
   std::shared_ptr<Upstream> from;
   uint64_t next_gen = 0;
+  Next next = Next::none;
+  std::shared_ptr<net::Connection> conn = nullptr;  // dialled
+  std::string reason = "";                          // closed, dial_failed
 };
+
+// A next-stage link that drops is dialled again after these delays,
+// doubling from the first up to the last (docs/PROTOCOL.md, "Failure and
+// healing"): the route heals within about half a second of the way being
+// open again, for two connection attempts a second while it is not.
+inline constexpr std::chrono::milliseconds kFirstRedial{100};
+inline constexpr std::chrono::milliseconds kMaxRedial{500};
 
 class Worker {
  public:
@@ -101,13 +116,18 @@ class Worker {
   void fill_link_caps(net::Capabilities& caps);
   void accept_upstream(std::shared_ptr<net::Connection> c);
   void connect_next(const std::string& address, net::LinkKind kind);
+  net::Hello peer_hello() const;
+  void start_next(std::shared_ptr<net::Connection> c);
+  void on_next_event(Inbound& in);
+  void next_down(const std::string& reason);
+  void schedule_redial();
   void on_route(const net::Route& r);
   std::string next_link_name() const { return "NCCL link to the next stage (" + assign_.next_peer + ")"; }
   void start_next_nccl();
   void on_link_ack(const net::LinkAck& ack);
   void next_fallback(const std::string& why);
   void drop_next_nccl();
-  void report_link(net::LinkKind kind, const std::string& reason);
+  void report_link(net::LinkKind kind, const std::string& reason, bool connected = true);
   void on_link_setup(const net::LinkSetup& s, Upstream& up);
   bool receive_rows(const net::Forward& f, Upstream* from, std::vector<float>& rows, bool* on_device);
   void send_rows_over_nccl(net::Forward& out);
@@ -146,6 +166,12 @@ class Worker {
   std::shared_ptr<net::NcclLink> next_nccl_;
   bool next_pending_ = false;  // LINK_SETUP sent, LINK_ACK not yet handled
   bool next_nccl_ok_ = false;  // rows go over NCCL
+  // What the coordinator chose for the link (ASSIGN, ROUTE): negotiated
+  // again when a dropped link is dialled again. The dial's state, the
+  // loop's: the next delay and the failed dials in a row.
+  net::LinkKind next_kind_ = net::LinkKind::tcp;
+  std::chrono::milliseconds redial_delay_ = kFirstRedial;
+  int redial_failures_ = 0;
 };
 
 }  // namespace baton::worker_impl

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "coordinator/cluster/failure_blame.h"
 #include "engine/node_plan.h"
 #include "net/connection.h"
 #include "net/log.h"
@@ -124,6 +125,9 @@ struct Cluster::Slot {
   int member = -1;  // index into members_; -1: vacant
   net::LinkChoice link;  // to the next stage: chosen, then as the worker reports it
   bool link_known = false;
+  // The link to the next stage is down (its worker said so and is dialling
+  // it again): why, naming the next stage; "" while it is up.
+  std::string link_down;
 };
 
 Cluster::Cluster(net::Secret secret, ClusterOptions opt)
@@ -170,6 +174,24 @@ std::string Cluster::describe(size_t index) const {
     s += " (" + m.address + ")";
   }
   return s;
+}
+
+std::string Cluster::blame(size_t reporter_member, bool next_link, const std::string& text) const {
+  const Member& m = *members_[reporter_member];
+  if (m.stage < 0) return describe(reporter_member) + " failed: " + text;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    names.push_back(stages_[i].member >= 0 ? describe(size_t(stages_[i].member))
+                                           : "stage " + std::to_string(i) + " (layers " +
+                                                 layer_range_text(stages_[i].slice.layers) + ", no worker)");
+  }
+  return blame_text(FailureReport{m.stage, next_link, text}, names);
+}
+
+bool Cluster::route_whole() const {
+  return assigned_ && std::all_of(stages_.begin(), stages_.end(), [&](const Slot& s) {
+           return s.member >= 0 && members_[size_t(s.member)]->ready && s.link_down.empty();
+         });
 }
 
 void Cluster::on_accept(std::shared_ptr<net::Connection> c) {
@@ -307,9 +329,7 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
           sends.emplace_back(m.conn, net::Route{members_[size_t(next)]->hello.listen_address, kind});
         }
       }
-      if (!failure_.empty() && assigned_ && std::all_of(stages_.begin(), stages_.end(), [&](const Slot& s) {
-            return s.member >= 0 && members_[size_t(s.member)]->ready;
-          })) {
+      if (!failure_.empty() && route_whole()) {
         net::log(net::LogLevel::info, "the route is whole again: " + describe(index) + " is loaded");
         failure_.clear();
         healed = true;
@@ -331,6 +351,37 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
       }
     } else if (auto* ls = std::get_if<net::LinkStatus>(&msg)) {
       if (m.stage >= 0 && size_t(m.stage) + 1 < stages_.size()) {
+        Slot& slot = stages_[size_t(m.stage)];
+        // Only a report about the link to the current next stage counts for
+        // the route: one about an earlier next stage is stale, and a vacant
+        // next stage is the route's problem already (its replacement is
+        // dialled on ROUTE, which the worker answers with a new report).
+        const int next = stages_[size_t(m.stage) + 1].member;
+        const bool current = next >= 0 && members_[size_t(next)]->hello.listen_address == ls->next_peer;
+        if (!ls->connected) {
+          if (current && assigned_ && !shutting_down_) {
+            slot.link_down = blame(index, true,
+                                   net::printable(m.hello.node_name) + ": the link to the next stage (" +
+                                       net::printable(ls->next_peer) + ") is down: " +
+                                       net::printable(ls->reason, 1000) + "; dialling it again");
+            net::log(net::LogLevel::error, slot.link_down);
+            if (failure_.empty()) {
+              failure_ = slot.link_down;
+              broken = failure_;
+            }
+          }
+        } else if (!slot.link_down.empty() && current) {
+          slot.link_down.clear();
+          net::log(net::LogLevel::info, describe(index) + ": the link to the next stage (" +
+                                            net::printable(ls->next_peer) + ") is up again");
+          if (!failure_.empty() && route_whole()) {
+            net::log(net::LogLevel::info, "the route is whole again");
+            failure_.clear();
+            healed = true;
+          }
+        }
+      }
+      if (ls->connected && m.stage >= 0 && size_t(m.stage) + 1 < stages_.size()) {
         net::LinkChoice& link = stages_[size_t(m.stage)].link;
         const bool changed = link.kind != ls->kind || (!ls->reason.empty() && link.reason != ls->reason);
         link.kind = ls->kind;
@@ -348,7 +399,9 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
         results_[res->request_id] = std::move(*res);
       }
     } else if (auto* e = std::get_if<net::Error>(&msg)) {
-      const std::string text = describe(index) + " failed: " + net::printable(e->text, 2000);
+      // A stage that could not pass a FORWARD on blames the next stage, not
+      // itself (failure_blame.h).
+      const std::string text = blame(index, is_next_link_error(e->code), net::printable(e->text, 2000));
       if (e->request_id != 0 && obs) {
         request_error = {e->request_id, text};
       } else if (failure_.empty()) {
@@ -393,6 +446,9 @@ void Cluster::on_close(size_t index, const std::string& reason) {
     }
     if (m.stage >= 0 && assigned_) {
       if (m.stage > 0) stages_[size_t(m.stage - 1)].link_known = false;  // its next stage is gone
+      // Its own link to the next stage goes with it: the worker that takes
+      // the stage dials the next one afresh (and reports that link).
+      stages_[size_t(m.stage)].link_down.clear();
       stages_[size_t(m.stage)].member = -1;  // vacant: the next able worker takes it
       m.stage = -1;
       if (!shutting_down_) fill_vacancies(sends);
@@ -437,7 +493,11 @@ std::string Cluster::route_problem() const {
     if (s.member < 0) return what + " has no worker" + (failure_.empty() ? "" : "; " + failure_);
     if (!members_[size_t(s.member)]->ready) return what + " is loading on " + describe(size_t(s.member));
   }
-  return failure_;
+  if (!failure_.empty()) return failure_;
+  for (const Slot& s : stages_) {
+    if (!s.link_down.empty()) return s.link_down;
+  }
+  return "";
 }
 
 std::vector<net::Hello> Cluster::wait_for_workers(int n, const std::function<std::string()>& alive) {
@@ -634,6 +694,7 @@ std::vector<WorkerStatus> Cluster::workers() const {
         w.link_reason = stages_[i].link.reason;
       }
     }
+    if (i > 0) w.error = stages_[i - 1].link_down;
     out.push_back(std::move(w));
   }
   return out;

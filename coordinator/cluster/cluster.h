@@ -7,7 +7,10 @@
 // Every wait has a timeout and says what it waited for. A worker whose link
 // closes (killed, crashed, silent past the heartbeat timeout) or that sends
 // ERROR fails the cluster: every pending and later wait throws
-// ClusterFailure naming the worker and its stage.
+// ClusterFailure naming the worker and its stage. A stage link that closes
+// while both workers stay up (LINK_STATUS not connected) breaks the route
+// the same way, naming the stage that cannot be reached, until the stage
+// that dials it reports it connected again.
 #pragma once
 
 #include <chrono>
@@ -106,6 +109,10 @@ struct WorkerStatus {
   // choice until the worker reports what it really got (LINK_STATUS).
   std::string link;
   std::string link_reason;
+  // Why this stage cannot be reached from the previous one: that stage
+  // reported its link here down ("" when it is up); the route is broken
+  // until it reports the link up again.
+  std::string error;
 };
 
 // Events for a service that keeps the cluster busy with many requests
@@ -185,6 +192,11 @@ class Cluster {
   void on_message(size_t index, net::Message&& m);
   void on_close(size_t index, const std::string& reason);
   std::string describe(size_t index) const;  // "worker NAME (stage i, layers a..b, ADDR)"
+  // With mu_ held: a worker's failure report as the route's problem, naming
+  // the stage at fault (failure_blame.h).
+  std::string blame(size_t reporter_member, bool next_link, const std::string& text) const;
+  // With mu_ held: every stage has a loaded worker and every stage link is up.
+  bool route_whole() const;
   void throw_if_failed() const;              // with mu_ held
   // With mu_ held: fills vacant stages with idle workers that can take them;
   // returns the messages to send once mu_ is released.

@@ -138,6 +138,7 @@ ServiceHealth ClusterEngine::health() const {
     s.state = w.state;
     s.link = w.link;
     s.link_reason = w.link_reason;
+    s.error = w.error;  // the previous stage cannot reach it
     s.bytes_loaded = w.bytes_done;
     s.bytes_total = w.bytes_total;
     s.progress = w.state == "loaded" ? 1.0 : w.bytes_total ? double(w.bytes_done) / double(w.bytes_total) : 0.0;

@@ -16,11 +16,12 @@
 // and returns the token ids (and acknowledges a micro-batch that sampled
 // nothing), so the coordinator knows when each micro-batch has left.
 //
-// Failure: when a worker dies, stalls or fails, every request in flight ends
-// with FinishReason::error naming the worker and its stage (within the link
-// timeout, 1.5 s), requests are refused with UnavailableError while the route
-// is broken, and serving resumes when the cluster has healed the route (a
-// worker registered and loaded the vacant stage). A broken route empties the
+// Failure: when a worker dies, stalls or fails, or a link between two stages
+// drops, every request in flight ends with FinishReason::error naming the
+// worker and its stage (within the link timeout, 1.5 s), requests are
+// refused with UnavailableError while the route is broken, and serving
+// resumes when the cluster has healed the route (a worker registered and
+// loaded the vacant stage, or the stage re-dialled its next one). A broken route empties the
 // prefix cache, so nothing depends on KV that was lost.
 //
 // Prefix cache (prefix_cache.h): a slot whose sequence ended normally keeps
