@@ -254,7 +254,14 @@ TEST(ClusterLinks, TwoLinksDownHealOnlyWhenBothAreUp) {
   const size_t before = t.events.count();
   t.workers[0]->send(net::LinkStatus{"127.0.0.1:7001", net::LinkKind::tcp, "reset", false});
   t.workers[1]->send(net::LinkStatus{"127.0.0.1:7002", net::LinkKind::tcp, "reset", false});
-  ASSERT_FALSE(t.events.wait_for("broken: worker w1 (stage 1", before).empty());
+  // The two reports come over two connections: wait until both are in.
+  auto both_down = [&] {
+    const std::vector<WorkerStatus> ws = t.cluster->workers();
+    return !ws[1].error.empty() && !ws[2].error.empty();
+  };
+  for (int i = 0; i < 500 && !both_down(); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(both_down());
+  ASSERT_FALSE(t.events.wait_for("broken: ", before).empty());
   t.workers[0]->send(net::LinkStatus{"127.0.0.1:7001", net::LinkKind::tcp, "", true});
   // Once that is handled the route is still broken, by the other link.
   for (int i = 0; i < 100 && t.cluster->route_problem().find("worker w2 (stage 2") == std::string::npos; ++i) {
