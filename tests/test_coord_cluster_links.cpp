@@ -247,6 +247,35 @@ TEST(ClusterLinks, ALinkDownBreaksTheRouteUntilTheSameLinkIsUp) {
   EXPECT_NO_THROW(t.forward());
 }
 
+// Two links down: the route heals only when both are up, and meanwhile it
+// names the one still down.
+TEST(ClusterLinks, TwoLinksDownHealOnlyWhenBothAreUp) {
+  ThreeStages t;
+  const size_t before = t.events.count();
+  t.workers[0]->send(net::LinkStatus{"127.0.0.1:7001", net::LinkKind::tcp, "reset", false});
+  t.workers[1]->send(net::LinkStatus{"127.0.0.1:7002", net::LinkKind::tcp, "reset", false});
+  // The two reports come over two connections: wait until both are in.
+  auto both_down = [&] {
+    const std::vector<WorkerStatus> ws = t.cluster->workers();
+    return !ws[1].error.empty() && !ws[2].error.empty();
+  };
+  for (int i = 0; i < 500 && !both_down(); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(both_down());
+  ASSERT_FALSE(t.events.wait_for("broken: ", before).empty());
+  t.workers[0]->send(net::LinkStatus{"127.0.0.1:7001", net::LinkKind::tcp, "", true});
+  // Once that is handled the route is still broken, by the other link.
+  for (int i = 0; i < 100 && t.cluster->route_problem().find("worker w2 (stage 2") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_NE(t.cluster->route_problem().find("worker w2 (stage 2, layers 4:4, "), std::string::npos)
+      << t.cluster->route_problem();
+  EXPECT_FALSE(t.events.has("healed"));
+  EXPECT_THROW(t.forward(), ClusterFailure);
+  t.workers[1]->send(net::LinkStatus{"127.0.0.1:7002", net::LinkKind::tcp, "", true});
+  EXPECT_EQ(t.events.wait_for("healed", before), "healed");
+  EXPECT_EQ(t.cluster->route_problem(), "");
+}
+
 // A down report about a link that is not the route's (an earlier next
 // stage's address) is stale: the route stays whole.
 TEST(ClusterLinks, AStaleLinkDownReportIsIgnored) {

@@ -371,6 +371,7 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
             }
           }
         } else if (!slot.link_down.empty() && current) {
+          const std::string was = std::move(slot.link_down);
           slot.link_down.clear();
           net::log(net::LogLevel::info, describe(index) + ": the link to the next stage (" +
                                             net::printable(ls->next_peer) + ") is up again");
@@ -378,6 +379,11 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
             net::log(net::LogLevel::info, "the route is whole again");
             failure_.clear();
             healed = true;
+          } else if (failure_ == was) {
+            // Still broken: say by what (another link down), not by this one.
+            for (const Slot& other : stages_) {
+              if (!other.link_down.empty()) failure_ = other.link_down;
+            }
           }
         }
       }
