@@ -70,7 +70,6 @@ inline constexpr double kCpuBandwidth = 100e9;
 
 struct NodeSpec {
   std::string name;
-  bool named = false;         // NAME= given: a machine of its own (baton plan prints a remote config)
   uint64_t memory_bytes = 0;  // the node's memory (unified) or the device's (discrete)
   bool unified = false;       // GB10: the OS, page cache and process share the memory
   // Kept back from the plan; unset: kDefaultUnifiedReserve on a unified node,
@@ -79,6 +78,7 @@ struct NodeSpec {
   std::optional<uint64_t> reserve_bytes;
   double bandwidth = 0;       // bytes/s; 0: the default for the node's kind
   Backend backend = Backend::Cuda;
+  bool named = false;  // NAME= given: a machine of its own (baton plan prints a remote config)
 
   uint64_t reserve() const { return reserve_bytes.value_or(unified ? kDefaultUnifiedReserve : 0); }
   // What the plan may use: memory less the reserve (0 when the reserve is larger).
