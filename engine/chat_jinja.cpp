@@ -23,7 +23,7 @@ nlohmann::ordered_json chat_template_context(const ChatTemplateInput& in) {
 }
 
 std::string render_chat(const JinjaTemplate& t, const ChatTemplateInput& in, std::time_t now) {
-  return t.render(chat_template_context(in), now);
+  return t.render(chat_template_context(in), now, in.limits);
 }
 
 std::shared_ptr<const JinjaTemplate> gguf_chat_template(const GgufFile& f) {

@@ -29,6 +29,9 @@ struct ChatTemplateInput {
   // More variables (enable_thinking, thinking, reasoning_effort...); they
   // override the ones above of the same name.
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+  // What the render may spend (the server sets a deadline and its cancel
+  // flag; the defaults have neither).
+  jinja::RenderLimits limits;
 };
 
 // The template's variables: messages, tools, add_generation_prompt,
@@ -36,7 +39,8 @@ struct ChatTemplateInput {
 nlohmann::ordered_json chat_template_context(const ChatTemplateInput& in);
 
 // Renders the prompt (throws jinja::RenderError where Jinja2 would raise,
-// e.g. the template's raise_exception on a role order it refuses).
+// e.g. the template's raise_exception on a role order it refuses, or when
+// the render passes one of in.limits).
 std::string render_chat(const JinjaTemplate& t, const ChatTemplateInput& in, std::time_t now = std::time(nullptr));
 
 // The file's `tokenizer.chat_template`; nullptr when it has none (or it is

@@ -1,6 +1,8 @@
 // Recursive-descent parser of the Jinja subset, following Jinja2's grammar
 // and precedence (parser.py): condexpr < or < and < not < compare < + - <
 // ~ < * / // % < ** < unary, then postfix (. [] ()) and filters / tests.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "engine/jinja_ast.h"
@@ -96,16 +98,31 @@ class Parser {
     expect_block_end();
   }
 
-  // Bounds the parser's (and so the evaluator's) recursion: a template from
-  // an untrusted file must not overflow the stack.
+  // Bounds the parser's recursion: a template from an untrusted file must
+  // not overflow the stack.
   struct Nest {
     explicit Nest(Parser& p) : p(p) {
-      if (++p.nest_ > kMaxNesting) throw p.fail("nesting too deep");
+      if (++p.nest_ > kMaxDepth) throw p.fail(fmt::format("nesting too deep (more than {} levels)", kMaxDepth));
     }
     ~Nest() { --p.nest_; }
     Parser& p;
   };
-  static constexpr int kMaxNesting = 200;
+  // Bounds each expression tree's depth, which loops build without
+  // recursing (`a + b + c...`, `x.a.b...`, `x | f | g...`): evaluating the
+  // tree and freeing it recurse that deep.
+  ExprP seal(ExprP e) {
+    int d = 0;
+    for (const Expr* c : {e->a.get(), e->b.get(), e->c.get()})
+      if (c) d = std::max(d, c->depth);
+    for (const ExprP& c : e->args)
+      if (c) d = std::max(d, c->depth);
+    for (const auto& kv : e->kwargs) d = std::max(d, kv.second->depth);
+    e->depth = d + 1;
+    if (e->depth > kMaxDepth)
+      throw TemplateError(fmt::format("chat template: nesting too deep (more than {} levels) at line {}", kMaxDepth,
+                                      e->line));
+    return e;
+  }
 
   void parse_statement(Body& body) {
     Nest guard(*this);
@@ -264,7 +281,7 @@ class Parser {
       if (cur().type == Tok::BlockEnd || cur().type == Tok::VarEnd || is_name("if") || is_op("=")) break;
       t->args.push_back(parse_expr(condexpr));
     }
-    return t;
+    return seal(std::move(t));
   }
 
   ExprP parse_expr(bool condexpr) {
@@ -280,9 +297,12 @@ class Parser {
       ++soft_;
       c->b = parse_or();  // test
       c->a = std::move(e);  // value when true
-      if (skip_name("else")) c->c = parse_cond();
+      if (skip_name("else")) {
+        Nest guard(*this);
+        c->c = parse_cond();
+      }
       --soft_;
-      e = std::move(c);
+      e = seal(std::move(c));
     }
     return e;
   }
@@ -293,7 +313,7 @@ class Parser {
       ++pos_;
       o->a = std::move(e);
       o->b = parse_and();
-      e = std::move(o);
+      e = seal(std::move(o));
     }
     return e;
   }
@@ -304,7 +324,7 @@ class Parser {
       ++pos_;
       o->a = std::move(e);
       o->b = parse_not();
-      e = std::move(o);
+      e = seal(std::move(o));
     }
     return e;
   }
@@ -314,7 +334,7 @@ class Parser {
       auto n = make(Expr::Not);
       ++pos_;
       n->a = parse_not();
-      return n;
+      return seal(std::move(n));
     }
     return parse_compare();
   }
@@ -344,14 +364,14 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->args.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(e);
+    return cmp ? seal(std::move(cmp)) : std::move(e);
   }
   ExprP binary(std::string op, ExprP a, ExprP b) {
     auto n = make(Expr::Binary);
     n->name = std::move(op);
     n->a = std::move(a);
     n->b = std::move(b);
-    return n;
+    return seal(std::move(n));
   }
   ExprP parse_math1() {
     ExprP e = parse_concat();
@@ -386,6 +406,7 @@ class Parser {
       e = make(is_op("-") ? Expr::Neg : Expr::Pos);
       ++pos_;
       e->a = parse_unary(false);
+      e = seal(std::move(e));
     } else {
       e = parse_primary();
     }
@@ -432,7 +453,7 @@ class Parser {
         t->args.push_back(parse_expr(true));
       }
       expect_op(")");
-      return t;
+      return seal(std::move(t));
     }
     if (skip_op("[")) {
       auto l = make(Expr::ListLit);
@@ -441,7 +462,7 @@ class Parser {
         if (skip_op("]")) break;
         l->args.push_back(parse_expr(true));
       }
-      return l;
+      return seal(std::move(l));
     }
     if (skip_op("{")) {
       auto d = make(Expr::DictLit);
@@ -452,7 +473,7 @@ class Parser {
         expect_op(":");
         d->args.push_back(parse_expr(true));
       }
-      return d;
+      return seal(std::move(d));
     }
     throw fail("unexpected token in expression");
   }
@@ -467,12 +488,12 @@ class Parser {
           it->b = make(Expr::Const);
           it->b->value = Value::integer(cur().i);
           ++pos_;
-          e = std::move(it);
+          e = seal(std::move(it));
         } else {
           auto at = make(Expr::Attr);
           at->name = expect_name();
           at->a = std::move(e);
-          e = std::move(at);
+          e = seal(std::move(at));
         }
       } else if (skip_op("[")) {
         e = parse_subscript(std::move(e));
@@ -508,7 +529,7 @@ class Parser {
     } else {
       e->b = std::move(parts[0]);
     }
-    return e;
+    return seal(std::move(e));
   }
 
   void parse_call_args(Expr& e) {
@@ -532,7 +553,7 @@ class Parser {
     auto c = make(Expr::Call);
     c->a = std::move(callee);
     parse_call_args(*c);
-    return c;
+    return seal(std::move(c));
   }
 
   ExprP parse_filter(ExprP subject) {
@@ -543,7 +564,7 @@ class Parser {
     f->soft = soft_ > 0;
     if (!has_filter(f->name) && !f->soft) throw fail(fmt::format("unsupported filter '{}'", f->name));
     if (is_op("(")) parse_call_args(*f);
-    return f;
+    return seal(std::move(f));
   }
 
   ExprP parse_filter_expr(ExprP e) {
@@ -568,7 +589,7 @@ class Parser {
           if (is_name("is")) throw fail("cannot chain tests with 'is'");
           t->args.push_back(parse_postfix(parse_primary()));
         }
-        e = std::move(t);
+        e = seal(std::move(t));
       } else if (is_op("(")) {
         e = parse_call(std::move(e));
       } else {

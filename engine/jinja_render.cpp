@@ -11,22 +11,41 @@ namespace baton::jinja {
 
 [[noreturn]] void type_error(const std::string& what) { throw RenderError(what); }
 
-void check_size(size_t n) {
-  if (n > kMaxValueBytes) throw RenderError("the template builds a value larger than 64 MiB");
+size_t repeat_size(size_t each, int64_t n) {
+  if (n <= 0 || each == 0) return 0;
+  size_t total;
+  if (__builtin_mul_overflow(each, size_t(n), &total)) total = SIZE_MAX;
+  need_bytes(total);
+  return total;
 }
 
-void Renderer::step() {
-  if (++steps_ > max_steps_) throw RenderError(fmt::format("the template runs too long (more than {} steps)", max_steps_));
-}
-
-Renderer::Renderer(const Program& program, Dict globals, std::time_t now, uint64_t max_steps)
-    : program_(program), globals_(std::move(globals)), now_(now), max_steps_(max_steps) {}
+Renderer::Renderer(const Program& program, Dict globals, std::time_t now, const RenderLimits& limits)
+    : meter_(limits), program_(program), globals_(std::move(globals)), now_(now) {}
 
 std::string Renderer::run() {
+  meter_.poll();  // a render asked for past its deadline, or already cancelled
   auto root = std::make_shared<Scope>();
   std::string out;
   exec(program_.body, root, out);
   return out;
+}
+
+void Renderer::emit(std::string& out, std::string_view text) {
+  meter_.charge(text.size());
+  meter_.work(text.size());
+  out += text;
+}
+
+void Renderer::emit(std::string& out, const Value& v) {
+  if (v.is_string()) return emit(out, std::string_view(v.s()));
+  const size_t before = out.size();
+  append_str(out, v);
+  meter_.charge(out.size() - before);
+}
+
+Value Renderer::text_value(std::string&& out) {
+  meter_.refund(out.size());
+  return Value::string(std::move(out));
 }
 
 Value Renderer::lookup(const std::string& name, const ScopeP& scope) const {
@@ -39,13 +58,13 @@ Value Renderer::lookup(const std::string& name, const ScopeP& scope) const {
 }
 
 Renderer::Flow Renderer::exec(const Body& body, const ScopeP& scope, std::string& out) {
+  DepthGuard depth(meter_);
   for (const NodeP& np : body) {
     const Node& n = *np;
-    step();
-    check_size(out.size());
+    meter_.step();
     switch (n.k) {
-      case Node::Text: out += n.text; break;
-      case Node::Output: out += to_str(eval(*n.expr, scope)); break;
+      case Node::Text: emit(out, n.text); break;
+      case Node::Output: emit(out, eval(*n.expr, scope)); break;
       case Node::If:
         for (const auto& [cond, b] : n.branches) {
           if (!cond || eval(*cond, scope).truthy()) {
@@ -67,13 +86,13 @@ Renderer::Flow Renderer::exec(const Body& body, const ScopeP& scope, std::string
         inner->parent = scope;
         std::string text;
         exec(n.body, inner, text);
-        Value v = Value::string(std::move(text));
+        Value v = text_value(std::move(text));
         for (const ExprP& f : n.filters) {
           CallArgs args = eval_args(*f, scope);
           v = filter(f->name, v, args, f->line);
         }
         if (n.k == Node::SetBlock) exec_set(n, scope, v);
-        else out += to_str(v);
+        else emit(out, v);
         break;
       }
       case Node::Macro: scope->vars[n.text] = make_macro(n, scope); break;
@@ -84,7 +103,7 @@ Renderer::Flow Renderer::exec(const Body& body, const ScopeP& scope, std::string
         CallArgs args = eval_args(call, scope);
         args.kw.emplace_back("caller", caller);
         if (fn.kind != Kind::Function) throw RenderError(fmt::format("line {}: call of a non-macro", n.line));
-        out += to_str((*fn.fn)(args));
+        emit(out, (*fn.fn)(args));
         break;
       }
       case Node::Break: return Flow::Break;
@@ -101,7 +120,7 @@ void bind_targets(Scope& s, const std::vector<std::string>& targets, const Value
     return;
   }
   const size_t n = targets.size() - 1;  // targets[0] is the unpacking marker
-  List items = iterate(v);
+  const Items items = iterate(v);
   if (items.size() != n)
     throw RenderError(fmt::format("line {}: cannot unpack {} values into {}", line, items.size(), n));
   for (size_t k = 0; k < n; ++k) s.vars[targets[k + 1]] = items[k];
@@ -112,16 +131,17 @@ Renderer::Flow Renderer::exec_for(const Node& n, const ScopeP& scope, std::strin
   const Value seq = eval(*n.expr, scope);
   if (seq.kind != Kind::List && seq.kind != Kind::Dict && seq.kind != Kind::String && !seq.is_undefined())
     throw RenderError(fmt::format("line {}: '{}' object is not iterable", n.line, kind_name(seq)));
-  List items = iterate(seq);
+  Items items = iterate(seq);
   if (n.loop_filter) {
     List kept;
-    for (Value& it : items) {
+    for (const Value& it : items) {
+      meter_.step();
       auto fs = std::make_shared<Scope>();
       fs->parent = scope;
       bind_targets(*fs, n.targets, it, n.line);
-      if (eval(*n.loop_filter, fs).truthy()) kept.push_back(std::move(it));
+      if (eval(*n.loop_filter, fs).truthy()) kept.push_back(it);
     }
-    items = std::move(kept);
+    items = Items(Value::make_list(std::move(kept)).list);
   }
   if (items.empty()) return exec(n.else_body, scope, out);
   const int64_t len = int64_t(items.size());
@@ -139,10 +159,12 @@ Renderer::Flow Renderer::exec_for(const Node& n, const ScopeP& scope, std::strin
     if (a.pos.empty()) throw RenderError("no items for cycling given");
     return a.pos[size_t(*counter) % a.pos.size()];
   }));
-  const Value loop = Value::make_dict(std::move(d));
+  Value loop = Value::make_dict(std::move(d));
+  // previtem / nextitem hold the items: one level above the deepest.
+  loop.depth = std::max(loop.depth, seq.is_list() ? seq.depth : uint16_t(1));
   auto& slot = loop.dict->items;
   for (int64_t k = 0; k < len; ++k) {
-    step();
+    meter_.step();
     *counter = k;
     slot[Index].second = Value::integer(k + 1);
     slot[Index0].second = Value::integer(k);
@@ -177,7 +199,7 @@ Value Renderer::make_macro(const Node& n, const ScopeP& scope) {
   return Value::function([this, node, weak](CallArgs& args) -> Value {
     ScopeP parent = weak.lock();
     if (!parent) throw RenderError("macro called after its scope ended");
-    if (++depth_ > kMaxMacroDepth) throw RenderError("macro recursion too deep");
+    DepthGuard depth(meter_);
     auto s = std::make_shared<Scope>();
     s->parent = parent;
     const auto& params = node->params;
@@ -205,8 +227,7 @@ Value Renderer::make_macro(const Node& n, const ScopeP& scope) {
     }
     std::string out;
     exec(node->body, s, out);
-    --depth_;
-    return Value::string(std::move(out));
+    return text_value(std::move(out));
   });
 }
 
@@ -220,7 +241,7 @@ CallArgs Renderer::eval_args(const Expr& e, const ScopeP& scope) {
 Value Renderer::eval_call(const Expr& e, const ScopeP& scope) {
   if (e.a->k == Expr::Attr) {
     Value obj = eval(*e.a->a, scope);
-    if (obj.is_undefined()) throw RenderError(fmt::format("line {}: '{}' is undefined", e.line, obj.s));
+    if (obj.is_undefined()) throw RenderError(fmt::format("line {}: '{}' is undefined", e.line, obj.s()));
     CallArgs args = eval_args(e, scope);
     Value result;
     if (call_method(obj, e.a->name, args, result)) return result;
@@ -236,6 +257,8 @@ Value Renderer::eval_call(const Expr& e, const ScopeP& scope) {
 }
 
 Value Renderer::eval(const Expr& e, const ScopeP& scope) {
+  DepthGuard depth(meter_);
+  meter_.work(kNodeWork);
   switch (e.k) {
     case Expr::Const: return e.value;
     case Expr::Name: return lookup(e.name, scope);
@@ -357,27 +380,32 @@ int64_t floor_div(int64_t a, int64_t b) {
   return q;
 }
 Value repeat(const Value& seq, int64_t n) {
-  if (n > 0) check_size(size_t(std::min<int64_t>(n, int64_t(kMaxValueBytes) + 1)) * (seq.is_string() ? seq.s.size() : seq.list->size()));
   if (seq.is_string()) {
+    const std::string& unit = seq.s();
     std::string out;
-    for (int64_t k = 0; k < n; ++k) out += seq.s;
+    out.reserve(repeat_size(unit.size(), n));
+    for (int64_t k = 0; k < n && !unit.empty(); ++k) out += unit;
     return Value::string(std::move(out));
   }
   List out;
-  for (int64_t k = 0; k < n; ++k) out.insert(out.end(), seq.list->begin(), seq.list->end());
+  out.reserve(repeat_size(seq.list->size() * kItemBytes, n) / kItemBytes);
+  for (int64_t k = 0; k < n && !seq.list->empty(); ++k) out.insert(out.end(), seq.list->begin(), seq.list->end());
   return Value::make_list(std::move(out), seq.tuple);
 }
 }  // namespace
 
 Value Renderer::binary(const std::string& op, const Value& a, const Value& b, int line) {
   if (op == "~") {
+    std::string out;
     if (a.is_string() && b.is_string()) {
-      check_size(a.s.size() + b.s.size());
-      return Value::string(a.s + b.s);
+      need_bytes(a.s().size() + b.s().size());
+      out.reserve(a.s().size() + b.s().size());
     }
-    std::string sa = to_str(a), sb = to_str(b);
-    check_size(sa.size() + sb.size());
-    return Value::string(sa + sb);
+    append_str(out, a);
+    need_bytes(out.size());
+    append_str(out, b);
+    need_bytes(out.size());
+    return Value::string(std::move(out));
   }
   auto unsupported = [&]() -> Value {
     throw RenderError(fmt::format("line {}: unsupported operand type(s) for {}: '{}' and '{}'", line, op,
@@ -389,19 +417,26 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, in
     if (ints) return Value::integer(add(inum(a), inum(b)));
     if (nums) return Value::number(num(a) + num(b));
     if (a.is_string() && b.is_string()) {
-      check_size(a.s.size() + b.s.size());
-      if (a.markup == b.markup) {
-        Value r = Value::string(a.s + b.s);
-        r.markup = a.markup;
-        return r;
+      std::string escaped;
+      std::string_view x = a.s(), y = b.s();
+      if (a.markup != b.markup) {
+        escaped = html_escape(a.markup ? y : x);
+        (a.markup ? y : x) = escaped;
       }
-      Value r = Value::string(a.markup ? a.s + html_escape(b.s) : html_escape(a.s) + b.s);
-      r.markup = true;
+      need_bytes(x.size() + y.size());
+      std::string out;
+      out.reserve(x.size() + y.size());
+      out += x;
+      out += y;
+      Value r = Value::string(std::move(out));
+      r.markup = a.markup || b.markup;
       return r;
     }
     if (a.is_list() && b.is_list() && a.tuple == b.tuple && !a.generator && !b.generator) {
-      check_size(a.list->size() + b.list->size());
-      List l = *a.list;
+      need_bytes((a.list->size() + b.list->size()) * kItemBytes);
+      List l;
+      l.reserve(a.list->size() + b.list->size());
+      l.insert(l.end(), a.list->begin(), a.list->end());
       l.insert(l.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(l), a.tuple);
     }
