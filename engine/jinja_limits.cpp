@@ -39,10 +39,11 @@ void Meter::poll() {
     throw RenderError(fmt::format("the template runs too long (more than {} units of work)", limits_.max_work));
   if (limits_.cancel && limits_.cancel->load(std::memory_order_relaxed))
     throw RenderError("the chat template's rendering was cancelled");
-  if (limits_.deadline != std::chrono::steady_clock::time_point::max() &&
-      std::chrono::steady_clock::now() > limits_.deadline) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(limits_.deadline - start_).count();
-    throw RenderError(fmt::format("the chat template ran longer than {:g} s", double(ms) / 1000));
+  if (limits_.deadline == std::chrono::steady_clock::time_point::max()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now > limits_.deadline) {
+    const double s = std::chrono::duration<double>(now - start_).count();
+    throw RenderError(fmt::format("the chat template ran longer than {:.2g} s (its deadline)", s));
   }
 }
 

@@ -301,18 +301,9 @@ bool str_method(const std::string& s, const std::string& name, CallArgs& a, Valu
 
 Value slice(const Value& obj, const CallArgs& a) {
   const bool is_str = obj.is_string();
-  // A string's code point offsets (one more for the end).
-  std::vector<size_t> at;
-  if (is_str) {
-    const std::string& s = obj.s();
-    need_bytes(utf8_length(s) * sizeof(size_t));
-    work(s.size() * kCharWork);
-    for (size_t i = 0; i < s.size(); i += utf8_next(s, i)) at.push_back(i);
-    at.push_back(s.size());
-  } else if (!obj.is_list()) {
-    type_error(fmt::format("'{}' object is not subscriptable", kind_name(obj)));
-  }
-  const int64_t n = is_str ? int64_t(at.size()) - 1 : int64_t(obj.list->size());
+  if (!is_str && !obj.is_list()) type_error(fmt::format("'{}' object is not subscriptable", kind_name(obj)));
+  const std::string& src = obj.s();
+  const int64_t n = is_str ? int64_t(utf8_length(src)) : int64_t(obj.list->size());
   auto arg = [&](size_t k) -> const Value* { return a.pos[k].is_none() ? nullptr : &a.pos[k]; };
   const int64_t step = arg(2) ? arg(2)->i : 1;
   if (step == 0) throw RenderError("slice step cannot be zero");
@@ -325,12 +316,24 @@ Value slice(const Value& obj, const CallArgs& a) {
   };
   const int64_t start = clamp(arg(0), step > 0 ? 0 : n - 1);
   const int64_t stop = clamp(arg(1), step > 0 ? n : -1);
-  const std::string& src = obj.s();
-  if (is_str && step == 1) return Value::string(start < stop ? src.substr(at[start], at[stop] - at[start]) : "");
+  if (is_str && step == 1) {
+    if (start >= stop) return Value::string("");
+    const size_t b = utf8_offset(src, size_t(start));
+    return Value::string(src.substr(b, utf8_offset(std::string_view(src).substr(b), size_t(stop - start))));
+  }
+  // A string's code point offsets (one more for the end).
+  std::vector<size_t> at;
+  if (is_str) {
+    need_bytes(size_t(n + 1) * sizeof(size_t));
+    work(src.size() * kCharWork);
+    for (size_t i = 0; i < src.size(); i += utf8_next(src, i)) at.push_back(i);
+    at.push_back(src.size());
+  }
   std::string s;
   List l;
   for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
     if (is_str) {
+      need_bytes(s.size() + 4);
       s.append(src, at[size_t(i)], at[size_t(i) + 1] - at[size_t(i)]);
     } else {
       if (l.size() % 4096 == 0) need_bytes((l.size() + 4096) * kItemBytes);

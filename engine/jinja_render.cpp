@@ -382,9 +382,11 @@ int64_t floor_div(int64_t a, int64_t b) {
 Value repeat(const Value& seq, int64_t n) {
   if (seq.is_string()) {
     const std::string& unit = seq.s();
+    const size_t total = repeat_size(unit.size(), n);
     std::string out;
-    out.reserve(repeat_size(unit.size(), n));
-    for (int64_t k = 0; k < n && !unit.empty(); ++k) out += unit;
+    out.reserve(total);
+    if (total > 0) out = unit;
+    while (out.size() < total) out.append(out, 0, std::min(out.size(), total - out.size()));  // doubling
     return Value::string(std::move(out));
   }
   List out;

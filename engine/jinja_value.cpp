@@ -41,7 +41,7 @@ uint16_t depth_of(const Value& v) { return v.depth; }
 // 1 + the deepest item's depth; throws past kMaxDepth.
 uint16_t nest(size_t deepest) {
   if (deepest + 1 > size_t(kMaxDepth))
-    throw RenderError(fmt::format("the template builds a value nested deeper than {} levels", kMaxDepth));
+    throw RenderError(fmt::format("the template builds a value nested too deep (more than {} levels)", kMaxDepth));
   return uint16_t(deepest + 1);
 }
 
@@ -169,7 +169,8 @@ Value Value::function(Function f, const Value& owner) {
 }
 
 Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
-  if (depth > kMaxDepth) throw RenderError(fmt::format("the template input nests deeper than {} levels", kMaxDepth));
+  if (depth > kMaxDepth)
+    throw RenderError(fmt::format("the template input nests too deep (more than {} levels)", kMaxDepth));
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return none();
     case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
@@ -323,6 +324,14 @@ void str_repr(std::string& out, std::string_view s) {
   const char q = has_single && !has_double ? '"' : '\'';
   out += q;
   for (size_t i = 0; i < s.size();) {
+    // Printable ASCII other than the quote and the backslash: as it is, a run at a time.
+    size_t run = i;
+    while (run < s.size() && s[run] >= 0x20 && s[run] < 0x7F && s[run] != q && s[run] != '\\') ++run;
+    if (run > i) {
+      out.append(s, i, run - i);
+      i = run;
+      continue;
+    }
     const size_t n = utf8_next(s, i);
     const uint32_t cp = utf8_decode(s, i, n);
     if (cp == uint32_t(q) || cp == '\\') {
@@ -449,6 +458,16 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
   work(s.size() * (ensure_ascii ? kCharWork : 1));
   out += '"';
   for (size_t i = 0; i < s.size(); ++i) {
+    // Bytes JSON keeps as they are: a run at a time.
+    size_t run = i;
+    while (run < s.size() && static_cast<unsigned char>(s[run]) >= 0x20 &&
+           (!ensure_ascii || static_cast<unsigned char>(s[run]) < 0x80) && s[run] != '"' && s[run] != '\\')
+      ++run;
+    if (run > i) {
+      out.append(s, i, run - i);
+      i = run - 1;
+      continue;
+    }
     const char ch = s[i];
     const auto c = static_cast<unsigned char>(ch);
     if (ensure_ascii && c >= 0x80) {
