@@ -51,6 +51,7 @@ struct Expr {
   bool negated = false;       // Test: `is not`
   bool soft = false;          // Filter/Test inside a conditional: unknown names fail at run time only
   int depth = 1;              // of the tree below, this node included (at most kMaxDepth)
+  ~Expr();  // out of line: keeps the parser's recursive frames small
 };
 
 struct Node;
@@ -70,6 +71,7 @@ struct Node {
   Body body, else_body;
   std::vector<std::pair<std::string, ExprP>> params;  // Macro / CallBlock caller parameters, defaults may be null
   std::vector<ExprP> filters;        // SetBlock / FilterBlock: Filter exprs with a null subject
+  ~Node();
 };
 
 struct Program {

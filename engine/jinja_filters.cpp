@@ -30,7 +30,7 @@ size_t py_len(const Value& v) {
       return v.list->size();
     case Kind::Dict: return v.dict->items.size();
     case Kind::Undefined: return 0;
-    default: type_error(fmt::format("object of type '{}' has no len()", kind_name(v)));
+    default: fail("object of type '{}' has no len()", kind_name(v));
   }
 }
 
@@ -480,13 +480,13 @@ bool has_test(const std::string& name) { return tests().count(name) > 0; }
 
 Value Renderer::filter(const std::string& name, const Value& v, CallArgs& args, int line) {
   auto it = filters().find(name);
-  if (it == filters().end()) throw RenderError(fmt::format("line {}: no filter named '{}'", line, name));
+  if (it == filters().end()) fail("line {}: no filter named '{}'", line, name);
   return it->second(*this, v, args);
 }
 
 bool Renderer::test(const std::string& name, const Value& v, CallArgs& args, int line) {
   auto it = tests().find(name);
-  if (it == tests().end()) throw RenderError(fmt::format("line {}: no test named '{}'", line, name));
+  if (it == tests().end()) fail("line {}: no test named '{}'", line, name);
   return it->second(*this, v, args);
 }
 

@@ -24,10 +24,13 @@ struct Dict;
 // together: expression evaluation, statement blocks, macro calls, and the
 // walks over nested lists and dicts (str, repr, tojson, ==, <, in). The
 // lists and dicts a template builds nest at most this deep too (freeing them
-// recurses that deep). The published templates need less than 40 levels;
-// at this limit a render needs about 1.5 MiB of stack under ASan (the
-// HostileJinja tests render at the limit on a 4 MiB thread).
-inline constexpr int kMaxDepth = 400;
+// recurses that deep). The published templates need at most 48 levels for
+// an ordinary conversation, and 323 (Kimi K3's recursive json_sorted macro)
+// for a tool whose parameter schema nests as deep as the API's 64-level
+// JSON allows. At the limit a render or a parse needs less than 2 MiB of
+// stack under ASan + UBSan (the HostileJinja tests run at the limit on a
+// 4 MiB thread, half of a default thread's 8 MiB).
+inline constexpr int kMaxDepth = 512;
 
 struct RenderLimits {
   // Statements run plus loop iterations.

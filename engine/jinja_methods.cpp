@@ -48,7 +48,7 @@ int64_t norm_index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
 
 const std::string& str_arg(const CallArgs& a, size_t i, const char* name, const char* method) {
   const Value* v = a.get(i, name);
-  if (!v || !v->is_string()) type_error(fmt::format("{}() argument must be str", method));
+  if (!v || !v->is_string()) fail("{}() argument must be str", method);
   return v->s();
 }
 
@@ -301,7 +301,7 @@ bool str_method(const std::string& s, const std::string& name, CallArgs& a, Valu
 
 Value slice(const Value& obj, const CallArgs& a) {
   const bool is_str = obj.is_string();
-  if (!is_str && !obj.is_list()) type_error(fmt::format("'{}' object is not subscriptable", kind_name(obj)));
+  if (!is_str && !obj.is_list()) fail("'{}' object is not subscriptable", kind_name(obj));
   const std::string& src = obj.s();
   const int64_t n = is_str ? int64_t(utf8_length(src)) : int64_t(obj.list->size());
   auto arg = [&](size_t k) -> const Value* { return a.pos[k].is_none() ? nullptr : &a.pos[k]; };
@@ -353,7 +353,7 @@ bool call_method(const Value& obj, const std::string& name, CallArgs& a, Value& 
   }
   if (!has_method(obj, name)) return false;
   if (!obj.is_string() && kUnsafe.count(name))
-    throw RenderError(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, kind_name(obj)));
+    fail("access to attribute '{}' of '{}' object is unsafe.", name, kind_name(obj));
   if (obj.is_string()) return str_method(obj.s(), name, a, r);
   if (obj.is_dict()) {
     if (name == "get") {
@@ -392,11 +392,11 @@ bool call_method(const Value& obj, const std::string& name, CallArgs& a, Value& 
 
 Value get_attr(const Value& obj, const std::string& name) {
   if (obj.is_undefined())
-    throw RenderError(fmt::format("'{}' is undefined (attribute '{}')", obj.s().empty() ? "value" : obj.s(), name));
+    fail("'{}' is undefined (attribute '{}')", obj.s().empty() ? "value" : obj.s(), name);
   if (has_method(obj, name)) {
     if (!obj.is_string() && kUnsafe.count(name))
       return Value::function([name, kind = std::string(kind_name(obj))](CallArgs&) -> Value {
-        throw RenderError(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, kind));
+        fail("access to attribute '{}' of '{}' object is unsafe.", name, kind);
       });
     return bound(obj, name);
   }
@@ -407,7 +407,7 @@ Value get_attr(const Value& obj, const std::string& name) {
 }
 
 Value get_item(const Value& obj, const Value& key) {
-  if (obj.is_undefined()) throw RenderError(fmt::format("'{}' is undefined (item access)", obj.s().empty() ? "value" : obj.s()));
+  if (obj.is_undefined()) fail("'{}' is undefined (item access)", obj.s().empty() ? "value" : obj.s());
   std::string k;
   if (obj.is_dict() && dict_key(key, k)) {
     if (const Value* v = obj.dict->find(k)) return *v;

@@ -32,10 +32,25 @@ class Renderer {
  private:
   enum class Flow { Normal, Break, Continue };
   Flow exec(const Body& body, const ScopeP& scope, std::string& out);
+  // One function per kind of node (see exec in jinja_render.cpp).
+  void exec_output(const Node& n, const ScopeP& scope, std::string& out);
+  Flow exec_if(const Node& n, const ScopeP& scope, std::string& out);
   Flow exec_for(const Node& n, const ScopeP& scope, std::string& out);
-  void exec_set(const Node& n, const ScopeP& scope, const Value& v);
+  Items for_items(const Node& n, const ScopeP& scope, uint16_t& depth);
+  void exec_set(const Node& n, const ScopeP& scope);
+  void exec_block(const Node& n, const ScopeP& scope, std::string& out);
+  void exec_macro(const Node& n, const ScopeP& scope);
+  void exec_call_block(const Node& n, const ScopeP& scope, std::string& out);
+  void assign(const Node& n, const ScopeP& scope, const Value& v);
   Value make_macro(const Node& n, const ScopeP& scope);
+  Value eval_access(const Expr& e, const ScopeP& scope);
   Value eval_call(const Expr& e, const ScopeP& scope);
+  Value eval_filter(const Expr& e, const ScopeP& scope);
+  Value eval_unary(const Expr& e, const ScopeP& scope);
+  Value eval_logic(const Expr& e, const ScopeP& scope);
+  Value eval_binary(const Expr& e, const ScopeP& scope);
+  Value eval_compare(const Expr& e, const ScopeP& scope);
+  Value eval_literal(const Expr& e, const ScopeP& scope);
   CallArgs eval_args(const Expr& e, const ScopeP& scope);
   Value lookup(const std::string& name, const ScopeP& scope) const;
   Value binary(const std::string& op, const Value& a, const Value& b, int line);

@@ -41,7 +41,7 @@ uint16_t depth_of(const Value& v) { return v.depth; }
 // 1 + the deepest item's depth; throws past kMaxDepth.
 uint16_t nest(size_t deepest) {
   if (deepest + 1 > size_t(kMaxDepth))
-    throw RenderError(fmt::format("the template builds a value nested too deep (more than {} levels)", kMaxDepth));
+    fail("the template builds a value nested too deep (more than {} levels)", kMaxDepth);
   return uint16_t(deepest + 1);
 }
 
@@ -170,7 +170,7 @@ Value Value::function(Function f, const Value& owner) {
 
 Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
   if (depth > kMaxDepth)
-    throw RenderError(fmt::format("the template input nests too deep (more than {} levels)", kMaxDepth));
+    fail("the template input nests too deep (more than {} levels)", kMaxDepth);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return none();
     case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
@@ -563,7 +563,7 @@ void json_into(std::string& out, const Value& v, const JsonStyle& st, int level)
     }
     default: break;
   }
-  throw RenderError(fmt::format("Object of type {} is not JSON serializable", kind_name(v)));
+  fail("Object of type {} is not JSON serializable", kind_name(v));
 }
 
 }  // namespace
@@ -635,7 +635,7 @@ bool less(const Value& a, const Value& b) {
     }
     return a.list->size() < b.list->size();
   }
-  throw RenderError(fmt::format("'<' not supported between instances of '{}' and '{}'", kind_name(a), kind_name(b)));
+  fail("'<' not supported between instances of '{}' and '{}'", kind_name(a), kind_name(b));
 }
 
 bool contains(const Value& c, const Value& item) {
@@ -653,7 +653,7 @@ bool contains(const Value& c, const Value& item) {
       for (const Value& e : *c.list)
         if (equals(e, item)) return true;
       return false;
-    default: throw RenderError(fmt::format("argument of type '{}' is not iterable", kind_name(c)));
+    default: fail("argument of type '{}' is not iterable", kind_name(c));
   }
 }
 
@@ -685,7 +685,7 @@ Items iterate(const Value& v) {
       }
       return Items(Value::make_list(std::move(chars)).list);
     }
-    default: throw RenderError(fmt::format("'{}' object is not iterable", kind_name(v)));
+    default: fail("'{}' object is not iterable", kind_name(v));
   }
 }
 

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/jinja_limits.h"
@@ -30,6 +31,13 @@ class RenderError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Throws RenderError with the formatted message. Out of line, so that the
+// formatting buffer stays out of the frames of the recursive evaluator.
+template <class... A>
+[[noreturn, gnu::noinline, gnu::cold]] void fail(fmt::format_string<A...> f, A&&... a) {
+  throw RenderError(fmt::format(f, std::forward<A>(a)...));
+}
 
 struct Value;
 using List = std::vector<Value>;
