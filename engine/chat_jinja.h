@@ -8,6 +8,7 @@
 #include <ctime>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -37,6 +38,12 @@ struct ChatTemplateInput {
 // The template's variables: messages, tools, add_generation_prompt,
 // bos_token, eos_token, then kwargs.
 nlohmann::ordered_json chat_template_context(const ChatTemplateInput& in);
+
+// Names a client's template variables (chat_template_kwargs) may not take:
+// those the server fills in from the request it has checked (messages,
+// tools, add_generation_prompt, bos_token, eos_token) and the engine's
+// globals (raise_exception, strftime_now, range, namespace, dict).
+bool chat_template_variable_reserved(std::string_view name);
 
 // Renders the prompt (throws jinja::RenderError where Jinja2 would raise,
 // e.g. the template's raise_exception on a role order it refuses, or when

@@ -280,6 +280,7 @@ Value f_map(Renderer& r, const Value& v, CallArgs& a) {
     rest.kw = a.kw;
     for (const Value& e : iterate(v)) {
       CallArgs c = rest;
+      work(kItemWork * (c.pos.size() + c.kw.size() + 1));
       out.push_back(r.filter(name, e, c, 0));
     }
   }
@@ -301,6 +302,7 @@ List select_impl(Renderer& r, const Value& v, CallArgs& a, bool by_attr, bool ke
   for (const Value& e : iterate(v)) {
     Value x = by_attr ? attr_path(e, attr) : e;
     CallArgs c = rest;
+    work(kItemWork * (c.pos.size() + 1));
     const bool ok = test.empty() ? x.truthy() : r.test(test, x, c, 0);
     if (ok == keep) out.push_back(e);
   }

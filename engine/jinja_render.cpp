@@ -51,8 +51,10 @@ Value Renderer::text_value(std::string&& out) {
   return Value::string(std::move(out));
 }
 
-Value Renderer::lookup(const std::string& name, const ScopeP& scope) const {
+Value Renderer::lookup(const std::string& name, const ScopeP& scope) {
+  // Scopes nest as deep as the statements: each one looked in is charged.
   for (const Scope* s = scope.get(); s; s = s->parent.get()) {
+    meter_.work(kItemWork);
     auto it = s->vars.find(name);
     if (it != s->vars.end()) return it->second;
   }
@@ -241,6 +243,7 @@ Value Renderer::make_macro(const Node& n, const ScopeP& scope) {
     auto s = std::make_shared<Scope>();
     s->parent = parent;
     const auto& params = node->params;
+    meter_.work(kItemWork * params.size() * (args.kw.size() + 1));
     if (args.pos.size() > params.size())
       fail("macro '{}' takes not more than {} argument(s)", node->text, params.size());
     for (size_t k = 0; k < params.size(); ++k) {

@@ -52,7 +52,7 @@ class Renderer {
   Value eval_compare(const Expr& e, const ScopeP& scope);
   Value eval_literal(const Expr& e, const ScopeP& scope);
   CallArgs eval_args(const Expr& e, const ScopeP& scope);
-  Value lookup(const std::string& name, const ScopeP& scope) const;
+  Value lookup(const std::string& name, const ScopeP& scope);
   Value binary(const std::string& op, const Value& a, const Value& b, int line);
   // Output text: appended to `out` and charged to the meter; a block's
   // text becomes a string value (charged as that instead).

@@ -542,8 +542,10 @@ void json_into(std::string& out, const Value& v, const JsonStyle& st, int level)
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.dict->items) items.push_back(&kv);
       if (st.sort_keys) {
-        work(items.size() * kItemWork * 8);
-        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) {
+          work(std::min(a->first.size(), b->first.size()) + kItemWork);
+          return a->first < b->first;
+        });
       }
       out += '{';
       for (size_t k = 0; k < items.size(); ++k) {
@@ -665,7 +667,10 @@ List Items::copy() const {
 
 Items iterate(const Value& v) {
   switch (v.kind) {
-    case Kind::Undefined: return Items();
+    case Kind::Undefined: {
+      static const auto empty = std::make_shared<const List>();
+      return Items(empty);
+    }
     case Kind::List: return Items(v.list);
     case Kind::Dict: {
       need_bytes(v.dict->items.size() * (kItemBytes + kStringBytes));

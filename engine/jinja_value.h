@@ -135,7 +135,6 @@ bool contains(const Value& container, const Value& item);
 // copied), a dict's keys, a string's characters.
 class Items {
  public:
-  Items() : list_(std::make_shared<const List>()) {}
   explicit Items(std::shared_ptr<const List> l) : list_(std::move(l)) {}
   List::const_iterator begin() const { return list_->begin(); }
   List::const_iterator end() const { return list_->end(); }
