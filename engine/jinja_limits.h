@@ -36,8 +36,8 @@ struct RenderLimits {
   // Statements run plus loop iterations.
   uint64_t max_steps = 5'000'000;
   // Units of work, about one per byte copied, scanned or compared (see the
-  // prices below): about 1-3 s of CPU on a 2-core x86 VM at the default.
-  uint64_t max_work = uint64_t(3) << 30;
+  // prices below): at most about 1.5 s of CPU on a 2-core x86 VM.
+  uint64_t max_work = uint64_t(2) << 30;
   // Bytes of strings, lists and dicts that the template built and that are
   // alive at once, its output included (the conversation it reads is not
   // counted). A published template builds a few times its output.
@@ -48,11 +48,13 @@ struct RenderLimits {
   const std::atomic<bool>* cancel = nullptr;
 };
 
-// Prices in units of work: a statement or loop iteration, an expression
-// node evaluated, a list item or dict entry visited or copied, a byte
-// decoded as UTF-8 (case mapping, indexing by code point). A byte copied,
-// scanned or compared costs one.
-inline constexpr uint64_t kStepWork = 64, kNodeWork = 16, kItemWork = 16, kCharWork = 4;
+// Prices in units of work: a statement, loop iteration or macro call, an
+// expression node evaluated, a list item visited or copied (or a match
+// found in a string), a dict entry made, a byte decoded as UTF-8 (case
+// mapping, indexing by code point). A byte
+// copied, scanned or compared costs one. A unit is about a nanosecond or
+// less of the slowest of these on a 2-core x86 VM (docs/RELIABILITY.md).
+inline constexpr uint64_t kStepWork = 64, kNodeWork = 32, kItemWork = 16, kEntryWork = 64, kCharWork = 4;
 inline constexpr uint64_t kCheckEvery = uint64_t(1) << 20;
 // Bytes charged for a built string beyond its characters, and per list item
 // and dict entry (the heap objects around them).

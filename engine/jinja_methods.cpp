@@ -56,6 +56,7 @@ const std::string& str_arg(const CallArgs& a, size_t i, const char* name, const 
 // that will hold them is checked first.
 void push_part(List& parts, std::string_view part) {
   need_bytes((parts.size() + 1) * kItemBytes + part.size() + kStringBytes);
+  work(kItemWork);
   parts.push_back(Value::string(std::string(part)));
 }
 
@@ -131,6 +132,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
   } else {
     for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + from.size())) ++hits;
   }
+  work(hits * kItemWork);  // a search and an append per hit
   if (count >= 0) hits = std::min(hits, size_t(count));
   size_t total;
   if (__builtin_mul_overflow(hits, to.size(), &total) || __builtin_add_overflow(total, s.size(), &total))
@@ -246,6 +248,7 @@ bool str_method(const std::string& s, const std::string& name, CallArgs& a, Valu
       if (sub.empty()) n = int64_t(utf8_length(s)) + 1;
       else
         for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+      work(size_t(n) * kItemWork);
       r = Value::integer(n);
     } else {
       const size_t p = name == "find" ? s.find(sub) : s.rfind(sub);
@@ -483,6 +486,12 @@ std::string map_string(const std::string& s, bool upper) {
   std::string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {  // ASCII, most of any prompt
+      out += char(upper ? (c >= 'a' && c <= 'z' ? c - 32 : c) : (c >= 'A' && c <= 'Z' ? c + 32 : c));
+      ++i;
+      continue;
+    }
     const size_t n = utf8_next(s, i);
     if (n == 1) out += char(map_case(uint8_t(s[i]), upper));
     else utf8_append(out, char32_t(map_case(utf8_decode(s, i, n), upper)));

@@ -243,7 +243,7 @@ Value Renderer::make_macro(const Node& n, const ScopeP& scope) {
     auto s = std::make_shared<Scope>();
     s->parent = parent;
     const auto& params = node->params;
-    meter_.work(kItemWork * params.size() * (args.kw.size() + 1));
+    meter_.work(kStepWork + kItemWork * params.size() * (args.kw.size() + 1));
     if (args.pos.size() > params.size())
       fail("macro '{}' takes not more than {} argument(s)", node->text, params.size());
     for (size_t k = 0; k < params.size(); ++k) {
