@@ -22,8 +22,15 @@ nlohmann::ordered_json chat_template_context(const ChatTemplateInput& in) {
   return ctx;
 }
 
+bool chat_template_variable_reserved(std::string_view name) {
+  for (std::string_view r : {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                             "strftime_now", "range", "namespace", "dict"})
+    if (name == r) return true;
+  return false;
+}
+
 std::string render_chat(const JinjaTemplate& t, const ChatTemplateInput& in, std::time_t now) {
-  return t.render(chat_template_context(in), now);
+  return t.render(chat_template_context(in), now, in.limits);
 }
 
 std::shared_ptr<const JinjaTemplate> gguf_chat_template(const GgufFile& f) {

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -29,14 +30,24 @@ struct ChatTemplateInput {
   // More variables (enable_thinking, thinking, reasoning_effort...); they
   // override the ones above of the same name.
   nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+  // What the render may spend (the server sets a deadline and its cancel
+  // flag; the defaults have neither).
+  jinja::RenderLimits limits;
 };
 
 // The template's variables: messages, tools, add_generation_prompt,
 // bos_token, eos_token, then kwargs.
 nlohmann::ordered_json chat_template_context(const ChatTemplateInput& in);
 
+// Names a client's template variables (chat_template_kwargs) may not take:
+// those the server fills in from the request it has checked (messages,
+// tools, add_generation_prompt, bos_token, eos_token) and the engine's
+// globals (raise_exception, strftime_now, range, namespace, dict).
+bool chat_template_variable_reserved(std::string_view name);
+
 // Renders the prompt (throws jinja::RenderError where Jinja2 would raise,
-// e.g. the template's raise_exception on a role order it refuses).
+// e.g. the template's raise_exception on a role order it refuses, or when
+// the render passes one of in.limits).
 std::string render_chat(const JinjaTemplate& t, const ChatTemplateInput& in, std::time_t now = std::time(nullptr));
 
 // The file's `tokenizer.chat_template`; nullptr when it has none (or it is

@@ -50,6 +50,8 @@ struct Expr {
   std::vector<std::string> ops;  // Compare: one per extra operand (in args)
   bool negated = false;       // Test: `is not`
   bool soft = false;          // Filter/Test inside a conditional: unknown names fail at run time only
+  int depth = 1;              // of the tree below, this node included (at most kMaxDepth)
+  ~Expr();  // out of line: keeps the parser's recursive frames small
 };
 
 struct Node;
@@ -69,13 +71,15 @@ struct Node {
   Body body, else_body;
   std::vector<std::pair<std::string, ExprP>> params;  // Macro / CallBlock caller parameters, defaults may be null
   std::vector<ExprP> filters;        // SetBlock / FilterBlock: Filter exprs with a null subject
+  ~Node();
 };
 
 struct Program {
   Body body;
 };
 
-// Parses the tokens; throws TemplateError naming unsupported constructs.
+// Parses the tokens; throws TemplateError naming unsupported constructs, and
+// for nesting deeper than kMaxDepth (jinja_limits.h).
 Program parse(const std::vector<Token>& tokens);
 
 // Whether the engine implements the filter / test (the parser refuses others).

@@ -24,13 +24,13 @@ bool flag(const CallArgs& a, size_t i, const char* name) {
 
 size_t py_len(const Value& v) {
   switch (v.kind) {
-    case Kind::String: return utf8_length(v.s);
+    case Kind::String: return utf8_length(v.s());
     case Kind::List:
       if (v.generator) type_error("object of type 'generator' has no len()");
       return v.list->size();
     case Kind::Dict: return v.dict->items.size();
     case Kind::Undefined: return 0;
-    default: type_error(fmt::format("object of type '{}' has no len()", kind_name(v)));
+    default: fail("object of type '{}' has no len()", kind_name(v));
   }
 }
 
@@ -51,7 +51,7 @@ Value attr_path(const Value& v, const std::string& path) {
 
 // Case-insensitive sort key, as Jinja's ignore_case.
 Value fold(const Value& v, bool case_sensitive) {
-  return !case_sensitive && v.is_string() ? Value::string(py_lower(v.s)) : v;
+  return !case_sensitive && v.is_string() ? Value::string(py_lower(v.s())) : v;
 }
 
 Value f_tojson(Renderer&, const Value& v, CallArgs& a) {
@@ -88,6 +88,7 @@ Value f_capitalize(Renderer&, const Value& v, CallArgs&) {
 Value f_title(Renderer&, const Value& v, CallArgs&) {
   // Jinja's do_title: words start after - whitespace ( { [ <.
   std::string s = to_str(v), out;
+  work(s.size());
   bool start = true;
   for (char c : s) {
     const auto u = static_cast<unsigned char>(c);
@@ -102,42 +103,61 @@ Value f_default(Renderer&, const Value& v, CallArgs& a) {
   if (v.is_undefined() || (flag(a, 1, "boolean") && !v.truthy())) return d ? *d : Value::string("");
   return v;
 }
+// The output grows item by item, each checked against the memory limit
+// before it is appended (a separator repeated between a million items is
+// as big as the items).
 Value f_join(Renderer&, const Value& v, CallArgs& a) {
   const Value* sep = arg(a, 0, "d");
   const Value* attr = arg(a, 1, "attribute");
+  const std::string sep_text = sep ? to_str(*sep) : "";
+  const std::string path = attr && !attr->is_none() ? to_str(*attr) : "";
   std::string out;
   bool first = true;
   for (const Value& e : iterate(v)) {
-    if (!first) out += sep ? to_str(*sep) : "";
-    out += to_str(attr && !attr->is_none() ? attr_path(e, to_str(*attr)) : e);
+    const Value x = attr && !attr->is_none() ? attr_path(e, path) : e;
+    need_bytes(out.size() + sep_text.size() + x.s().size());
+    if (!first) {
+      work(sep_text.size());
+      out += sep_text;
+    }
+    append_str(out, x);
     first = false;
   }
-  return Value::string(out);
+  return Value::string(std::move(out));
 }
 Value f_first(Renderer&, const Value& v, CallArgs&) {
-  List l = iterate(v);
+  if (v.is_string()) return v.s().empty() ? Value::undefined() : Value::string(v.s().substr(0, utf8_next(v.s(), 0)));
+  const Items l = iterate(v);
   return l.empty() ? Value::undefined() : l.front();
 }
 Value f_last(Renderer&, const Value& v, CallArgs&) {
   if (v.is_list() && v.generator) type_error("'generator' object is not reversible");
-  List l = iterate(v);
+  const Items l = iterate(v);
   return l.empty() ? Value::undefined() : l.back();
 }
-Value f_list(Renderer&, const Value& v, CallArgs&) { return Value::make_list(iterate(v)); }
+Value f_list(Renderer&, const Value& v, CallArgs&) { return Value::make_list(iterate(v).copy()); }
 Value f_reverse(Renderer&, const Value& v, CallArgs&) {
   if (v.is_string()) {
-    auto chars = utf8_chars(v.s);
-    std::string out;
-    for (auto it = chars.rbegin(); it != chars.rend(); ++it) out += *it;
-    return Value::string(out);
+    const std::string& s = v.s();
+    work(s.size() * kCharWork);
+    std::string out(s.size(), '\0');
+    for (size_t i = 0; i < s.size();) {
+      const size_t n = utf8_next(s, i);
+      s.copy(out.data() + (s.size() - i - n), n, i);
+      i += n;
+    }
+    return Value::string(std::move(out));
   }
-  List l = iterate(v);
+  List l = iterate(v).copy();
   std::reverse(l.begin(), l.end());
   return Value::make_generator(std::move(l));  // reversed(): an iterator
 }
+// One (key, value) tuple per entry: three list items' worth each.
+void need_pairs(const Dict& d) { need_bytes(d.items.size() * (3 * kItemBytes + kStringBytes)); }
 Value f_items(Renderer&, const Value& v, CallArgs&) {
   if (v.is_undefined()) return Value::make_list({});
   if (!v.is_dict()) type_error("Can only get item pairs from a mapping.");
+  need_pairs(*v.dict);
   List out;
   for (const auto& [k, e] : v.dict->items) out.push_back(Value::make_list({dict_key_value(k), e}, true));
   return Value::make_generator(std::move(out));
@@ -147,6 +167,7 @@ Value f_dictsort(Renderer&, const Value& v, CallArgs& a) {
   const bool cs = flag(a, 0, "case_sensitive");
   const Value* by = arg(a, 1, "by");
   const bool by_value = by && to_str(*by) == "value";
+  need_pairs(*v.dict);
   List out;
   for (const auto& [k, e] : v.dict->items) out.push_back(Value::make_list({dict_key_value(k), e}, true));
   std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
@@ -177,7 +198,7 @@ Value f_int(Renderer&, const Value& v, CallArgs& a) {
     case Kind::Bool: return Value::integer(v.b);
     case Kind::Float: return fits_int(v.f) ? Value::integer(int64_t(v.f)) : def;
     case Kind::String: {
-      std::string s = py_strip(v.s, nullptr, true, true);
+      std::string s = py_strip(v.s(), nullptr, true, true);
       try {
         size_t used = 0;
         const long long i = std::stoll(s, &used, 10);
@@ -197,7 +218,7 @@ Value f_float(Renderer&, const Value& v, CallArgs& a) {
   if (v.is_string()) {
     try {
       size_t used = 0;
-      const std::string s = py_strip(v.s, nullptr, true, true);
+      const std::string s = py_strip(v.s(), nullptr, true, true);
       const double f = std::stod(s, &used);
       if (used == s.size()) return Value::number(f);
     } catch (const std::exception&) {
@@ -210,25 +231,34 @@ Value f_abs(Renderer&, const Value& v, CallArgs&) {
   if (v.kind == Kind::Int) return Value::integer(v.i < 0 ? -v.i : v.i);
   type_error("bad operand type for abs()");
 }
+// Jinja's do_indent: the text plus "\n", split as str.splitlines() splits,
+// rejoined with "\n" and the indent before every line but the first
+// (before blank lines too with `blank`; before the first with `first`).
 Value f_indent(Renderer&, const Value& v, CallArgs& a) {
   const Value* w = arg(a, 0, "width");
   const int64_t width = w && !w->is_string() ? w->i : 4;
-  check_size(size_t(std::max<int64_t>(width, 0)));
-  const std::string ind = w && w->is_string() ? w->s : std::string(size_t(std::max<int64_t>(width, 0)), ' ');
+  need_bytes(size_t(std::max<int64_t>(width, 0)));
+  const std::string ind = w && w->is_string() ? w->s() : std::string(size_t(std::max<int64_t>(width, 0)), ' ');
   const bool first = flag(a, 1, "first"), blank = flag(a, 2, "blank");
-  std::string s = to_str(v) + "\n";
-  std::vector<std::string> lines;
+  const std::string s = to_str(v) + "\n";
+  std::string out;
+  if (first) out += ind;
   size_t p = 0;
+  bool first_line = true;
   for (size_t k = 0; k < s.size(); ++k) {
-    if (s[k] == '\n' || s[k] == '\r' || s[k] == '\v' || s[k] == '\f') {
-      lines.push_back(s.substr(p, k - p));
-      if (s[k] == '\r' && k + 1 < s.size() && s[k + 1] == '\n') ++k;
-      p = k + 1;
-    }
+    if (s[k] != '\n' && s[k] != '\r' && s[k] != '\v' && s[k] != '\f') continue;
+    const std::string_view line = std::string_view(s).substr(p, k - p);
+    const bool indented = !first_line && (blank || !line.empty());
+    need_bytes(out.size() + 1 + (indented ? ind.size() : 0) + line.size());
+    work(1 + (indented ? ind.size() : 0) + line.size());
+    if (!first_line) out += '\n';
+    if (indented) out += ind;
+    out += line;
+    first_line = false;
+    if (s[k] == '\r' && k + 1 < s.size() && s[k + 1] == '\n') ++k;
+    p = k + 1;
   }
-  std::string rv = lines.empty() ? "" : lines[0];
-  for (size_t k = 1; k < lines.size(); ++k) rv += "\n" + (blank || !lines[k].empty() ? ind + lines[k] : lines[k]);
-  return Value::string(first ? ind + rv : rv);
+  return Value::string(std::move(out));
 }
 
 // map / select / reject / selectattr / rejectattr.
@@ -250,6 +280,7 @@ Value f_map(Renderer& r, const Value& v, CallArgs& a) {
     rest.kw = a.kw;
     for (const Value& e : iterate(v)) {
       CallArgs c = rest;
+      work(kItemWork * (c.pos.size() + c.kw.size() + 1));
       out.push_back(r.filter(name, e, c, 0));
     }
   }
@@ -271,6 +302,7 @@ List select_impl(Renderer& r, const Value& v, CallArgs& a, bool by_attr, bool ke
   for (const Value& e : iterate(v)) {
     Value x = by_attr ? attr_path(e, attr) : e;
     CallArgs c = rest;
+    work(kItemWork * (c.pos.size() + 1));
     const bool ok = test.empty() ? x.truthy() : r.test(test, x, c, 0);
     if (ok == keep) out.push_back(e);
   }
@@ -285,7 +317,7 @@ Value sort_key(const Value& e, const Value* attr, bool cs) {
   return fold(attr && !attr->is_none() ? attr_path(e, to_str(*attr)) : e, cs);
 }
 Value f_sort(Renderer&, const Value& v, CallArgs& a) {
-  List l = iterate(v);
+  List l = iterate(v).copy();
   const bool cs = flag(a, 1, "case_sensitive");
   const Value* attr = arg(a, 2, "attribute");
   std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
@@ -315,7 +347,7 @@ Value f_unique(Renderer&, const Value& v, CallArgs& a) {
 Value minmax(const Value& v, CallArgs& a, bool want_max) {
   const bool cs = flag(a, 0, "case_sensitive");
   const Value* attr = arg(a, 1, "attribute");
-  List l = iterate(v);
+  const Items l = iterate(v);
   if (l.empty()) return Value::undefined();
   size_t best = 0;
   for (size_t k = 1; k < l.size(); ++k) {
@@ -335,9 +367,14 @@ Value f_sum(Renderer& r, const Value& v, CallArgs& a) {
   for (const Value& e : iterate(v)) {
     Value x = attr && !attr->is_none() ? attr_path(e, to_str(*attr)) : e;
     if (!x.is_number() || !total.is_number()) type_error("sum: unsupported operand");
-    total = total.kind == Kind::Float || x.kind == Kind::Float
-                ? Value::number((total.kind == Kind::Float ? total.f : double(total.i)) + (x.kind == Kind::Float ? x.f : double(x.i)))
-                : Value::integer(total.i + x.i);
+    const int64_t ti = total.kind == Kind::Bool ? total.b : total.i, xi = x.kind == Kind::Bool ? x.b : x.i;
+    int64_t r;
+    if (total.kind == Kind::Float || x.kind == Kind::Float)
+      total = Value::number((total.kind == Kind::Float ? total.f : double(ti)) + (x.kind == Kind::Float ? x.f : double(xi)));
+    else if (__builtin_add_overflow(ti, xi, &r))
+      throw RenderError("integer overflow (Baton's integers are 64-bit)");
+    else
+      total = Value::integer(r);
   }
   (void)r;
   return total;
@@ -421,8 +458,8 @@ bool t_divisibleby(Renderer&, const Value& v, CallArgs& a) {
 }
 bool t_lower(Renderer&, const Value& v, CallArgs&) { return py_lower(to_str(v)) == to_str(v); }
 bool t_upper(Renderer&, const Value& v, CallArgs&) { return py_upper(to_str(v)) == to_str(v); }
-bool t_filter(Renderer&, const Value& v, CallArgs&) { return v.is_string() && has_filter(v.s); }
-bool t_test(Renderer&, const Value& v, CallArgs&) { return v.is_string() && has_test(v.s); }
+bool t_filter(Renderer&, const Value& v, CallArgs&) { return v.is_string() && has_filter(v.s()); }
+bool t_test(Renderer&, const Value& v, CallArgs&) { return v.is_string() && has_test(v.s()); }
 
 const std::map<std::string, TestFn>& tests() {
   static const std::map<std::string, TestFn> m = {
@@ -445,13 +482,13 @@ bool has_test(const std::string& name) { return tests().count(name) > 0; }
 
 Value Renderer::filter(const std::string& name, const Value& v, CallArgs& args, int line) {
   auto it = filters().find(name);
-  if (it == filters().end()) throw RenderError(fmt::format("line {}: no filter named '{}'", line, name));
+  if (it == filters().end()) fail("line {}: no filter named '{}'", line, name);
   return it->second(*this, v, args);
 }
 
 bool Renderer::test(const std::string& name, const Value& v, CallArgs& args, int line) {
   auto it = tests().find(name);
-  if (it == tests().end()) throw RenderError(fmt::format("line {}: no test named '{}'", line, name));
+  if (it == tests().end()) fail("line {}: no test named '{}'", line, name);
   return it->second(*this, v, args);
 }
 
@@ -477,6 +514,12 @@ Dict builtin_globals(std::time_t now) {
     Dict d;
     for (const Value& p : a.pos) {
       if (!p.is_dict()) type_error("namespace/dict: a mapping is required");
+      if (d.items.empty()) {  // a dict's keys are unique already
+        need_bytes(p.dict->items.size() * kEntryBytes);
+        work(p.dict->items.size() * kItemWork);
+        d.items = p.dict->items;
+        continue;
+      }
       for (const auto& [k, v] : p.dict->items) d.set(k, v);
     }
     for (const auto& [k, v] : a.kw) d.set(k, v);
@@ -484,15 +527,24 @@ Dict builtin_globals(std::time_t now) {
   };
   g.set("namespace", Value::function([dict_of](CallArgs& a) { return dict_of(a, true); }));
   g.set("dict", Value::function([dict_of](CallArgs& a) { return dict_of(a, false); }));
+  // The message goes back to the client: a template cannot make it huge.
   g.set("raise_exception", Value::function([](CallArgs& a) -> Value {
-    throw RenderError(a.pos.empty() ? "raise_exception" : to_str(a.pos[0]));
+    if (a.pos.empty()) throw RenderError("raise_exception");
+    std::string text = to_str(a.pos[0]);
+    if (text.size() > kMaxRaiseBytes) {
+      size_t cut = kMaxRaiseBytes;
+      while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // whole characters
+      text.resize(cut);
+      text += "...";
+    }
+    throw RenderError(text);
   }));
   g.set("strftime_now", Value::function([now](CallArgs& a) {
     if (a.pos.empty() || !a.pos[0].is_string()) type_error("strftime_now needs a format string");
     std::tm tm{};
     localtime_r(&now, &tm);
     char buf[512];
-    const size_t n = std::strftime(buf, sizeof buf, a.pos[0].s.c_str(), &tm);
+    const size_t n = std::strftime(buf, sizeof buf, a.pos[0].s().c_str(), &tm);
     return Value::string(std::string(buf, n));
   }));
   return g;

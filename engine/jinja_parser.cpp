@@ -1,11 +1,19 @@
 // Recursive-descent parser of the Jinja subset, following Jinja2's grammar
 // and precedence (parser.py): condexpr < or < and < not < compare < + - <
 // ~ < * / // % < ** < unary, then postfix (. [] ()) and filters / tests.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "engine/jinja_ast.h"
 
+#define NOINLINE [[gnu::noinline]]
+
 namespace baton::jinja {
+
+Expr::~Expr() = default;
+Node::~Node() = default;
+
 namespace {
 
 class Parser {
@@ -15,15 +23,21 @@ class Parser {
   Program run() {
     Program p;
     std::string end = parse_body(p.body, {});
-    if (!end.empty()) throw fail(fmt::format("unexpected '{}'", end));
+    if (!end.empty()) failf("unexpected '{}'", end);
     return p;
   }
 
  private:
   const Token& cur() const { return t_[pos_]; }
   const Token& peek(size_t n = 1) const { return t_[std::min(pos_ + n, t_.size() - 1)]; }
-  TemplateError fail(const std::string& what) const {
-    return TemplateError(fmt::format("chat template: {} at line {}", what, cur().line));
+  // Out of line: the formatting stays out of the frames of the recursive
+  // descent (see parse_body).
+  [[noreturn]] NOINLINE void fail(std::string_view what) const {
+    throw TemplateError(fmt::format("chat template: {} at line {}", what, cur().line));
+  }
+  template <class... A>
+  [[noreturn]] NOINLINE void failf(fmt::format_string<A...> f, A&&... a) const {
+    fail(fmt::format(f, std::forward<A>(a)...));
   }
   bool is_op(const char* op) const { return cur().type == Tok::Op && cur().text == op; }
   bool is_name(const char* n) const { return cur().type == Tok::Name && cur().text == n; }
@@ -37,18 +51,18 @@ class Parser {
     ++pos_;
     return true;
   }
-  void expect_op(const char* op) {
-    if (!skip_op(op)) throw fail(fmt::format("expected '{}'", op));
+  NOINLINE void expect_op(const char* op) {
+    if (!skip_op(op)) failf("expected '{}'", op);
   }
   std::string expect_name() {
-    if (cur().type != Tok::Name) throw fail("expected a name");
+    if (cur().type != Tok::Name) fail("expected a name");
     return t_[pos_++].text;
   }
   void expect_block_end() {
-    if (cur().type != Tok::BlockEnd) throw fail("expected end of statement block");
+    if (cur().type != Tok::BlockEnd) fail("expected end of statement block");
     ++pos_;
   }
-  ExprP make(Expr::K k) {
+  NOINLINE ExprP make(Expr::K k) {
     auto e = std::make_unique<Expr>();
     e->k = k;
     e->line = cur().line;
@@ -56,39 +70,42 @@ class Parser {
   }
 
   // Parses nodes until a `{% name %}` with name in `ends` (consumed up to the
-  // name; returned) or the end of input (returns "").
+  // name; returned) or the end of input (returns ""). Statements nest as deep
+  // as kMaxDepth: this, parse_statement and the function for each tag keep
+  // their frames small (each is noinline, see jinja_render.cpp's exec).
   std::string parse_body(Body& body, std::initializer_list<const char*> ends) {
     while (true) {
       const Token& tk = cur();
       if (tk.type == Tok::End) return "";
-      if (tk.type == Tok::Text) {
-        auto n = std::make_unique<Node>();
-        n->k = Node::Text;
-        n->text = tk.text;
-        ++pos_;
-        body.push_back(std::move(n));
-      } else if (tk.type == Tok::VarBegin) {
-        ++pos_;
-        auto n = std::make_unique<Node>();
-        n->k = Node::Output;
-        n->line = tk.line;
-        n->expr = parse_tuple(true);
-        if (cur().type != Tok::VarEnd) throw fail("expected '}}'");
-        ++pos_;
-        body.push_back(std::move(n));
+      if (tk.type == Tok::Text || tk.type == Tok::VarBegin) {
+        parse_text_or_output(body);
       } else if (tk.type == Tok::BlockBegin) {
         ++pos_;
-        const std::string name = cur().type == Tok::Name ? cur().text : "";
-        for (const char* e : ends)
-          if (name == e) {
-            ++pos_;
-            return name;
-          }
+        if (cur().type == Tok::Name)
+          for (const char* e : ends)
+            if (cur().text == e) return t_[pos_++].text;
         parse_statement(body);
       } else {
-        throw fail("unexpected token");
+        fail("unexpected token");
       }
     }
+  }
+
+  NOINLINE void parse_text_or_output(Body& body) {
+    const Token& tk = cur();
+    auto n = std::make_unique<Node>();
+    n->line = tk.line;
+    ++pos_;
+    if (tk.type == Tok::Text) {
+      n->k = Node::Text;
+      n->text = tk.text;
+    } else {
+      n->k = Node::Output;
+      n->expr = parse_tuple(true);
+      if (cur().type != Tok::VarEnd) fail("expected '}}'");
+      ++pos_;
+    }
+    body.push_back(std::move(n));
   }
 
   void close(const char* end) {
@@ -96,130 +113,156 @@ class Parser {
     expect_block_end();
   }
 
-  // Bounds the parser's (and so the evaluator's) recursion: a template from
-  // an untrusted file must not overflow the stack.
+  // Bounds the parser's recursion: a template from an untrusted file must
+  // not overflow the stack.
   struct Nest {
     explicit Nest(Parser& p) : p(p) {
-      if (++p.nest_ > kMaxNesting) throw p.fail("nesting too deep");
+      if (++p.nest_ > kMaxDepth) p.failf("nesting too deep (more than {} levels)", kMaxDepth);
     }
     ~Nest() { --p.nest_; }
     Parser& p;
   };
-  static constexpr int kMaxNesting = 200;
+  // Bounds each expression tree's depth, which loops build without
+  // recursing (`a + b + c...`, `x.a.b...`, `x | f | g...`): evaluating the
+  // tree and freeing it recurse that deep.
+  NOINLINE ExprP seal(ExprP e) {
+    int d = 0;
+    for (const Expr* c : {e->a.get(), e->b.get(), e->c.get()})
+      if (c) d = std::max(d, c->depth);
+    for (const ExprP& c : e->args)
+      if (c) d = std::max(d, c->depth);
+    for (const auto& kv : e->kwargs) d = std::max(d, kv.second->depth);
+    e->depth = d + 1;
+    if (e->depth > kMaxDepth) failf("nesting too deep (more than {} levels)", kMaxDepth);
+    return e;
+  }
 
-  void parse_statement(Body& body) {
+  NOINLINE void parse_statement(Body& body) {
     Nest guard(*this);
     const int line = cur().line;
     const std::string kw = expect_name();
+    if (kw == "generation") return parse_generation(body);
     auto n = std::make_unique<Node>();
     n->line = line;
-    if (kw == "if") {
-      n->k = Node::If;
-      ++soft_;
-      ExprP cond = parse_tuple(true);
-      expect_block_end();
-      while (true) {
-        Body b;
-        const std::string end = parse_body(b, {"elif", "else", "endif"});
-        if (end.empty()) throw fail("missing endif");
-        n->branches.emplace_back(std::move(cond), std::move(b));
-        if (end == "endif") break;
-        if (end == "else") {
-          expect_block_end();
-          Body eb;
-          if (parse_body(eb, {"endif"}).empty()) throw fail("missing endif");
-          n->branches.emplace_back(nullptr, std::move(eb));
-          break;
-        }
-        cond = parse_tuple(true);
-        expect_block_end();
-      }
-      --soft_;
-      expect_block_end();
-    } else if (kw == "for") {
-      n->k = Node::For;
-      parse_targets(n->targets, false);
-      if (!skip_name("in")) throw fail("expected 'in'");
-      n->expr = parse_tuple(false);
-      const int saved = soft_;
-      soft_ = 0;
-      if (skip_name("if")) n->loop_filter = parse_expr(true);
-      if (is_name("recursive")) throw fail("unsupported recursive loop");
-      expect_block_end();
-      const std::string end = parse_body(n->body, {"else", "endfor"});
-      if (end.empty()) throw fail("missing endfor");
-      if (end == "else") {
-        expect_block_end();
-        if (parse_body(n->else_body, {"endfor"}).empty()) throw fail("missing endfor");
-      }
-      soft_ = saved;
-      expect_block_end();
-    } else if (kw == "set") {
-      parse_targets(n->targets, true);
-      n->attr_target = attr_set_;
-      if (skip_op("=")) {
-        n->k = Node::Set;
-        n->expr = parse_tuple(true);
-        expect_block_end();
-      } else {
-        n->k = Node::SetBlock;
-        while (skip_op("|")) n->filters.push_back(parse_filter(nullptr));
-        expect_block_end();
-        scoped([&] {
-          if (parse_body(n->body, {"endset"}).empty()) throw fail("missing endset");
-        });
-        expect_block_end();
-      }
-    } else if (kw == "macro") {
-      n->k = Node::Macro;
-      n->text = expect_name();
-      parse_params(n->params);
-      expect_block_end();
-      scoped([&] {
-        if (parse_body(n->body, {"endmacro"}).empty()) throw fail("missing endmacro");
-      });
-      if (cur().type == Tok::Name) ++pos_;
-      expect_block_end();
-    } else if (kw == "call") {
-      n->k = Node::CallBlock;
-      if (is_op("(")) parse_params(n->params);
-      n->expr = parse_expr(true);
-      if (n->expr->k != Expr::Call) throw fail("expected a call in the call block");
-      expect_block_end();
-      scoped([&] {
-        if (parse_body(n->body, {"endcall"}).empty()) throw fail("missing endcall");
-      });
-      expect_block_end();
-    } else if (kw == "filter") {
-      n->k = Node::FilterBlock;
-      do n->filters.push_back(parse_filter(nullptr));
-      while (skip_op("|"));
-      expect_block_end();
-      scoped([&] {
-        if (parse_body(n->body, {"endfilter"}).empty()) throw fail("missing endfilter");
-      });
-      expect_block_end();
-    } else if (kw == "break" || kw == "continue") {
+    if (kw == "if") parse_if(*n);
+    else if (kw == "for") parse_for(*n);
+    else if (kw == "set") parse_set(*n);
+    else if (kw == "macro") parse_macro(*n);
+    else if (kw == "call") parse_call_block(*n);
+    else if (kw == "filter") parse_filter_block(*n);
+    else if (kw == "break" || kw == "continue") {
       n->k = kw == "break" ? Node::Break : Node::Continue;
       expect_block_end();
-    } else if (kw == "generation") {
-      // Hugging Face's assistant-mask extension: renders its body unchanged.
-      expect_block_end();
-      if (parse_body(body, {"endgeneration"}).empty()) throw fail("missing endgeneration");
-      expect_block_end();
-      return;
     } else {
       pos_--;
-      throw fail(fmt::format("unsupported tag '{}'", kw));
+      failf("unsupported tag '{}'", kw);
     }
     body.push_back(std::move(n));
   }
 
-  template <class F>
-  void scoped(F f) {
+  NOINLINE void parse_if(Node& n) {
+    n.k = Node::If;
+    ++soft_;
+    ExprP cond = parse_tuple(true);
+    expect_block_end();
+    while (true) {
+      Body b;
+      const std::string end = parse_body(b, {"elif", "else", "endif"});
+      if (end.empty()) fail("missing endif");
+      n.branches.emplace_back(std::move(cond), std::move(b));
+      if (end == "endif") break;
+      if (end == "else") {
+        expect_block_end();
+        Body eb;
+        if (parse_body(eb, {"endif"}).empty()) fail("missing endif");
+        n.branches.emplace_back(nullptr, std::move(eb));
+        break;
+      }
+      cond = parse_tuple(true);
+      expect_block_end();
+    }
+    --soft_;
+    expect_block_end();
+  }
+
+  NOINLINE void parse_for(Node& n) {
+    n.k = Node::For;
+    parse_targets(n.targets, false);
+    if (!skip_name("in")) fail("expected 'in'");
+    n.expr = parse_tuple(false);
     const int saved = soft_;
     soft_ = 0;
-    f();
+    if (skip_name("if")) n.loop_filter = parse_expr(true);
+    if (is_name("recursive")) fail("unsupported recursive loop");
+    expect_block_end();
+    const std::string end = parse_body(n.body, {"else", "endfor"});
+    if (end.empty()) fail("missing endfor");
+    if (end == "else") {
+      expect_block_end();
+      if (parse_body(n.else_body, {"endfor"}).empty()) fail("missing endfor");
+    }
+    soft_ = saved;
+    expect_block_end();
+  }
+
+  NOINLINE void parse_set(Node& n) {
+    parse_targets(n.targets, true);
+    n.attr_target = attr_set_;
+    if (skip_op("=")) {
+      n.k = Node::Set;
+      n.expr = parse_tuple(true);
+      expect_block_end();
+      return;
+    }
+    n.k = Node::SetBlock;
+    while (skip_op("|")) n.filters.push_back(parse_filter(nullptr));
+    expect_block_end();
+    scoped_body(n.body, "endset");
+    expect_block_end();
+  }
+
+  NOINLINE void parse_macro(Node& n) {
+    n.k = Node::Macro;
+    n.text = expect_name();
+    parse_params(n.params);
+    expect_block_end();
+    scoped_body(n.body, "endmacro");
+    if (cur().type == Tok::Name) ++pos_;
+    expect_block_end();
+  }
+
+  NOINLINE void parse_call_block(Node& n) {
+    n.k = Node::CallBlock;
+    if (is_op("(")) parse_params(n.params);
+    n.expr = parse_expr(true);
+    if (n.expr->k != Expr::Call) fail("expected a call in the call block");
+    expect_block_end();
+    scoped_body(n.body, "endcall");
+    expect_block_end();
+  }
+
+  NOINLINE void parse_filter_block(Node& n) {
+    n.k = Node::FilterBlock;
+    do n.filters.push_back(parse_filter(nullptr));
+    while (skip_op("|"));
+    expect_block_end();
+    scoped_body(n.body, "endfilter");
+    expect_block_end();
+  }
+
+  // Hugging Face's assistant-mask extension: renders its body unchanged.
+  NOINLINE void parse_generation(Body& body) {
+    expect_block_end();
+    if (parse_body(body, {"endgeneration"}).empty()) fail("missing endgeneration");
+    expect_block_end();
+  }
+
+  // A body up to `end`, where unknown filters and tests fail at load again
+  // (outside the enclosing if's condition).
+  void scoped_body(Body& body, const char* end) {
+    const int saved = soft_;
+    soft_ = 0;
+    if (parse_body(body, {end}).empty()) failf("missing {}", end);
     soft_ = saved;
   }
 
@@ -264,7 +307,7 @@ class Parser {
       if (cur().type == Tok::BlockEnd || cur().type == Tok::VarEnd || is_name("if") || is_op("=")) break;
       t->args.push_back(parse_expr(condexpr));
     }
-    return t;
+    return seal(std::move(t));
   }
 
   ExprP parse_expr(bool condexpr) {
@@ -280,9 +323,12 @@ class Parser {
       ++soft_;
       c->b = parse_or();  // test
       c->a = std::move(e);  // value when true
-      if (skip_name("else")) c->c = parse_cond();
+      if (skip_name("else")) {
+        Nest guard(*this);
+        c->c = parse_cond();
+      }
       --soft_;
-      e = std::move(c);
+      e = seal(std::move(c));
     }
     return e;
   }
@@ -293,7 +339,7 @@ class Parser {
       ++pos_;
       o->a = std::move(e);
       o->b = parse_and();
-      e = std::move(o);
+      e = seal(std::move(o));
     }
     return e;
   }
@@ -304,7 +350,7 @@ class Parser {
       ++pos_;
       o->a = std::move(e);
       o->b = parse_not();
-      e = std::move(o);
+      e = seal(std::move(o));
     }
     return e;
   }
@@ -314,7 +360,7 @@ class Parser {
       auto n = make(Expr::Not);
       ++pos_;
       n->a = parse_not();
-      return n;
+      return seal(std::move(n));
     }
     return parse_compare();
   }
@@ -344,14 +390,14 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->args.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(e);
+    return cmp ? seal(std::move(cmp)) : std::move(e);
   }
   ExprP binary(std::string op, ExprP a, ExprP b) {
     auto n = make(Expr::Binary);
     n->name = std::move(op);
     n->a = std::move(a);
     n->b = std::move(b);
-    return n;
+    return seal(std::move(n));
   }
   ExprP parse_math1() {
     ExprP e = parse_concat();
@@ -386,6 +432,7 @@ class Parser {
       e = make(is_op("-") ? Expr::Neg : Expr::Pos);
       ++pos_;
       e->a = parse_unary(false);
+      e = seal(std::move(e));
     } else {
       e = parse_primary();
     }
@@ -394,10 +441,11 @@ class Parser {
     return e;
   }
 
-  ExprP parse_primary() {
+  // A name or a literal (the leaves of the tree).
+  NOINLINE ExprP parse_atom() {
     const Token& tk = cur();
+    auto e = make(Expr::Const);
     if (tk.type == Tok::Name) {
-      auto e = make(Expr::Const);
       ++pos_;
       if (tk.text == "true" || tk.text == "True") e->value = Value::boolean(true);
       else if (tk.text == "false" || tk.text == "False") e->value = Value::boolean(false);
@@ -406,21 +454,21 @@ class Parser {
         e->k = Expr::Name;
         e->name = tk.text;
       }
-      return e;
-    }
-    if (tk.type == Tok::String) {
-      auto e = make(Expr::Const);
+    } else if (tk.type == Tok::String) {
       std::string s;
       while (cur().type == Tok::String) s += t_[pos_++].text;
       e->value = Value::string(std::move(s));
-      return e;
-    }
-    if (tk.type == Tok::Int || tk.type == Tok::Float) {
-      auto e = make(Expr::Const);
+    } else {
       e->value = tk.type == Tok::Int ? Value::integer(tk.i) : Value::number(tk.f);
       ++pos_;
-      return e;
     }
+    return e;
+  }
+
+  ExprP parse_primary() {
+    const Token& tk = cur();
+    if (tk.type == Tok::Name || tk.type == Tok::String || tk.type == Tok::Int || tk.type == Tok::Float)
+      return parse_atom();
     if (skip_op("(")) {
       if (skip_op(")")) return make(Expr::TupleLit);
       ExprP first = parse_expr(true);
@@ -432,7 +480,7 @@ class Parser {
         t->args.push_back(parse_expr(true));
       }
       expect_op(")");
-      return t;
+      return seal(std::move(t));
     }
     if (skip_op("[")) {
       auto l = make(Expr::ListLit);
@@ -441,7 +489,7 @@ class Parser {
         if (skip_op("]")) break;
         l->args.push_back(parse_expr(true));
       }
-      return l;
+      return seal(std::move(l));
     }
     if (skip_op("{")) {
       auto d = make(Expr::DictLit);
@@ -452,9 +500,9 @@ class Parser {
         expect_op(":");
         d->args.push_back(parse_expr(true));
       }
-      return d;
+      return seal(std::move(d));
     }
-    throw fail("unexpected token in expression");
+    fail("unexpected token in expression");
   }
 
   ExprP parse_postfix(ExprP e) {
@@ -467,12 +515,12 @@ class Parser {
           it->b = make(Expr::Const);
           it->b->value = Value::integer(cur().i);
           ++pos_;
-          e = std::move(it);
+          e = seal(std::move(it));
         } else {
           auto at = make(Expr::Attr);
           at->name = expect_name();
           at->a = std::move(e);
-          e = std::move(at);
+          e = seal(std::move(at));
         }
       } else if (skip_op("[")) {
         e = parse_subscript(std::move(e));
@@ -492,13 +540,13 @@ class Parser {
       if (is_op(":")) {
         slice = true;
         ++pos_;
-        if (++n > 2) throw fail("bad slice");
+        if (++n > 2) fail("bad slice");
         continue;
       }
       if (is_op("]")) break;
-      if (parts[n]) throw fail("bad subscript");
+      if (parts[n]) fail("bad subscript");
       parts[n] = parse_expr(true);
-      if (is_op(",")) throw fail("unsupported tuple subscript");
+      if (is_op(",")) fail("unsupported tuple subscript");
     }
     expect_op("]");
     auto e = make(slice ? Expr::Slice : Expr::Item);
@@ -508,7 +556,7 @@ class Parser {
     } else {
       e->b = std::move(parts[0]);
     }
-    return e;
+    return seal(std::move(e));
   }
 
   void parse_call_args(Expr& e) {
@@ -516,13 +564,13 @@ class Parser {
     while (!skip_op(")")) {
       if (!e.args.empty() || !e.kwargs.empty()) expect_op(",");
       if (skip_op(")")) return;
-      if (is_op("*") || is_op("**")) throw fail("unsupported *args in a call");
+      if (is_op("*") || is_op("**")) fail("unsupported *args in a call");
       if (cur().type == Tok::Name && peek().type == Tok::Op && peek().text == "=") {
         std::string k = t_[pos_].text;
         pos_ += 2;
         e.kwargs.emplace_back(std::move(k), parse_expr(true));
       } else {
-        if (!e.kwargs.empty()) throw fail("positional argument after keyword argument");
+        if (!e.kwargs.empty()) fail("positional argument after keyword argument");
         e.args.push_back(parse_expr(true));
       }
     }
@@ -532,7 +580,7 @@ class Parser {
     auto c = make(Expr::Call);
     c->a = std::move(callee);
     parse_call_args(*c);
-    return c;
+    return seal(std::move(c));
   }
 
   ExprP parse_filter(ExprP subject) {
@@ -541,9 +589,9 @@ class Parser {
     while (skip_op(".")) f->name += "." + expect_name();
     f->a = std::move(subject);
     f->soft = soft_ > 0;
-    if (!has_filter(f->name) && !f->soft) throw fail(fmt::format("unsupported filter '{}'", f->name));
+    if (!has_filter(f->name) && !f->soft) failf("unsupported filter '{}'", f->name);
     if (is_op("(")) parse_call_args(*f);
-    return f;
+    return seal(std::move(f));
   }
 
   ExprP parse_filter_expr(ExprP e) {
@@ -558,17 +606,17 @@ class Parser {
         while (skip_op(".")) t->name += "." + expect_name();
         t->a = std::move(e);
         t->soft = soft_ > 0;
-        if (!has_test(t->name) && !t->soft) throw fail(fmt::format("unsupported test '{}'", t->name));
+        if (!has_test(t->name) && !t->soft) failf("unsupported test '{}'", t->name);
         const Token& nx = cur();
         if (is_op("(")) {
           parse_call_args(*t);
         } else if ((nx.type == Tok::Name || nx.type == Tok::String || nx.type == Tok::Int ||
                     nx.type == Tok::Float || is_op("[") || is_op("{")) &&
                    !is_name("else") && !is_name("or") && !is_name("and")) {
-          if (is_name("is")) throw fail("cannot chain tests with 'is'");
+          if (is_name("is")) fail("cannot chain tests with 'is'");
           t->args.push_back(parse_postfix(parse_primary()));
         }
-        e = std::move(t);
+        e = seal(std::move(t));
       } else if (is_op("(")) {
         e = parse_call(std::move(e));
       } else {

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/jinja_limits.h"
 #include "engine/jinja_value.h"
 
 namespace baton {
@@ -33,10 +34,16 @@ class JinjaTemplate {
   // Object key order is kept (tojson writes keys in input order, as Python
   // does). `now` is the clock strftime_now reads (local time). Throws
   // jinja::RenderError for what Jinja2 raises (raise_exception, type errors,
-  // undefined attribute access...).
-  // `max_steps` bounds the statements run and loop iterations (a template from
-  // an untrusted file must not run forever; a prompt needs far fewer).
-  static constexpr uint64_t kDefaultMaxSteps = 5'000'000;
+  // undefined attribute access...) and for a limit passed: the template's
+  // steps, work, memory or depth, the deadline ("the chat template ran
+  // longer than 2 s"), the cancel flag ("...cancelled"). A template from an
+  // untrusted file must not run forever nor take the server's memory; a
+  // prompt needs far less (jinja_limits.h has the defaults: no deadline).
+  // The thread needs about 2 MiB of stack under ASan (kMaxDepth).
+  std::string render(const nlohmann::ordered_json& context, std::time_t now,
+                     const jinja::RenderLimits& limits) const;
+  // The default limits, with `max_steps` statements and loop iterations.
+  static constexpr uint64_t kDefaultMaxSteps = jinja::RenderLimits{}.max_steps;
   std::string render(const nlohmann::ordered_json& context, std::time_t now,
                      uint64_t max_steps = kDefaultMaxSteps) const;
   std::string render(const nlohmann::ordered_json& context) const;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -11,9 +12,49 @@
 
 namespace baton::jinja {
 
+namespace {
+
+// Frees a charged heap object and refunds its bytes to the meter that
+// charged it (the counter outlives the meter if need be).
+template <class T>
+struct Refund {
+  std::shared_ptr<size_t> live;
+  size_t bytes;
+  void operator()(T* p) const noexcept {
+    *live -= bytes;
+    delete p;
+  }
+};
+
+// `p` shared, charged `bytes` to the active meter (none: not counted).
+template <class T>
+std::shared_ptr<T> owned(T* p, size_t bytes) {
+  std::unique_ptr<T> guard(p);
+  Meter* m = Meter::active();
+  if (!m) return std::shared_ptr<T>(guard.release());
+  m->charge(bytes);
+  return std::shared_ptr<T>(guard.release(), Refund<T>{m->live(), bytes});
+}
+
+std::atomic<size_t> g_namespaces{0};
+
+uint16_t depth_of(const Value& v) { return v.depth; }
+// 1 + the deepest item's depth; throws past kMaxDepth.
+uint16_t nest(size_t deepest) {
+  if (deepest + 1 > size_t(kMaxDepth))
+    fail("the template builds a value nested too deep (more than {} levels)", kMaxDepth);
+  return uint16_t(deepest + 1);
+}
+
+}  // namespace
+
+size_t live_namespaces() { return g_namespaces.load(); }
+
 Value Value::undefined(std::string name) {
   Value v;
-  v.s = std::move(name);
+  // Only error messages read the name: a long one is cut.
+  if (name.size() > 64) name.resize(64);
+  if (!name.empty()) v.text = std::make_shared<const std::string>(std::move(name));
   return v;
 }
 Value Value::none() {
@@ -42,14 +83,21 @@ Value Value::number(double x) {
 Value Value::string(std::string x) {
   Value v;
   v.kind = Kind::String;
-  v.s = std::move(x);
+  const size_t n = x.size();
+  work(n);
+  v.text = owned(new std::string(std::move(x)), n + kStringBytes);
   return v;
 }
 Value Value::make_list(List items, bool is_tuple) {
   Value v;
   v.kind = Kind::List;
   v.tuple = is_tuple;
-  v.list = std::make_shared<List>(std::move(items));
+  size_t deepest = 0;
+  for (const Value& e : items) deepest = std::max<size_t>(deepest, depth_of(e));
+  v.depth = nest(deepest);
+  const size_t n = items.size();
+  work(n * kItemWork);
+  v.list = owned(new List(std::move(items)), n * kItemBytes + kStringBytes);
   return v;
 }
 Value Value::make_generator(List items) {
@@ -59,7 +107,7 @@ Value Value::make_generator(List items) {
 }
 
 bool dict_key(const Value& key, std::string& out) {
-  if (key.is_string()) out = key.s;
+  if (key.is_string()) out = key.s();
   else if (key.kind == Kind::Int) out = "\x01" + std::to_string(key.i);
   else if (key.kind == Kind::Bool) out = "\x01" + std::to_string(int(key.b));
   else return false;
@@ -71,15 +119,42 @@ Value dict_key_value(const std::string& stored) {
   return Value::string(stored);
 }
 
+namespace {
+size_t dict_bytes(const Dict& d) {
+  size_t n = kStringBytes;
+  for (const auto& [k, e] : d.items) n += kEntryBytes + k.size();
+  return n;
+}
+}  // namespace
+
 Value Value::make_dict(Dict d) {
   Value v;
   v.kind = Kind::Dict;
-  v.dict = std::make_shared<Dict>(std::move(d));
+  size_t deepest = 0;
+  for (const auto& kv : d.items) deepest = std::max<size_t>(deepest, depth_of(kv.second));
+  v.depth = nest(deepest);
+  work(d.items.size() * kEntryWork);
+  const size_t bytes = dict_bytes(d);
+  v.dict = owned(new Dict(std::move(d)), bytes);
   return v;
 }
+// A namespace can hold itself: what walks the values (repr, tojson, ==)
+// never looks inside one, and the meter empties each at the end of the
+// render, so it counts as one level whatever it holds.
 Value Value::make_namespace(Dict d) {
-  Value v = make_dict(std::move(d));
+  Value v;
   v.kind = Kind::Namespace;
+  v.depth = 1;
+  const size_t bytes = dict_bytes(d);
+  v.dict = owned(new Dict(std::move(d)), bytes);
+  std::shared_ptr<Dict> inner = v.dict;
+  // Counted while alive, for the tests: wraps the charged pointer.
+  ++g_namespaces;
+  v.dict = std::shared_ptr<Dict>(inner.get(), [inner](Dict*) mutable {
+    --g_namespaces;
+    inner.reset();
+  });
+  if (Meter* m = Meter::active()) m->adopt_namespace(v.dict);
   return v;
 }
 Value Value::function(Function f) {
@@ -88,8 +163,15 @@ Value Value::function(Function f) {
   v.fn = std::make_shared<Function>(std::move(f));
   return v;
 }
+Value Value::function(Function f, const Value& owner) {
+  Value v = function(std::move(f));
+  v.depth = nest(owner.depth);
+  return v;
+}
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > kMaxDepth)
+    fail("the template input nests too deep (more than {} levels)", kMaxDepth);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return none();
     case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
@@ -102,16 +184,23 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::string: return string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List l;
-      for (const auto& e : j) l.push_back(from_json(e));
+      l.reserve(j.size());
+      for (const auto& e : j) l.push_back(from_json(e, depth + 1));
       return make_list(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
-      Dict d;
-      for (const auto& [k, e] : j.items()) d.set(k, from_json(e));
+      Dict d;  // JSON object keys are unique already
+      d.items.reserve(j.size());
+      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json(e, depth + 1));
       return make_dict(std::move(d));
     }
     default: throw RenderError("unsupported JSON value in the template input");
   }
+}
+
+const std::string& Value::s() const {
+  static const std::string empty;
+  return text ? *text : empty;
 }
 
 bool Value::truthy() const {
@@ -121,7 +210,7 @@ bool Value::truthy() const {
     case Kind::Bool: return b;
     case Kind::Int: return i != 0;
     case Kind::Float: return f != 0;
-    case Kind::String: return !s.empty();
+    case Kind::String: return !s().empty();
     case Kind::List: return generator || !list->empty();
     case Kind::Dict: return !dict->items.empty();
     default: return true;
@@ -129,12 +218,14 @@ bool Value::truthy() const {
 }
 
 const Value* Dict::find(std::string_view key) const {
+  work(items.size());
   for (const auto& [k, v] : items)
     if (k == key) return &v;
   return nullptr;
 }
 
 void Dict::set(const std::string& key, Value v) {
+  work(kItemWork + items.size());
   for (auto& [k, old] : items)
     if (k == key) {
       old = std::move(v);
@@ -152,35 +243,40 @@ const Value* CallArgs::get(size_t i, std::string_view name) const {
 
 // ---- UTF-8 -----------------------------------------------------------------
 
-namespace {
-size_t utf8_len_at(std::string_view s, size_t i) {
+size_t utf8_next(std::string_view s, size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
   size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
   return std::min(n, s.size() - i);
 }
-uint32_t decode_at(std::string_view s, size_t i, size_t n) {
+
+uint32_t utf8_decode(std::string_view s, size_t i, size_t n) {
   const auto c = static_cast<unsigned char>(s[i]);
   if (n == 1) return c;
   uint32_t cp = c & (0xFF >> (n + 1));
   for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
   return cp;
 }
-}  // namespace
-
-std::vector<std::string> utf8_chars(std::string_view s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = utf8_len_at(s, i);
-    out.emplace_back(s.substr(i, n));
-    i += n;
-  }
-  return out;
-}
 
 size_t utf8_length(std::string_view s) {
-  size_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
+  work(s.size());
+  // Code points = bytes that are not continuation bytes (10xxxxxx), counted
+  // eight at a time: templates take the length of long strings in loops.
+  size_t continuation = 0, i = 0;
+  constexpr uint64_t kHigh = 0x8080808080808080ull;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    continuation += size_t(__builtin_popcountll(w & ~(w << 1) & kHigh));
+  }
+  for (; i < s.size(); ++i) continuation += (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80;
+  return s.size() - continuation;
+}
+
+size_t utf8_offset(std::string_view s, size_t k) {
+  size_t i = 0;
+  for (; i < s.size() && k > 0; --k) i += utf8_next(s, i);
+  work(i);
+  return i;
 }
 
 bool is_py_space(uint32_t cp) {
@@ -230,14 +326,23 @@ bool py_unprintable(uint32_t cp) {
          cp == 0x1680;
 }
 
-std::string str_repr(std::string_view s) {
+void str_repr(std::string& out, std::string_view s) {
+  work(s.size() * kCharWork);
   const bool has_single = s.find('\'') != std::string_view::npos;
   const bool has_double = s.find('"') != std::string_view::npos;
   const char q = has_single && !has_double ? '"' : '\'';
-  std::string out(1, q);
+  out += q;
   for (size_t i = 0; i < s.size();) {
-    const size_t n = utf8_len_at(s, i);
-    const uint32_t cp = decode_at(s, i, n);
+    // Printable ASCII other than the quote and the backslash: as it is, a run at a time.
+    size_t run = i;
+    while (run < s.size() && s[run] >= 0x20 && s[run] < 0x7F && s[run] != q && s[run] != '\\') ++run;
+    if (run > i) {
+      out.append(s, i, run - i);
+      i = run;
+      continue;
+    }
+    const size_t n = utf8_next(s, i);
+    const uint32_t cp = utf8_decode(s, i, n);
     if (cp == uint32_t(q) || cp == '\\') {
       out += '\\';
       out += char(cp);
@@ -255,56 +360,92 @@ std::string str_repr(std::string_view s) {
     i += n;
   }
   out += q;
-  return out;
 }
 
-}  // namespace
-
-std::string to_str(const Value& v) {
+// repr(v) appended to out; `base` is where the caller's text began (what
+// it adds counts against the memory limit as it grows).
+void repr_into(std::string& out, const Value& v, size_t base) {
   switch (v.kind) {
-    case Kind::Undefined: return "";
-    case Kind::String: return v.s;
-    default: return to_repr(v);
-  }
-}
-
-std::string to_repr(const Value& v) {
-  switch (v.kind) {
-    case Kind::Undefined: return "Undefined";
-    case Kind::None: return "None";
-    case Kind::Bool: return v.b ? "True" : "False";
-    case Kind::Int: return std::to_string(v.i);
-    case Kind::Float: return float_repr(v.f);
-    case Kind::String: return str_repr(v.s);
+    case Kind::Undefined: out += "Undefined"; return;
+    case Kind::None: out += "None"; return;
+    case Kind::Bool: out += v.b ? "True" : "False"; return;
+    case Kind::Int: out += std::to_string(v.i); return;
+    case Kind::Float: out += float_repr(v.f); return;
+    case Kind::String:
+      need_bytes(out.size() - base + v.s().size());
+      str_repr(out, v.s());
+      return;
     case Kind::List: {
-      if (v.generator) return "<generator object>";
-      std::string out(1, v.tuple ? '(' : '[');
+      if (v.generator) {
+        out += "<generator object>";
+        return;
+      }
+      DepthGuard depth;
+      out += v.tuple ? '(' : '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
-        out += to_repr((*v.list)[k]);
+        work(kItemWork);
+        repr_into(out, (*v.list)[k], base);
+        need_bytes(out.size() - base);
       }
       if (v.tuple && v.list->size() == 1) out += ',';
       out += v.tuple ? ')' : ']';
-      return out;
+      return;
     }
     case Kind::Dict: {
-      std::string out = "{";
+      DepthGuard depth;
+      out += '{';
       bool first = true;
       for (const auto& [k, e] : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += to_repr(dict_key_value(k)) + ": " + to_repr(e);
+        work(kItemWork);
+        if (!k.empty() && k[0] == '\x01') out.append(k, 1);  // an integer key
+        else str_repr(out, k);
+        out += ": ";
+        repr_into(out, e, base);
+        need_bytes(out.size() - base);
       }
-      return out + "}";
+      out += '}';
+      return;
     }
-    case Kind::Namespace: return "<Namespace>";
-    case Kind::Function: return "<function>";
+    case Kind::Namespace: out += "<Namespace>"; return;
+    case Kind::Function: out += "<function>"; return;
   }
-  return "";
+}
+
+}  // namespace
+
+void append_str(std::string& out, const Value& v) {
+  switch (v.kind) {
+    case Kind::Undefined: return;
+    case Kind::String:
+      work(v.s().size());
+      out += v.s();
+      return;
+    default: repr_into(out, v, out.size());
+  }
+}
+
+std::string to_str(const Value& v) {
+  std::string out;
+  append_str(out, v);
+  return out;
+}
+
+std::string to_repr(const Value& v) {
+  std::string out;
+  repr_into(out, v, 0);
+  return out;
 }
 
 std::string html_escape(std::string_view s) {
+  work(s.size());
+  size_t n = s.size();
+  for (char c : s) n += c == '&' || c == '"' || c == '\'' ? 4 : c == '<' || c == '>' ? 3 : 0;
+  need_bytes(n);
   std::string out;
+  out.reserve(n);
   for (char c : s) {
     switch (c) {
       case '&': out += "&amp;"; break;
@@ -322,14 +463,25 @@ std::string html_escape(std::string_view s) {
 
 namespace {
 
-std::string json_string(std::string_view s, bool ensure_ascii) {
-  std::string out = "\"";
+void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
+  work(s.size() * (ensure_ascii ? kCharWork : 1));
+  out += '"';
   for (size_t i = 0; i < s.size(); ++i) {
+    // Bytes JSON keeps as they are: a run at a time.
+    size_t run = i;
+    while (run < s.size() && static_cast<unsigned char>(s[run]) >= 0x20 &&
+           (!ensure_ascii || static_cast<unsigned char>(s[run]) < 0x80) && s[run] != '"' && s[run] != '\\')
+      ++run;
+    if (run > i) {
+      out.append(s, i, run - i);
+      i = run - 1;
+      continue;
+    }
     const char ch = s[i];
     const auto c = static_cast<unsigned char>(ch);
     if (ensure_ascii && c >= 0x80) {
-      const size_t n = utf8_len_at(s, i);
-      const uint32_t cp = decode_at(s, i, n);
+      const size_t n = utf8_next(s, i);
+      const uint32_t cp = utf8_decode(s, i, n);
       if (cp >= 0x10000) {
         out += fmt::format("\\u{:04x}\\u{:04x}", 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF));
       } else {
@@ -340,7 +492,7 @@ std::string json_string(std::string_view s, bool ensure_ascii) {
     }
     append_json_escaped(out, ch);
   }
-  return out + "\"";
+  out += '"';
 }
 
 struct JsonStyle {
@@ -352,7 +504,12 @@ struct JsonStyle {
 void json_into(std::string& out, const Value& v, const JsonStyle& st, int level) {
   const int indent = st.indent;
   auto newline = [&](int lvl) {
-    if (indent >= 0) out += "\n" + std::string(size_t(indent) * lvl, ' ');
+    if (indent < 0) return;
+    const size_t n = size_t(indent) * size_t(lvl);
+    need_bytes(out.size() + n);
+    work(n);
+    out += '\n';
+    out.append(n, ' ');
   };
   switch (v.kind) {
     case Kind::None: out += "null"; return;
@@ -361,18 +518,25 @@ void json_into(std::string& out, const Value& v, const JsonStyle& st, int level)
     case Kind::Float:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
       return;
-    case Kind::String: out += json_string(v.s, st.ensure_ascii); return;
+    case Kind::String:
+      // Escapes write at most six bytes for one.
+      need_bytes(out.size() + v.s().size());
+      json_string(out, v.s(), st.ensure_ascii);
+      return;
     case Kind::List: {
       if (v.generator) break;
       if (v.list->empty()) {
         out += "[]";
         return;
       }
+      DepthGuard depth;
       out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += st.item_sep;
+        work(kItemWork + st.item_sep.size());
         newline(level + 1);
         json_into(out, (*v.list)[k], st, level + 1);
+        need_bytes(out.size());
       }
       newline(level);
       out += ']';
@@ -383,17 +547,26 @@ void json_into(std::string& out, const Value& v, const JsonStyle& st, int level)
         out += "{}";
         return;
       }
+      DepthGuard depth;
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.dict->items) items.push_back(&kv);
-      if (st.sort_keys)
-        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      if (st.sort_keys) {
+        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) {
+          work(std::min(a->first.size(), b->first.size()) + kItemWork);
+          return a->first < b->first;
+        });
+      }
       out += '{';
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += st.item_sep;
+        work(kItemWork + st.item_sep.size() + st.key_sep.size());
         newline(level + 1);
-        out += json_string(to_str(dict_key_value(items[k]->first)), st.ensure_ascii);
+        const std::string& key = items[k]->first;
+        json_string(out, !key.empty() && key[0] == '\x01' ? std::string_view(key).substr(1) : std::string_view(key),
+                    st.ensure_ascii);
         out += st.key_sep;
         json_into(out, items[k]->second, st, level + 1);
+        need_bytes(out.size());
       }
       newline(level);
       out += '}';
@@ -401,7 +574,7 @@ void json_into(std::string& out, const Value& v, const JsonStyle& st, int level)
     }
     default: break;
   }
-  throw RenderError(fmt::format("Object of type {} is not JSON serializable", kind_name(v)));
+  fail("Object of type {} is not JSON serializable", kind_name(v));
 }
 
 }  // namespace
@@ -424,49 +597,64 @@ int64_t as_int(const Value& v) { return v.kind == Kind::Bool ? int64_t(v.b) : v.
 }  // namespace
 
 bool equals(const Value& a, const Value& b) {
+  work(kItemWork);
   if (a.is_number() && b.is_number())
     return both_int(a, b) ? as_int(a) == as_int(b) : as_double(a) == as_double(b);
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Kind::Undefined:
     case Kind::None: return true;
-    case Kind::String: return a.s == b.s;
-    case Kind::List:
+    case Kind::String:
+      work(std::min(a.s().size(), b.s().size()));
+      return a.s() == b.s();
+    case Kind::List: {
       if (a.generator || b.generator) return a.list == b.list;
       if (a.list->size() != b.list->size()) return false;
+      if (a.list == b.list) return true;
+      DepthGuard depth;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equals((*a.list)[k], (*b.list)[k])) return false;
       return true;
-    case Kind::Dict:
+    }
+    case Kind::Dict: {
       if (a.dict->items.size() != b.dict->items.size()) return false;
+      if (a.dict == b.dict) return true;
+      DepthGuard depth;
       for (const auto& [k, v] : a.dict->items) {
         const Value* o = b.dict->find(k);
         if (!o || !equals(v, *o)) return false;
       }
       return true;
+    }
     default: return a.dict == b.dict && a.fn == b.fn;
   }
 }
 
 bool less(const Value& a, const Value& b) {
+  work(kItemWork);
   if (a.is_number() && b.is_number())
     return both_int(a, b) ? as_int(a) < as_int(b) : as_double(a) < as_double(b);
-  if (a.is_string() && b.is_string()) return a.s < b.s;  // UTF-8 bytes order as code points
+  if (a.is_string() && b.is_string()) {  // UTF-8 bytes order as code points
+    work(std::min(a.s().size(), b.s().size()));
+    return a.s() < b.s();
+  }
   if (a.is_list() && b.is_list()) {
+    DepthGuard depth;
     const size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
       if (!equals((*a.list)[k], (*b.list)[k])) return less((*a.list)[k], (*b.list)[k]);
     }
     return a.list->size() < b.list->size();
   }
-  throw RenderError(fmt::format("'<' not supported between instances of '{}' and '{}'", kind_name(a), kind_name(b)));
+  fail("'<' not supported between instances of '{}' and '{}'", kind_name(a), kind_name(b));
 }
 
 bool contains(const Value& c, const Value& item) {
   switch (c.kind) {
     case Kind::String:
       if (!item.is_string()) throw RenderError("'in <string>' requires string as left operand");
-      return c.s.find(item.s) != std::string::npos;
+      work(c.s().size() + item.s().size());
+      return c.s().find(item.s()) != std::string::npos;
     case Kind::Dict: {
       std::string k;
       return dict_key(item, k) && c.dict->find(k) != nullptr;
@@ -476,25 +664,42 @@ bool contains(const Value& c, const Value& item) {
       for (const Value& e : *c.list)
         if (equals(e, item)) return true;
       return false;
-    default: throw RenderError(fmt::format("argument of type '{}' is not iterable", kind_name(c)));
+    default: fail("argument of type '{}' is not iterable", kind_name(c));
   }
 }
 
-List iterate(const Value& v) {
+List Items::copy() const {
+  need_bytes(list_->size() * kItemBytes);
+  work(list_->size() * kItemWork);
+  return List(list_->begin(), list_->end());
+}
+
+Items iterate(const Value& v) {
   switch (v.kind) {
-    case Kind::Undefined: return {};
-    case Kind::List: return *v.list;
+    case Kind::Undefined: {
+      static const auto empty = std::make_shared<const List>();
+      return Items(empty);
+    }
+    case Kind::List: return Items(v.list);
     case Kind::Dict: {
+      need_bytes(v.dict->items.size() * (kItemBytes + kStringBytes));
       List keys;
+      keys.reserve(v.dict->items.size());
       for (const auto& kv : v.dict->items) keys.push_back(dict_key_value(kv.first));
-      return keys;
+      return Items(Value::make_list(std::move(keys)).list);
     }
     case Kind::String: {
+      const std::string& s = v.s();
+      need_bytes(utf8_length(s) * (kItemBytes + kStringBytes));
       List chars;
-      for (auto& c : utf8_chars(v.s)) chars.push_back(Value::string(std::move(c)));
-      return chars;
+      for (size_t i = 0; i < s.size();) {
+        const size_t n = utf8_next(s, i);
+        chars.push_back(Value::string(s.substr(i, n)));
+        i += n;
+      }
+      return Items(Value::make_list(std::move(chars)).list);
     }
-    default: throw RenderError(fmt::format("'{}' object is not iterable", kind_name(v)));
+    default: fail("'{}' object is not iterable", kind_name(v));
   }
 }
 

@@ -5,7 +5,7 @@
 //
 // Lists and dicts are shared and immutable once built, as in the sandbox
 // Hugging Face renders templates in (list.append raises there); a namespace
-// is the one mutable object.
+// is the one mutable object. Strings are immutable and shared too.
 #pragma once
 
 #include <cstdint>
@@ -17,16 +17,27 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "engine/jinja_limits.h"
 
 namespace baton::jinja {
 
 // Any error while rendering: what Jinja2 raises (TemplateError, TypeError,
-// UndefinedError...). Tests compare that an error happens, not its text.
+// UndefinedError...) and a limit passed (jinja_limits.h). Tests compare that
+// an error happens, not its text.
 class RenderError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Throws RenderError with the formatted message. Out of line, so that the
+// formatting buffer stays out of the frames of the recursive evaluator.
+template <class... A>
+[[noreturn, gnu::noinline, gnu::cold]] void fail(fmt::format_string<A...> f, A&&... a) {
+  throw RenderError(fmt::format(f, std::forward<A>(a)...));
+}
 
 struct Value;
 using List = std::vector<Value>;
@@ -36,6 +47,9 @@ using Function = std::function<Value(CallArgs&)>;
 
 enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Function };
 
+// Strings, lists and dicts are shared, never copied: a value is a few
+// pointers, whatever it holds. Those a render builds are charged to its
+// meter (jinja_limits.h) when made and refunded when freed.
 struct Value {
   Kind kind = Kind::Undefined;
   bool tuple = false;      // a List that Python would hold as a tuple (repr uses parentheses)
@@ -43,9 +57,10 @@ struct Value {
   bool generator = false;  // a List that Jinja2 returns as a generator (map, select...): always
                            // true, no len(), not JSON serializable, not subscriptable
   bool b = false;
+  uint16_t depth = 0;      // List, Dict, bound method: 1 + its deepest item's (at most kMaxDepth)
   int64_t i = 0;
   double f = 0;
-  std::string s;  // String; for Undefined, the missing name (for messages)
+  std::shared_ptr<const std::string> text;  // String; for Undefined, the missing name (for messages)
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;  // Dict and Namespace
   std::shared_ptr<Function> fn;
@@ -62,8 +77,13 @@ struct Value {
   static Value make_dict(Dict d);
   static Value make_namespace(Dict d);
   static Value function(Function fn);
-  static Value from_json(const nlohmann::ordered_json& j);
+  // A function that holds `owner` (a bound method): nests one deeper.
+  static Value function(Function fn, const Value& owner);
+  // Throws RenderError for JSON nested deeper than kMaxDepth.
+  static Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 
+  // String's characters (Undefined's name); "" for other kinds.
+  const std::string& s() const;
   bool is_undefined() const { return kind == Kind::Undefined; }
   bool is_none() const { return kind == Kind::None; }
   bool is_string() const { return kind == Kind::String; }
@@ -95,6 +115,8 @@ struct CallArgs {
 // Python's str() and repr() of the value (Undefined's str is "").
 std::string to_str(const Value& v);
 std::string to_repr(const Value& v);
+// str(v) appended to out (no copy of a string's characters on the way).
+void append_str(std::string& out, const Value& v);
 // Python's repr of a float (shortest round trip, "1e-05", "1.0", "inf").
 std::string float_repr(double d);
 // markupsafe's escape (& < > " ').
@@ -108,14 +130,36 @@ bool equals(const Value& a, const Value& b);
 bool less(const Value& a, const Value& b);
 // Python's `a in b`.
 bool contains(const Value& container, const Value& item);
-// What a for loop over the value visits (dict: keys; string: characters;
-// Undefined: nothing). Throws for what Python cannot iterate.
-List iterate(const Value& v);
+
+// What a for loop visits, read only: a list's own items (shared, not
+// copied), a dict's keys, a string's characters.
+class Items {
+ public:
+  explicit Items(std::shared_ptr<const List> l) : list_(std::move(l)) {}
+  List::const_iterator begin() const { return list_->begin(); }
+  List::const_iterator end() const { return list_->end(); }
+  size_t size() const { return list_->size(); }
+  bool empty() const { return list_->empty(); }
+  const Value& operator[](size_t k) const { return (*list_)[k]; }
+  const Value& front() const { return list_->front(); }
+  const Value& back() const { return list_->back(); }
+  // A copy to change (the copy's items are charged to the meter).
+  List copy() const;
+
+ private:
+  std::shared_ptr<const List> list_;
+};
+// Undefined: nothing. Throws for what Python cannot iterate.
+Items iterate(const Value& v);
 const char* kind_name(const Value& v);
 
 // UTF-8 helpers: code point counts and slices, as Python indexes str.
-std::vector<std::string> utf8_chars(std::string_view s);
+// utf8_next: the length of the character at byte i.
+size_t utf8_next(std::string_view s, size_t i);
+uint32_t utf8_decode(std::string_view s, size_t i, size_t n);
 size_t utf8_length(std::string_view s);
+// Byte offset of code point k (s.size() when k is past the end).
+size_t utf8_offset(std::string_view s, size_t k);
 bool is_py_space(uint32_t cp);
 
 }  // namespace baton::jinja

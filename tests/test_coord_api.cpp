@@ -180,6 +180,32 @@ TEST(ServeApi, ChatPromptFromTheModelsJinjaTemplate) {
                ApiError);
 }
 
+// chat_template_kwargs add variables; they cannot replace what the server
+// checked (messages, tools...) nor the template's globals: each such key is
+// a 400 naming it.
+TEST(ServeApi, ChatTemplateKwargsCannotReplaceCheckedVariables) {
+  ModelInfo m = stories_info();
+  m.chat_template = std::make_shared<const JinjaTemplate>(
+      JinjaTemplate::parse("{% for m in messages %}{{ m.content }}{% endfor %}{{ extra }}"));
+  for (const char* key : {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                          "strftime_now", "range", "namespace", "dict"}) {
+    SCOPED_TRACE(key);
+    const std::string body = std::string(R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}],)") +
+                             R"("chat_template_kwargs":{")" + key + R"(":[{"role":"user","content":"x"}]}})";
+    try {
+      parse_chat_request(body, m);
+      ADD_FAILURE() << "accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, std::string("chat_template_kwargs.") + key);
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  const ApiRequest r = parse_chat_request(
+      R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"extra":"!"}})", m);
+  EXPECT_EQ(r.gen.prompt, m.tokenizer->encode("Hi!", false, true));
+}
+
 // ignore_eos: parsed on both routes, refused when not a boolean; a chat drops
 // the family's end-of-turn tokens and strings; accept_token keeps an EOS.
 TEST(ServeApi, IgnoreEosKeepsEndOfGenerationTokens) {

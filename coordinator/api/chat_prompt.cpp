@@ -88,9 +88,9 @@ ChatPrompt encode_chat(const ChatConversation& chat, const ModelInfo& model, con
     in.bos_token = chat_bos_text(*model.tokenizer);
     in.eos_token = chat_eos_text(*model.tokenizer);
     try {
+      in.limits.deadline = budget.deadline;
+      in.limits.cancel = budget.cancel;
       prompt = render_chat(*tmpl, in);
-      if (budget.cancel && *budget.cancel) throw jinja::RenderError("cancelled");
-      if (std::chrono::steady_clock::now() > budget.deadline) throw jinja::RenderError("the template ran too long");
     } catch (const jinja::RenderError& e) {
       if (budget.cancel && *budget.cancel) {
         throw ApiError(503, "The request was cancelled while its prompt was rendered.", "server_error", "", "",

@@ -10,6 +10,7 @@
 
 #include "coordinator/api/chat_output_format.h"
 #include "coordinator/api/chat_prompt.h"
+#include "engine/chat_jinja.h"
 #include "engine/chat_template.h"
 #include "coordinator/api/tool_call_grammar.h"
 #include "engine/json_schema_grammar.h"
@@ -452,6 +453,12 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   if (r.tools.active()) chat.tools = ordered.contains("tools") ? ordered.at("tools") : ojson::array();
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
+    // The template's other variables come from what this parser checked.
+    for (const auto& [key, value] : kw->items()) {
+      if (!chat_template_variable_reserved(key)) continue;
+      throw invalid(fmt::format("'chat_template_kwargs' may not set '{}': the server sets it from the request.", key),
+                    "chat_template_kwargs." + key, "invalid_value");
+    }
     chat.kwargs = ordered.at("chat_template_kwargs");
   }
   if (const auto effort = reasoning_effort(body)) {

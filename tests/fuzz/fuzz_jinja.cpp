@@ -2,10 +2,14 @@
 // so any bytes must either load and render, or be refused with
 // jinja::TemplateError / jinja::RenderError; anything else (another
 // exception, a crash, a sanitizer report, a hang) is a bug. The seeds are the
-// published templates of shared/chat_templates (tests/fuzz/run.sh).
+// published templates of shared/chat_templates and small versions of the
+// hostile shapes of docs/RELIABILITY.md (tests/fuzz/corpus/fuzz_jinja/).
 //
 // Input: the template source, rendered for one conversation with a tool call,
-// a tool result and tools, with a small step budget.
+// a tool result and tools, under small limits (jinja_limits.h) so that no
+// input runs near libFuzzer's timeout or memory limit: what a template may
+// do within them is bounded by the same code as with the server's.
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -47,8 +51,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (...) {
     std::abort();
   }
+  jinja::RenderLimits limits;
+  limits.max_steps = 20'000;
+  limits.max_work = uint64_t(1) << 26;
+  limits.max_bytes = size_t(16) << 20;
+  limits.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   try {
-    t.render(context(), 1768473000, 20'000);
+    t.render(context(), 1768473000, limits);
   } catch (const jinja::RenderError&) {
   } catch (...) {
     std::abort();

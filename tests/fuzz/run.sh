@@ -47,8 +47,8 @@ for t in "${targets[@]}"; do
   seeds=()
   [[ -d tests/fuzz/corpus/$t ]] && seeds=("tests/fuzz/corpus/$t")
   [[ $t == fuzz_gguf ]] && seeds=("tests/fuzz/corpus/gguf")
-  # The published chat templates (fixtures, read only).
-  [[ $t == fuzz_jinja && -d ../shared/chat_templates ]] && seeds=("../shared/chat_templates")
+  # The published chat templates too (fixtures, read only).
+  [[ $t == fuzz_jinja && -d ../shared/chat_templates ]] && seeds+=("../shared/chat_templates")
   count_findings() { find "$artifacts" -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) | wc -l; }
   before=$(count_findings)
   echo "=== $t: $seconds s" >&2
