@@ -91,11 +91,15 @@ TOML
   "$baton" serve --config "$cfg" --port 0 --quiet > "$out/$name.serve.out" 2> "$out/$name.serve.err" &
   local serve=$!
   pids+=("$serve")
+  # Remote workers outlive their coordinator (they wait for it to come back):
+  # this configuration's are stopped with it.
+  local workers=()
   local i
   for ((i = 0; i < n; i++)); do
     CUDA_VISIBLE_DEVICES=$i "$baton" worker --coordinator "127.0.0.1:$port" --secret-file "$secret" \
       --model "$model" --backend cuda --name "$name-w$i" --listen 127.0.0.1:0 2> "$out/$name.w$i.err" &
     pids+=("$!")
+    workers+=("$!")
   done
   local http=""
   for ((i = 0; i < 900; i++)); do
@@ -139,8 +143,8 @@ json.dump({"text": r["choices"][0]["text"], "one_stream_tps": one, "four_seq_tps
            "completion_tokens": r["usage"]["completion_tokens"]}, open(path, "w"))
 print(f"  1 stream {one:.1f} tok/s, 4 sequences {agg:.1f} tok/s, links {links}")
 PY
-  kill "$serve" 2>/dev/null || true
-  wait "$serve" 2>/dev/null || true
+  kill "$serve" "${workers[@]}" 2>/dev/null || true
+  wait "$serve" "${workers[@]}" 2>/dev/null || true
   sleep 2
 }
 

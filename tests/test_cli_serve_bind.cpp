@@ -155,9 +155,10 @@ TEST(ServeBind, WorkerListeningOnLoopbackForARemoteCoordinatorWarns) {
   chmod(secret.c_str(), 0600);
   auto run = [&](const std::string& coordinator, const std::string& listen) {
     // Nothing listens on port 9 (discard): the worker fails to register
-    // right after the check, exit 1.
+    // right after the check, exit 1 (it would wait for the coordinator
+    // without --exit-with-coordinator).
     return test::run_command({test::baton_binary(), "worker", "--coordinator", coordinator, "--listen", listen,
-                              "--secret-file", secret, "--backend", "cpu", "--name", "w"});
+                              "--secret-file", secret, "--backend", "cpu", "--name", "w", "--exit-with-coordinator"});
   };
   const std::string warning = "a stage on another machine cannot reach this one";
   auto r = run(ip + ":9", "localhost:0");

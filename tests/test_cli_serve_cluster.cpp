@@ -495,6 +495,102 @@ struct ProxiedCluster {
   std::vector<pid_t> workers;
 };
 
+// ---- start order: a remote worker waits for its coordinator ----
+
+// `baton serve --config` of a remote cluster of one worker on a fixed
+// coordinator port, and one `baton worker` that the test starts on its own.
+struct RestartableCoordinator {
+  RestartableCoordinator() : coordinator("127.0.0.1:" + std::to_string(free_port())) {
+    const std::string key(64, 'r');
+    test::write_file(secret, std::vector<uint8_t>(key.begin(), key.end()));
+    fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
+    const std::string text = "[model]\npath = \"" + stories() + "\"\n[cluster]\nworkers = 1\nlocal = false\n" +
+                             "listen = \"" + coordinator + "\"\nsecret_file = \"" + secret + "\"\n";
+    test::write_file(cfg, std::vector<uint8_t>(text.begin(), text.end()));
+  }
+  ~RestartableCoordinator() {
+    server.reset();
+    if (worker > 0) {
+      kill(worker, SIGTERM);
+      int status = 0;
+      waitpid(worker, &status, 0);
+    }
+  }
+  void start_worker() {
+    const test::Spawned w =
+        test::spawn_piped({test::baton_binary(), "worker", "--coordinator", coordinator, "--secret-file", secret,
+                           "--model", stories(), "--name", "w-0", "--backend", "cpu"},
+                          worker_err);
+    ::close(w.stdout_fd);
+    worker = w.pid;
+  }
+  void start_server() { server = std::make_unique<ServeProcess>(std::vector<std::string>{"--config", cfg}); }
+  bool worker_running() { return worker > 0 && waitpid(worker, nullptr, WNOHANG) == 0; }
+  std::string worker_log() const {
+    const auto b = test::read_file(worker_err);
+    return std::string(b.begin(), b.end());
+  }
+  int completion() const {
+    const json req = {{"model", kModel}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
+    return post(server->port(), "/v1/completions", req).status;
+  }
+
+  test::TempDir dir;
+  const std::string secret = dir.file("secret"), cfg = dir.file("remote.toml"), worker_err = dir.file("w-0.err");
+  const std::string coordinator;
+  std::unique_ptr<ServeProcess> server;
+  pid_t worker = -1;
+};
+
+// A worker started before its coordinator does not exit ("Connection
+// refused"): it dials again with backoff, saying what it waits for, and
+// registers once the coordinator is up.
+TEST(ServeCluster, ARemoteWorkerStartedBeforeItsCoordinatorRegistersWhenItComes) {
+  RestartableCoordinator c;
+  c.start_worker();
+  std::this_thread::sleep_for(1500ms);
+  ASSERT_TRUE(c.worker_running()) << c.worker_log();
+  const std::string log = c.worker_log();
+  EXPECT_NE(log.find("w-0: waiting for the coordinator at " + c.coordinator), std::string::npos) << log;
+  // 0.2 + 0.4 + 0.8 s of backoff: at most 2 lines of waiting (one every 5 s).
+  size_t lines = 0;
+  for (size_t at = 0; (at = log.find("waiting for the coordinator", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_LE(lines, 2u) << log;
+  const auto t0 = std::chrono::steady_clock::now();
+  c.start_server();  // returns once the worker's stage is loaded ("ready")
+  std::printf("registered %.2f s after the coordinator started\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  EXPECT_EQ(c.completion(), 200) << c.server->stderr_text() << c.worker_log();
+  EXPECT_TRUE(c.worker_running());
+}
+
+// When the coordinator stops (SIGTERM: it sends SHUTDOWN) and comes back on
+// the same port, the same worker process drops its stage, registers again
+// and serves: it never exits.
+TEST(ServeCluster, ARemoteWorkerRegistersAgainAfterItsCoordinatorRestarts) {
+  RestartableCoordinator c;
+  c.start_worker();
+  c.start_server();
+  ASSERT_EQ(c.completion(), 200) << c.server->stderr_text() << c.worker_log();
+  EXPECT_EQ(c.server->stop(), 0) << c.server->stderr_text();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(500ms);
+  ASSERT_TRUE(c.worker_running()) << c.worker_log();
+  EXPECT_NE(c.worker_log().find("w-0: the coordinator at " + c.coordinator + " went away"), std::string::npos)
+      << c.worker_log();
+  c.start_server();
+  std::printf("registered again %.2f s after the coordinator stopped\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  EXPECT_EQ(c.completion(), 200) << c.server->stderr_text() << c.worker_log();
+  ASSERT_TRUE(c.worker_running()) << c.worker_log();
+  const std::string log = c.worker_log();
+  size_t registered = 0;
+  for (size_t at = 0; (at = log.find("w-0: registered with the coordinator", at)) != std::string::npos; ++at) {
+    ++registered;
+  }
+  EXPECT_EQ(registered, 2u) << log;
+}
+
 // Regression: a link between two workers that dropped while both processes
 // stayed up (a NAT or firewall reset) was never dialled again: every request
 // failed with 500 while /health said 200 ok. Now the stage that dials the

@@ -79,7 +79,10 @@ int cmd_worker(int argc, char** argv) {
       ("step-delay-ms", po::value<int>(&opt.step_delay_ms)->default_value(0),
        "sleep this long before each forward step (models a slow node; for tests)")
       ("fault", po::value<std::string>(&fault),
-       "inject a fault, for tests: nccl-init claims NCCL at registration, then fails every link setup");
+       "inject a fault, for tests: nccl-init claims NCCL at registration, then fails every link setup")
+      ("exit-with-coordinator", po::bool_switch(&opt.exit_with_coordinator),
+       "exit when the coordinator cannot be reached or its link closes (default: wait for it, dialling again "
+       "with backoff, and register again after it restarts); a local cluster's workers run with it");
   // clang-format on
   net::add_log_options(desc, log, "info");
   const auto parsed = parse_command_line(
@@ -87,7 +90,9 @@ int cmd_worker(int argc, char** argv) {
       {.options = desc,
        .help_head = "usage: baton worker --coordinator HOST:PORT --secret-file FILE [options]\n\n"
                     "Registers with the coordinator, loads the layer range it assigns and runs that\n"
-                    "pipeline stage until the coordinator shuts it down or goes away.\n\n"});
+                    "pipeline stage. A coordinator that is not up yet is waited for; when it goes\n"
+                    "away the stage is dropped and the worker registers again once it is back.\n"
+                    "A wrong secret or another protocol version ends it (exit 1).\n\n"});
   if (!parsed) return 0;
   const po::variables_map& vm = *parsed;
   net::apply_log_options(log, net::LogLevel::info);

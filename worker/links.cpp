@@ -37,13 +37,14 @@ std::shared_ptr<net::Connection> connect_blocking(boost::asio::io_context& io, c
                                      std::shared_ptr<net::Connection> c) {
                  if (ec || !c) {
                    done->set_exception(std::make_exception_ptr(
-                       std::runtime_error("cannot connect to " + what + " at " + address + ": " + reason)));
+                       DialFailed(ec ? ec : net::make_error_code(net::Errc::io_error),
+                                  "cannot connect to " + what + " at " + address + ": " + reason)));
                  } else {
                    done->set_value(std::move(c));
                  }
                });
   if (fut.wait_for(link_config().handshake_timeout + 2s) != std::future_status::ready) {
-    throw std::runtime_error("no answer from " + what + " at " + address);
+    throw DialFailed(net::make_error_code(net::Errc::handshake_timeout), "no answer from " + what + " at " + address);
   }
   return fut.get();
 }

@@ -117,7 +117,21 @@ int Worker::run() {
   fill_link_caps(hello.caps);
   if (file_) hello.model = model_identity(*file_);
   hello.listen_address = listen_address;
-  coord_ = connect_blocking(io_, opt_.coordinator, hello, secret_, "the coordinator");
+  {
+    // While it waits for the coordinator, run_worker says so at most every
+    // 5 s; the net layer's line about each failed dial would say it every
+    // few hundred milliseconds, so it is kept for debug logs only.
+    const net::LogLevel level = net::log_level();
+    const bool hush = !opt_.exit_with_coordinator && level != net::LogLevel::debug;
+    if (hush) net::set_log_level(net::LogLevel::error);
+    try {
+      coord_ = connect_blocking(io_, opt_.coordinator, hello, secret_, "the coordinator");
+    } catch (...) {
+      if (hush) net::set_log_level(level);
+      throw;
+    }
+    if (hush) net::set_log_level(level);
+  }
   coord_->start([this](net::Message&& m) { enqueue({std::move(m), nullptr, 0}); },
                 [this](std::error_code, const std::string& reason) {
                   stop(1, "the link to the coordinator closed: " + reason);
@@ -176,7 +190,10 @@ void Worker::loop() {
       send_error(net::WireError::internal, rid, e.what());
     }
   }
-  if (exit_code_ != 0) net::log(net::LogLevel::warn, opt_.name + ": stopping: " + stop_reason_);
+  // A worker that registers again says so itself (run_worker).
+  if (exit_code_ != 0 && (opt_.exit_with_coordinator || exit_code_ != 1)) {
+    net::log(net::LogLevel::warn, opt_.name + ": stopping: " + stop_reason_);
+  }
   if (next_ && tokens_sent_ > 0) {
     // What crossed the link to the next stage (bench/cluster_bench.py reads it).
     const net::LinkStats st = next_->stats();
@@ -437,8 +454,46 @@ net::Result Worker::sample(const net::SeqChunk& c, std::span<const float> logits
 }  // namespace worker_impl
 
 int run_worker(const WorkerOptions& opt) {
-  worker_impl::Worker w(opt);
-  return w.run();
+  using namespace std::chrono_literals;
+  if (opt.exit_with_coordinator) {
+    worker_impl::Worker w(opt);
+    return w.run();
+  }
+  // Each session is a fresh Worker: a stage that was loaded is freed before
+  // the next registration, and the coordinator assigns one anew. SIGTERM and
+  // SIGINT keep their default action (the process ends at once) in every
+  // state, the backoff's sleep included.
+  const std::string name = opt.name.empty() ? "worker-" + std::to_string(getpid()) : opt.name;
+  WorkerOptions o = opt;
+  o.name = name;
+  constexpr std::chrono::milliseconds kFirst = 200ms, kMax = 5s, kLogEvery = 5s;
+  std::chrono::milliseconds backoff = kFirst;
+  auto last_log = std::chrono::steady_clock::time_point{};
+  bool logged_waiting = false;
+  for (;;) {
+    try {
+      worker_impl::Worker w(o);
+      const int code = w.run();
+      if (code != 0 && code != 1) return code;  // the stage could not be loaded: a configuration error
+      net::log(net::LogLevel::warn, name + ": the coordinator at " + o.coordinator + " went away (" +
+                                        w.stop_reason() + "): the stage is dropped; registering again");
+      backoff = kFirst;
+      logged_waiting = false;
+    } catch (const worker_impl::DialFailed& e) {
+      // A wrong secret or another protocol version is a configuration
+      // mistake, not a coordinator that is not there yet.
+      if (e.ec == net::Errc::auth_failed || e.ec == net::Errc::version_mismatch) throw;
+      const auto now = std::chrono::steady_clock::now();
+      if (!logged_waiting || now - last_log >= kLogEvery) {
+        net::log(net::LogLevel::warn, name + ": waiting for the coordinator at " + o.coordinator + " (" + e.what() +
+                                          "); dialling it again, at most 5 s apart");
+        last_log = now;
+        logged_waiting = true;
+      }
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, kMax);
+  }
 }
 
 }  // namespace baton

@@ -32,10 +32,20 @@ struct WorkerOptions {
   // HELLO, then fail every NCCL link setup, so the fallback to TCP runs
   // without a GPU.
   bool fault_nccl_init = false;
+  // Exit when the coordinator cannot be reached or its link closes, instead
+  // of dialling it again (--exit-with-coordinator; a local cluster's workers,
+  // whose coordinator is their parent process).
+  bool exit_with_coordinator = false;
 };
 
-// Runs until the coordinator sends SHUTDOWN (0) or the link to it closes (1).
-// Throws std::runtime_error for setup failures (secret, model, registration).
+// With exit_with_coordinator: runs until the coordinator sends SHUTDOWN (0)
+// or the link to it closes (1). Otherwise a coordinator that is not there yet
+// is dialled again with backoff (0.2 s doubling to 5 s, forever), and when its
+// link closes (SHUTDOWN included) the stage is dropped and the worker
+// registers again; it ends only on a signal or a fatal error.
+// Returns 2 when the assigned stage cannot be loaded. Throws
+// std::runtime_error for setup failures (secret, model, listen address) and
+// for a coordinator that rejects the secret or speaks another protocol version.
 int run_worker(const WorkerOptions& opt);
 
 }  // namespace baton

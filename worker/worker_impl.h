@@ -17,6 +17,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <stdexcept>
+#include <system_error>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,8 +44,15 @@ namespace baton::worker_impl {
 // peer_timeout, which keeps "a request fails within 2 s" true.
 net::LinkConfig link_config();
 
+// A dial that did not end in an authenticated link: ec says why (net::Errc,
+// or handshake_timeout when no answer came).
+struct DialFailed : std::runtime_error {
+  DialFailed(std::error_code e, const std::string& what) : std::runtime_error(what), ec(e) {}
+  std::error_code ec;
+};
+
 // Blocks until the handshake finishes (connect() bounds it by the handshake
-// timeout); throws with the logged reason.
+// timeout); throws DialFailed with the logged reason.
 std::shared_ptr<net::Connection> connect_blocking(boost::asio::io_context& io, const std::string& address,
                                                   net::Hello hello, const net::Secret& secret,
                                                   const std::string& what);
@@ -99,6 +108,8 @@ class Worker {
   explicit Worker(WorkerOptions opt);
   ~Worker();
   int run();
+  // Why run() returned (its code's reason).
+  const std::string& stop_reason() const { return stop_reason_; }
 
  private:
   // worker.cpp: the loop and the stage.

@@ -138,7 +138,9 @@ void LocalCluster::spawn(size_t i) {
                                    opt_.backend,
                                    // the coordinator's log level (run -v, serve --log-level)
                                    "--log-level",
-                                   std::string(net::level_name(net::log_level()))};
+                                   std::string(net::level_name(net::log_level())),
+                                   // the coordinator is this process: when it is gone, so is the worker
+                                   "--exit-with-coordinator"};
   if (!opt_.gpus.empty()) {
     args.push_back("--gpu");
     args.push_back(std::to_string(opt_.gpus[i % opt_.gpus.size()]));
