@@ -74,7 +74,7 @@ std::string remote_commands(const std::vector<const StagePlacement*>& stages, co
                             const std::vector<std::string>& files) {
   const std::string coord = nodes[stages.front()->node].name;
   std::string out = "# Workers on the machines named (each resolving to its cluster address on every node).\n"
-                    "# Start the coordinator, then a worker on each node with its part copied there:\n";
+                    "# Start the coordinator and a worker on each node with its part copied there (any order):\n";
   out += fmt::format("#   {}$ baton serve --config THIS_FILE --host 0.0.0.0 --port 8080\n", coord);
   for (size_t i = 0; i < stages.size(); ++i) {
     const NodeSpec& n = nodes[stages[i]->node];
