@@ -3,12 +3,14 @@
 // its peak resident memory and CPU time are its own (wait4's rusage; CPU
 // time is the steadier figure on a shared machine):
 //
-//   cmake --build BUILD --target jinja_hostile_bench && BUILD/jinja_hostile_bench [--deadline-ms N] [--repeat N]
+//   cmake --build BUILD --target jinja_hostile_bench
+//   BUILD/jinja_hostile_bench [--deadline-ms N] [--repeat N] [--only TEXT]
 //   BUILD/jinja_hostile_bench --stack
 //
 // Without --deadline-ms the engine's default limits apply (no deadline); the
 // server passes one. --repeat renders each template N times in its child
-// (a leak shows as memory growing with N). --stack finds, for templates
+// (a leak shows as memory growing with N); --only keeps the templates whose
+// name contains TEXT. --stack finds, for templates
 // that nest right up to kMaxDepth, the smallest thread stack each parses
 // and renders on (bisecting, one child per try): build it in a sanitizer
 // build to see the figure under ASan.
@@ -205,13 +207,16 @@ void run(const Shape& s, int deadline_ms, int repeat_count) {
 int main(int argc, char** argv) {
   if (argc == 2 && !std::strcmp(argv[1], "--stack")) return stack_table();
   int deadline_ms = 0, repeat_count = 1;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--deadline-ms")) deadline_ms = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--repeat")) repeat_count = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
   }
   std::printf("| template | seconds | CPU seconds | peak RSS (MiB) | outcome |\n|---|---|---|---|---|\n");
   std::fflush(stdout);
   for (const Shape& s : shapes()) {
+    if (std::string(s.name).find(only) == std::string::npos) continue;
     int fds[2];
     if (pipe(fds) != 0) return 1;
     const pid_t pid = fork();
