@@ -3,11 +3,18 @@
 // its peak resident memory and CPU time are its own (wait4's rusage; CPU
 // time is the steadier figure on a shared machine):
 //
-//   cmake --build BUILD --target jinja_hostile_bench && BUILD/jinja_hostile_bench [--deadline-ms N] [--repeat N]
+//   cmake --build BUILD --target jinja_hostile_bench
+//   BUILD/jinja_hostile_bench [--deadline-ms N] [--repeat N] [--only TEXT]
+//   BUILD/jinja_hostile_bench --stack
 //
 // Without --deadline-ms the engine's default limits apply (no deadline); the
 // server passes one. --repeat renders each template N times in its child
-// (a leak shows as memory growing with N).
+// (a leak shows as memory growing with N); --only keeps the templates whose
+// name contains TEXT. --stack finds, for templates
+// that nest right up to kMaxDepth, the smallest thread stack each parses
+// and renders on (bisecting, one child per try): build it in a sanitizer
+// build to see the figure under ASan.
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -96,6 +103,81 @@ std::vector<Shape> shapes() {
   };
 }
 
+// Templates that nest right up to the depth limit, at load or while rendering.
+std::vector<Shape> deep_shapes() {
+  const size_t d = baton::jinja::kMaxDepth, n = d - 5;
+  const std::string wrap = "{% set ns = namespace(x=[], y=[]) %}{% for i in range(" + std::to_string(d - 1) +
+                           ") %}{% set ns.x = [ns.x] %}{% set ns.y = [ns.y] %}{% endfor %}";
+  return {
+      {"f(f(f(...))) at load", "{{ " + repeat("f(", d) + repeat(")", d) + " }}"},
+      {"((((...)))) at load", "{{ " + repeat("(", d) + "1" + repeat(")", d) + " }}"},
+      {"nested if at load", repeat("{% if true %}", d + 10)},
+      {"1+1+... rendered", "{{ 1" + repeat("+1", n - 1) + " }}"},
+      {"a if b else ... rendered", "{{ " + repeat("1 if false else ", n) + "2 }}"},
+      {"x.a.a... rendered", "{{ x" + repeat(".a", n) + " }}"},
+      {"nested if rendered", repeat("{% if true %}", n - 5) + "in" + repeat("{% endif %}", n - 5)},
+      {"nested for rendered", repeat("{% for i in [1] %}", n - 5) + "in" + repeat("{% endfor %}", n - 5)},
+      {"macro recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"},
+      {"macro recursion through blocks",
+       "{% macro f(n) %}{% for i in [1] %}{% if true %}{% set x %}{{ ((f(n + 1) ~ 'x') | upper) + 'y' }}{% endset %}"
+       "{% endif %}{% endfor %}{% endmacro %}{{ f(0) }}"},
+      {"call block recursion", "{% macro f(n) %}{% call f(n) %}{{ caller() }}{% endcall %}{% endmacro %}{{ f(0) }}"},
+      {"list nested to the limit, printed", wrap + "{{ ns.x }}"},
+      {"list nested to the limit, tojson", wrap + "{{ ns.x | tojson }}"},
+      {"list nested to the limit, ==", wrap + "{{ ns.x == ns.y }}"},
+  };
+}
+
+const std::string* g_source = nullptr;
+
+void* parse_and_render(void*) {
+  try {
+    JinjaTemplate::parse(*g_source).render(nlohmann::ordered_json{{"x", {{"a", "b"}}}}, 0);
+  } catch (const std::exception&) {
+  }
+  return nullptr;
+}
+
+// Whether the source parses and renders on a thread with `bytes` of stack
+// (in a child: an overflow kills only the child).
+bool fits(const std::string& source, size_t bytes) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    g_source = &source;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, bytes);
+    pthread_t thread;
+    if (pthread_create(&thread, &attr, parse_and_render, nullptr) != 0) _exit(2);
+    pthread_join(thread, nullptr);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int stack_table() {
+  std::printf("| template (depth limit %d) | smallest stack (KiB) |\n|---|---|\n", baton::jinja::kMaxDepth);
+  std::fflush(stdout);
+  // The children's overflow reports would drown the table.
+  if (!std::freopen("/dev/null", "w", stderr)) return 1;
+  for (const Shape& s : deep_shapes()) {
+    size_t lo = 16 << 10, hi = 64 << 20;
+    if (!fits(s.source, hi)) {
+      std::printf("| %s | more than %zu |\n", s.name, hi >> 10);
+      continue;
+    }
+    while (hi - lo > (8 << 10)) {
+      const size_t mid = (lo + hi) / 2;
+      (fits(s.source, mid) ? hi : lo) = mid;
+    }
+    std::printf("| %s | %zu |\n", s.name, hi >> 10);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 // In the child: renders `repeat` times, prints the outcome on one line.
 void run(const Shape& s, int deadline_ms, int repeat_count) {
   baton::jinja::RenderLimits limits;
@@ -123,14 +205,18 @@ void run(const Shape& s, int deadline_ms, int repeat_count) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && !std::strcmp(argv[1], "--stack")) return stack_table();
   int deadline_ms = 0, repeat_count = 1;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--deadline-ms")) deadline_ms = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--repeat")) repeat_count = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
   }
   std::printf("| template | seconds | CPU seconds | peak RSS (MiB) | outcome |\n|---|---|---|---|---|\n");
   std::fflush(stdout);
   for (const Shape& s : shapes()) {
+    if (std::string(s.name).find(only) == std::string::npos) continue;
     int fds[2];
     if (pipe(fds) != 0) return 1;
     const pid_t pid = fork();
