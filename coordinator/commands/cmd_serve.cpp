@@ -360,10 +360,6 @@ int serve(const ServeOptions& given) {
     opt.model = synthetic.emplace().path();
     std::fprintf(stderr, "baton serve: no model given ($BATON_MODEL, -m): serving the built-in synthetic model\n");
   }
-  if (opt.parts.empty() && !opt.remote) {
-    const GgufFile f = about_file(opt.model, [&] { return GgufFile::open(opt.model); });
-    refuse_split_part(f, opt.model);
-  }
   std::string api_key = opt.api_key;
   if (!opt.api_key_file.empty()) api_key = read_api_key(opt.api_key_file);
   std::shared_ptr<const JinjaTemplate> chat_template;
@@ -420,6 +416,11 @@ int serve(const ServeOptions& given) {
   HttpHandler handler = [&api](std::shared_ptr<HttpExchange> ex) { api->handle(ex); };
   if (opt.cors.enabled()) handler = with_cors(opt.cors, std::move(handler));
   HttpServer server(opt.http, std::move(handler), hooks);
+  // After the port is bound (a busy port is the first error), before the load.
+  if (opt.parts.empty() && !opt.remote) {
+    const GgufFile f = about_file(opt.model, [&] { return GgufFile::open(opt.model); });
+    refuse_split_part(f, opt.model);
+  }
   LocalEngineConfig engine_config = opt.engine;
   engine_config.backend = backend;
   // One progress line a second while loading, and one at the end.
