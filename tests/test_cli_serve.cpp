@@ -449,14 +449,14 @@ TEST(Serve, CommandLineRefusals) {
   EXPECT_EQ(config.exit_code, 1);
   EXPECT_NE(config.err.find("cannot read the config file /nonexistent/cluster.toml"), std::string::npos) << config.err;
   // Without a model serve takes run's default (test_cli_serve_flags); a
-  // remote config still needs one.
+  // remote config still names one.
   test::TempDir dir;
   const std::string remote = "[cluster]\nworkers = 1\nlocal = false\nlisten = \"127.0.0.1:0\"\nsecret_file = \"" +
                              dir.file("s") + "\"\n";
   test::write_file(dir.file("remote.toml"), std::vector<uint8_t>(remote.begin(), remote.end()));
   auto none = serve({"--config", dir.file("remote.toml"), "--port", "0"});
   EXPECT_EQ(none.exit_code, 1);
-  EXPECT_NE(none.err.find("-m MODEL"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("[model] needs path"), std::string::npos) << none.err;
   auto missing = serve({"-m", "/nonexistent/model.gguf", "--port", "0"});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find("model.gguf"), std::string::npos) << missing.err;
