@@ -332,6 +332,17 @@ TEST(PromptPool, StopCancelsRunningJobsAndRunsQueuedOnesCancelled) {
   EXPECT_FALSE(pool.submit([](const std::atomic<bool>&) {}, flag()));
 }
 
+TEST(PromptPool, WithoutThreadsAJobRunsOnTheCallersThread) {
+  PromptPool pool(0, 0);
+  const auto caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  ASSERT_TRUE(pool.submit([&](const std::atomic<bool>&) { ran_on = std::this_thread::get_id(); },
+                          std::make_shared<std::atomic<bool>>(false)));
+  EXPECT_EQ(ran_on, caller);
+  pool.stop();
+  EXPECT_FALSE(pool.submit([](const std::atomic<bool>&) {}, std::make_shared<std::atomic<bool>>(false)));
+}
+
 TEST(PromptPool, ACancelFlagSetByTheCallerStopsItsJobAlone) {
   using namespace std::chrono_literals;
   PromptPool pool(2, 8);

@@ -84,7 +84,8 @@ struct ApiOptions {
   // How long one chat template render may take (serve --template-timeout).
   std::chrono::milliseconds template_timeout{2000};
   // Threads that parse, render and tokenize request bodies (prompt_pool.h),
-  // and how many requests may wait for one (503 beyond).
+  // and how many requests may wait for one (503 beyond); 0 threads: on the
+  // calling thread (the HTTP fuzz target's synchronous harness).
   int prompt_threads = 2;
   size_t prompt_queue = 256;
 };

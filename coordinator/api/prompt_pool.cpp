@@ -5,12 +5,18 @@
 namespace baton {
 
 PromptPool::PromptPool(int threads, size_t max_queued) : max_queued_(max_queued) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { work(); });
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  inline_ = threads <= 0;
 }
 
 PromptPool::~PromptPool() { stop(); }
 
 bool PromptPool::submit(Job job, Cancel cancel) {
+  if (inline_) {
+    if (stopping()) return false;
+    job(*cancel);
+    return true;
+  }
   {
     std::lock_guard lock(mu_);
     if (stopping_ || queue_.size() >= max_queued_) return false;

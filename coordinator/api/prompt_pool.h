@@ -28,6 +28,8 @@ class PromptPool {
   using Job = std::function<void(const std::atomic<bool>& cancel)>;
 
   // `threads` workers; at most `max_queued` jobs wait beyond those running.
+  // With 0 threads, submit() runs each job at once on the caller's thread
+  // (a harness that needs the answer before handle() returns).
   PromptPool(int threads, size_t max_queued);
   ~PromptPool();  // stop()
 
@@ -49,6 +51,7 @@ class PromptPool {
   void work();
 
   const size_t max_queued_;
+  bool inline_ = false;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> queue_;

@@ -194,7 +194,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Metrics metrics;
   FakeService svc(g_model);
   svc.refuse = (cfg >> 5) & 1;
-  OpenAiApi api(svc, metrics, ApiOptions{(cfg & 4) ? "sk-fuzz" : ""});
+  ApiOptions options{(cfg & 4) ? "sk-fuzz" : ""};
+  options.prompt_threads = 0;  // answered before handle() returns, as the checks below expect
+  OpenAiApi api(svc, metrics, options);
 
   // Several requests may share one connection (keep-alive, pipelining).
   const uint8_t* p = data + 1;
