@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "coordinator/api/generation.h"
@@ -398,6 +399,31 @@ TEST(TokenizeApi, LlamaServerAndVllmShapes) {
     ADD_FAILURE() << "another model's id was accepted";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 404);
+  }
+}
+
+// Sampling fields the sampler does not implement are refused by name unless
+// neutral (they were accepted and ignored).
+TEST(ServeApi, UnimplementedSamplingFieldsAreRefusedUnlessNeutral) {
+  const ModelInfo m = test::stories_model_info(512);
+  const std::string head = R"({"model":"stories260K","prompt":"Once",)";
+  for (const auto& [key, neutral, other] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"repetition_penalty", "1", "1.1"},
+                                                                      {"repeat_penalty", "1.0", "1.3"},
+                                                                      {"min_tokens", "0", "5"},
+                                                                      {"mirostat", "0", "2"},
+                                                                      {"presence_penalty", "0", "0.5"},
+                                                                      {"continue_final_message", "false", "true"}}) {
+    SCOPED_TRACE(key);
+    EXPECT_NO_THROW(parse_completion_request(head + "\"" + key + "\":" + neutral + "}", m));
+    try {
+      parse_completion_request(head + "\"" + key + "\":" + other + "}", m);
+      ADD_FAILURE() << "accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, key);
+      EXPECT_EQ(e.code, "unsupported_parameter");
+    }
   }
 }
 

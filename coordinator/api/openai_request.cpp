@@ -27,12 +27,28 @@ constexpr int kMaxCompletionLogprobs = 5;  // the legacy completions API's limit
 constexpr size_t kMaxTools = 128;          // OpenAI's limit
 
 void refuse_unsupported(const json& body) {
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    const json* v = field(body, key);
+  // Sampling fields of OpenAI, llama-server and vLLM that the sampler does
+  // not implement: their neutral value is taken, any other refused by name
+  // (once repetition_penalty, min_tokens and mirostat were accepted and
+  // ignored).
+  struct Neutral {
+    const char* key;
+    double value;
+  };
+  for (const Neutral n : {Neutral{"presence_penalty", 0}, Neutral{"frequency_penalty", 0},
+                          Neutral{"repetition_penalty", 1}, Neutral{"repeat_penalty", 1}, Neutral{"min_tokens", 0},
+                          Neutral{"mirostat", 0}}) {
+    const json* v = field(body, n.key);
     if (!v) continue;
-    if (!v->is_number()) throw wrong_type(key, "a number", *v);
-    if (v->get<double>() != 0) {
-      throw invalid(fmt::format("'{}' is not supported by this server (only 0).", key), key, "unsupported_parameter");
+    if (!v->is_number()) throw wrong_type(n.key, "a number", *v);
+    if (v->get<double>() != n.value) {
+      throw invalid(fmt::format("'{}' is not supported by this server (only {}).", n.key, n.value), n.key,
+                    "unsupported_parameter");
+    }
+  }
+  for (const char* key : {"continue_final_message", "echo"}) {
+    if (bool_param(body, key, false)) {
+      throw invalid(fmt::format("'{}' is not supported by this server.", key), key, "unsupported_parameter");
     }
   }
   for (const char* key : {"functions", "function_call"}) {
@@ -46,9 +62,6 @@ void refuse_unsupported(const json& body) {
   }
   if (int_param(body, "best_of", 1, 1, 128) != 1) {
     throw invalid("Only best_of = 1 is supported.", "best_of", "unsupported_parameter");
-  }
-  if (bool_param(body, "echo", false)) {
-    throw invalid("'echo' is not supported by this server.", "echo", "unsupported_parameter");
   }
   if (const json* v = field(body, "user"); v && !v->is_string()) throw wrong_type("user", "a string", *v);
 }
