@@ -1,8 +1,8 @@
 #include "engine/part_info.h"
 
-#include <regex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace baton {
 
@@ -18,11 +18,29 @@ std::string split_part_file_name(const std::string& stem, int index, int count, 
          std::to_string(range.first) + "-" + std::to_string(range.last) + ".gguf";
 }
 
+namespace {
+
+// Reads `word` then one or more digits at `at`; false when they are not there.
+bool take(std::string_view s, size_t& at, std::string_view word) {
+  if (s.substr(at, word.size()) != word) return false;
+  at += word.size();
+  const size_t digits = at;
+  while (at < s.size() && s[at] >= '0' && s[at] <= '9') ++at;
+  return at > digits;
+}
+
+}  // namespace
+
 std::string split_source_stem(const std::string& stem) {
-  static const std::regex kSuffix("-part[0-9]+-of-[0-9]+-layers-[0-9]+-[0-9]+$");
-  std::smatch m;
-  if (!std::regex_search(stem, m, kSuffix) || m.position(0) == 0) return stem;
-  return stem.substr(0, size_t(m.position(0)));
+  // "-partK-of-N-layers-A-B" at the end, after at least one character.
+  for (size_t at = stem.rfind("-part"); at != std::string::npos && at > 0; at = stem.rfind("-part", at - 1)) {
+    size_t i = at;
+    if (take(stem, i, "-part") && take(stem, i, "-of-") && take(stem, i, "-layers-") && take(stem, i, "-") &&
+        i == stem.size()) {
+      return stem.substr(0, at);
+    }
+  }
+  return stem;
 }
 
 std::optional<PartInfo> read_part_info(const GgufFile& f) {
