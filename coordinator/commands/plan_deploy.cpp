@@ -90,52 +90,24 @@ std::string remote_commands(const std::vector<const StagePlacement*>& stages, co
 
 }  // namespace
 
-std::string config_stanza(const std::string& model, const Placement& p, const std::vector<NodeSpec>& nodes,
-                          const PlacementRequest& req, const std::string& out_dir) {
-  const auto stages = used_stages(p);
-  // Nodes given by name are machines of their own: a remote cluster.
-  const bool remote = std::all_of(stages.begin(), stages.end(), [&](const StagePlacement* s) { return nodes[s->node].named; });
-  if (remote) {
-    std::vector<std::string> files;
-    const std::string stem = std::filesystem::path(model).stem().string();
-    for (size_t i = 0; i < stages.size(); ++i) {
-      files.push_back(stages.size() < 2 ? std::filesystem::absolute(model).string()
-                                        : std::filesystem::absolute(std::filesystem::path(out_dir) /
-                                                                    split_part_file_name(stem, int(i), int(stages.size()),
-                                                                                         stages[i]->layers))
-                                              .string());
-    }
-    std::string out = remote_commands(stages, nodes, files);
-    out += "[model]\n# The coordinator reads the metadata and the tokenizer only: any part.\npath = " +
-           toml_string(files.front()) + "\n";
-    out += fmt::format("\n[cluster]\nworkers = {}\nlocal = false\nlisten = \"0.0.0.0:{}\"\nsecret_file = {}\n",
-                       stages.size(), kRemoteCoordinatorPort, toml_string(kRemoteSecretFile));
-    out += fmt::format("\n[serving]\nctx = {}\nparallel = {}\n", req.n_ctx, req.n_seq);
-    for (const StagePlacement* s : stages) {
-      const NodeSpec& n = nodes[s->node];
-      out += fmt::format("\n[[node]]\nname = {}\nbackend = \"{}\"\nmemory = \"{}\"\n", toml_string(n.name),
-                         backend_name(n.backend), exact_size(n.memory_bytes));
-      if (n.unified) out += "unified = true\n";
-    }
-    return out;
+namespace {
+
+// The files split_command writes, in stage order (under out_dir as given).
+std::vector<std::string> part_paths(const std::string& model, const std::vector<const StagePlacement*>& stages,
+                                    const std::string& out_dir) {
+  const std::string stem = std::filesystem::path(model).stem().string();
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const std::string file = split_part_file_name(stem, int(i), int(stages.size()), stages[i]->layers);
+    paths.push_back((std::filesystem::path(out_dir) / file).string());
   }
-  // A config's relative paths are read from its own folder: the one model
-  // is named absolutely, the parts relative to a config saved beside them.
-  std::string out = "# " + std::string(stages.size() < 2 ? "One local worker" : "Local workers, one per part") +
-                    " (nodes given by name print a config of workers on those machines).\n[model]\n";
-  if (stages.size() < 2) {
-    out += "path = " + toml_string(std::filesystem::absolute(model).string()) + "\n";
-  } else {
-    const std::string stem = std::filesystem::path(model).stem().string();
-    out += "parts = [";
-    for (size_t i = 0; i < stages.size(); ++i) {
-      const std::string file = split_part_file_name(stem, int(i), int(stages.size()), stages[i]->layers);
-      out += (i ? ", " : "") + toml_string((std::filesystem::path(out_dir) / file).string());
-    }
-    out += "]\n";
-  }
-  out += fmt::format("\n[cluster]\nworkers = {}\n\n[serving]\nctx = {}\nparallel = {}\n", stages.size(), req.n_ctx,
-                     req.n_seq);
+  return paths;
+}
+
+// [serving] and one [[node]] per used stage.
+std::string serving_and_nodes(const std::vector<const StagePlacement*>& stages, const std::vector<NodeSpec>& nodes,
+                              const PlacementRequest& req) {
+  std::string out = fmt::format("\n[serving]\nctx = {}\nparallel = {}\n", req.n_ctx, req.n_seq);
   for (const StagePlacement* s : stages) {
     const NodeSpec& n = nodes[s->node];
     out += fmt::format("\n[[node]]\nname = {}\nbackend = \"{}\"\nmemory = \"{}\"\n", toml_string(n.name),
@@ -143,6 +115,41 @@ std::string config_stanza(const std::string& model, const Placement& p, const st
     if (n.unified) out += "unified = true\n";
   }
   return out;
+}
+
+}  // namespace
+
+std::string config_stanza(const std::string& model, const Placement& p, const std::vector<NodeSpec>& nodes,
+                          const PlacementRequest& req, const std::string& out_dir) {
+  const auto stages = used_stages(p);
+  const std::vector<std::string> parts = stages.size() < 2 ? std::vector<std::string>{} : part_paths(model, stages, out_dir);
+  // Nodes given by name are machines of their own: a remote cluster.
+  const bool remote = std::all_of(stages.begin(), stages.end(), [&](const StagePlacement* s) { return nodes[s->node].named; });
+  if (remote) {
+    // Each machine opens its file by an absolute path.
+    std::vector<std::string> files;
+    if (parts.empty()) files.push_back(std::filesystem::absolute(model).string());
+    for (const std::string& part : parts) files.push_back(std::filesystem::absolute(part).string());
+    std::string out = remote_commands(stages, nodes, files);
+    out += "[model]\n# The coordinator reads the metadata and the tokenizer only: any part.\npath = " +
+           toml_string(files.front()) + "\n";
+    out += fmt::format("\n[cluster]\nworkers = {}\nlocal = false\nlisten = \"0.0.0.0:{}\"\nsecret_file = {}\n",
+                       stages.size(), kRemoteCoordinatorPort, toml_string(kRemoteSecretFile));
+    return out + serving_and_nodes(stages, nodes, req);
+  }
+  // A config's relative paths are read from its own folder: the one model
+  // is named absolutely, the parts relative to a config saved beside them.
+  std::string out = "# " + std::string(stages.size() < 2 ? "One local worker" : "Local workers, one per part") +
+                    " (nodes given by name print a config of workers on those machines).\n[model]\n";
+  if (parts.empty()) {
+    out += "path = " + toml_string(std::filesystem::absolute(model).string()) + "\n";
+  } else {
+    out += "parts = [";
+    for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + toml_string(parts[i]);
+    out += "]\n";
+  }
+  out += fmt::format("\n[cluster]\nworkers = {}\n", stages.size());
+  return out + serving_and_nodes(stages, nodes, req);
 }
 
 }  // namespace baton
