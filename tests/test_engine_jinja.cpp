@@ -16,6 +16,7 @@
 #include "engine/jinja_ast.h"
 #include "engine/jinja_template.h"
 #include "engine/tokenizer.h"
+#include "tests/jinja_test_util.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -121,14 +122,7 @@ TEST(Jinja, SnippetsMatchJinja2) {
   }
 }
 
-std::string load_error(const std::string& source) {
-  try {
-    JinjaTemplate::parse(source);
-  } catch (const jinja::TemplateError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string load_error(const std::string& source) { return test::template_load_error(source); }
 
 TEST(Jinja, RefusesWhatItCannotRunAtLoadNamingTheConstruct) {
   EXPECT_EQ(load_error("a\n{{ x | xyz }}"), "chat template: unsupported filter 'xyz' at line 2");

@@ -19,6 +19,7 @@
 #include "engine/jinja_ast.h"
 #include "engine/jinja_limits.h"
 #include "engine/jinja_template.h"
+#include "tests/jinja_test_util.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -34,14 +35,7 @@ std::string repeat(std::string_view s, size_t n) {
   return out;
 }
 
-std::string load_error(const std::string& source) {
-  try {
-    JinjaTemplate::parse(source);
-  } catch (const jinja::TemplateError& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string load_error(const std::string& source) { return test::template_load_error(source); }
 
 // The RenderError's text ("" when it renders).
 std::string render_error(const std::string& source, const jinja::RenderLimits& limits = {},
