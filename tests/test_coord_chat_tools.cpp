@@ -413,6 +413,15 @@ TEST(ChatTools, TextPartsReachTheTemplateAsAString) {
                                                                                 {{"type", "image_url"},
                                                                                  {"image_url", {{"url", "x"}}}}})}}})}}),
                  "messages.[0].content.[1].type", "unsupported_parameter");
+  // The family format, without a template, joins them the same way.
+  const ModelInfo plain = stories_info();
+  auto family = [&](const json& content) {
+    return parse_chat_request(chat_body({{"messages", json::array({{{"role", "user"}, {"content", content}}})}}).dump(),
+                              plain)
+        .gen.prompt;
+  };
+  EXPECT_EQ(family(json::array({{{"type", "text"}, {"text", "Hi"}}, {{"type", "text"}, {"text", "there"}}})),
+            family("Hi\nthere"));
 }
 
 // ---- response shapes, from fixture outputs fed as generation events ----

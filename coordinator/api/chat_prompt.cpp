@@ -22,21 +22,7 @@ std::string message_content(const ojson& msg, size_t index) {
   const std::string param = fmt::format("messages.[{}].content", index);
   auto it = msg.find("content");
   if (it == msg.end() || it->is_null()) return "";
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_array()) {
-    // Content parts: only text parts can be rendered.
-    std::string text;
-    for (const ojson& part : *it) {
-      if (!part.is_object() || part.value("type", ojson()) != "text" || !part.contains("text") ||
-          !part["text"].is_string()) {
-        throw invalid("Only text content parts ({\"type\": \"text\", \"text\": ...}) are supported.", param,
-                      "unsupported_parameter");
-      }
-      if (&part != &it->front()) text += "\n";  // as the template path and the Anthropic route join them
-      text += part["text"].get<std::string>();
-    }
-    return text;
-  }
+  if (it->is_string()) return it->get<std::string>();  // text parts were joined by the request parser
   throw wrong_type(param, "a string or an array of content parts", *it);
 }
 

@@ -336,12 +336,39 @@ ChatTools parse_tools(const json& body, const ojson& ordered) {
   return t;
 }
 
+// Text parts of a message's content become one string, "\n" between them
+// (as the Anthropic route joins text blocks), for both renderers: most
+// templates add content to strings, those that take parts take a string
+// too, and the family formats know strings only. Other parts are refused.
+void join_text_parts(ojson& m, const std::string& p) {
+  const auto c = m.find("content");
+  if (c == m.end() || !c->is_array()) return;
+  std::string text;
+  for (size_t k = 0; k < c->size(); ++k) {
+    const ojson& part = (*c)[k];
+    const std::string pp = fmt::format("{}.content.[{}]", p, k);
+    if (!part.is_object()) throw wrong_type(pp, "an object", json::parse(part.dump()));
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) throw missing(pp + ".type");
+    if (*type != "text") {
+      throw invalid(fmt::format("Content parts of type '{}' are not supported: this server takes text only.",
+                                sanitize_utf8(type->get<std::string>().substr(0, 40))),
+                    pp + ".type", "unsupported_parameter");
+    }
+    auto t = part.find("text");
+    if (t == part.end() || !t->is_string()) throw missing(pp + ".text");
+    if (k) text += "\n";
+    text += t->get<std::string>();
+  }
+  *c = std::move(text);
+}
+
 // The messages as the template gets them: as sent, except that tool-call
 // arguments given as JSON text (OpenAI's shape) become objects, the shape
 // templates are written for (Llama's and Qwen 2.5's apply tojson to them;
 // DeepSeek's iterate over their items), and the null content of an assistant
-// message with tool calls becomes "" (Qwen 3's template searches it).
-// Checks the tool-call fields.
+// message with tool calls becomes "" (Qwen 3's template searches it), and
+// text parts are joined (join_text_parts). Checks the tool-call fields.
 ojson template_messages(const ojson& messages) {
   ojson out = messages;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -350,29 +377,7 @@ ojson template_messages(const ojson& messages) {
     if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null() && !id->is_string()) {
       throw wrong_type(p + ".tool_call_id", "a string", json::parse(id->dump()));
     }
-    // Text parts become one string, "\n" between them (as the Anthropic
-    // route joins text blocks): most templates add content to strings, and
-    // those that take parts take a string too. Other parts are refused.
-    if (auto c = m.find("content"); c != m.end() && c->is_array()) {
-      std::string text;
-      for (size_t k = 0; k < c->size(); ++k) {
-        const ojson& part = (*c)[k];
-        const std::string pp = fmt::format("{}.content.[{}]", p, k);
-        if (!part.is_object()) throw wrong_type(pp, "an object", json::parse(part.dump()));
-        auto type = part.find("type");
-        if (type == part.end() || !type->is_string()) throw missing(pp + ".type");
-        if (*type != "text") {
-          throw invalid(fmt::format("Content parts of type '{}' are not supported: this server takes text only.",
-                                    sanitize_utf8(type->get<std::string>().substr(0, 40))),
-                        pp + ".type", "unsupported_parameter");
-        }
-        auto t = part.find("text");
-        if (t == part.end() || !t->is_string()) throw missing(pp + ".text");
-        if (k) text += "\n";
-        text += t->get<std::string>();
-      }
-      *c = std::move(text);
-    }
+    join_text_parts(m, p);
     if (auto calls = m.find("tool_calls"); calls == m.end() || calls->is_null()) continue;
     // Adding "content" inserts into the ordered object, which moves its
     // elements: look "tool_calls" up again only after that.
@@ -462,7 +467,12 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   // extra variables. A reasoning_effort turns thinking on ("none": off)
   // unless the kwargs decide.
   ChatConversation chat;
-  chat.messages = tmpl ? template_messages(ordered.at("messages")) : ordered.at("messages");
+  if (tmpl) {
+    chat.messages = template_messages(ordered.at("messages"));
+  } else {
+    chat.messages = ordered.at("messages");
+    for (size_t i = 0; i < chat.messages.size(); ++i) join_text_parts(chat.messages[i], fmt::format("messages.[{}]", i));
+  }
   if (r.tools.active()) chat.tools = ordered.contains("tools") ? ordered.at("tools") : ojson::array();
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kw);
