@@ -6,23 +6,26 @@ namespace baton {
 
 PromptPool::PromptPool(int threads, size_t max_queued) : max_queued_(max_queued) {
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
-  inline_ = threads <= 0;
 }
 
 PromptPool::~PromptPool() { stop(); }
 
 bool PromptPool::submit(Job job, Cancel cancel) {
-  if (inline_) {
-    if (stopping()) return false;
-    job(*cancel);
-    return true;
-  }
+  bool run_here = false;
   {
     std::lock_guard lock(mu_);
-    if (stopping_ || queue_.size() >= max_queued_) return false;
-    queue_.push_back({std::move(job), std::move(cancel)});
+    if (stopping_) return false;
+    run_here = threads_.empty();
+    if (!run_here) {
+      if (queue_.size() >= max_queued_) return false;
+      queue_.push_back({std::move(job), std::move(cancel)});
+    }
   }
-  cv_.notify_one();
+  if (run_here) {
+    job(*cancel);  // a pool without threads: on the caller's
+  } else {
+    cv_.notify_one();
+  }
   return true;
 }
 

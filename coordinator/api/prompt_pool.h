@@ -51,7 +51,6 @@ class PromptPool {
   void work();
 
   const size_t max_queued_;
-  bool inline_ = false;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> queue_;
