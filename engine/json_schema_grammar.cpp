@@ -237,8 +237,8 @@ Grammar::RuleId JsonSchemaCompiler::ref(const std::string& target, const std::st
 
 Grammar::RuleId JsonSchemaCompiler::value(const json& s, const std::string& at) {
   // Schemas inside schemas and $ref hops each go one level deeper; the bound
-  // keeps the compiler's stack the same whatever the input (a chain of 5,000
-  // $refs once overflowed it).
+  // keeps the compiler's stack the same whatever the input (a $ref chain
+  // fits in a request's size limit thousands deep).
   if (depth_ >= kMaxSchemaDepth) {
     refuse(fmt::format("the schema nests deeper than {} levels (schemas inside schemas and '$ref' hops)",
                        kMaxSchemaDepth),

@@ -28,9 +28,8 @@ constexpr size_t kMaxTools = 128;          // OpenAI's limit
 
 void refuse_unsupported(const json& body) {
   // Sampling fields of OpenAI, llama-server and vLLM that the sampler does
-  // not implement: their neutral value is taken, any other refused by name
-  // (once repetition_penalty, min_tokens and mirostat were accepted and
-  // ignored).
+  // not implement: their neutral value is taken, any other refused by name,
+  // so that a client learns the field would have no effect.
   struct Neutral {
     const char* key;
     double value;
