@@ -338,7 +338,7 @@ void bench_matmul(cudaStream_t s) {
   }
   // Crossover of a batch's projections: the matvecs read the weights once
   // per 8 tokens, the matmul once (plus its F16 tile); the batched decode
-  // (engine/cuda/cuda_stage_forward.cpp) picks by these figures.
+  // (engine/cuda/stages/llama_forward.cpp) picks by these figures.
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {28672, 4096}, {4096, 14336}}) {
     std::printf("\nmatvec vs integer-dot matvec vs small_matmul vs matmul, Q4_K %lldx%lld (us per call)\n"
                 "%5s %10s %10s %12s %10s\n",

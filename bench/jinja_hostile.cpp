@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/jinja_ast.h"
-#include "engine/jinja_template.h"
+#include "chat/jinja/ast.h"
+#include "chat/jinja/template.h"
 
 namespace {
 

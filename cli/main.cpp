@@ -10,8 +10,8 @@
 #include <string>
 
 #include "coordinator/commands/commands.h"
-#include "engine/command_error.h"
-#include "engine/progress_line.h"
+#include "engine/base/command_error.h"
+#include "engine/base/progress_line.h"
 #include "gguf_split/commands.h"
 #include "worker/commands.h"
 

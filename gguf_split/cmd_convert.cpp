@@ -19,8 +19,8 @@
 #include "gguf_split/convert_llama.h"
 #include "gguf_split/progress_throttle.h"
 #include "gguf_split/stale_temps.h"
-#include "engine/command_line.h"
-#include "engine/progress_line.h"
+#include "engine/base/command_line.h"
+#include "engine/base/progress_line.h"
 
 namespace baton {
 namespace {

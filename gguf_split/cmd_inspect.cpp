@@ -8,8 +8,8 @@
 #include <string>
 
 #include "gguf_split/commands.h"
-#include "engine/command_line.h"
-#include "engine/gguf.h"
+#include "engine/base/command_line.h"
+#include "engine/gguf/file.h"
 
 namespace baton {
 namespace {

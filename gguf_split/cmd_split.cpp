@@ -9,9 +9,9 @@
 #include "gguf_split/commands.h"
 #include "gguf_split/split.h"
 #include "gguf_split/stale_temps.h"
-#include "engine/command_line.h"
-#include "engine/progress_line.h"
-#include "engine/layer_range_text.h"
+#include "engine/base/command_line.h"
+#include "engine/base/progress_line.h"
+#include "engine/model/layer_range_text.h"
 
 namespace po = boost::program_options;
 

@@ -10,9 +10,9 @@
 #include "gguf_split/commands.h"
 #include "gguf_split/progress_throttle.h"
 #include "gguf_split/stale_temps.h"
-#include "engine/command_line.h"
-#include "engine/progress_line.h"
-#include "engine/synth.h"
+#include "engine/base/command_line.h"
+#include "engine/base/progress_line.h"
+#include "gguf_split/synth.h"
 
 namespace baton {
 namespace {

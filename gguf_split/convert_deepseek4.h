@@ -1,7 +1,7 @@
 // HuggingFace DeepSeek V4 checkpoint (config.json with model_type
 // "deepseek_v4" + safetensors, sharded or not) to a `deepseek4` GGUF with the
 // names, shapes, keys and per-role dtypes of the published files
-// (engine/deepseek4_shape.h is the reader side; its tensor table is the plan).
+// (engine/model/deepseek4_shape.h is the reader side; its tensor table is the plan).
 //
 // Every spelling of the checkpoint is read: DeepSeek's own names
 // (`layers.N.attn.wq_a.weight`, `ffn.experts.E.w1.weight`, `hc_head_fn`, ...),

@@ -14,8 +14,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/safetensors.h"
+#include "engine/gguf/file.h"
+#include "engine/gguf/safetensors.h"
 #include "gguf_split/checkpoint_config.h"
 #include "gguf_split/convert_rows.h"
 #include "gguf_split/convert_tokenizer.h"

@@ -1,5 +1,5 @@
 // HuggingFace llama-family checkpoint (config.json + safetensors) to GGUF v3,
-// with the tensor names and `<arch>.*` keys engine/llama_family.cpp reads.
+// with the tensor names and `<arch>.*` keys engine/arch/llama_family.cpp reads.
 //
 //   LlamaForCausalLM -> arch "llama": q_proj / k_proj rows are permuted from
 //     HF's rotate-half layout (rope pairs (i, i + d/2)) to the interleaved

@@ -9,8 +9,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/file.h"
+#include "engine/text/tokenizer.h"
 
 namespace baton {
 namespace {

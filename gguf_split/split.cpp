@@ -1,5 +1,5 @@
 #include "gguf_split/split.h"
-#include "engine/layer_range_text.h"
+#include "engine/model/layer_range_text.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

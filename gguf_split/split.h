@@ -1,6 +1,6 @@
 // Per-node GGUF split: plan which tensors each stage file holds, then copy them
 // with bounded memory. A part is an ordinary GGUF v3 with all source metadata
-// plus `baton.split.*` keys saying which slice it is (engine/part_info.h reads them).
+// plus `baton.split.*` keys saying which slice it is (engine/model/part_info.h reads them).
 #pragma once
 
 #include <cstdint>
@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/arch.h"  // LayerRange
-#include "engine/model_files.h"
-#include "engine/part_info.h"  // split_keys, read_part_info
+#include "engine/model/arch.h"  // LayerRange
+#include "engine/model/files.h"
+#include "engine/model/part_info.h"  // split_keys, read_part_info
 
 namespace baton {
 

@@ -1,6 +1,6 @@
 // What split, merge, synth and convert do before they write into a folder:
 // remove the temporary files that killed writers left there
-// (engine/temp_file.h names them by host and pid; only those whose process
+// (engine/base/temp_file.h names them by host and pid; only those whose process
 // is gone), one line each on stdout.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/temp_file.h"
+#include "engine/base/temp_file.h"
 
 namespace baton {
 

@@ -19,7 +19,8 @@ build=build-arch
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBATON_CUDA=ON -DBATON_TESTS=OFF \
       -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$archs" >/dev/null
 # The kernels library and the CUDA objects of the engine; nothing else.
-objs=$(ninja -C "$build" -t targets all | sed -n 's/^\(CMakeFiles\/baton_engine\.dir\/engine\/cuda\/[^:]*\.cu\.o\):.*/\1/p')
+objs=$(ninja -C "$build" -t targets all | sed -n 's/^\(CMakeFiles\/baton_engine_cuda\.dir\/engine\/cuda\/[^:]*\.cu\.o\):.*/\1/p')
+[ -n "$objs" ] || { echo "cuda arch check: no CUDA objects of the engine in the build"; exit 1; }
 start=$(date +%s)
 cmake --build "$build" -j "$jobs" --target baton_cuda_kernels
 # shellcheck disable=SC2086

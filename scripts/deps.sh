@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Baton needs to build and test (only those missing).
 # Each is used: the build tools; python3 (GGUF and oracle scripts the tests run); python3-jinja2
-# (the reference renderer test_engine_jinja compares the chat template engine with); GoogleTest;
+# (the reference renderer test_chat_jinja compares the chat template engine with); GoogleTest;
 # Boost (headers for Asio and Beast, program_options); nlohmann-json, fmt, cereal (wire
 # payloads), OpenSSL (HMAC), xxhash (split checksums), toml++ (cluster files); curl (the request
 # of docs/QUICKSTART.md, which test_cli_quickstart runs).

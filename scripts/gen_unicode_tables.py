@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Generate engine/unicode_tables.cpp: the Unicode general category of every
+"""Generate engine/text/unicode_tables.cpp: the Unicode general category of every
 code point, as a sorted table of runs (first code point of a run, category).
 
-Usage: python3 scripts/gen_unicode_tables.py [OUTPUT]   (default engine/unicode_tables.cpp)
+Usage: python3 scripts/gen_unicode_tables.py [OUTPUT]   (default engine/text/unicode_tables.cpp)
 
 Only Python's standard `unicodedata` module is used, so the table follows the
 Unicode version of the Python that runs this script (printed into the output).
-The category order must match `enum class UnicodeCategory` in engine/unicode.h.
+The category order must match `enum class UnicodeCategory` in engine/text/unicode.h.
 """
 import os
 import sys
@@ -44,7 +44,7 @@ def main(argv):
         "//",
         "// General category runs: each entry is the first code point of a run of",
         "// code points sharing one category; a run ends where the next begins.",
-        '#include "engine/unicode.h"',
+        '#include "engine/text/unicode.h"',
         "",
         "namespace baton::unicode_detail {",
         "",

@@ -1,10 +1,10 @@
-// What the Jinja suites share (test_engine_jinja, test_engine_jinja_hostile).
+// What the Jinja suites share (test_chat_jinja, test_chat_jinja_hostile).
 #pragma once
 
 #include <string>
 
-#include "engine/jinja_ast.h"
-#include "engine/jinja_template.h"
+#include "chat/jinja/ast.h"
+#include "chat/jinja/template.h"
 
 namespace baton::test {
 

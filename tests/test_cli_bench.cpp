@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/synth.h"
+#include "engine/gguf/file.h"
+#include "gguf_split/synth.h"
 #include "tests/test_util.h"
 
 namespace baton {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/synth.h"
+#include "gguf_split/synth.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -173,7 +173,7 @@ TEST(CgroupRun, GreedyRunCompletesInsideThePlanPlusFivePercent) {
   // And it got there without touching the cap: usage that reaches the cap
   // is held there by reclaim (the page cache goes first), so a loader that
   // left the file cached showed peak == cap here (before the fix in
-  // engine/loader.cpp, 1.20 x plan over the baseline) and still completed.
+  // engine/model/loader.cpp, 1.20 x plan over the baseline) and still completed.
   EXPECT_LT(r.peak, cap);
 }
 

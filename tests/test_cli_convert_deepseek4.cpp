@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/deepseek4_shape.h"
-#include "engine/gguf.h"
+#include "engine/model/deepseek4_shape.h"
+#include "engine/gguf/file.h"
 #include "gguf_split/convert_deepseek4.h"
 #include "tests/convert_test_util.h"
 #include "tests/test_util.h"

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/file.h"
+#include "engine/text/tokenizer.h"
 #include "gguf_split/convert_llama.h"
 #include "tests/convert_test_util.h"
 #include "tests/test_util.h"
@@ -418,7 +418,7 @@ TEST(CliConvert, ConvertedModelRunsAndQuantFallsBackPerTensor) {
 
 // Regression: a convert killed mid-write (SIGXFSZ here) left its temporary
 // file beside the output for good; the next convert to that folder removes
-// it (engine/temp_file.h) and writes what an uninterrupted one writes.
+// it (engine/base/temp_file.h) and writes what an uninterrupted one writes.
 TEST(CliConvert, TheNextConvertRemovesWhatAKilledOneLeft) {
   test::TempDir dir;
   Tiny c;

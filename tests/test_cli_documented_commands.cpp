@@ -3,7 +3,7 @@
 // KeyByKey in test_cli_cluster.cpp): every `baton ...` command written in
 // README.md's and docs/*.md's code blocks and in the configs' comments parses
 // and passes the option checks of the current CLI (BATON_PARSE_ONLY=1, see
-// engine/command_line.h: nothing runs, named files need not exist).
+// engine/base/command_line.h: nothing runs, named files need not exist).
 //
 // What counts as a command: a code-block line (or a config comment line, or
 // a `baton WORD ARGS` span in a config comment) that starts with "baton WORD", after

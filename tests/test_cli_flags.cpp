@@ -1,4 +1,4 @@
-// The flags every command shares (engine/command_line.h): exact option names
+// The flags every command shares (engine/base/command_line.h): exact option names
 // (no prefix guessing) with the nearest real one named, the spellings of
 // llama.cpp and vLLM as aliases, -m or the model first, --version and
 // `baton help`; and run's flags: --backend auto, sampling ranges as the API's,

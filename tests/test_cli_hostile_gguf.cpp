@@ -11,7 +11,7 @@
 #include <random>
 #include <set>
 
-#include "engine/gguf.h"
+#include "engine/gguf/file.h"
 #include "tests/gguf_hostile.h"
 #include "tests/test_util.h"
 

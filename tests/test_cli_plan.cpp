@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "coordinator/cluster/cluster_config.h"
-#include "engine/gguf.h"
-#include "engine/node_plan.h"
-#include "engine/sampler.h"
-#include "engine/stage.h"
+#include "engine/gguf/file.h"
+#include "engine/plan/node_plan.h"
+#include "engine/sampling/sampler.h"
+#include "engine/runtime/stage.h"
 #include "tests/test_util.h"
 
 namespace baton {

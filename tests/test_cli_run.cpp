@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/gguf.h"
+#include "engine/gguf/file.h"
 #include "tests/test_util.h"
 
 namespace baton {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/synth.h"
+#include "gguf_split/synth.h"
 #include "tests/serve_client.h"
 #include "tests/test_util.h"
 

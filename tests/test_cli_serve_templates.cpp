@@ -3,7 +3,7 @@
 // template that runs long answers within --template-timeout while /health
 // keeps answering, and SIGTERM stops the server within a second even while a
 // render is in progress. The engine's own limits (depth, work, bytes) are
-// tested in test_engine_jinja.
+// tested in test_chat_jinja.
 #include <gtest/gtest.h>
 
 #include <chrono>

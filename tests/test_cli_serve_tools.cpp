@@ -12,8 +12,8 @@
 #include <string>
 
 #include "coordinator/api/openai_api.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/file.h"
+#include "engine/text/tokenizer.h"
 #include "tests/serve_client.h"
 #include "tests/test_util.h"
 

@@ -9,10 +9,10 @@
 #include <optional>
 
 #include "coordinator/api/generation.h"
-#include "engine/gguf.h"
-#include "engine/model_files.h"
-#include "engine/part_info.h"
-#include "engine/temp_file.h"
+#include "engine/gguf/file.h"
+#include "engine/model/files.h"
+#include "engine/model/part_info.h"
+#include "engine/base/temp_file.h"
 #include "gguf_split/split.h"
 #include "tests/test_util.h"
 
@@ -293,7 +293,7 @@ TEST(Split, AFailedPartLeavesNoPartAndNoTemporaryFile) {
 // Regression: a writer killed mid-write (SIGKILL, or SIGXFSZ as here: the
 // file size limit with the signal's default action) left its temporary
 // parts in the output folder for good. Temporary names carry the writer's
-// host and pid (engine/temp_file.h); the next split into the folder removes
+// host and pid (engine/base/temp_file.h); the next split into the folder removes
 // those whose process is gone, and leaves a live process's and another
 // machine's (a shared folder) alone.
 TEST(Split, TheNextSplitRemovesWhatAKilledSplitLeft) {

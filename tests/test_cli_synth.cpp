@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/deepseek4_shape.h"
-#include "engine/gguf.h"
-#include "engine/node_plan.h"
-#include "engine/temp_file.h"
-#include "engine/tokenizer.h"
+#include "engine/model/deepseek4_shape.h"
+#include "engine/gguf/file.h"
+#include "engine/plan/node_plan.h"
+#include "engine/base/temp_file.h"
+#include "engine/text/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -171,7 +171,7 @@ TEST(CliSynth, LlamaTinyRunsAndTokenizes) {
 
 // Regression: a synth killed mid-write (SIGXFSZ here) left its temporary
 // file beside the output for good; the next synth to that folder removes
-// it (engine/temp_file.h) and writes the same file as an uninterrupted run.
+// it (engine/base/temp_file.h) and writes the same file as an uninterrupted run.
 TEST(CliSynth, TheNextSynthRemovesWhatAKilledOneLeft) {
   test::TempDir dir;
   const std::string out = dir.file("tiny.gguf");

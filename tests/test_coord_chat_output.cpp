@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/api/chat_output.h"
+#include "chat/output/parser.h"
 
 namespace baton {
 namespace {

@@ -11,13 +11,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "coordinator/api/chat_output_format.h"
+#include "chat/output_format.h"
 #include "coordinator/api/openai_api.h"
 #include "coordinator/api/openai_request.h"
-#include "engine/chat_jinja.h"
-#include "engine/gguf.h"
-#include "engine/jinja_template.h"
-#include "engine/tokenizer.h"
+#include "chat/jinja_prompt.h"
+#include "engine/gguf/file.h"
+#include "chat/jinja/template.h"
+#include "engine/text/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace baton {

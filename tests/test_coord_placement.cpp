@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "coordinator/cluster/placement.h"
-#include "engine/gguf.h"
-#include "engine/node_plan.h"
-#include "engine/sampler.h"
+#include "engine/gguf/file.h"
+#include "engine/plan/node_plan.h"
+#include "engine/sampling/sampler.h"
 #include "tests/test_util.h"
 
 namespace baton {

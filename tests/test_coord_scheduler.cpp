@@ -20,7 +20,7 @@
 #include "coordinator/cluster/batch_scheduler.h"
 #include "coordinator/cluster/local_engine.h"
 #include "coordinator/cluster/prefix_cache.h"
-#include "engine/synth.h"
+#include "gguf_split/synth.h"
 #include "tests/test_util.h"
 
 namespace baton {

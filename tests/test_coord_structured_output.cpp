@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "coordinator/api/openai_request.h"
-#include "coordinator/api/tool_call_grammar.h"
+#include "chat/tool_call_grammar.h"
 #include "coordinator/cluster/local_engine.h"
-#include "engine/chat_jinja.h"
-#include "engine/json_schema_grammar.h"
-#include "engine/tokenizer.h"
+#include "chat/jinja_prompt.h"
+#include "engine/sampling/json_schema.h"
+#include "engine/text/tokenizer.h"
 #include "tests/json_schema_check.h"
 #include "tests/test_util.h"
 
@@ -342,7 +342,7 @@ TEST(ToolCallGrammar, RandomModelWritesValidCalls) {
 #include <fstream>
 #include <sstream>
 
-#include "engine/jinja_template.h"
+#include "chat/jinja/template.h"
 
 namespace baton {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/arch_deepseek4.h"
+#include "engine/arch/deepseek4.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cuda/ds4_hc.cuh"
 #include "kernels/quant.h"

@@ -1,5 +1,5 @@
 // CUDA DeepSeek V4 router (kernels/cuda/ds4_router.cuh) against ds4_route of
-// engine/arch_deepseek4_moe.cpp, top-k and hash layers. Seeded random data,
+// engine/arch/deepseek4_moe.cpp, top-k and hash layers. Seeded random data,
 // seed printed.
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/arch_deepseek4.h"
+#include "engine/arch/deepseek4.h"
 #include "kernels/cuda/ds4_router.cuh"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"

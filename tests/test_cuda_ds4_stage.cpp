@@ -32,11 +32,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/cuda/ds4_stage.h"
-#include "engine/gguf.h"
-#include "engine/stage.h"
-#include "engine/synth.h"
+#include "engine/runtime/backend.h"
+#include "engine/cuda/stages/ds4.h"
+#include "engine/gguf/file.h"
+#include "engine/runtime/stage.h"
+#include "gguf_split/synth.h"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"
 

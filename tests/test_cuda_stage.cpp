@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/arch.h"
-#include "engine/cuda/cuda_stage.h"
-#include "engine/gguf.h"
-#include "engine/loader.h"
-#include "engine/model.h"
-#include "engine/stage.h"
-#include "engine/synth.h"
+#include "engine/model/arch.h"
+#include "engine/cuda/stages/llama.h"
+#include "engine/gguf/file.h"
+#include "engine/model/loader.h"
+#include "engine/model/model.h"
+#include "engine/runtime/stage.h"
+#include "gguf_split/synth.h"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"
 
@@ -280,7 +280,7 @@ std::vector<float> device_to_host(const StageRunner::DeviceRows& d) {
 // Moves `from`'s last output rows into `to`'s device input, as a stage link
 // would, and runs `to` on them. cudaMemcpy between device buffers may return
 // before the copy is done, so the device is synchronized before the forward:
-// the input contract of engine/backend.h.
+// the input contract of engine/runtime/backend.h.
 std::vector<float> forward_from_device(CudaStage& from, CudaStage& to, int seq, int64_t n) {
   const StageRunner::DeviceRows d = from.device_output();
   EXPECT_NE(d.data, nullptr);

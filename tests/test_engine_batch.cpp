@@ -1,4 +1,4 @@
-// Batched forwards (engine/batch.h): every sequence of a batch gets the
+// Batched forwards (engine/runtime/batch.h): every sequence of a batch gets the
 // greedy tokens it gets alone, with prefill chunks and decode tokens of
 // different sequences mixed in one forward, sequences that start and finish
 // at different steps, and slots reused. On the CPU (the reference) for the
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/gguf.h"
-#include "engine/synth.h"
+#include "engine/runtime/backend.h"
+#include "engine/gguf/file.h"
+#include "gguf_split/synth.h"
 #include "tests/test_util.h"
 
 namespace baton {

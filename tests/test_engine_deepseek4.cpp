@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/arch_deepseek4.h"
-#include "engine/deepseek4_shape.h"
-#include "engine/gguf.h"
-#include "engine/kv_cache.h"
-#include "engine/stage.h"
+#include "engine/arch/deepseek4.h"
+#include "engine/model/deepseek4_shape.h"
+#include "engine/gguf/file.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/stage.h"
 #include "kernels/quant.h"
 #include "tests/test_util.h"
 

@@ -10,7 +10,7 @@
 
 #include <sys/stat.h>
 
-#include "engine/gguf.h"
+#include "engine/gguf/file.h"
 #include "tests/gguf_hostile.h"
 #include "tests/test_util.h"
 

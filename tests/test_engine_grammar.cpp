@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <random>
 
-#include "engine/gguf.h"
-#include "engine/grammar.h"
-#include "engine/json_schema_grammar.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/file.h"
+#include "engine/sampling/grammar.h"
+#include "engine/sampling/json_schema.h"
+#include "engine/text/tokenizer.h"
 #include "json_schema_check.h"
 #include "test_util.h"
 

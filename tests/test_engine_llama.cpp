@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/arch.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/stage.h"
-#include "engine/synth.h"
+#include "engine/model/arch.h"
+#include "engine/gguf/file.h"
+#include "engine/model/model.h"
+#include "engine/runtime/stage.h"
+#include "gguf_split/synth.h"
 #include "kernels/quant.h"
 #include "tests/test_util.h"
 

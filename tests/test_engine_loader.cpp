@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/arch.h"
-#include "engine/gguf.h"
-#include "engine/loader.h"
-#include "engine/memory_plan.h"
-#include "engine/model.h"
-#include "engine/stage.h"
-#include "engine/synth.h"
+#include "engine/model/arch.h"
+#include "engine/gguf/file.h"
+#include "engine/model/loader.h"
+#include "engine/base/memory_plan.h"
+#include "engine/model/model.h"
+#include "engine/runtime/stage.h"
+#include "gguf_split/synth.h"
 #include "tests/test_util.h"
 
 namespace baton {

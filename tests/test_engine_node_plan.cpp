@@ -9,15 +9,15 @@
 #include <map>
 #include <string>
 
-#include "engine/arch_registry.h"
-#include "engine/backend.h"
-#include "engine/deepseek4_shape.h"
-#include "engine/gguf.h"
-#include "engine/kv_cache.h"
-#include "engine/node_plan.h"
-#include "engine/sampler.h"
-#include "engine/stage.h"
-#include "engine/synth.h"
+#include "engine/model/registry.h"
+#include "engine/runtime/backend.h"
+#include "engine/model/deepseek4_shape.h"
+#include "engine/gguf/file.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/plan/node_plan.h"
+#include "engine/sampling/sampler.h"
+#include "engine/runtime/stage.h"
+#include "gguf_split/synth.h"
 #include "tests/test_util.h"
 
 namespace baton {

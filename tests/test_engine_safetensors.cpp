@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "engine/gguf/safetensors.h"
 #include "tests/test_util.h"
 
 namespace baton {

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "engine/sampling/sampler.h"
 #include "tests/test_util.h"
 
 namespace baton {

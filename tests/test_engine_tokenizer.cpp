@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/pretokenize.h"
-#include "engine/tokenizer.h"
-#include "engine/unicode.h"
+#include "engine/gguf/file.h"
+#include "engine/text/pretokenize.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode.h"
 #include "tests/test_util.h"
 
 namespace baton {

@@ -7,9 +7,9 @@
 #include <cstdint>
 
 #include "coordinator/api/generation.h"
-#include "engine/chat_template.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "chat/family.h"
+#include "engine/gguf/file.h"
+#include "engine/text/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace baton::test {

@@ -14,9 +14,9 @@
 #include "worker/commands.h"
 #include "worker/worker.h"
 
-#include "engine/backend.h"
-#include "engine/command_line.h"
-#include "engine/node_plan.h"
+#include "engine/runtime/backend.h"
+#include "engine/base/command_line.h"
+#include "engine/plan/node_plan.h"
 #include "net/log_options.h"
 #include "net/address.h"
 

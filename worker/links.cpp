@@ -379,7 +379,7 @@ bool Worker::receive_rows(const net::Forward& f, Upstream* from, std::vector<flo
     }
     if (device) {
       // recv returns once the rows are in place: forward_device_input()
-      // may then read them on the stage's stream (engine/backend.h).
+      // may then read them on the stage's stream (engine/runtime/backend.h).
       link->recv(device, uint64_t(n));
       *on_device = true;
     } else {

@@ -12,15 +12,15 @@
 #include <string>
 #include <thread>
 
-#include "engine/backend.h"
-#include "engine/grammar.h"
-#include "engine/loader.h"
-#include "engine/node_plan.h"
-#include "engine/part_info.h"
+#include "engine/runtime/backend.h"
+#include "engine/sampling/grammar.h"
+#include "engine/model/loader.h"
+#include "engine/plan/node_plan.h"
+#include "engine/model/part_info.h"
 #include "net/address.h"
 #include "net/log.h"
 #include "worker/worker_impl.h"
-#include "engine/layer_range_text.h"
+#include "engine/model/layer_range_text.h"
 
 namespace baton {
 namespace worker_impl {
@@ -332,7 +332,7 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
     rows.resize(f.activations.size() / sizeof(float));
     std::memcpy(rows.data(), f.activations.data(), rows.size() * sizeof(float));
   }
-  // The micro-batch runs as one batched forward (engine/batch.h): every
+  // The micro-batch runs as one batched forward (engine/runtime/batch.h): every
   // chunk continues its sequence, and a chunk that begins a sequence keeps
   // the slot's first start_pos positions (the prefix cache, v5) and drops
   // the rest.

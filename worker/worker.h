@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "engine/node_plan.h"  // Backend
+#include "engine/plan/node_plan.h"  // Backend
 
 namespace baton {
 

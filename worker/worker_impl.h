@@ -28,10 +28,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"  // StageRunner
-#include "engine/gguf.h"
-#include "engine/sampler.h"
-#include "engine/stage.h"
+#include "engine/runtime/backend.h"  // StageRunner
+#include "engine/gguf/file.h"
+#include "engine/sampling/sampler.h"
+#include "engine/runtime/stage.h"
 #include "net/auth.h"
 #include "net/connection.h"
 #include "net/nccl_link.h"
@@ -162,7 +162,7 @@ class Worker {
   int exit_code_ = 0;
   std::string stop_reason_;
 
-  std::unique_ptr<StageRunner> stage_;  // CPU or CUDA (engine/backend.h)
+  std::unique_ptr<StageRunner> stage_;  // CPU or CUDA (engine/runtime/backend.h)
   net::Assign assign_;
   std::map<uint32_t, Sampler> samplers_;
   std::vector<float> biased_;               // logits + logit_bias

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "coordinator/api/chat_prompt.h"
+#include "chat/prompt.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/request_json.h"

@@ -8,10 +8,10 @@
 #include <random>
 #include <set>
 
-#include "coordinator/api/chat_output_format.h"
-#include "coordinator/api/tool_call_grammar.h"
-#include "engine/json_schema_grammar.h"
-#include "engine/chat_template.h"
+#include "chat/output_format.h"
+#include "chat/tool_call_grammar.h"
+#include "engine/sampling/json_schema.h"
+#include "chat/family.h"
 
 namespace baton {
 
@@ -225,7 +225,7 @@ ojson convert_tools(const ojson& tools, bool templated, std::vector<ToolSpec>& s
   return out;
 }
 
-// tool_choice into the shared ToolChoice (chat_tools.h).
+// tool_choice into the shared ToolChoice (chat/tools.h).
 void parse_tool_choice(const json& body, ChatTools& tools) {
   using Mode = ToolChoice::Mode;
   const json* v = field(body, "tool_choice");

@@ -1,6 +1,6 @@
 // Parsing and validating Anthropic Messages API bodies (POST /v1/messages and
 // /v1/messages/count_tokens). The content blocks map onto the message shape
-// chat templates are written for (chat_prompt.h), so a conversation renders
+// chat templates are written for (chat/prompt.h), so a conversation renders
 // exactly as the same conversation sent to /v1/chat/completions:
 //   system (string or text blocks)  -> a system message
 //   text blocks                     -> content (blocks joined by "\n")
@@ -22,9 +22,9 @@
 #include <string_view>
 #include <vector>
 
-#include "coordinator/api/chat_output.h"
-#include "coordinator/api/chat_prompt.h"
-#include "coordinator/api/chat_tools.h"
+#include "chat/output/parser.h"
+#include "chat/prompt.h"
+#include "chat/tools.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/request_json.h"
 
@@ -57,7 +57,7 @@ struct MessagesRequest {
   std::vector<std::string> stop_sequences;  // the client's, reported as stop_sequence when one matches
   bool stream = false;
   // How the model's output is read into thinking, text and tool_use blocks
-  // (chat_output_format.h: the model's format, tool calls only when tools
+  // (chat/output_format.h: the model's format, tool calls only when tools
   // are active, the reasoning block open when the prompt opened it).
   ChatOutputFormat output_format;
 };

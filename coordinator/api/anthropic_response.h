@@ -1,5 +1,5 @@
 // The Anthropic Messages API's responses: a message's content blocks from the
-// model's parsed output (chat_output.h), as one message object or as the
+// model's parsed output (chat/output/parser.h), as one message object or as the
 // event stream of Anthropic's SDKs:
 //   message_start, ping,
 //   per block: content_block_start, content_block_delta (text_delta,
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/api/chat_output.h"
+#include "chat/output/parser.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/generation_link.h"
 

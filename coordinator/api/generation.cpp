@@ -1,13 +1,14 @@
 #include "coordinator/api/generation.h"
 
-#include "engine/arch.h"
-#include "engine/chat_jinja.h"
-#include "engine/chat_template.h"
-#include "engine/gguf.h"
-#include "engine/part_info.h"
-#include "engine/sampler.h"
-#include "engine/stage.h"
-#include "engine/tokenizer.h"
+#include "engine/model/arch.h"
+#include "chat/jinja_prompt.h"
+#include "chat/family.h"
+#include "engine/gguf/file.h"
+#include "engine/model/part_info.h"
+#include "engine/sampling/sampler.h"
+#include "engine/runtime/stage.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode.h"
 
 #include <fmt/format.h>
 
@@ -28,65 +29,6 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::error: return "error";
   }
   return "error";
-}
-
-namespace {
-
-// Length of the UTF-8 sequence a lead byte starts; 0 for a byte that cannot
-// start one (continuation bytes, 0xC0/0xC1, 0xF5..0xFF).
-size_t utf8_length(unsigned char c) {
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) return 2;
-  if (c >= 0xE0 && c <= 0xEF) return 3;
-  if (c >= 0xF0 && c <= 0xF4) return 4;
-  return 0;
-}
-
-bool is_continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
-
-// Bytes at the end of s that begin a character still missing its last bytes
-// (0 when s ends on a character boundary or with bytes that are invalid anyway).
-size_t incomplete_tail(std::string_view s) {
-  const size_t n = s.size();
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    unsigned char c = static_cast<unsigned char>(s[n - back]);
-    if (is_continuation(c)) continue;
-    size_t len = utf8_length(c);
-    return len > back ? back : 0;
-  }
-  return 0;
-}
-
-constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-
-}  // namespace
-
-std::string sanitize_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const size_t len = utf8_length(c);
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) ok = is_continuation(static_cast<unsigned char>(s[i + k]));
-    if (ok && len >= 3) {
-      // Overlong forms, UTF-16 surrogates and code points past U+10FFFF.
-      const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
-      if (c == 0xE0 && c1 < 0xA0) ok = false;
-      if (c == 0xED && c1 >= 0xA0) ok = false;
-      if (c == 0xF0 && c1 < 0x90) ok = false;
-      if (c == 0xF4 && c1 >= 0x90) ok = false;
-    }
-    if (ok) {
-      out.append(s.substr(i, len));
-      i += len;
-    } else {
-      out.append(kReplacement);
-      ++i;
-    }
-  }
-  return out;
 }
 
 TextAssembler::TextAssembler(std::vector<std::string> stop) {
@@ -123,7 +65,7 @@ std::string TextAssembler::push(std::string_view piece) {
       }
     }
   }
-  safe -= incomplete_tail(std::string_view(held_).substr(0, safe));
+  safe -= utf8_incomplete_tail(std::string_view(held_).substr(0, safe));
   std::string out = sanitize_utf8(std::string_view(held_).substr(0, safe));
   held_.erase(0, safe);
   return out;

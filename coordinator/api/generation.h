@@ -27,9 +27,11 @@
 #include <utility>
 #include <vector>
 
-#include "engine/chat_template.h"
-#include "engine/grammar.h"
-#include "engine/sampler.h"
+#include "chat/family.h"
+#include "chat/model.h"
+#include "engine/sampling/grammar.h"
+#include "engine/sampling/sampler.h"
+#include "engine/text/unicode.h"  // sanitize_utf8, for every API file
 
 namespace baton {
 
@@ -63,7 +65,7 @@ struct GenerationRequest {
   int top_logprobs = -1;
   // Control tokens whose text the output carries (a control token's text is
   // otherwise left out): the chat markup a model writes with them, such as
-  // Mistral's [TOOL_CALLS], which the chat APIs parse (chat_output_format.h).
+  // Mistral's [TOOL_CALLS], which the chat APIs parse (chat/output_format.h).
   std::vector<int32_t> show_tokens;
   // Structured output (docs/GRAMMAR.md): only tokens whose bytes the grammar
   // accepts are sampled, end-of-generation tokens only once the text is
@@ -121,28 +123,15 @@ struct GenerationEvent {
 
 using EventSink = std::function<void(GenerationEvent&&)>;
 
-// What the API needs to know about the served model.
-struct ModelInfo {
+// What the API needs to know about the served model: the chat room's view
+// (ChatModel: arch, n_ctx, tokenizer, max_token_bytes, the chat template or
+// family and its stops) and the serving fields.
+struct ModelInfo : ChatModel {
   std::string id;    // the name clients pass as "model"
   std::string path;  // the GGUF file (or the split parts' source)
-  std::string arch;  // general.architecture
-  int64_t n_ctx = 0;     // tokens per sequence: prompt + completion
   int64_t n_ctx_train = 0;  // the context the model was trained for (0: unknown)
   int64_t n_vocab = 0;
   int64_t created = 0;   // unix time the service started
-  std::shared_ptr<const Tokenizer> tokenizer;
-  // Bytes of the longest token piece: a text longer than n_ctx times this
-  // cannot fit, and is refused before it is tokenized (0: unknown).
-  int64_t max_token_bytes = 0;
-  ChatFamily chat_family = ChatFamily::Plain;
-  // The model's own chat template (GGUF tokenizer.chat_template) when the
-  // Jinja engine runs it: chat prompts are rendered with it, and chat_family
-  // only gives the end-of-turn tokens. Null without one, or when it was
-  // refused (chat_template_refused says why); chat_family renders then.
-  std::shared_ptr<const JinjaTemplate> chat_template;
-  std::string chat_template_refused;
-  std::vector<int32_t> chat_stop_tokens;  // the family's end-of-turn ids (EOS included)
-  std::vector<std::string> chat_stop_strings;  // Plain family: text that ends a turn
   // The vocabulary as a byte trie, for grammar masks; the end-of-generation ids.
   std::shared_ptr<const VocabTrie> vocab_trie;
   std::vector<int32_t> eog_tokens;
@@ -220,9 +209,6 @@ class TextAssembler {
   std::string matched_;
   bool stopped_ = false;
 };
-
-// Invalid UTF-8 sequences replaced by U+FFFD (JSON bodies must be valid).
-std::string sanitize_utf8(std::string_view s);
 
 // The ModelInfo of a GGUF file (a full model or a split part: both carry the
 // metadata and the tokenizer): id = `id`, or the file name without ".gguf";

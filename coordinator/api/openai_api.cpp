@@ -13,9 +13,9 @@
 #include "coordinator/api/generation_link.h"
 #include "coordinator/api/metrics.h"
 #include "coordinator/api/tokenize_api.h"
-#include "engine/chat_template.h"
-#include "engine/tokenizer.h"
-#include "engine/layer_range_text.h"
+#include "chat/family.h"
+#include "engine/text/tokenizer.h"
+#include "engine/model/layer_range_text.h"
 
 namespace baton {
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "coordinator/api/anthropic_api.h"
-#include "coordinator/api/chat_output.h"
+#include "chat/output/parser.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/generation_link.h"
 #include "coordinator/api/http_server.h"

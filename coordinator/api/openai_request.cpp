@@ -8,13 +8,13 @@
 #include <optional>
 #include <random>
 
-#include "coordinator/api/chat_output_format.h"
-#include "coordinator/api/chat_prompt.h"
-#include "engine/chat_jinja.h"
-#include "engine/chat_template.h"
-#include "coordinator/api/tool_call_grammar.h"
-#include "engine/json_schema_grammar.h"
-#include "engine/tokenizer.h"
+#include "chat/output_format.h"
+#include "chat/prompt.h"
+#include "chat/jinja_prompt.h"
+#include "chat/family.h"
+#include "chat/tool_call_grammar.h"
+#include "engine/sampling/json_schema.h"
+#include "engine/text/tokenizer.h"
 
 namespace baton {
 
@@ -144,7 +144,7 @@ void parse_common(const json& body, ApiRequest& r, const ModelInfo& model) {
   SamplerParams& s = r.gen.sampling;
   // OpenAI's defaults: temperature 1 and top_p 1; top_k and min_p (not in
   // OpenAI's API, accepted as extensions) are off unless given.
-  // The ranges are engine/sampler.h's, which `baton run` checks its flags against.
+  // The ranges are engine/sampling/sampler.h's, which `baton run` checks its flags against.
   auto number = [&](const SamplingRange& r, double def) { return number_param(body, r.field, def, r.lo, r.hi); };
   s.temperature = float(number(kTemperatureRange, 1.0));
   s.top_p = float(number(kTopPRange, 1.0));

@@ -12,9 +12,9 @@
 #include <string>
 #include <string_view>
 
-#include "coordinator/api/chat_output.h"
-#include "coordinator/api/chat_prompt.h"
-#include "coordinator/api/chat_tools.h"
+#include "chat/output/parser.h"
+#include "chat/prompt.h"
+#include "chat/tools.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/request_json.h"
 
@@ -45,7 +45,7 @@ struct ApiRequest {
 // Parse and validate a body (throws ApiError). The model's tokenizer turns the
 // prompt or the rendered chat into token ids here. The chat prompt is rendered
 // with `chat_template` when given (baton serve --chat-template), else with the
-// model's own template, else with its family's renderer (chat_template.h),
+// model's own template, else with its family's renderer (chat/family.h),
 // which renders no tools (a request offering tools is refused then).
 ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model,
                               const JinjaTemplate* chat_template = nullptr, const RenderBudget& budget = {});

@@ -14,15 +14,6 @@ std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error
 
 namespace request_json {
 
-ApiError invalid(std::string message, std::string param, std::string code) {
-  return ApiError(400, std::move(message), "invalid_request_error", std::move(param), std::move(code), "bad_request");
-}
-
-ApiError wrong_type_named(const std::string& param, const char* expected, const char* got) {
-  return invalid(fmt::format("Invalid type for '{}': expected {}, but got {} instead.", param, expected, got), param,
-                 "invalid_type");
-}
-
 namespace {
 
 // A first pass over the body that builds nothing: it stops at the first
@@ -196,16 +187,14 @@ void fit_context(GenerationRequest& gen, const ModelInfo& model, std::optional<i
   }
 }
 
-void check_text_fits(size_t bytes, const ModelInfo& model, const char* param) {
-  if (model.max_token_bytes <= 0) return;
-  const uint64_t limit = uint64_t(model.n_ctx) * uint64_t(model.max_token_bytes);
-  if (bytes > limit) {
-    throw ApiError(400,
-                   fmt::format("This model's maximum context length is {} tokens; a prompt of {} bytes cannot fit "
-                               "(at most {} bytes per token).",
-                               model.n_ctx, bytes, model.max_token_bytes),
-                   "invalid_request_error", param, "context_length_exceeded", "context_length");
-  }
+void add_chat_stops(GenerationRequest& gen, const ModelInfo& model, const JinjaTemplate* tmpl) {
+  // The family's end-of-turn tokens and strings are the model's way to end
+  // generation: ignore_eos drops them along with the tokenizer's EOS. Text
+  // stops are the Plain family's; a template's turns end on tokens.
+  if (gen.ignore_eos) return;
+  if (!tmpl)
+    for (const auto& s : model.chat_stop_strings) gen.stop.push_back(s);
+  gen.stop_tokens = model.chat_stop_tokens;
 }
 
 }  // namespace request_json

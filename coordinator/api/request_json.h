@@ -1,4 +1,5 @@
-// What every API's request parser shares: the refusal type (ApiError), the
+// What every API's request parser shares: the refusal type (ApiError, from
+// chat/request_error.h with its first constructors), the
 // bounded parse of a JSON body, typed field readers that refuse by name, the
 // model check and the context limits. Free of I/O, so that tests drive it
 // directly. The OpenAI routes (openai_request.h) and the Anthropic routes
@@ -15,29 +16,11 @@
 #include <string_view>
 #include <vector>
 
+#include "chat/request_error.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/api/http_server.h"  // HttpHeaders
 
 namespace baton {
-
-// A refusal: HTTP status plus the OpenAI error fields (the Anthropic routes
-// derive their error type from the status). `kind` is the short word counted
-// in baton_errors_total.
-struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string type, std::string param, std::string code, std::string kind)
-      : std::runtime_error(message),
-        status(status),
-        type(std::move(type)),
-        param(std::move(param)),
-        code(std::move(code)),
-        kind(std::move(kind)) {}
-  int status;
-  std::string type;   // invalid_request_error, authentication_error, rate_limit_error, server_error...
-  std::string param;  // the offending field, "" for none (null in JSON)
-  std::string code;   // "" for none (null in JSON)
-  std::string kind;
-  HttpHeaders headers;  // e.g. Retry-After
-};
 
 // Bodies nested deeper than kMaxJsonDepth, or holding more values (keys
 // included) than max_json_values, are refused (400 invalid_json) before any
@@ -50,26 +33,6 @@ inline int64_t max_json_values(int64_t n_ctx) { return 65536 + 2 * n_ctx; }
 std::string dump_json(const nlohmann::json& j);
 
 namespace request_json {
-
-// A 400 invalid_request_error.
-ApiError invalid(std::string message, std::string param, std::string code = "invalid_value");
-
-template <class Json>
-const char* type_name(const Json& v) {
-  if (v.is_string()) return "a string";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "a number";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
-
-ApiError wrong_type_named(const std::string& param, const char* expected, const char* got);
-
-template <class Json>
-ApiError wrong_type(const std::string& param, const char* expected, const Json& got) {
-  return wrong_type_named(param, expected, type_name(got));
-}
 
 // The field, or nullptr when absent or null (null means "default" in both APIs).
 template <class Json>
@@ -107,9 +70,10 @@ void check_model(const nlohmann::json& body, const ModelInfo& model);
 void fit_context(GenerationRequest& gen, const ModelInfo& model, std::optional<int64_t> max_tokens,
                  int64_t default_max, const char* param, const char* prompt_param);
 
-// Tokenizing costs time that grows with the text; a text that cannot fit in
-// the context whatever its tokens is refused without tokenizing it.
-void check_text_fits(size_t bytes, const ModelInfo& model, const char* param);
+// The model's ways to end a chat turn, unless the request ignores them: the
+// family's end-of-turn tokens, and without a template the Plain family's
+// text stops.
+void add_chat_stops(GenerationRequest& gen, const ModelInfo& model, const JinjaTemplate* tmpl);
 
 }  // namespace request_json
 }  // namespace baton

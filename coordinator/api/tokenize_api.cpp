@@ -4,7 +4,7 @@
 
 #include "coordinator/api/openai_request.h"
 #include "coordinator/api/request_json.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace baton {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "coordinator/api/chat_prompt.h"
+#include "chat/prompt.h"
 #include "coordinator/api/generation.h"
 
 namespace baton {

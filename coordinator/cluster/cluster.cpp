@@ -20,10 +20,10 @@
 #include <limits>
 
 #include "coordinator/cluster/failure_blame.h"
-#include "engine/node_plan.h"
+#include "engine/plan/node_plan.h"
 #include "net/connection.h"
 #include "net/log.h"
-#include "engine/layer_range_text.h"
+#include "engine/model/layer_range_text.h"
 
 namespace baton {
 

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/arch.h"
+#include "engine/model/arch.h"
 #include "net/auth.h"
 #include "net/link_choice.h"
 #include "net/protocol.h"

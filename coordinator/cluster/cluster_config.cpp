@@ -11,7 +11,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "engine/node_plan.h"  // parse_size
+#include "engine/plan/node_plan.h"  // parse_size
 #include "net/address.h"
 
 namespace baton {

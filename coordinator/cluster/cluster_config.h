@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/node_plan.h"  // NodeSpec
+#include "engine/plan/node_plan.h"  // NodeSpec
 
 namespace baton {
 

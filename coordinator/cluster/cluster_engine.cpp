@@ -9,9 +9,9 @@
 
 #include "coordinator/api/metrics.h"
 #include "coordinator/cluster/batch_scheduler.h"
-#include "engine/node_plan.h"
-#include "engine/part_info.h"
-#include "engine/tokenizer.h"
+#include "engine/plan/node_plan.h"
+#include "engine/model/part_info.h"
+#include "engine/text/tokenizer.h"
 
 namespace baton {
 

@@ -49,7 +49,7 @@
 #include "coordinator/cluster/cluster.h"
 #include "coordinator/api/generation.h"
 #include "coordinator/cluster/prefix_cache.h"
-#include "engine/gguf.h"
+#include "engine/gguf/file.h"
 
 namespace baton {
 

@@ -12,8 +12,8 @@
 
 #include "coordinator/api/metrics.h"
 #include "coordinator/cluster/batch_scheduler.h"
-#include "engine/chat_template.h"
-#include "engine/tokenizer.h"
+#include "chat/family.h"
+#include "engine/text/tokenizer.h"
 
 namespace baton {
 

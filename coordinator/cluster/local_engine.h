@@ -33,11 +33,11 @@
 
 #include "coordinator/api/generation.h"
 #include "coordinator/cluster/prefix_cache.h"
-#include "engine/gguf.h"
-#include "engine/backend.h"
-#include "engine/loader.h"
-#include "engine/memory_plan.h"
-#include "engine/stage.h"
+#include "engine/gguf/file.h"
+#include "engine/runtime/backend.h"
+#include "engine/model/loader.h"
+#include "engine/base/memory_plan.h"
+#include "engine/runtime/stage.h"
 
 namespace baton {
 
@@ -54,10 +54,10 @@ struct LocalEngineConfig {
   int64_t prefill_chunk = 0;   // prompt tokens of one sequence per step; 0 = the stage's max_batch
   bool prefix_cache = true;    // reuse the KV a free slot kept of its last request (prefix_cache.h)
   uint64_t staging_slot_bytes = uint64_t(64) << 20;  // each of the loader's staging buffers (--staging-mb)
-  // The most memory the plan may use (serve --mem-limit; engine/backend.h's
+  // The most memory the plan may use (serve --mem-limit; engine/runtime/backend.h's
   // memory_limit_problem); 0: on the CPU, what the machine has available.
   uint64_t mem_limit = 0;
-  // Called on the loading thread as the weights arrive (engine/loader.h).
+  // Called on the loading thread as the weights arrive (engine/model/loader.h).
   std::function<void(const LoadProgress&)> on_load_progress;
 };
 

@@ -1,5 +1,5 @@
 #include "coordinator/cluster/placement.h"
-#include "engine/layer_range_text.h"
+#include "engine/model/layer_range_text.h"
 
 #include <fmt/format.h>
 

@@ -20,8 +20,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/memory_plan.h"
-#include "engine/node_plan.h"
+#include "engine/base/memory_plan.h"
+#include "engine/plan/node_plan.h"
 
 namespace baton {
 

@@ -37,8 +37,8 @@
 #include "coordinator/commands/bench_serve_client.h"
 #include "coordinator/commands/commands.h"
 #include "coordinator/commands/count_list.h"
-#include "engine/command_error.h"
-#include "engine/command_line.h"
+#include "engine/base/command_error.h"
+#include "engine/base/command_line.h"
 
 namespace baton {
 

@@ -31,13 +31,13 @@
 
 #include "coordinator/commands/commands.h"
 #include "coordinator/cluster/local_cluster.h"
-#include "engine/arch.h"
-#include "engine/backend.h"
-#include "engine/command_error.h"
-#include "engine/command_line.h"
-#include "engine/gguf.h"
-#include "engine/temp_file.h"
-#include "engine/node_plan.h"
+#include "engine/model/arch.h"
+#include "engine/runtime/backend.h"
+#include "engine/base/command_error.h"
+#include "engine/base/command_line.h"
+#include "engine/gguf/file.h"
+#include "engine/base/temp_file.h"
+#include "engine/plan/node_plan.h"
 
 namespace baton {
 namespace {

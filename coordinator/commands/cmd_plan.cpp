@@ -13,11 +13,11 @@
 #include "coordinator/commands/commands.h"
 #include "coordinator/cluster/placement.h"
 #include "coordinator/commands/plan_deploy.h"
-#include "engine/command_error.h"
-#include "engine/command_line.h"
-#include "engine/model_files.h"
-#include "engine/node_plan.h"
-#include "engine/layer_range_text.h"
+#include "engine/base/command_error.h"
+#include "engine/base/command_line.h"
+#include "engine/model/files.h"
+#include "engine/plan/node_plan.h"
+#include "engine/model/layer_range_text.h"
 
 namespace baton {
 namespace {

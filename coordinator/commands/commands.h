@@ -1,5 +1,5 @@
 // The coordinator's subcommands. Each takes argv with argv[0] = the subcommand
-// name and returns the exit status (engine/command_error.h); errors it throws
+// name and returns the exit status (engine/base/command_error.h); errors it throws
 // are printed and mapped to a status by cli/main.cpp.
 #pragma once
 

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <memory>
 
-#include "engine/progress_line.h"
+#include "engine/base/progress_line.h"
 
 namespace baton {
 

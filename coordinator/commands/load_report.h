@@ -7,8 +7,8 @@
 #include <functional>
 #include <string>
 
-#include "engine/backend.h"
-#include "engine/loader.h"
+#include "engine/runtime/backend.h"
+#include "engine/model/loader.h"
 
 namespace baton {
 

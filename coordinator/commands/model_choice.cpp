@@ -9,11 +9,11 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "engine/command_error.h"
-#include "engine/gguf.h"
-#include "engine/layer_range_text.h"
-#include "engine/part_info.h"
-#include "engine/synth.h"
+#include "engine/base/command_error.h"
+#include "engine/gguf/file.h"
+#include "engine/model/layer_range_text.h"
+#include "engine/model/part_info.h"
+#include "gguf_split/synth.h"
 
 namespace baton {
 

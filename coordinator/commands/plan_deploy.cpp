@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "engine/layer_range_text.h"
-#include "engine/part_info.h"
+#include "engine/model/layer_range_text.h"
+#include "engine/model/part_info.h"
 
 namespace baton {
 

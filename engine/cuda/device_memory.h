@@ -1,13 +1,13 @@
 // The generic device pieces a CUDA stage is built from: exact-size device and
 // pinned host allocations, the pinned staging ring the streaming loader fills
-// (engine/loader.h), owning handles of streams, events, cuBLAS and graph
+// (engine/model/loader.h), owning handles of streams, events, cuBLAS and graph
 // executables, the allocation of a stage's three device lines and the load of
 // its weights into them; and the device probes (availability, ceilings).
 // CudaStageBase (engine/cuda/stage_base.h) puts them together in the order a
 // stage needs.
 //
 // Only compiled when the build has CUDA (BATON_HAVE_CUDA); include
-// engine/backend.h elsewhere.
+// engine/runtime/backend.h elsewhere.
 #pragma once
 
 #include <cublas_v2.h>
@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/model.h"
+#include "engine/runtime/backend.h"
+#include "engine/model/model.h"
 #include "kernels/cuda/common.cuh"
 
 namespace baton {

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/runtime/backend.h"
 #include "kernels/cuda/common.cuh"
 
 namespace baton::cuda {

@@ -1,5 +1,5 @@
 #include "engine/cuda/stage_base.h"
-#include "engine/layer_range_text.h"
+#include "engine/model/layer_range_text.h"
 
 #include <fmt/format.h>
 

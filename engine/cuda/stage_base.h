@@ -1,13 +1,13 @@
 // What every CUDA stage shares, whatever the architecture: its memory, its
 // set-up, the per-step driver and the decode graphs. CudaStage (llama family,
-// engine/cuda/cuda_stage.h) and CudaDs4Stage (deepseek4, ds4_stage.h) add
+// engine/cuda/stages/llama.h) and CudaDs4Stage (deepseek4, engine/cuda/stages/ds4.h) add
 // their plan, their weights and their forward.
 //
 // Memory (docs/MEMORY.md): three device allocations of exactly the plan's
 // lines (weights, kv cache, workspace) and one pinned host buffer for the
 // per-step parameters and outputs; tensors, cache rows and scratch are views
 // inside them. The weights arrive through the streaming loader's pinned ring
-// (engine/loader.h), which exists only while loading. The forward allocates
+// (engine/model/loader.h), which exists only while loading. The forward allocates
 // nothing: cuBLAS gets its workspace from the plan.
 //
 // Decode (one token) is a CUDA graph captured once per sequence slot at
@@ -18,7 +18,7 @@
 // decode step; the output rows are copied to the pinned io after it.
 //
 // Only compiled when the build has CUDA (BATON_HAVE_CUDA); include
-// engine/backend.h elsewhere.
+// engine/runtime/backend.h elsewhere.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +28,10 @@
 #include <span>
 #include <vector>
 
-#include "engine/backend.h"
+#include "engine/runtime/backend.h"
 #include "engine/cuda/device_memory.h"
 #include "engine/cuda/graph_profile.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 namespace baton {
 
@@ -65,7 +65,7 @@ class CudaStageBase : public StageRunner {
   std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens) override;
   int32_t forward_greedy(int seq, std::span<const int32_t> tokens) override;
 
-  // Boundary rows on the device (engine/backend.h), for a stage whose forward
+  // Boundary rows on the device (engine/runtime/backend.h), for a stage whose forward
   // reads its input rows from x as they are (SharedLayout::input_in_forward
   // false): the output is the workspace's residual stream x (the logits on
   // the last stage); the input room is that same x, which the forward, and

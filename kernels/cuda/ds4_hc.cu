@@ -27,7 +27,7 @@ constexpr int kMaxHc = 8;
 
 __device__ __forceinline__ float sigmoid_f(float v) { return 1.0f / (1.0f + expf(-v)); }
 
-// ds4_hc_weights (engine/arch_deepseek4.cpp) on mix[] in shared memory, by
+// ds4_hc_weights (engine/arch/deepseek4.cpp) on mix[] in shared memory, by
 // warp 0: lane j * n + k owns comb[j][k] and forms each row or column sum
 // itself from shuffles in the CPU's order, so the Sinkhorn rounds cost a few
 // shuffles and one division per round instead of n * n serial divisions.

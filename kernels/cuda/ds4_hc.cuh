@@ -32,7 +32,7 @@ struct Ds4HcShape {
 };
 
 // From raw mix rows (hc_fn . RMS(flat x)): writes the HC weights over mix,
-// as ds4_hc_weights of engine/arch_deepseek4.h (pre, post, then comb after
+// as ds4_hc_weights of engine/arch/deepseek4.h (pre, post, then comb after
 // Sinkhorn), and h[t] = RMSNorm(sum_s pre[s] x[t][s]) * norm (n_embd floats
 // per token, rows n_embd apart). scale: 3 floats, base: mix floats, norm:
 // n_embd floats. n_hc <= 8.

@@ -1,6 +1,6 @@
 // DeepSeek V4 MoE router on the GPU: sqrt(softplus) scores, then the top-k
 // (or hash-table) expert ids and weights of each token, as ds4_route of
-// engine/arch_deepseek4_moe.cpp (docs/DEEPSEEK4.md).
+// engine/arch/deepseek4_moe.cpp (docs/DEEPSEEK4.md).
 //
 // Conventions of kernels/cuda/ (common.cuh): device pointers, explicit
 // stream, no allocation (scratch is the caller's workspace), bad arguments

@@ -5,7 +5,7 @@
 // returns the k most likely tokens (k <= 64), most likely first, with their
 // logits divided by the temperature and the softmax over those k; the host
 // sampler finishes (top-p, min-p, the random draw) from these k candidates,
-// exactly as engine/sampler.cpp does after its own top-k cut.
+// exactly as engine/sampling/sampler.cpp does after its own top-k cut.
 #pragma once
 
 #include <cuda_runtime.h>

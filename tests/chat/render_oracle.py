@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Renders chat templates with Jinja2 the way Hugging Face transformers does.
 
-The reference for Baton's Jinja engine (test_engine_jinja): every template is
+The reference for Baton's Jinja engine (test_chat_jinja): every template is
 rendered for every case of a conversations file, and the outputs (or the fact
 that Jinja2 raised) are written as JSON.
 

@@ -10,7 +10,7 @@
 #include <random>
 #include <string>
 
-#include "coordinator/api/chat_output.h"
+#include "chat/output/parser.h"
 
 using namespace baton;
 

@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "coordinator/api/openai_request.h"
-#include "engine/chat_jinja.h"
-#include "engine/chat_template.h"
-#include "engine/gguf.h"
-#include "engine/jinja_template.h"
-#include "engine/tokenizer.h"
+#include "chat/jinja_prompt.h"
+#include "chat/family.h"
+#include "engine/gguf/file.h"
+#include "chat/jinja/template.h"
+#include "engine/text/tokenizer.h"
 
 using namespace baton;
 using json = nlohmann::ordered_json;

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/gguf.h"
+#include "engine/gguf/file.h"
 
 namespace {
 

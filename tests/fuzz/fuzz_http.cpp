@@ -37,9 +37,9 @@
 #include "coordinator/api/http_server.h"
 #include "coordinator/api/metrics.h"
 #include "coordinator/api/openai_api.h"
-#include "engine/chat_template.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "chat/family.h"
+#include "engine/gguf/file.h"
+#include "engine/text/tokenizer.h"
 
 namespace http = boost::beast::http;
 using namespace baton;

@@ -6,7 +6,7 @@
 // hostile shapes of docs/RELIABILITY.md (tests/fuzz/corpus/fuzz_jinja/).
 //
 // Input: the template source, rendered for one conversation with a tool call,
-// a tool result and tools, under small limits (jinja_limits.h) so that no
+// a tool result and tools, under small limits (chat/jinja/limits.h) so that no
 // input runs near libFuzzer's timeout or memory limit: what a template may
 // do within them is bounded by the same code as with the server's.
 #include <chrono>
@@ -14,8 +14,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/jinja_ast.h"
-#include "engine/jinja_template.h"
+#include "chat/jinja/ast.h"
+#include "chat/jinja/template.h"
 
 using namespace baton;
 

@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/model_files.h"
+#include "engine/gguf/file.h"
+#include "engine/model/files.h"
 #include "gguf_split/split.h"
 
 using namespace baton;

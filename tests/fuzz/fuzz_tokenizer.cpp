@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/gguf/file.h"
+#include "engine/text/tokenizer.h"
 
 using namespace baton;
 

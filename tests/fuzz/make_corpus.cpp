@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/gguf.h"
+#include "engine/gguf/file.h"
 
 using namespace baton;
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/model_files.h"
+#include "engine/gguf/file.h"
+#include "engine/model/files.h"
 #include "gguf_split/split.h"
 
 using namespace baton;

@@ -1,0 +1,54 @@
+// Chat prompts from the model's own Jinja template (see jinja_prompt.h).
+#include "chat/jinja_prompt.h"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/gguf/file.h"
+#include "engine/text/tokenizer.h"
+
+namespace baton {
+
+nlohmann::ordered_json chat_template_context(const ChatTemplateInput& in) {
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
+  ctx["messages"] = in.messages;
+  ctx["tools"] = in.tools;
+  ctx["add_generation_prompt"] = in.add_generation_prompt;
+  ctx["bos_token"] = in.bos_token;
+  ctx["eos_token"] = in.eos_token;
+  if (in.kwargs.is_object())
+    for (const auto& [k, v] : in.kwargs.items()) ctx[k] = v;
+  return ctx;
+}
+
+bool chat_template_variable_reserved(std::string_view name) {
+  for (std::string_view r : {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+                             "strftime_now", "range", "namespace", "dict"})
+    if (name == r) return true;
+  return false;
+}
+
+std::string render_chat(const JinjaTemplate& t, const ChatTemplateInput& in, std::time_t now) {
+  return t.render(chat_template_context(in), now, in.limits);
+}
+
+std::shared_ptr<const JinjaTemplate> gguf_chat_template(const GgufFile& f) {
+  const GgufValue* v = f.find("tokenizer.chat_template");
+  if (!v || v->type != GgufType::STRING) return nullptr;
+  return std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(v->str));
+}
+
+std::shared_ptr<const JinjaTemplate> load_chat_template_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read the chat template file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(ss.str()));
+}
+
+std::string chat_eos_text(const Tokenizer& tok) {
+  return tok.eos() >= 0 ? tok.token_text(tok.eos()) : std::string();
+}
+
+}  // namespace baton

@@ -1,0 +1,220 @@
+#include "chat/tool_call_grammar.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "engine/sampling/json_schema.h"
+
+namespace baton {
+
+using ojson = nlohmann::ordered_json;
+using Item = Grammar::Item;
+
+namespace {
+
+// The DSML markup of DeepSeek V3.2 / V4 templates ("｜" is U+FF5C).
+constexpr std::string_view kDsml = "\xEF\xBD\x9C" "DSML" "\xEF\xBD\x9C";
+
+std::vector<Item> concat(std::vector<Item> a, const std::vector<Item>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A property that DSML writes as raw text (string="true"): a plain string
+// schema. Everything else is written as JSON (string="false").
+bool dsml_raw_string(const ojson& s) {
+  if (!s.is_object() || s.value("type", ojson()) != "string") return false;
+  for (const auto& [k, v] : s.items()) {
+    if (k != "type" && k != "description" && k != "title" && k != "minLength" && k != "maxLength") return false;
+  }
+  return true;
+}
+
+class Builder {
+ public:
+  Builder(Grammar& g) : g_(g), json_(g) {}
+
+  Grammar::RuleId rule(const std::vector<std::vector<Item>>& alts) {
+    const auto r = g_.add_rule();
+    for (const auto& a : alts) g_.add_alternative(r, a);
+    return r;
+  }
+
+  // The arguments object of one tool, as JSON.
+  Grammar::RuleId arguments(const ToolSpec& t) {
+    if (t.parameters.is_null() || (t.parameters.is_object() && t.parameters.empty())) return json_.any_object();
+    return json_.compile(t.parameters);
+  }
+
+  // {"name": "NAME", "<args_key>": ARGS}, one alternative per tool.
+  Grammar::RuleId json_call(const std::vector<ToolSpec>& tools, const std::string& args_key) {
+    std::vector<std::vector<Item>> alts;
+    const Item ws = Item::ref(json_.ws());
+    for (const ToolSpec& t : tools) {
+      std::vector<Item> a = {Item::byte('{'), ws};
+      a = concat(a, Grammar::literal("\"name\":"));
+      a.push_back(ws);
+      a = concat(a, Grammar::literal(ojson(t.name).dump() + ","));
+      a.push_back(ws);
+      a = concat(a, Grammar::literal(ojson(args_key).dump() + ":"));
+      a.push_back(ws);
+      a.push_back(Item::ref(arguments(t)));
+      a.push_back(ws);
+      a.push_back(Item::byte('}'));
+      alts.push_back(std::move(a));
+    }
+    return rule(alts);
+  }
+
+  // <｜DSML｜invoke name="NAME">\n PARAMETERS </｜DSML｜invoke>\n, one
+  // alternative per tool; parameters in the schema's order, optional ones
+  // may be left out.
+  Grammar::RuleId dsml_invoke(const std::vector<ToolSpec>& tools) {
+    const std::string d(kDsml);
+    std::vector<std::vector<Item>> alts;
+    for (const ToolSpec& t : tools) {
+      if (!t.parameters.is_null() && !t.parameters.is_object()) throw SchemaError("parameters must be an object schema");
+      std::vector<Item> a = Grammar::literal("<" + d + "invoke name=\"" + t.name + "\">\n");
+      const ojson* props = t.parameters.is_object() && t.parameters.contains("properties")
+                               ? &t.parameters["properties"]
+                               : nullptr;
+      std::vector<std::string> required;
+      if (t.parameters.is_object() && t.parameters.contains("required")) {
+        for (const auto& r : t.parameters["required"]) required.push_back(r.get<std::string>());
+      }
+      if (props) {
+        for (const auto& [k, sub] : props->items()) {
+          const bool raw = dsml_raw_string(sub);
+          std::vector<Item> p = Grammar::literal("<" + d + "parameter name=\"" + k + "\" string=\"" +
+                                                 (raw ? "true" : "false") + "\">");
+          p.push_back(Item::ref(raw ? raw_text(sub) : json_.compile(sub, &t.parameters)));
+          p = concat(p, Grammar::literal("</" + d + "parameter>\n"));
+          const bool req = std::find(required.begin(), required.end(), k) != required.end();
+          a.push_back(Item::ref(req ? rule({p}) : rule({{}, p})));
+        }
+      }
+      a = concat(a, Grammar::literal("</" + d + "invoke>\n"));
+      alts.push_back(std::move(a));
+    }
+    return rule(alts);
+  }
+
+  // A raw string parameter: characters other than '<' (which would start
+  // the closing tag), counted as the schema's lengths ask.
+  Grammar::RuleId raw_text(const ojson& s) {
+    ByteSet ascii = ByteSet::range(0x09, 0x0A);
+    ascii.add(0x20, 0x7F).remove('<');
+    const Item c = Item::set(ByteSet::range(0x80, 0xBF));
+    const auto ch = rule({{Item::set(ascii)},
+                          {Item::set(ByteSet::range(0xC2, 0xDF)), c},
+                          {Item::byte(0xE0), Item::set(ByteSet::range(0xA0, 0xBF)), c},
+                          {Item::set(ByteSet::range(0xE1, 0xEC)), c, c},
+                          {Item::byte(0xED), Item::set(ByteSet::range(0x80, 0x9F)), c},
+                          {Item::set(ByteSet::range(0xEE, 0xEF)), c, c},
+                          {Item::byte(0xF0), Item::set(ByteSet::range(0x90, 0xBF)), c, c},
+                          {Item::set(ByteSet::range(0xF1, 0xF3)), c, c, c},
+                          {Item::byte(0xF4), Item::set(ByteSet::range(0x80, 0x8F)), c, c}});
+    const int64_t min = s.value("minLength", int64_t(0));
+    const int64_t max = s.value("maxLength", int64_t(-1));
+    if (min < 0 || min > 4096 || max > 4096) throw SchemaError("string lengths above 4096 are not supported");
+    auto tail = rule({{}});
+    if (max < 0) {
+      tail = g_.add_rule();
+      g_.add_alternative(tail, {});
+      g_.add_alternative(tail, {Item::ref(ch), Item::ref(tail)});
+    } else {
+      for (int64_t i = min; i < max; ++i) tail = rule({{}, {Item::ref(ch), Item::ref(tail)}});
+    }
+    std::vector<Item> seq(size_t(min), Item::ref(ch));
+    seq.push_back(Item::ref(tail));
+    return rule({seq});
+  }
+
+ private:
+  Grammar& g_;
+  JsonSchemaCompiler json_;
+};
+
+// Any bytes up to and including the first occurrence of `marker`: the
+// marker's matching automaton (Knuth-Morris-Pratt), one rule per matched
+// prefix length, each byte going to the length it leaves matched.
+Grammar::RuleId text_until(Grammar& g, std::string_view marker) {
+  const size_t n = marker.size();
+  std::vector<size_t> pi(n, 0);  // longest proper border of marker[0..k]
+  for (size_t k = 1; k < n; ++k) {
+    size_t j = pi[k - 1];
+    while (j > 0 && marker[k] != marker[j]) j = pi[j - 1];
+    pi[k] = j + (marker[k] == marker[j] ? 1 : 0);
+  }
+  auto delta = [&](size_t k, uint8_t b) {
+    for (;;) {
+      if (uint8_t(marker[k]) == b) return k + 1;
+      if (k == 0) return size_t(0);
+      k = pi[k - 1];
+    }
+  };
+  std::vector<Grammar::RuleId> state(n);
+  for (size_t k = 0; k < n; ++k) state[k] = g.add_rule();
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<ByteSet> to(n + 1);
+    std::vector<bool> used(n + 1, false);
+    for (int b = 0; b < 256; ++b) {
+      const size_t t = delta(k, uint8_t(b));
+      to[t].add(uint8_t(b), uint8_t(b));
+      used[t] = true;
+    }
+    for (size_t t = 0; t <= n; ++t) {
+      if (!used[t]) continue;
+      if (t == n) g.add_alternative(state[k], {Item::set(to[t])});
+      else g.add_alternative(state[k], {Item::set(to[t]), Item::ref(state[t])});
+    }
+  }
+  return state[0];
+}
+
+}  // namespace
+
+std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const std::vector<ToolSpec>& tools,
+                                                 std::string_view reasoning_end) {
+  if (tools.empty()) throw std::invalid_argument("a forced tool call needs at least one tool");
+  auto g = std::make_shared<Grammar>();
+  Builder b(*g);
+  Grammar::RuleId root = 0;
+  switch (format) {
+    case ToolCallFormat::hermes:
+      root = b.rule({concat(concat(Grammar::literal("<tool_call>\n"), {Item::ref(b.json_call(tools, "arguments"))}),
+                            Grammar::literal("\n</tool_call>"))});
+      break;
+    case ToolCallFormat::llama3_json: root = b.json_call(tools, "parameters"); break;
+    case ToolCallFormat::mistral:
+      root = b.rule({concat(concat(Grammar::literal("[TOOL_CALLS]["), {Item::ref(b.json_call(tools, "arguments"))}),
+                            Grammar::literal("]"))});
+      break;
+    case ToolCallFormat::deepseek_dsml: {
+      const std::string d(kDsml);
+      root = b.rule({concat(concat(Grammar::literal("<" + d + "tool_calls>\n"), {Item::ref(b.dsml_invoke(tools))}),
+                            Grammar::literal("</" + d + "tool_calls>"))});
+      break;
+    }
+    case ToolCallFormat::none: throw std::invalid_argument("this model has no tool-call format to force");
+  }
+  if (!reasoning_end.empty()) {
+    const auto sep = b.rule({{}, {Item::byte('\n')}, {Item::byte('\n'), Item::byte('\n')}});
+    root = b.rule({{Item::ref(text_until(*g, reasoning_end)), Item::ref(sep), Item::ref(root)}});
+  }
+  return finish_schema_grammar(std::move(g), root);
+}
+
+std::shared_ptr<const Grammar> forced_tool_call_grammar(const ChatTools& tools, const ChatOutputFormat& output) {
+  const ToolChoice& choice = tools.choice;
+  if (choice.mode != ToolChoice::Mode::required && choice.mode != ToolChoice::Mode::named) return nullptr;
+  if (output.tools == ToolCallFormat::none || tools.tools.empty()) return nullptr;
+  std::vector<ToolSpec> allowed;
+  for (const ToolSpec& t : tools.tools) {
+    if (choice.mode == ToolChoice::Mode::required || t.name == choice.name) allowed.push_back(t);
+  }
+  return tool_call_grammar(output.tools, allowed,
+                           output.reasoning_open ? std::string_view(output.reasoning_end) : std::string_view());
+}
+
+}  // namespace baton

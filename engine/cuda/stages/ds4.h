@@ -1,0 +1,95 @@
+// The CUDA backend of a deepseek4 stage: a DeepSeek V4 layer range on one
+// device, with the arithmetic of the CPU arch (engine/arch_deepseek4*.cpp)
+// through the kernels of kernels/cuda/ds4_*.cuh and moe.cuh. Memory,
+// set-up, the step driver and the decode graphs are CudaStageBase's
+// (engine/cuda/stage_base.h).
+//
+// The KV cache holds, per layer and sequence, the streams the CPU arch lays
+// out (window ring, compressed rows, compressor state, index rows, indexer
+// state; F32), so the "kv cache" line equals the CPU plan's.
+//
+// Decode: the routed experts run in moe_decode with the router's ids on the
+// device, so nothing returns to the host inside a step. Prefill runs the
+// dense projections as cuBLAS GEMMs (matmul) and the experts grouped
+// (moe_prefill), which needs the group sizes on the host: one synchronisation
+// per layer.
+//
+// A batch of several sequences (enqueue_batch) runs every row-wise step
+// (HC, projections, router, experts, head) once over all rows; the steps
+// that read or write a sequence's own streams (compressors, indexer,
+// attention, the window ring) run chunk by chunk against that sequence's
+// cache. Those kernels take the cache by pointer, so a batch is queued every
+// step rather than replayed from a graph.
+//
+// Stage boundary: the whole hyper-connection state, n_hc * n_embd floats per
+// token. The forward copies the host input rows into the HC state itself,
+// inside the decode graph, so this stage has no device boundary rows. Only
+// compiled when the build has CUDA (BATON_HAVE_CUDA).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "engine/arch/deepseek4.h"
+#include "engine/runtime/backend.h"
+#include "engine/cuda/stage_base.h"
+#include "engine/model/model.h"
+
+namespace baton {
+
+class CudaDs4Stage final : public CudaStageBase {
+ public:
+  // The plan without allocating: device lines "weights", "kv cache",
+  // "workspace", host lines "pinned io" and "load staging".
+  // Refuses by name a tensor the CUDA kernels cannot run.
+  static MemoryPlan plan(const GgufFile& f, const StageConfig& config, const LoadOptions& load = {});
+
+  CudaDs4Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& load = {});
+  ~CudaDs4Stage() override;
+
+  // Defined in ds4_impl.h: the device matrices of the stage, the
+  // sections of the workspace, of the KV cache and of the pinned io buffer.
+  struct Mat;
+  struct Weights;
+  struct Layout;
+
+ private:
+  // Queues the whole forward of n tokens of seq (ds4_forward.cpp).
+  // graph: capturing the decode graph, where positions come from device
+  // memory and pos0 is ignored.
+  void enqueue(int seq, int64_t n, int64_t pos0, bool graph) override;
+  // A batch's chunks from the pinned step parameters, then the forward.
+  void enqueue_batch(int64_t n, int64_t n_out, bool graph) override;
+  // One sequence's rows of a forward: rows [r0, r0 + n) at positions pos0...
+  struct Chunk {
+    int seq = 0;
+    int64_t r0 = 0, n = 0, pos0 = 0;
+  };
+  // The forward of n rows made of `chunks`; batch: the head computes the
+  // logits of the n_out rows the step parameters name (out_rows).
+  void run_forward(const std::vector<Chunk>& chunks, int64_t n, int64_t n_out, bool batch, bool graph);
+  void attention(const std::vector<Chunk>& chunks, int layer, int64_t n, bool graph);
+  // Returns the shared expert's output when it is left for the HC-post to add.
+  const float* moe(int layer, int64_t n);
+  void head(int64_t n, int64_t n_out, bool batch);
+  // x: n rows of floats; xq: the same rows quantized for matvec_xq, or null.
+  void project(const Mat& m, const float* x, const void* xq, int64_t n, int64_t x_stride, float* out,
+               int64_t out_stride);
+  // quantize_xq of x into the xq buffer when some of `mats` take it (decode).
+  const void* quantize_for(std::initializer_list<const Mat*> mats, const float* x, int64_t width, int64_t n,
+                           int64_t x_stride);
+  float* kv_stream(int layer, int seq, int s) const;
+
+  const Deepseek4Arch* ds4_ = nullptr;
+  // Decode: the HC comb weights (ds4_hc_comb) run on side_ beside the
+  // sublayer, forked after the HC-pre and joined before the HC-post; the
+  // capture of the decode graph follows the fork, so the graph holds both.
+  StreamHandle side_;
+  EventHandle fork_, join_;
+  std::unique_ptr<Weights> w_;
+  std::unique_ptr<Layout> layout_;
+};
+
+}  // namespace baton
