@@ -1,6 +1,6 @@
 // CUDA DeepSeek V4 attention (kernels/cuda/ds4_attention.cuh) against a
 // line-by-line host port of the CPU arch's attention (a private member of
-// engine/arch_deepseek4*.cpp), that port on inputs whose answer is known by
+// engine/arch/deepseek4*.cpp), that port on inputs whose answer is known by
 // hand, the window ring's store, and the grouped output projection
 // (kernels/cuda/ds4_grouped_matvec.cuh). Seeded random data, seed printed;
 // outputs poisoned before each run.

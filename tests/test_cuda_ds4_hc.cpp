@@ -1,5 +1,5 @@
 // CUDA DeepSeek V4 hyper-connections (kernels/cuda/ds4_hc.cuh) against the
-// CPU code of engine/arch_deepseek4*.cpp (ds4_hc_weights and the HC-pre and
+// CPU code of engine/arch/deepseek4*.cpp (ds4_hc_weights and the HC-pre and
 // HC-post loops). Seeded random data, seed printed; outputs poisoned before
 // each run.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // CUDA DeepSeek V4 lightning indexer (kernels/cuda/ds4_indexer.cuh): scores
 // and top-k against a host loop of the CPU arch's indexer (a private member
-// of engine/arch_deepseek4*.cpp). Seeded random data, seed printed; outputs
+// of engine/arch/deepseek4*.cpp). Seeded random data, seed printed; outputs
 // poisoned before each run.
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // What every API's request parser shares: the refusal type (ApiError, from
-// chat/request_error.h with its first constructors), the
-// bounded parse of a JSON body, typed field readers that refuse by name, the
-// model check and the context limits. Free of I/O, so that tests drive it
+// chat/request_error.h with its first constructors), the bounded parse of a
+// JSON body, typed field readers that refuse by name, the model check, the
+// context limits and a chat turn's stops. Free of I/O, so that tests drive it
 // directly. The OpenAI routes (openai_request.h) and the Anthropic routes
 // (anthropic_request.h) build on it; each API shapes an ApiError into its own
 // error body.

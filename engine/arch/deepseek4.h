@@ -97,7 +97,7 @@ class Deepseek4Arch : public Arch {
   uint64_t workspace_bytes(const WorkspaceShape& shape) const override;
   const float* forward(const ForwardArgs& args) const override;
 
-  // The workspace of one forward (offsets in bytes; see deepseek4_shape.cpp
+  // The workspace of one forward (offsets in bytes; see engine/model/deepseek4_shape.cpp
   // for the layout this must match).
   struct Ws {
     uint64_t x, hc_tmp, mix, h, h_out, scores, rows;                    // persistent

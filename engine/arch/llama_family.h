@@ -4,9 +4,9 @@
 //   x += Wdown · (silu(Wgate·n(x)) * Wup·n(x))
 // with n = RMS norm, grouped-query attention and a causal mask. Variants differ
 // only in the rope pairing, q/k/v biases and a per-head q/k RMS norm; each
-// arch_<name>.cpp fills a LlamaVariant and reads its hyperparameters here.
+// NAME.cpp (llama, qwen2, qwen3) fills a LlamaVariant and reads its hyperparameters here.
 // llama_family.cpp also holds the family's node planner
-// (make_llama_family_planner, see arch_planner.h).
+// (make_llama_family_planner, see engine/plan/arch_planner.h).
 #pragma once
 
 #include <string>

@@ -9,11 +9,11 @@
 //   - the workspace its forward needs for a batch shape,
 //   - the forward of a layer range (with the embedding and/or head when the
 //     stage has them).
-// One file per architecture (arch_<name>.cpp); llama, qwen2 and qwen3 share
-// the llama-family core in llama_family.{h,cpp}. What the node planner needs
-// from an architecture is its ArchPlanner (arch_planner.h); the registry
-// (arch_registry.{h,cpp}) names both builders and the architecture's CUDA
-// stage.
+// One file per architecture (engine/arch/NAME.cpp); llama, qwen2 and qwen3
+// share the llama-family core in engine/arch/llama_family.{h,cpp}. What the
+// node planner needs from an architecture is its ArchPlanner
+// (engine/plan/arch_planner.h); the registry (registry.h, the list in
+// engine/registry.cpp) names both builders and the architecture's CUDA stage.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The one list of architectures this build knows: general.architecture ->
 // how to build its Arch (the forward), its ArchPlanner (the node planner's
 // lines) and which CUDA stage runs it. Arch::from_gguf, Arch::known,
-// ModelPlanner and the backend seam (backend.cpp) all read it, so adding an
+// ModelPlanner and the backend seam (engine/runtime/backend.cpp) all read it, so adding an
 // architecture touches its own files and one line of engine/registry.cpp.
 #pragma once
 
@@ -24,7 +24,7 @@ struct StageConfig;
 // A CUDA stage (engine/cuda/stages/factories.h); only a CUDA build has any.
 struct CudaStageFactory {
   // The dry run and the stage itself, as plan_stage_runner and
-  // make_stage_runner (backend.h) promise them.
+  // make_stage_runner (engine/runtime/backend.h) promise them.
   MemoryPlan (*plan)(const GgufFile& f, const StageConfig& config, const LoadOptions& load);
   std::unique_ptr<StageRunner> (*make)(const GgufFile& f, const StageConfig& config, const LoadOptions& load);
   // True: the stage lays its scratch out its own way, so the node planner

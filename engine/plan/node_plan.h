@@ -5,7 +5,7 @@
 // planner checks the request, caches, and adds the lines every architecture
 // shares. See docs/MEMORY.md.
 //
-// Plan lines (PlanLine, memory_plan.h), in this order:
+// Plan lines (PlanLine, engine/base/memory_plan.h), in this order:
 //   weights          exact tensor bytes, each aligned to kPlanAlignment: the
 //                    layer range, the embedding on the first stage, the head
 //                    on the last, tensors of no layer (shared) on every stage
@@ -34,7 +34,7 @@
 
 namespace baton {
 
-struct StageConfig;  // stage.h
+struct StageConfig;  // engine/runtime/stage.h
 
 class ArchPlanner;
 class GgufFile;

@@ -1,6 +1,6 @@
 // DeepSeek V4 attention on the GPU: per head, softmax over the window rows
 // and the visible compressed rows with a per-head sink, K = V, as the CPU
-// code of engine/arch_deepseek4*.cpp (docs/DEEPSEEK4.md); and the window
+// code of engine/arch/deepseek4*.cpp (docs/DEEPSEEK4.md); and the window
 // ring's store. Prefill runs on the tensor cores instead (ds4_attn_tc.cuh).
 //
 // Conventions of kernels/cuda/ (common.cuh): device pointers, explicit

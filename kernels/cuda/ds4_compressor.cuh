@@ -1,6 +1,6 @@
 // DeepSeek V4 compressor on the GPU: the gated pooling of every `ratio`
 // tokens into one compressed KV row (the attention's and the indexer's), as
-// the CPU code of engine/arch_deepseek4*.cpp (docs/DEEPSEEK4.md).
+// the CPU code of engine/arch/deepseek4*.cpp (docs/DEEPSEEK4.md).
 //
 // Conventions of kernels/cuda/ (common.cuh): device pointers, explicit
 // stream, no allocation (scratch is the caller's workspace), bad arguments

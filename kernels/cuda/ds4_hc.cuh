@@ -2,7 +2,7 @@
 // mix product, Sinkhorn weights and the weighted, normalised input h), the
 // HC-post that folds a sublayer's output back into the n_hc streams, and the
 // output head's stream weights. Each matches the CPU code of
-// engine/arch_deepseek4*.cpp (docs/DEEPSEEK4.md) on float32 activations.
+// engine/arch/deepseek4*.cpp (docs/DEEPSEEK4.md) on float32 activations.
 //
 // Conventions of kernels/cuda/ (common.cuh): device pointers, explicit
 // stream, no allocation (scratch is the caller's workspace), bad arguments

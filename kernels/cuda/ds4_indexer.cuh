@@ -1,6 +1,6 @@
 // DeepSeek V4 lightning indexer on the GPU: the scores of the compressed rows
 // and each token's top-k of them, as the CPU code of
-// engine/arch_deepseek4*.cpp (docs/DEEPSEEK4.md). Prefill scores on the
+// engine/arch/deepseek4*.cpp (docs/DEEPSEEK4.md). Prefill scores on the
 // tensor cores instead (ds4_indexer_tc.cuh) and keeps the top-k step here.
 //
 // Conventions of kernels/cuda/ (common.cuh): device pointers, explicit

@@ -1,5 +1,5 @@
 // DeepSeek V4 router (ds4_router.cuh).
-// Each kernel follows the CPU code of engine/arch_deepseek4*.cpp step by
+// Each kernel follows the CPU code of engine/arch/deepseek4*.cpp step by
 // step (same reduction orders where the work is per thread), so the tests
 // can hold tight tolerances.
 #include "kernels/cuda/ds4_router.cuh"

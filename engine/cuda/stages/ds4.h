@@ -1,5 +1,5 @@
 // The CUDA backend of a deepseek4 stage: a DeepSeek V4 layer range on one
-// device, with the arithmetic of the CPU arch (engine/arch_deepseek4*.cpp)
+// device, with the arithmetic of the CPU arch (engine/arch/deepseek4*.cpp)
 // through the kernels of kernels/cuda/ds4_*.cuh and moe.cuh. Memory,
 // set-up, the step driver and the decode graphs are CudaStageBase's
 // (engine/cuda/stage_base.h).

@@ -1,4 +1,4 @@
-// CudaDs4Stage's forward: the CPU arch's steps (engine/arch_deepseek4*.cpp)
+// CudaDs4Stage's forward: the CPU arch's steps (engine/arch/deepseek4*.cpp)
 // as kernel launches on the stage's stream. Per layer: HC-pre, attention,
 // HC-post, HC-pre, MoE, HC-post; the HC state x stays in the workspace for
 // the whole forward.

@@ -1,6 +1,6 @@
 // The parts of CudaDs4Stage that its two source files share: the device
 // matrices of the stage and the byte layout of its workspace, KV cache and
-// pinned io buffer. Private to engine/cuda/ds4_stage*.cpp.
+// pinned io buffer. Private to engine/cuda/stages/ds4*.cpp.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The parts of CudaStage that its two source files share: one weight
 // projection as the forward runs it, every tensor of the stage in that form,
 // and the byte layout of its workspace and pinned io buffer. Private to
-// engine/cuda/cuda_stage*.cpp.
+// engine/cuda/stages/llama*.cpp.
 #pragma once
 
 #include <cstdint>
