@@ -180,7 +180,8 @@ TEST(CgroupRun, GreedyRunCompletesInsideThePlanPlusFivePercent) {
 TEST(CgroupRun, ACapBelowThePlanFailsLoudly) {
   if (!cgroups_writable()) GTEST_SKIP() << kMemoryRoot << " is not writable (needs root and cgroup v1 memory)";
   // The harness itself: a cap the run cannot meet ends in an OOM kill (the
-  // failure the long version must never show), not in a pass.
+  // failure the long version must never show), not in a pass; and baton,
+  // reading the cap, refuses such a run up front.
   test::TempDir dir;
   SynthConfig c;
   c.n_layer = 2;
@@ -192,7 +193,15 @@ TEST(CgroupRun, ACapBelowThePlanFailsLoudly) {
   write_synthetic_model(model, c);
   uncache(model);
   const uint64_t plan = plan_total(model, 128);
-  const CgroupRun r = run_in_cgroup(plan / 2, run_argv(model, 128));
+  // baton reads the cgroup's limit and refuses the plan before it loads...
+  const CgroupRun refused = run_in_cgroup(plan / 2, run_argv(model, 128));
+  EXPECT_NE(refused.result.exit_code, 0);
+  EXPECT_FALSE(refused.oom_killed) << refused.result.err;
+  EXPECT_NE(refused.result.err.find("available"), std::string::npos) << refused.result.err;
+  // ...so the harness is checked with --mem-limit telling it there is room.
+  std::vector<std::string> argv = run_argv(model, 128);
+  argv.insert(argv.end(), {"--mem-limit", "1GiB"});
+  const CgroupRun r = run_in_cgroup(plan / 2, argv);
   EXPECT_NE(r.result.exit_code, 0);
   EXPECT_TRUE(r.oom_killed) << "exit " << r.result.exit_code << ": " << r.result.err;
 }
