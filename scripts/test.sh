@@ -23,6 +23,9 @@ for t in "$build"/tests/test_*; do
   echo "=== $(basename "$t")"
   if ! "$t" --gtest_brief=1; then failed+=("$(basename "$t")"); fi
 done
+# The engine's rooms: includes point down, folders and files stay small.
+echo "=== check_rooms"
+if ! python3 scripts/check_rooms.py; then failed+=("check_rooms"); fi
 # The CUDA sources must also compile for sm_120 and sm_121 (no GPU needed).
 if ! bash scripts/cuda_arch_check.sh; then failed+=("cuda_arch_check"); fi
 # The quick form of the fuzzing (10 s per libFuzzer target; the long runs
