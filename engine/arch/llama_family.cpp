@@ -10,6 +10,8 @@
 #include "engine/plan/arch_planner.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/tp_comm.h"
+#include "engine/tp/tp_slice.h"
 #include "engine/base/memory_plan.h"
 #include "engine/model/model.h"
 
@@ -36,22 +38,21 @@ int64_t vocab_size(const GgufFile& f, const std::string& a) {
                            ".vocab_size, token_embd.weight, output.weight or tokenizer.ggml.tokens");
 }
 
-// A rank file's slice (engine/tp/): which rank, and the head's vocabulary
-// rows. The whole vocabulary is its own key there: the head rows are a slice
-// and a part without the embedding has no other tensor that says it.
+// A rank file's slice (engine/tp/tp_slice.h): which rank, and the head's
+// vocabulary rows. The whole vocabulary has its own key there: the head rows
+// are a slice, and a part without the embedding has no tensor that says it.
 void read_tp(const GgufFile& f, LlamaHparams& hp) {
-  if (!f.has(kTpSize)) {
+  if (!f.has(tp_keys::kSize)) {
     hp.vocab_count = hp.n_vocab;
     return;
   }
-  hp.tp_size = int(f.get_int(kTpSize));
-  hp.tp_rank = int(f.get_int(kTpRank));
-  hp.n_vocab = checked_dim(kTpVocabSize, f.get_int(kTpVocabSize));
-  hp.vocab_begin = f.get_int(kTpVocabBegin);
-  hp.vocab_count = f.get_int(kTpVocabCount);
-  const int64_t slice = tp_vocab_slice(hp.n_vocab, hp.tp_size);
-  if (hp.tp_size < 2 || hp.tp_rank < 0 || hp.tp_rank >= hp.tp_size || hp.vocab_begin != hp.tp_rank * slice ||
-      hp.vocab_count != std::min(slice, hp.n_vocab - hp.vocab_begin) || hp.vocab_count <= 0) {
+  hp.tp_size = int(f.get_int(tp_keys::kSize));
+  hp.tp_rank = int(f.get_int(tp_keys::kRank));
+  hp.n_vocab = checked_dim(tp_keys::kVocabSize, f.get_int(tp_keys::kVocabSize));
+  hp.vocab_begin = f.get_int(tp_keys::kVocabBegin);
+  hp.vocab_count = f.get_int(tp_keys::kVocabCount);
+  if (hp.tp_size < 2 || hp.tp_rank < 0 || hp.tp_rank >= hp.tp_size ||
+      std::make_pair(hp.vocab_begin, hp.vocab_count) != tp_vocab_range(hp.n_vocab, hp.tp_size, hp.tp_rank)) {
     throw std::runtime_error(fmt::format("tensor-parallel rank {} of {} holds vocabulary rows {}+{} of {}: not the "
                                          "slice baton split --tp makes",
                                          hp.tp_rank, hp.tp_size, hp.vocab_begin, hp.vocab_count, hp.n_vocab));
@@ -122,7 +123,7 @@ WsLayout ws_layout(const LlamaHparams& hp, const WorkspaceShape& s) {
   w.freqs = take(uint64_t(hp.rope_dim / 2));
   w.logits = s.head ? take(uint64_t(s.max_logit_rows) * hp.n_vocab) : at;
   // A rank's head: its vocabulary slice, then every rank's slice gathered.
-  const uint64_t slice = hp.tp_size > 1 ? uint64_t(s.max_logit_rows * tp_vocab_slice(hp.n_vocab, hp.tp_size)) : 0;
+  const uint64_t slice = hp.tp_size > 1 ? uint64_t(s.max_logit_rows * tp_vocab_range(hp.n_vocab, hp.tp_size, 0).second) : 0;
   w.tp_mine = s.head ? take(slice) : at;
   w.tp_all = s.head ? take(slice * uint64_t(hp.tp_size > 1 ? hp.tp_size : 0)) : at;
   w.bytes = at;
@@ -317,7 +318,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   // Each rank computes its vocabulary rows; every rank gathers all of them
   // (rank-major blocks of n_rows x slice, the last one padded) into the
   // full rows the sampler reads.
-  const int64_t slice = tp_vocab_slice(hp_.n_vocab, hp_.tp_size);
+  const int64_t slice = tp_vocab_range(hp_.n_vocab, hp_.tp_size, 0).second;
   float* mine = ws(L.tp_mine);
   float* all = ws(L.tp_all);
   matmul(xn, n_rows, E, m.head(kOutput)->view(), mine, hp_.vocab_count, pool, row_buf);
