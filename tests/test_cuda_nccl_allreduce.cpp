@@ -98,6 +98,27 @@ struct DeviceBuffer {
   ~DeviceBuffer() { cudaFree(p); }
 };
 
+// One rank on one GPU: the communicator comes up, and sum and gather run
+// through NCCL and leave the data as it was (the sum of one buffer).
+TEST(CudaNcclAllReduce, OneRankGroupOnOneGpu) {
+  if (!nccl_built()) GTEST_SKIP() << "this build has no NCCL (BATON_NCCL)";
+  if (device_count() < 1) GTEST_SKIP() << "needs a CUDA device";
+  auto errors = on_ranks(1, [&](int, NcclAllReduce& g) {
+    const size_t n = 65536;
+    const std::vector<float> host = random_data(7, n);
+    DeviceBuffer d(n), all(n);
+    ASSERT_EQ(cudaMemcpy(d.p, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    g.sum(d.p, n);
+    g.gather(d.p, n, all.p);
+    std::vector<float> got(n), gathered(n);
+    ASSERT_EQ(cudaMemcpy(got.data(), d.p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(gathered.data(), all.p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(got.data(), host.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(gathered.data(), host.data(), n * sizeof(float)), 0);
+  });
+  ASSERT_FALSE(errors[0]) << message_of(errors[0]);
+}
+
 TEST(CudaNcclAllReduce, SumIsTheSameBitsOnEveryRankAndCloseToTheRankOrderSum) {
   REQUIRE_TWO_GPUS_WITH_NCCL();
   const int n_ranks = std::min(device_count(), 8);
