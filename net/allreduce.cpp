@@ -148,7 +148,10 @@ struct TcpAllReduce::Impl {
   // in the destination buffer, where the receive put it).
   [[noreturn]] void peer_gave_up(Peer& p, uint64_t text_bytes, size_t bytes);
 
-  std::string who(const Peer& p) const { return "rank " + std::to_string(p.rank) + " (" + p.address + ")"; }
+  std::string who(const Peer& p) const {
+    if (p.rank < 0) return "the peer at " + p.address;  // a listener's peer before its introduction
+    return "rank " + std::to_string(p.rank) + " (" + p.address + ")";
+  }
 
   // ---- set-up ----
   void write_all(Peer& p, const uint8_t* b, size_t n, Clock::time_point deadline);
