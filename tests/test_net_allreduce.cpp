@@ -325,5 +325,30 @@ TEST(NetAllReduce, OneRankIsItsOwnSum) {
   expect_bitwise(all, want, "one rank's gather");
 }
 
+// The in-process group refuses the same mistakes, on every rank, and a rank
+// that never comes makes the others fail after the timeout.
+TEST(NetAllReduce, InProcessGroupFailsLikeTheMesh) {
+  {
+    InProcessTpGroup g(3);
+    auto errors = on_ranks(3, [&](int r) {
+      std::vector<float> buf(8, 1.f);
+      g.member(r).sum(buf.data(), r == 1 ? 5 : 4);
+    });
+    // Whoever came first set the size; the odd one fails at once, and the
+    // others (waiting, or arriving after) fail with its reason.
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(errors[size_t(r)]) << "rank " << r << " did not fail";
+      EXPECT_NE(message_of(errors[size_t(r)]).find("floats"), std::string::npos) << message_of(errors[size_t(r)]);
+    }
+  }
+  {
+    InProcessTpGroup g(2, /*timeout_ms=*/300);
+    std::vector<float> buf(4, 1.f);
+    const auto t0 = Clock::now();
+    EXPECT_THROW(g.member(0).sum(buf.data(), 4), std::runtime_error);
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 2.0);
+  }
+}
+
 }  // namespace
 }  // namespace baton::net
