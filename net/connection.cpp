@@ -10,6 +10,7 @@
 #include <boost/asio/write.hpp>
 // clang-format on
 
+#include <future>
 #include <stdexcept>
 
 #include "net/log.h"
@@ -211,6 +212,7 @@ void Connection::Impl::on_written(const boost::system::error_code& ec, size_t n)
   if (state == LinkState::closed) {
     queue.clear();
     queued.store(0, std::memory_order_relaxed);
+    if (on_release) release_now();  // reports the close
     return;
   }
   if (ec) {
@@ -223,6 +225,8 @@ void Connection::Impl::on_written(const boost::system::error_code& ec, size_t n)
   queue.pop_front();
   if (!queue.empty()) {
     write_next();
+  } else if (on_release) {
+    release_now();
   } else if (state == LinkState::flushing) {
     close_now(pending_ec, pending_reason);
   }
@@ -346,6 +350,7 @@ void Connection::Impl::close_now(std::error_code ec, const std::string& reason) 
     queued.store(0, std::memory_order_relaxed);
   }
   handshake_stage.store(HandshakeStage::over);
+  if (on_release && !writing) release_now();  // reports the close to release_socket()
   // Drop the handlers after calling them: they often hold the Connection.
   HandshakeHandler d = std::move(done);
   CloseHandler c = std::move(close_handler);
@@ -401,6 +406,40 @@ void Connection::close(const std::string& reason) {
 
 void Connection::close_after_flush(const std::string& reason) {
   asio::post(impl_->strand, [impl = impl_, reason] { impl->flush_then_close(Errc::closed_locally, reason); });
+}
+
+void Connection::Impl::release_now() {
+  auto done_release = std::move(on_release);
+  on_release = nullptr;
+  if (state != LinkState::authenticated) {
+    done_release(-1, closed_reason.empty() ? "the connection was started" : closed_reason);
+    return;
+  }
+  state = LinkState::closed;
+  open_flag.store(false);
+  closed_ec = Errc::closed_locally;
+  closed_reason = "socket released";
+  handshake_stage.store(HandshakeStage::over);
+  boost::system::error_code ignore, ec;
+  handshake_timer.cancel();
+  heartbeat_timer.cancel();
+  deadline_timer.cancel();
+  const int fd = socket.release(ec);
+  done_release(ec ? -1 : fd, ec ? "cannot release the socket: " + ec.message() : std::string());
+}
+
+int Connection::release_socket() {
+  auto result = std::make_shared<std::promise<std::pair<int, std::string>>>();
+  std::future<std::pair<int, std::string>> got = result->get_future();
+  asio::post(impl_->strand, [impl = impl_, result] {
+    impl->on_release = [result](int fd, const std::string& error) { result->set_value({fd, error}); };
+    // A frame still being written (the server's AUTH_OK) finishes first:
+    // releasing would cancel it. on_written releases when the queue drains.
+    if (!impl->writing) impl->release_now();
+  });
+  auto [fd, error] = got.get();
+  if (fd < 0) throw std::runtime_error(impl_->describe() + ": " + error);
+  return fd;
 }
 
 bool Connection::is_open() const { return impl_->open_flag.load(); }

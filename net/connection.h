@@ -106,6 +106,16 @@ class Connection {
   // Sends what is queued, then closes (bounded by peer_timeout).
   void close_after_flush(const std::string& reason);
 
+  // Hands the socket of an authenticated connection that was never started
+  // to a caller that drives it itself (the all-reduce mesh, net/allreduce.h,
+  // which needs synchronous sends and receives rather than a queue on a
+  // strand). Waits until the handshake's last frame is written, then returns
+  // the file descriptor (the caller closes it); the Connection is closed
+  // without touching the socket. Throws std::runtime_error when the
+  // connection was started or has closed. Not from an io_context thread: it
+  // may wait for a write that completes there.
+  int release_socket();
+
   bool is_open() const;
   const PeerInfo& peer() const;
   const LinkConfig& config() const;

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,6 +72,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   void bad_frame(std::error_code ec, const std::string& detail);
   std::string describe() const;  // "worker-1 127.0.0.1:4000" for log lines
   void handshake_done();         // hands the connection to `done`
+  void release_now();            // release_socket(): the socket leaves this object
 
   // Handshake steps (handshake.cpp).
   void start_client(const std::string& host, uint16_t port);
@@ -98,6 +100,8 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
 
   std::deque<std::vector<uint8_t>> queue;  // front() is being written when `writing`
   bool writing = false;
+  // release_socket() waiting for the queue to drain; gets the descriptor.
+  std::function<void(int fd, const std::string& error)> on_release;
 
   // Handshake.
   Hello hello;             // client: what we send

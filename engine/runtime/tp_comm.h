@@ -1,0 +1,84 @@
+// The collective a tensor-parallel stage group needs: N ranks, each holding
+// 1/N of every layer, sum their partial results after each attention output
+// and each FFN (about 86 calls per DeepSeek V4 token, 16-64 KiB each), and
+// gather sliced logits.
+//
+// Every implementation gives BITWISE identical results on every rank: a rank
+// whose activations differed from its neighbours' in the last bit would
+// sample another token sooner or later, and the ranks would run different
+// sequences. So sum() adds the N buffers in rank order 0..N-1 in float on
+// every rank (the same operations in the same order give the same bits),
+// rather than in arrival order or as a reduce-scatter whose partial sums
+// differ per rank. NCCL's all-reduce gives the same guarantee its own way:
+// every rank receives the one result its reduction produced.
+//
+// The engine sees only this interface; the TCP mesh (net/allreduce.h) and the
+// NCCL group (net/nccl_allreduce.h) implement it from above, so this header
+// includes nothing of the cluster.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace baton {
+
+class TpComm {
+ public:
+  virtual ~TpComm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place: data[i] becomes the sum over ranks 0..N-1 of their data[i],
+  // added in rank order. Every rank calls with the same n; one that does not
+  // is an error on every rank, not a hang. Where the data lives (host or
+  // device memory) is the implementation's: host for the TCP and in-process
+  // groups, device for NCCL.
+  virtual void sum(float* data, size_t n) = 0;
+  // all[r * n + i] = rank r's mine[i] (rank-major), on every rank.
+  virtual void gather(const float* mine, size_t n, float* all) = 0;
+};
+
+// N ranks as threads of one process, for engine tests: make one
+// InProcessTpGroup and give each thread its member(r). A call waits for all
+// N members (at most `timeout`, then every waiting rank throws), each copies
+// its buffer in, and each rank sums the N copies in rank order itself: the
+// same float additions in the same order as the TCP mesh, so both give the
+// same bits. Sizes that differ between ranks throw on every rank.
+class InProcessTpGroup {
+ public:
+  explicit InProcessTpGroup(int size, int timeout_ms = 10000);
+  ~InProcessTpGroup();
+  InProcessTpGroup(const InProcessTpGroup&) = delete;
+  InProcessTpGroup& operator=(const InProcessTpGroup&) = delete;
+
+  int size() const { return size_; }
+  // Rank r's end; lives as long as the group. One thread per member at a time.
+  TpComm& member(int r);
+
+ private:
+  class Member;
+  friend class Member;
+  // One round: every member deposits its buffer, then each writes its
+  // result (kind 's': the rank-order sum into out[n]; 'g': the N buffers
+  // into out[N * n]). Throws when sizes or kinds disagree or time runs out.
+  void exchange(int rank, char kind, const float* mine, size_t n, float* out);
+
+  int size_;
+  int timeout_ms_;
+  std::vector<std::unique_ptr<Member>> members_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // A round goes through two phases: N deposits, then N reads; a fast
+  // rank's next deposit waits until every rank has read.
+  int deposited_ = 0, read_ = 0;
+  bool reading_ = false;
+  char kind_ = 0;
+  size_t n_ = 0;
+  std::string broken_;  // once set, every call throws it
+  std::vector<float> slots_;  // N x n, grown to the largest call
+};
+
+}  // namespace baton
