@@ -39,8 +39,8 @@ int64_t vocab_size(const GgufFile& f, const std::string& a) {
 }
 
 // A rank file's slice (engine/tp/tp_slice.h): which rank, and the head's
-// vocabulary rows. The whole vocabulary has its own key there: the head rows
-// are a slice, and a part without the embedding has no tensor that says it.
+// vocabulary rows. Rank files write `{arch}.vocab_size` out, so n_vocab is
+// the whole vocabulary even where the only vocabulary tensor is a slice.
 void read_tp(const GgufFile& f, LlamaHparams& hp) {
   if (!f.has(tp_keys::kSize)) {
     hp.vocab_count = hp.n_vocab;
@@ -48,7 +48,6 @@ void read_tp(const GgufFile& f, LlamaHparams& hp) {
   }
   hp.tp_size = int(f.get_int(tp_keys::kSize));
   hp.tp_rank = int(f.get_int(tp_keys::kRank));
-  hp.n_vocab = checked_dim(tp_keys::kVocabSize, f.get_int(tp_keys::kVocabSize));
   hp.vocab_begin = f.get_int(tp_keys::kVocabBegin);
   hp.vocab_count = f.get_int(tp_keys::kVocabCount);
   if (hp.tp_size < 2 || hp.tp_rank < 0 || hp.tp_rank >= hp.tp_size ||
