@@ -65,6 +65,11 @@ TpSplitPlan plan_tp_split(const ModelFiles& model, const std::vector<LayerRange>
   TpSplitPlan plan;
   plan.n = n;
   plan.dims = read_tp_dims(model.meta());
+  // The vocabulary from the tensors of every shard (the metadata file may not hold them).
+  if (!model.meta().has(plan.dims.arch + ".vocab_size")) {
+    if (const TensorRef* e = model.find("token_embd.weight")) plan.dims.n_vocab = e->info->ne[1];
+    else if (const TensorRef* o = model.find("output.weight")) plan.dims.n_vocab = o->info->ne[1];
+  }
   plan.stages = plan_split(model, ranges, out_dir, stem);
   // Every cut of every rank is checked before anything is written.
   std::vector<GgufTensorInfo> infos;

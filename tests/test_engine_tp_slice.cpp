@@ -226,8 +226,9 @@ TEST(TpSlice, KeyChangesDivideCountsAndWriteHeadDimsOut) {
   EXPECT_EQ(d.head_dim_v, 16);
   EXPECT_EQ(d.n_vocab, 50);
   const std::vector<TpKeyChange> c = tp_key_changes(f, d, 2);
-  // In source order: feed_forward_length, head_count, head_count_kv; then value_length (absent) added.
-  ASSERT_EQ(c.size(), 4u);
+  // In source order: feed_forward_length, head_count, head_count_kv; then
+  // value_length and vocab_size (absent) added.
+  ASSERT_EQ(c.size(), 5u);
   EXPECT_EQ(c[0].key, "qwen3.feed_forward_length");
   EXPECT_EQ(c[0].value.as_int(), 48);
   EXPECT_EQ(c[0].value.type, GgufType::UINT32);
@@ -239,6 +240,9 @@ TEST(TpSlice, KeyChangesDivideCountsAndWriteHeadDimsOut) {
   EXPECT_EQ(c[3].key, "qwen3.attention.value_length");
   EXPECT_EQ(c[3].value.as_int(), 16);  // 128 / 8, the source's default
   EXPECT_TRUE(c[3].added);
+  EXPECT_EQ(c[4].key, "qwen3.vocab_size");
+  EXPECT_EQ(c[4].value.as_int(), 50);
+  EXPECT_TRUE(c[4].added);
 }
 
 TEST(TpSlice, Deepseek4IsRefusedByName) {

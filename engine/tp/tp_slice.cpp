@@ -124,6 +124,8 @@ TpDims read_tp_dims(const GgufFile& meta) {
     d.n_vocab = e->ne[1];
   } else if (const GgufTensorInfo* o = meta.find_tensor("output.weight")) {
     d.n_vocab = o->ne[1];
+  } else if (const GgufValue* tokens = meta.find("tokenizer.ggml.tokens")) {
+    d.n_vocab = int64_t(tokens->items.size());
   }
   return d;
 }
@@ -234,6 +236,10 @@ std::vector<TpKeyChange> tp_key_changes(const GgufFile& meta, const TpDims& d, i
   }
   if (!meta.has(key_len)) out.push_back({key_len, GgufValue::of_u32(uint32_t(d.head_dim_k)), true});
   if (!meta.has(value_len)) out.push_back({value_len, GgufValue::of_u32(uint32_t(d.head_dim_v)), true});
+  // A later stage has no token_embd and its output.weight holds a slice of
+  // the vocabulary: without the key its vocabulary would read as that slice.
+  const std::string vocab = a + "vocab_size";
+  if (!meta.has(vocab) && d.n_vocab > 0) out.push_back({vocab, GgufValue::of_u32(uint32_t(d.n_vocab)), true});
   return out;
 }
 

@@ -29,7 +29,8 @@ inline constexpr const char* kVocabBegin = "baton.tp.vocab_begin";  // u32: firs
 inline constexpr const char* kVocabCount = "baton.tp.vocab_count";  // u32: rows of this rank's head
 // u8 array, one TpCut per tensor in the rank file's table order.
 inline constexpr const char* kCuts = "baton.tp.cuts";
-// String array: keys the rank file has and the source had not (merge drops them).
+// String array: keys the rank file has and the source had not (merge drops them):
+// attention.key_length / value_length, vocab_size.
 inline constexpr const char* kAddedKeys = "baton.tp.added_keys";
 // `baton.tp.source.KEY` holds the source's value of each key the rank file
 // changed (merge puts it back in KEY's place).
