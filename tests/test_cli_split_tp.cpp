@@ -83,6 +83,11 @@ TEST(SplitTp, Stories260KRanksLoadAndMergeByteIdentical) {
   EXPECT_NE(in.out.find("tensor-parallel rank 1 of 2"), std::string::npos) << in.out;
   EXPECT_NE(in.out.find("baton.tp.rank"), std::string::npos) << in.out;
 
+  // Alone, a rank file is refused by the commands that run a model.
+  CommandResult run = baton({"run", "-m", files[0], "-n", "1", "-p", "x"});
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("tensor-parallel rank 0 of 2"), std::string::npos) << run.err;
+
   CommandResult m = baton({"merge", files[1], files[0], "-o", tmp.file("merged.gguf")});
   ASSERT_EQ(m.exit_code, 0) << m.err;
   EXPECT_TRUE(bytes_of(tmp.file("merged.gguf")) == bytes_of(src));
