@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gguf_split/commands.h"
+#include "engine/tp/tp_slice.h"
 #include "engine/base/command_line.h"
 #include "engine/gguf/file.h"
 
@@ -154,6 +155,11 @@ void print_text(const GgufFile& f, const std::string& path, bool full) {
   std::printf("\ntotal: %zu tensors, %" PRIu64 " bytes, %" PRIu64 " parameters\n", f.tensors().size(),
               tot.bytes, tot.params);
   std::printf("tensor table hash: %s\n", hash_text(f.tensor_table_hash()).c_str());
+  if (f.has(tp_keys::kSize)) {
+    std::printf("tensor-parallel rank %" PRId64 " of %" PRId64 " (vocabulary rows %" PRId64 "..%" PRId64 ")\n",
+                f.get_int(tp_keys::kRank), f.get_int(tp_keys::kSize), f.get_int(tp_keys::kVocabBegin),
+                f.get_int(tp_keys::kVocabBegin) + f.get_int(tp_keys::kVocabCount) - 1);
+  }
 }
 
 void print_json(const GgufFile& f, const std::string& path, bool full) {

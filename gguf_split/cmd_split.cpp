@@ -50,24 +50,55 @@ Progress progress_printer(const char* verb) {
   };
 }
 
+// `baton split --tp N`: stages x ranks files.
+int split_tp(const ModelFiles& files, const std::string& model, const std::string& layers, int tp,
+             const std::string& out_dir, bool dry) {
+  const int n_layer = model_layer_count(files.meta());
+  const std::string stem = std::filesystem::path(model).stem().string();
+  TpSplitPlan plan = plan_tp_split(files, parse_layer_ranges(layers, n_layer), tp, out_dir.empty() ? "." : out_dir, stem);
+  std::printf("source %s: %d layers, %zu tensors, %s, tensor-table hash %016llx; %d tensor-parallel ranks\n",
+              model.c_str(), n_layer, files.tensors().size(), human_bytes(files.tensor_bytes()).c_str(),
+              (unsigned long long)plan.stages.source_hash, tp);
+  for (const TpRankFile& f : plan.files) {
+    const SplitPart& p = plan.stages.parts[size_t(f.part)];
+    std::printf("part %d/%zu rank %d/%d  layers %s%s%s  %zu tensors  %s  -> %s\n", p.index + 1, plan.stages.parts.size(),
+                f.rank, tp, layer_range_text(p.range).c_str(), p.has_embedding ? " +embedding" : "",
+                p.has_output ? " +output" : "", f.slices.size(), human_bytes(f.bytes).c_str(), f.path.c_str());
+  }
+  if (dry) {
+    std::printf("dry run: nothing written\n");
+    return 0;
+  }
+  std::filesystem::create_directories(out_dir);
+  remove_stale_temps_in(out_dir);
+  write_tp_split(files, plan, progress_printer("copied"));
+  return 0;
+}
+
 }  // namespace
 
 int cmd_split(int argc, char** argv) {
   po::options_description opts(
-      "usage: baton split [-m] MODEL --layers RANGES -o DIR [--dry-run]\n\n"
+      "usage: baton split [-m] MODEL [--layers RANGES] [--tp N] -o DIR [--dry-run]\n\n"
       "Writes one GGUF v3 per pipeline stage holding all of MODEL's metadata, only\n"
       "that stage's tensors, and baton.split.* keys (layer range, part index and\n"
       "count, source tensor-table hash, tensor-data checksum). MODEL may be a\n"
       "llama.cpp shard set (give any shard). Tensors are copied in 4 MiB pieces, so\n"
       "memory stays bounded whatever the model size. All parts or none: each is\n"
       "written under a temporary name and all are renamed once every one is\n"
-      "complete; the free space is checked first.\n\noptions");
+      "complete; the free space is checked first.\n\n"
+      "With --tp N, every stage is cut into N tensor-parallel rank files (llama\n"
+      "family): each holds 1/N of every layer's heads and FFN and of the vocabulary\n"
+      "head, and is itself a smaller model of the same architecture (docs/SPLIT.md).\n\noptions");
   std::string model, layers, out_dir;
+  int tp = 0;
   opts.add_options()("help,h", "show this help")
       ("model,m", po::value(&model), "the GGUF to split (or give it first, without -m)")
       ("layers", po::value(&layers), "ranges FIRST:LAST,... covering every layer in order; LAST may be "
                                      "'output' (the last layer). The first part also holds the embedding, "
                                      "the last the output head; tensors outside any layer go to every part")
+      ("tp", po::value(&tp), "tensor-parallel ranks per stage (2 or more; must divide the KV heads and the FFN width); "
+                             "without --layers, one stage of the whole model")
       ("output,o", po::value(&out_dir), "folder for the parts (created if missing)")
       ("dry-run", "print the plan and write nothing");
   po::positional_options_description pos;
@@ -75,14 +106,19 @@ int cmd_split(int argc, char** argv) {
   const auto vm = parse_command_line(argc, argv, {.options = opts, .positional = &pos});
   if (!vm) return 0;
   const bool dry = vm->count("dry-run") > 0;
-  if (model.empty() || layers.empty() || (out_dir.empty() && !dry)) {
-    std::fprintf(stderr, "baton split: MODEL, --layers and -o are required (see baton split --help)\n");
+  if (model.empty() || (layers.empty() && tp == 0) || (out_dir.empty() && !dry)) {
+    std::fprintf(stderr, "baton split: MODEL, --layers (or --tp) and -o are required (see baton split --help)\n");
+    return 1;
+  }
+  if (vm->count("tp") && tp < 2) {
+    std::fprintf(stderr, "baton split: --tp must be 2 or more (got %d)\n", tp);
     return 1;
   }
   if (parse_only()) return 0;
   ModelFiles files = ModelFiles::open(model);
   const int n_layer = model_layer_count(files.meta());
   std::string stem = std::filesystem::path(model).stem().string();
+  if (tp > 0) return split_tp(files, model, layers.empty() ? "0:output" : layers, tp, out_dir, dry);
   SplitPlan plan = plan_split(files, parse_layer_ranges(layers, n_layer), out_dir.empty() ? "." : out_dir, stem);
   std::printf("source %s: %d layers, %zu tensors, %s, tensor-table hash %016llx\n", model.c_str(), n_layer,
               files.tensors().size(), human_bytes(files.tensor_bytes()).c_str(),
@@ -107,6 +143,8 @@ int cmd_merge(int argc, char** argv) {
       "usage: baton merge PART... -o FILE\n\n"
       "Rebuilds the source GGUF from the parts `baton split` wrote: metadata without\n"
       "the baton.split.* keys and every tensor in the source's order, byte for byte.\n"
+      "Tensor-parallel rank files (split --tp) are merged across ranks too: give\n"
+      "every rank file of every stage.\n"
       "Refuses parts that are missing, repeated or from another source.\n\noptions");
   std::vector<std::string> parts;
   std::string out;

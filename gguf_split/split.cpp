@@ -17,7 +17,7 @@ namespace baton {
 namespace {
 
 constexpr std::string_view kSplitPrefix = "baton.split.";
-constexpr std::string_view kSourceIndex = "baton.split.source_index";
+constexpr std::string_view kSourceIndex = split_keys::kSourceIndex;
 // llama.cpp shard keys: a part or a merged file is a whole file, not a shard.
 constexpr std::string_view kShardPrefix = "split.";
 // A part's header is the source's metadata plus the baton.split.* keys and
@@ -234,6 +234,11 @@ void merge_parts(const std::vector<std::string>& part_paths, const std::string& 
   if (part_paths.empty()) throw std::invalid_argument("no parts to merge");
   std::vector<GgufFile> parts;
   for (const std::string& p : part_paths) parts.push_back(GgufFile::open(p));
+  // Rank files of a tensor-parallel split are put back together across ranks too.
+  if (std::any_of(parts.begin(), parts.end(), [](const GgufFile& f) { return is_tp_rank_file(f); })) {
+    merge_tp_ranks(parts, out_path, progress);
+    return;
+  }
   // Damaged parts are refused before anything is written (this reads each part once more).
   for (const GgufFile& f : parts) {
     if (std::string why = verify_part(f); !why.empty()) throw std::runtime_error(f.path() + ": " + why);

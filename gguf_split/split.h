@@ -11,10 +11,9 @@
 #include "engine/model/arch.h"  // LayerRange
 #include "engine/model/files.h"
 #include "engine/model/part_info.h"  // split_keys, read_part_info
+#include "engine/tp/tp_slice.h"
 
 namespace baton {
-
-
 
 // Parses "0:21,22:output" (a range's end may be "output", meaning the last
 // layer). The ranges must cover 0..n_layer-1 contiguously, in order.
@@ -65,5 +64,42 @@ std::string verify_part(const GgufFile& part);
 // from different sources.
 void merge_parts(const std::vector<std::string>& part_paths, const std::string& out_path,
                  const Progress& progress);
+
+// Tensor-parallel rank files (`baton split --tp N`, docs/SPLIT.md): every
+// stage of `ranges` cut into N ranks by engine/tp/tp_slice.h. Each rank file
+// is a layer part (baton.split.* keys, checksum) and a smaller model of the
+// same architecture (baton.tp.* keys, divided head and FFN counts).
+struct TpRankFile {
+  int part = 0, rank = 0;
+  std::string path;
+  std::vector<TpSlice> slices;            // in the file's tensor order
+  std::vector<const TensorRef*> sources;  // the source tensor each slice is cut from
+  std::vector<uint32_t> source_index;     // its index in the source table
+  uint64_t bytes = 0;
+};
+struct TpSplitPlan {
+  int n = 0;
+  TpDims dims;
+  SplitPlan stages;
+  std::vector<TpRankFile> files;  // stage by stage, rank by rank
+};
+// Throws (naming the tensor, its shape, dtype and N) before anything is
+// written when a cut cannot be made, or for an architecture without
+// tensor-parallel files. File names: "STEM.tpN-rR.gguf" for one stage,
+// "STEM-partI-of-K-layers-A-B.tpN-rR.gguf" for several.
+TpSplitPlan plan_tp_split(const ModelFiles& model, const std::vector<LayerRange>& ranges, int n,
+                          const std::string& out_dir, const std::string& stem);
+// All files or none, like write_split; memory is one copy piece plus metadata.
+void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Progress& progress);
+// Makes the rank files of `source_path` in out_dir (created if missing) and
+// returns their paths, stage by stage, rank by rank. `layers` as for
+// parse_layer_ranges; empty: one stage of the whole model.
+std::vector<std::string> write_tp_ranks(const std::string& source_path, int n, const std::string& out_dir,
+                                        const std::string& layers = "");
+bool is_tp_rank_file(const GgufFile& f);
+// Rebuilds the source byte for byte from all rank files of all stages
+// (merge_parts calls it when it is given rank files). Refuses a missing or
+// repeated rank or part, files of another source, and damaged files.
+void merge_tp_ranks(const std::vector<GgufFile>& files, const std::string& out_path, const Progress& progress);
 
 }  // namespace baton

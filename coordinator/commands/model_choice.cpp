@@ -13,6 +13,7 @@
 #include "engine/gguf/file.h"
 #include "engine/model/layer_range_text.h"
 #include "engine/model/part_info.h"
+#include "engine/tp/tp_slice.h"
 #include "gguf_split/synth.h"
 
 namespace baton {
@@ -52,6 +53,14 @@ SyntheticModelFile::~SyntheticModelFile() {
 }
 
 void refuse_split_part(const GgufFile& f, const std::string& path) {
+  // A rank file alone computes partial sums and a slice of the logits: it
+  // runs only beside its other ranks, which the commands do not wire up.
+  if (f.has(tp_keys::kSize)) {
+    throw std::runtime_error(path + ": this is tensor-parallel rank " + std::to_string(f.get_int(tp_keys::kRank, 0)) +
+                             " of " + std::to_string(f.get_int(tp_keys::kSize, 0)) +
+                             " (baton split --tp), which runs only beside its other ranks: use the model it was "
+                             "split from (baton merge rebuilds it from all rank files)");
+  }
   const std::optional<PartInfo> part = about_file(path, [&] { return read_part_info(f); });
   if (!part || part->count <= 1) return;
   throw std::runtime_error(path + ": this is a split part (" + std::to_string(part->index + 1) + " of " +

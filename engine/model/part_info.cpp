@@ -31,7 +31,13 @@ bool take(std::string_view s, size_t& at, std::string_view word) {
 
 }  // namespace
 
-std::string split_source_stem(const std::string& stem) {
+std::string split_source_stem(const std::string& whole) {
+  std::string stem = whole;
+  // A tensor-parallel rank file's ".tpN-rR" comes last (engine/tp/tp_slice.h).
+  if (const size_t at = stem.rfind(".tp"); at != std::string::npos && at > 0) {
+    size_t i = at;
+    if (take(stem, i, ".tp") && take(stem, i, "-r") && i == stem.size()) stem.resize(at);
+  }
   // "-partK-of-N-layers-A-B" at the end, after at least one character.
   for (size_t at = stem.rfind("-part"); at != std::string::npos && at > 0; at = stem.rfind("-part", at - 1)) {
     size_t i = at;

@@ -22,6 +22,8 @@ inline constexpr const char* kCount = "baton.split.count";
 inline constexpr const char* kIndex = "baton.split.index";
 inline constexpr const char* kSourceHash = "baton.split.source_tensor_table_hash";
 inline constexpr const char* kDataChecksum = "baton.split.data_checksum";
+// u32 array: each tensor's index in the source table (merge restores the order).
+inline constexpr const char* kSourceIndex = "baton.split.source_index";
 }  // namespace split_keys
 
 // Nullopt for a file that is not a part. Throws for a part whose keys are malformed.
@@ -39,7 +41,8 @@ std::optional<PartInfo> read_part_info(const GgufFile& f);
 // file names). `baton plan` prints configs that name the parts the same way.
 std::string split_part_file_name(const std::string& stem, int index, int count, LayerRange range);
 // The stem a part's file name was made from: "ds4-q4" for
-// "ds4-q4-part1-of-2-layers-0-21"; any other stem as it is.
+// "ds4-q4-part1-of-2-layers-0-21" and for its tensor-parallel rank files
+// "ds4-q4-part1-of-2-layers-0-21.tp2-r0" or "ds4-q4.tp2-r0"; any other stem as it is.
 std::string split_source_stem(const std::string& stem);
 
 // A split key stored as u64 (hashes may not fit the signed view of as_int()).
