@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -17,10 +18,12 @@
 #include <vector>
 
 #include "engine/gguf/file.h"
+#include "engine/model/part_info.h"
 #include "engine/runtime/stage.h"
 #include "engine/runtime/tp_comm.h"
 #include "gguf_split/split.h"
 #include "gguf_split/synth.h"
+#include "kernels/quant.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -74,7 +77,7 @@ std::vector<Decode> run_ranks(const std::vector<std::string>& files, const std::
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        GgufFile f(files[r]);
+        GgufFile f = GgufFile::open(files[r]);
         StageConfig rc = c;
         rc.tp = &group.member(r);
         Stage s(f, rc);
@@ -104,7 +107,7 @@ void expect_ranks_match_whole(const std::string& model, int n, const std::vector
   test::TempDir dir;
   const std::vector<std::string> files = write_tp_ranks(model, n, dir.path().string());
   ASSERT_EQ(files.size(), size_t(n));
-  GgufFile whole_file(model);
+  GgufFile whole_file = GgufFile::open(model);
   Stage whole(whole_file, config(int64_t(prompt.size())));
   const Decode want = decode(whole, prompt, n_gen);
   const std::vector<Decode> got = run_ranks(files, prompt, n_gen, config(int64_t(prompt.size())));
@@ -146,6 +149,98 @@ TEST(TensorParallel, GqaLlamaAtTwoAndFourRanksMatchesTheWholeModel) {
   }
 }
 
+TEST(TensorParallel, QuantizedGqaLlamaAtTwoRanksMatchesTheWholeModel) {
+  test::TempDir dir;
+  SynthConfig c;
+  c.n_layer = 2;
+  c.n_embd = 64;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.n_ff = 128;  // ffn_down's columns cut at 64: two Q8_0 blocks a rank
+  c.weight_type = DType::Q8_0;
+  const std::string model = dir.file("q8.gguf");
+  write_synthetic_model(model, c);
+  expect_ranks_match_whole(model, 2, {1, 7, 70, 140, 210}, 16);
+}
+
+// Runs fn(r) for r in [0, n) on n threads; rethrows the first failure here.
+void on_threads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+TEST(TensorParallel, TwoStagesOfTwoRanksMatchTheWholeModel) {
+  // Pipeline and tensor parallelism together: layers 0:1 and 2:output, each
+  // served by two ranks; a stage's ranks hand the same activations on.
+  test::TempDir dir;
+  SynthConfig c;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.seed = 11;
+  const std::string model = dir.file("pp.gguf");
+  write_synthetic_model(model, c);
+  const std::vector<std::string> files = write_tp_ranks(model, 2, dir.path().string(), "0:1,2:output");
+  ASSERT_EQ(files.size(), 4u);  // stage by stage, rank by rank
+
+  const std::vector<int32_t> prompt = {1, 9, 99, 199};
+  const int n_gen = 12;
+  GgufFile whole_file = GgufFile::open(model);
+  Stage whole(whole_file, config(int64_t(prompt.size())));
+  const Decode want = decode(whole, prompt, n_gen);
+
+  InProcessTpGroup groups[2] = {InProcessTpGroup(2), InProcessTpGroup(2)};
+  std::vector<GgufFile> rank_files;
+  std::vector<std::unique_ptr<Stage>> stages;  // [stage * 2 + rank]
+  for (int i = 0; i < 4; ++i) rank_files.push_back(GgufFile::open(files[i]));
+  for (int i = 0; i < 4; ++i) {
+    const std::optional<PartInfo> part = read_part_info(rank_files[i]);
+    ASSERT_TRUE(part);
+    StageConfig sc = config(int64_t(prompt.size()));
+    sc.first_layer = part->range.first;
+    sc.last_layer = part->range.last;
+    sc.embedding = part->has_embedding;
+    sc.head = part->has_output;
+    sc.tp = &groups[i / 2].member(i % 2);
+    stages.push_back(std::make_unique<Stage>(rank_files[i], sc));
+  }
+  // One step: the first stage's ranks on the tokens, the second's on their activations.
+  auto step = [&](const std::vector<int32_t>& tokens) {
+    std::vector<float> acts[2], logits[2];
+    on_threads(2, [&](int r) { acts[r] = as_vector(stages[r]->forward(0, tokens)); });
+    EXPECT_EQ(acts[0], acts[1]) << "the first stage's ranks disagree";
+    on_threads(2, [&](int r) {
+      logits[r] = as_vector(stages[2 + r]->forward(0, acts[r], int64_t(tokens.size())));
+    });
+    EXPECT_EQ(logits[0], logits[1]) << "the second stage's ranks disagree";
+    return logits[0];
+  };
+  const int64_t V = whole.n_vocab();
+  const std::vector<float> first = step(prompt);
+  ASSERT_EQ(first.size(), prompt.size() * size_t(V));
+  std::vector<float> last(first.end() - V, first.end());
+  EXPECT_LT(max_rel_diff(want.logits[prompt.size() - 1], last), 1e-5);
+  std::vector<int32_t> got;
+  for (int i = 0; i < n_gen; ++i) {
+    got.push_back(argmax(last));
+    last = step({got.back()});
+    EXPECT_LT(max_rel_diff(want.logits[prompt.size() + i], last), 1e-5) << "step " << i;
+  }
+  EXPECT_EQ(got, want.tokens);
+}
+
 TEST(TensorParallel, RankFileAndLinkMustAgree) {
   test::TempDir dir;
   SynthConfig c;
@@ -157,7 +252,7 @@ TEST(TensorParallel, RankFileAndLinkMustAgree) {
   const int32_t prompt[2] = {1, 2};
   // A rank file without its group's link.
   {
-    GgufFile f(files[1]);
+    GgufFile f = GgufFile::open(files[1]);
     Stage s(f, config(2));
     EXPECT_THROW(
         {
@@ -173,7 +268,7 @@ TEST(TensorParallel, RankFileAndLinkMustAgree) {
   // A whole model given a link.
   {
     InProcessTpGroup group(2);
-    GgufFile f(model);
+    GgufFile f = GgufFile::open(model);
     StageConfig sc = config(2);
     sc.tp = &group.member(0);
     Stage s(f, sc);
