@@ -10,6 +10,8 @@
 #include "engine/plan/arch_planner.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/tp_comm.h"
+#include "engine/tp/tp_slice.h"
 #include "engine/base/memory_plan.h"
 #include "engine/model/model.h"
 
@@ -34,6 +36,26 @@ int64_t vocab_size(const GgufFile& f, const std::string& a) {
   if (const GgufValue* tokens = f.find("tokenizer.ggml.tokens")) return int64_t(tokens->items.size());
   throw std::runtime_error("cannot tell the vocabulary size: no " + a +
                            ".vocab_size, token_embd.weight, output.weight or tokenizer.ggml.tokens");
+}
+
+// A rank file's slice (engine/tp/tp_slice.h): which rank, and the head's
+// vocabulary rows. Rank files write `{arch}.vocab_size` out, so n_vocab is
+// the whole vocabulary even where the only vocabulary tensor is a slice.
+void read_tp(const GgufFile& f, LlamaHparams& hp) {
+  if (!f.has(tp_keys::kSize)) {
+    hp.vocab_count = hp.n_vocab;
+    return;
+  }
+  hp.tp_size = int(f.get_int(tp_keys::kSize));
+  hp.tp_rank = int(f.get_int(tp_keys::kRank));
+  hp.vocab_begin = f.get_int(tp_keys::kVocabBegin);
+  hp.vocab_count = f.get_int(tp_keys::kVocabCount);
+  if (hp.tp_size < 2 || hp.tp_rank < 0 || hp.tp_rank >= hp.tp_size ||
+      std::make_pair(hp.vocab_begin, hp.vocab_count) != tp_vocab_range(hp.n_vocab, hp.tp_size, hp.tp_rank)) {
+    throw std::runtime_error(fmt::format("tensor-parallel rank {} of {} holds vocabulary rows {}+{} of {}: not the "
+                                         "slice baton split --tp makes",
+                                         hp.tp_rank, hp.tp_size, hp.vocab_begin, hp.vocab_count, hp.n_vocab));
+  }
 }
 
 LlamaHparams read_hparams(const GgufFile& f, const std::string& a) {
@@ -69,12 +91,13 @@ LlamaHparams read_hparams(const GgufFile& f, const std::string& a) {
   if (!(hp.rope_scale > 0.0)) throw std::runtime_error(fmt::format("rope scaling factor {} must be > 0", hp.rope_scale));
   hp.rms_eps = float(f.get_float(key("attention.layer_norm_rms_epsilon"), 1e-5));
   hp.n_vocab = checked_dim("vocabulary size", vocab_size(f, a));
+  read_tp(f, hp);
   return hp;
 }
 
 // The workspace, in floats, each section starting on a kPlanAlignment boundary.
 struct WsLayout {
-  uint64_t x, xn, q, att, gate, up, scores, rows, logits, freqs, bytes;
+  uint64_t x, xn, q, att, gate, up, scores, rows, logits, freqs, tp_mine, tp_all, bytes;
 };
 
 WsLayout ws_layout(const LlamaHparams& hp, const WorkspaceShape& s) {
@@ -98,6 +121,10 @@ WsLayout ws_layout(const LlamaHparams& hp, const WorkspaceShape& s) {
   w.rows = take(uint64_t(s.n_threads) * uint64_t(std::max({hp.n_embd, hp.n_ff, int64_t(hp.n_head) * hp.head_dim_v})));
   w.freqs = take(uint64_t(hp.rope_dim / 2));
   w.logits = s.head ? take(uint64_t(s.max_logit_rows) * hp.n_vocab) : at;
+  // A rank's head: its vocabulary slice, then every rank's slice gathered.
+  const uint64_t slice = hp.tp_size > 1 ? uint64_t(s.max_logit_rows * tp_vocab_range(hp.n_vocab, hp.tp_size, 0).second) : 0;
+  w.tp_mine = s.head ? take(slice) : at;
+  w.tp_all = s.head ? take(slice * uint64_t(hp.tp_size > 1 ? hp.tp_size : 0)) : at;
   w.bytes = at;
   return w;
 }
@@ -108,6 +135,15 @@ void add_bias(float* rows, int64_t n_rows, int64_t stride, const Tensor* bias) {
   const int64_t n = bias->ne[0];
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int64_t i = 0; i < n; ++i) rows[r * stride + i] += b[i];
+  }
+}
+
+// A rank file runs only with its group's link, and a whole model without one.
+void check_tp_link(const LlamaHparams& hp, const TpComm* tp) {
+  const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
+  if (size != hp.tp_size || rank != hp.tp_rank) {
+    throw std::invalid_argument(fmt::format("this file is tensor-parallel rank {} of {}, but the stage runs as rank {} of {}",
+                                            hp.tp_rank, hp.tp_size, rank, size));
   }
 }
 
@@ -141,7 +177,8 @@ std::vector<TensorSpec> LlamaFamilyArch::embedding_tensors() const {
 std::vector<TensorSpec> LlamaFamilyArch::head_tensors() const {
   return {
       {"output_norm.weight", {hp_.n_embd}, DType::F32, false, ""},
-      {"output.weight", {hp_.n_embd, hp_.n_vocab}, std::nullopt, false, "token_embd.weight"},
+      // A rank's head is its vocabulary slice, always its own tensor.
+      {"output.weight", {hp_.n_embd, hp_.vocab_count}, std::nullopt, false, hp_.tp_size > 1 ? "" : "token_embd.weight"},
   };
 }
 
@@ -190,6 +227,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   const int H = hp_.n_head, Hkv = hp_.n_head_kv, dk = hp_.head_dim_k, dv = hp_.head_dim_v;
   const int64_t qw = int64_t(H) * dk, kw = int64_t(Hkv) * dk, vw = int64_t(Hkv) * dv, ow = int64_t(H) * dv;
   const WsLayout L = ws_layout(hp_, s);
+  check_tp_link(hp_, a.tp);
   auto ws = [&](uint64_t off) { return reinterpret_cast<float*>(a.workspace + off); };
   float *x = ws(L.x), *xn = ws(L.xn), *q = ws(L.q), *att = ws(L.att), *gate = ws(L.gate), *up = ws(L.up);
   float* row_buf = ws(L.rows);  // matmul row_scratch
@@ -254,6 +292,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
     at.scratch = ws(L.scores);
     attention(at, pool);
     matmul(att, B, ow, w(kWo)->view(), xn, E, pool, row_buf);
+    if (a.tp) a.tp->sum(xn, size_t(B * E));  // each rank's heads' share of the projection
     add_into(x, xn, B * E);
 
     // Feed-forward block.
@@ -262,6 +301,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
     matmul(xn, B, E, w(kUp)->view(), up, F, pool, row_buf);
     swiglu(gate, up, gate, B * F);
     matmul(gate, B, F, w(kDown)->view(), xn, E, pool, row_buf);
+    if (a.tp) a.tp->sum(xn, size_t(B * E));  // each rank's n_ff columns' share
     add_into(x, xn, B * E);
   }
 
@@ -270,7 +310,26 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   const float* last = x + (B - n_rows) * E;
   for (int64_t r = 0; r < n_rows; ++r) rmsnorm(last + r * E, m.head(kOutputNorm)->f32(), xn + r * E, E, hp_.rms_eps);
   float* logits = ws(L.logits);
-  matmul(xn, n_rows, E, m.head(kOutput)->view(), logits, hp_.n_vocab, pool, row_buf);
+  if (!a.tp) {
+    matmul(xn, n_rows, E, m.head(kOutput)->view(), logits, hp_.n_vocab, pool, row_buf);
+    return logits;
+  }
+  // Each rank computes its vocabulary rows; every rank gathers all of them
+  // (rank-major blocks of n_rows x slice, the last one padded) into the
+  // full rows the sampler reads.
+  const int64_t slice = tp_vocab_range(hp_.n_vocab, hp_.tp_size, 0).second;
+  float* mine = ws(L.tp_mine);
+  float* all = ws(L.tp_all);
+  matmul(xn, n_rows, E, m.head(kOutput)->view(), mine, hp_.vocab_count, pool, row_buf);
+  std::fill(mine + n_rows * hp_.vocab_count, mine + n_rows * slice, 0.0f);
+  a.tp->gather(mine, size_t(n_rows * slice), all);
+  for (int r = 0; r < hp_.tp_size; ++r) {
+    const int64_t begin = r * slice, count = std::min(slice, hp_.n_vocab - begin);
+    const float* block = all + int64_t(r) * n_rows * slice;
+    for (int64_t i = 0; i < n_rows; ++i) {
+      std::copy(block + i * count, block + (i + 1) * count, logits + i * hp_.n_vocab + begin);
+    }
+  }
   return logits;
 }
 

@@ -40,6 +40,14 @@ struct LlamaHparams {
   double rope_base = 10000.0;
   double rope_scale = 1.0;  // linear rope scaling factor (positions divided by it)
   float rms_eps = 1e-5f;
+  // A tensor-parallel rank file (`baton split --tp`, docs/SPLIT.md): the
+  // head counts and n_ff above are this rank's; the head holds the
+  // vocabulary rows [vocab_begin, vocab_begin + vocab_count). A whole model
+  // is rank 0 of 1 with every row.
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t vocab_begin = 0;
+  int64_t vocab_count = 0;
 };
 
 class LlamaFamilyArch : public Arch {

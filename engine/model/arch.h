@@ -30,6 +30,7 @@ class GgufFile;
 class KvCache;
 class Model;
 class ThreadPool;
+class TpComm;
 
 // An inclusive range of layer indices [first, last].
 struct LayerRange {
@@ -92,6 +93,9 @@ struct ForwardArgs {
   uint8_t* workspace = nullptr;     // workspace_bytes(shape) bytes
   WorkspaceShape shape;             // what the workspace was sized for; must cover this call
   ThreadPool* pool = nullptr;
+  // Tensor parallelism: the ranks of the group sum their partial results
+  // and gather the head's vocabulary slices through it (null: one rank).
+  TpComm* tp = nullptr;
 };
 
 // The checks every architecture's forward makes first: the token count, the

@@ -11,6 +11,7 @@
 #include "engine/model/registry.h"
 #include "engine/gguf/file.h"
 #include "engine/model/model.h"
+#include "engine/tp/tp_slice.h"  // tp_keys
 
 #ifdef BATON_HAVE_CUDA
 #include "engine/cuda/device_memory.h"  // cuda_unavailable_reason, measure_cuda_ceilings
@@ -206,6 +207,11 @@ namespace {
 // The CUDA stage the registry names for the file's architecture. Only
 // reached with the CUDA backend available, so a CUDA build.
 const CudaStageFactory& cuda_stage_of(const GgufFile& f) {
+  // The CUDA stages have no tensor-parallel sums yet: a rank file there
+  // would give one rank's partial products as if they were the model's.
+  if (f.has(tp_keys::kSize)) {
+    throw std::runtime_error("cuda: tensor-parallel rank files run on the CPU backend only so far (--backend cpu)");
+  }
   const ArchEntry& e = arch_entry(f);
   if (!e.cuda) throw std::runtime_error(std::string("cuda: no CUDA stage runs architecture '") + e.name + "'");
   return *e.cuda;

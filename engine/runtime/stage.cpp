@@ -132,6 +132,7 @@ std::span<const float> Stage::run(int seq, const int32_t* tokens, const float* i
   a.workspace = workspace_.data();
   a.shape = workspace_shape(config_);
   a.pool = &pool_;
+  a.tp = config_.tp;
   const float* out = arch_->forward(a);
   kv_.set_length(seq, pos0 + n_tokens);
   const int64_t rows = config_.head ? a.logit_rows : n_tokens;

@@ -21,6 +21,7 @@
 namespace baton {
 
 class GgufFile;
+class TpComm;
 
 struct StageConfig {
   int first_layer = 0;
@@ -32,6 +33,9 @@ struct StageConfig {
   int64_t max_batch = 64;  // most tokens one forward takes (the workspace is sized for it)
   int n_threads = 1;
   bool all_logits = false;  // head: logits for every token of a batch, not just the last
+  // A tensor-parallel rank's link to the other ranks of its group (a rank
+  // file of `baton split --tp`); null for a whole model. Not owned.
+  TpComm* tp = nullptr;
 
   static constexpr int64_t kDefaultMaxCtx = 4096;
 };
