@@ -19,6 +19,8 @@
 
 #include "engine/gguf/file.h"
 #include "engine/model/part_info.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/batch.h"
 #include "engine/runtime/stage.h"
 #include "engine/runtime/tp_comm.h"
 #include "gguf_split/split.h"
@@ -239,6 +241,67 @@ TEST(TensorParallel, TwoStagesOfTwoRanksMatchTheWholeModel) {
     EXPECT_LT(max_rel_diff(want.logits[prompt.size() + i], last), 1e-5) << "step " << i;
   }
   EXPECT_EQ(got, want.tokens);
+}
+
+TEST(TensorParallel, BatchOfEightSequencesMatchesEachAlone) {
+  // The rows of a batch (here 8 sequences' prompts, then one decode token
+  // each) through two ranks give every sequence what it gets alone.
+  test::TempDir dir;
+  SynthConfig c;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  c.seed = 5;
+  const std::string model = dir.file("b.gguf");
+  write_synthetic_model(model, c);
+  const std::vector<std::string> files = write_tp_ranks(model, 2, dir.path().string());
+  const int n_seq = 8;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int q = 0; q < n_seq; ++q) prompts.push_back({1, int32_t(10 + q), int32_t(40 + 3 * q), int32_t(90 + q)});
+
+  // Alone: the whole model, one sequence at a time; the prompt's last logits
+  // and those of one decode token (token 7).
+  GgufFile whole_file = GgufFile::open(model);
+  std::vector<std::vector<float>> want;
+  for (int q = 0; q < n_seq; ++q) {
+    Stage s(whole_file, config(4));
+    s.forward(0, prompts[q]);
+    want.push_back(as_vector(s.forward(0, std::vector<int32_t>{7})));
+  }
+  // Batched: each rank a runner with 8 slots; one batch of the 8 prompts,
+  // then one batch of the 8 decode tokens.
+  InProcessTpGroup group(2);
+  std::vector<GgufFile> rank_files;
+  for (const auto& f : files) rank_files.push_back(GgufFile::open(f));
+  std::vector<std::unique_ptr<StageRunner>> runners;
+  for (int r = 0; r < 2; ++r) {
+    StageConfig sc;
+    sc.n_ctx = 64;
+    sc.n_seq = n_seq;
+    sc.max_batch = 4 * n_seq;
+    sc.tp = &group.member(r);
+    runners.push_back(make_stage_runner(Backend::Cpu, rank_files[r], sc));
+  }
+  std::vector<BatchChunk> prefill, decode_step;
+  std::vector<int32_t> prefill_rows, decode_rows;
+  for (int q = 0; q < n_seq; ++q) {
+    prefill.push_back({q, 4, false});
+    prefill_rows.insert(prefill_rows.end(), prompts[q].begin(), prompts[q].end());
+    decode_step.push_back({q, 1, true});
+    decode_rows.push_back(7);
+  }
+  std::vector<float> got[2];
+  on_threads(2, [&](int r) {
+    runners[r]->forward_batch(prefill, prefill_rows);
+    got[r] = as_vector(runners[r]->forward_batch(decode_step, decode_rows));
+  });
+  EXPECT_EQ(got[0], got[1]);
+  const size_t V = size_t(runners[0]->n_vocab());
+  ASSERT_EQ(got[0].size(), n_seq * V);
+  for (int q = 0; q < n_seq; ++q) {
+    const std::vector<float> row(got[0].begin() + q * V, got[0].begin() + (q + 1) * V);
+    EXPECT_LT(max_rel_diff(want[q], row), 1e-5) << "sequence " << q;
+    EXPECT_EQ(argmax(row), argmax(want[q])) << "sequence " << q;
+  }
 }
 
 TEST(TensorParallel, RankFileAndLinkMustAgree) {
