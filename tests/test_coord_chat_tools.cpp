@@ -584,6 +584,11 @@ TEST(ChatTools, XmlCallsThroughTheRequest) {
     ASSERT_EQ(msg["tool_calls"].size(), 1u) << call;
     EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "edit");
     EXPECT_EQ(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()), args) << call;
+    // tool_choice required: a grammar of this syntax forces the call.
+    EXPECT_EQ(r.gen.grammar, nullptr);
+    const ApiRequest forced = parse_chat_request(
+        chat_body({{"messages", history}, {"tools", {tool}}, {"tool_choice", "required"}, {"max_tokens", 2}}).dump(), m);
+    EXPECT_NE(forced.gen.grammar, nullptr);
   }
 }
 
