@@ -1,8 +1,10 @@
 #include "chat/output_format.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "chat/jinja/template.h"
+#include "chat/output/arguments.h"
 #include "engine/text/tokenizer.h"
 
 namespace baton {
@@ -32,6 +34,10 @@ ChatOutputFormat detect_chat_output_format(std::string_view text, std::string_vi
       f.tools = ToolCallFormat::deepseek_dsml;
     } else if (has(text, "[TOOL_CALLS]")) {
       f.tools = ToolCallFormat::mistral;
+    } else if (has(text, "<tool_call>") && has(text, "<function=") && has(text, "<parameter=")) {
+      f.tools = ToolCallFormat::qwen3_coder;
+    } else if (has(text, "<tool_call>") && has(text, "<arg_key>") && has(text, "<arg_value>")) {
+      f.tools = ToolCallFormat::glm;
     } else if (has(text, "<tool_call>") && !has(text, "<function=") && !has(text, "<arg_key>")) {
       f.tools = ToolCallFormat::hermes;
     } else if (has(text, "<|start_header_id|>") && has(text, "\"parameters\"")) {
@@ -79,6 +85,19 @@ ChatOutputFormat request_output_format(ChatOutputFormat f, std::string_view prom
   return f;
 }
 
+ChatOutputFormat request_output_format(ChatOutputFormat model_format, std::string_view prompt, const ChatTools& tools) {
+  ChatOutputFormat f = request_output_format(std::move(model_format), prompt, tools.active());
+  f.argument_types.clear();
+  if (f.tools != ToolCallFormat::qwen3_coder && f.tools != ToolCallFormat::glm) return f;
+  for (const ToolSpec& t : tools.tools) {
+    auto& params = f.argument_types[t.name];
+    const auto props = t.parameters.is_object() ? t.parameters.find("properties") : t.parameters.end();
+    if (props == t.parameters.end() || !props->is_object()) continue;
+    for (const auto& [name, schema] : props->items()) params[name] = schema_argument_types(schema);
+  }
+  return f;
+}
+
 std::vector<std::string> chat_output_markers(const ChatOutputFormat& f) {
   std::vector<std::string> m;
   if (!f.reasoning_start.empty()) m.push_back(f.reasoning_start);
@@ -86,6 +105,12 @@ std::vector<std::string> chat_output_markers(const ChatOutputFormat& f) {
   switch (f.tools) {
     case ToolCallFormat::none: break;
     case ToolCallFormat::hermes: m.insert(m.end(), {"<tool_call>", "</tool_call>"}); break;
+    case ToolCallFormat::qwen3_coder:
+      m.insert(m.end(), {"<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>"});
+      break;
+    case ToolCallFormat::glm:
+      m.insert(m.end(), {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"});
+      break;
     case ToolCallFormat::llama3_json: m.push_back("<|python_tag|>"); break;
     case ToolCallFormat::mistral: m.insert(m.end(), {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"}); break;
     case ToolCallFormat::deepseek_dsml:

@@ -13,6 +13,7 @@
 
 #include "chat/output/parser.h"
 #include "chat/model.h"
+#include "chat/tools.h"
 
 namespace baton {
 
@@ -23,9 +24,11 @@ class Tokenizer;
 // (`deepseek4`), the family and has_token (whether the vocabulary holds a
 // token of exactly this text, e.g. "<think>").
 //   tools:     "DSML" -> deepseek_dsml; "[TOOL_CALLS]" -> mistral;
-//              "<tool_call>" (with JSON inside, not Qwen3-Coder's <function=
-//              or GLM's <arg_key>) -> hermes; Llama 3's header markers with
-//              "parameters" -> llama3_json; else none.
+//              "<tool_call>" with "<function=" and "<parameter=" ->
+//              qwen3_coder; "<tool_call>" with "<arg_key>" and "<arg_value>"
+//              -> glm; "<tool_call>" otherwise (JSON inside) -> hermes;
+//              Llama 3's header markers with "parameters" -> llama3_json;
+//              else none.
 //   reasoning: "[THINK]" -> [THINK] ... [/THINK]; "<think>" -> <think> ... </think>.
 ChatOutputFormat detect_chat_output_format(std::string_view template_text, std::string_view architecture,
                                            ChatFamily family,
@@ -42,6 +45,9 @@ ChatOutputFormat chat_output_format(const ChatModel& model, const JinjaTemplate*
 // (whitespace after it allowed), as DeepSeek's and R1's templates do with
 // thinking on.
 ChatOutputFormat request_output_format(ChatOutputFormat model_format, std::string_view prompt, bool tools);
+// The same for a request's tools (active() or not), with the XML formats'
+// argument types read from the tools' parameter schemas.
+ChatOutputFormat request_output_format(ChatOutputFormat model_format, std::string_view prompt, const ChatTools& tools);
 
 // The markup texts the parser reads for this format.
 std::vector<std::string> chat_output_markers(const ChatOutputFormat& f);

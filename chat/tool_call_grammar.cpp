@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "chat/output/arguments.h"
 #include "engine/sampling/json_schema.h"
 
 namespace baton {
@@ -29,6 +30,18 @@ bool dsml_raw_string(const ojson& s) {
   }
   return true;
 }
+
+Grammar::RuleId text_until(Grammar& g, std::string_view marker);
+
+// How the XML formats (Qwen3-Coder, GLM) write one call: the markup around
+// the name, each parameter and each value.
+struct XmlSyntax {
+  std::string open, name_close, key_open, key_close, value_close, call_close;
+};
+const XmlSyntax kQwenXml = {"<tool_call>\n<function=", ">\n", "<parameter=", ">\n", "\n</parameter>\n",
+                            "</function>\n</tool_call>"};
+const XmlSyntax kGlmXml = {"<tool_call>", "\n", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n",
+                           "</tool_call>"};
 
 class Builder {
  public:
@@ -97,6 +110,75 @@ class Builder {
       alts.push_back(std::move(a));
     }
     return rule(alts);
+  }
+
+  // One XML call of one of the tools: its parameters in the schema's order,
+  // optional ones may be left out. A parameter whose schema allows strings
+  // is written as bare text (chat/output/arguments.h reads it back: a
+  // string, or a value of another type it allows); any text up to the
+  // closing tag, or with lengths or a string enum, text without '<' / one
+  // of the values. Other parameters are JSON.
+  Grammar::RuleId xml_call(const std::vector<ToolSpec>& tools, const XmlSyntax& x) {
+    const std::string_view close = trim_newlines(x.value_close);
+    std::vector<std::vector<Item>> alts;
+    for (const ToolSpec& t : tools) {
+      if (!t.parameters.is_null() && !t.parameters.is_object()) throw SchemaError("parameters must be an object schema");
+      std::vector<Item> a = Grammar::literal(x.open + t.name + x.name_close);
+      const ojson* props = t.parameters.is_object() && t.parameters.contains("properties")
+                               ? &t.parameters["properties"]
+                               : nullptr;
+      std::vector<std::string> required;
+      if (t.parameters.is_object() && t.parameters.contains("required")) {
+        for (const auto& r : t.parameters["required"]) required.push_back(r.get<std::string>());
+      }
+      if (props) {
+        for (const auto& [k, sub] : props->items()) {
+          std::vector<Item> p = Grammar::literal(x.key_open + k + x.key_close);
+          if (schema_argument_types(sub) & kArgString) {
+            if (const auto e = string_enum(sub); !e.empty()) {
+              std::vector<std::vector<Item>> values;
+              for (const std::string& v : e) values.push_back(Grammar::literal(v));
+              p.push_back(Item::ref(rule(values)));
+              p = concat(p, Grammar::literal(x.value_close));
+            } else if (dsml_raw_string(sub) && (sub.contains("minLength") || sub.contains("maxLength"))) {
+              p.push_back(Item::ref(raw_text(sub)));
+              p = concat(p, Grammar::literal(x.value_close));
+            } else {
+              // Up to the first closing tag (a newline before it is the template's).
+              p.push_back(Item::ref(text_until(g_, close)));
+              p = concat(p, Grammar::literal(x.value_close.substr(x.value_close.find(close) + close.size())));
+            }
+          } else {
+            p.push_back(Item::ref(json_.compile(sub, &t.parameters)));
+            p = concat(p, Grammar::literal(x.value_close));
+          }
+          const bool req = std::find(required.begin(), required.end(), k) != required.end();
+          a.push_back(Item::ref(req ? rule({p}) : rule({{}, p})));
+        }
+      }
+      a = concat(a, Grammar::literal(x.call_close));
+      alts.push_back(std::move(a));
+    }
+    return rule(alts);
+  }
+
+  static std::string_view trim_newlines(std::string_view s) {
+    while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+    while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+    return s;
+  }
+
+  // The values of {"type": "string", "enum": [...]} (all strings), else none.
+  static std::vector<std::string> string_enum(const ojson& s) {
+    std::vector<std::string> out;
+    if (!s.is_object() || s.value("type", ojson()) != "string" || !s.contains("enum") || !s["enum"].is_array()) {
+      return out;
+    }
+    for (const auto& v : s["enum"]) {
+      if (!v.is_string()) return {};
+      out.push_back(v.get<std::string>());
+    }
+    return out;
   }
 
   // A raw string parameter: characters other than '<' (which would start
@@ -196,6 +278,8 @@ std::shared_ptr<const Grammar> tool_call_grammar(ToolCallFormat format, const st
                             Grammar::literal("</" + d + "tool_calls>"))});
       break;
     }
+    case ToolCallFormat::qwen3_coder: root = b.xml_call(tools, kQwenXml); break;
+    case ToolCallFormat::glm: root = b.xml_call(tools, kGlmXml); break;
     case ToolCallFormat::none: throw std::invalid_argument("this model has no tool-call format to force");
   }
   if (!reasoning_end.empty()) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/output/arguments.h"
 #include "chat/output/parser.h"
 
 namespace baton {
@@ -219,6 +220,129 @@ TEST(ChatOutput, Mistral) {
   EXPECT_EQ(p.output().tool_calls[1].id.size(), 9u);
 }
 
+// The tools of the XML samples, their parameters typed as a request's
+// schemas type them (request_output_format).
+ChatOutputFormat xml_format(ToolCallFormat tools, std::string open = "", std::string close = "", bool opened = false) {
+  ChatOutputFormat f = format(tools, std::move(open), std::move(close), opened);
+  f.argument_types["get_weather"] = {{"city", kArgString}, {"days", kArgInteger}, {"metric", kArgBoolean},
+                                     {"opts", kArgObject}, {"note", kArgString | kArgNull}};
+  f.argument_types["write_file"] = {{"path", kArgString}, {"content", kArgString}, {"mode", kArgNumber}};
+  return f;
+}
+
+// Qwen3-Coder, as its template writes calls: text first, two calls, values
+// typed by schema (Python's True, a "42" that the schema says is a string),
+// string values holding markup-like text and newlines.
+const std::string kQwenXmlOutput =
+    "I'll check both.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich \"old town\"\n</parameter>\n"
+    "<parameter=days>\n2\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n"
+    "<parameter=opts>\n{\"unit\": \"celsius\", \"alerts\": [1, 2]}\n</parameter>\n"
+    "<parameter=note>\nNone\n</parameter>\n</function>\n</tool_call>\n"
+    "<tool_call>\n<function=write_file>\n<parameter=path>\n42\n</parameter>\n<parameter=content>\n"
+    "<div class=\"a\">\n  <parameter=x> </function> </tool_call>\n</div>\n\n</parameter>\n"
+    "<parameter=mode>\n0.5\n</parameter>\n</function>\n</tool_call>";
+
+TEST(ChatOutput, Qwen3CoderXml) {
+  check_all_chunkings(xml_format(ToolCallFormat::qwen3_coder), kQwenXmlOutput,
+                      {"I'll check both.",
+                       "",
+                       {{"get_weather", {{"city", "Zürich \"old town\""}, {"days", 2}, {"metric", true},
+                                         {"opts", {{"unit", "celsius"}, {"alerts", {1, 2}}}}, {"note", nullptr}}},
+                        {"write_file", {{"path", "42"},
+                                        {"content", "<div class=\"a\">\n  <parameter=x> </function> </tool_call>\n</div>\n"},
+                                        {"mode", 0.5}}}}});
+  // With reasoning (Qwen 3.5, Nemotron 3 Nano), a call without parameters,
+  // two functions in one <tool_call>, and parameters of no known type: JSON
+  // when they parse, else strings.
+  check_all_chunkings(xml_format(ToolCallFormat::qwen3_coder, "<think>", "</think>", true),
+                      "Plan.\n</think>\n\n<tool_call>\n<function=now>\n</function>\n<function=lookup>\n"
+                      "<parameter=n>\n5\n</parameter>\n<parameter=q>\nfive apples\n</parameter>\n"
+                      "<parameter=l>\n[1, \"a\"]\n</parameter>\n</function>\n</tool_call>",
+                      {"", "Plan.", {{"now", json::object()}, {"lookup", {{"n", 5}, {"q", "five apples"}, {"l", {1, "a"}}}}}});
+}
+
+// A value that does not fit its schema's types is the model's text, as a
+// string; 3.0 for an integer is 3; surrounding whitespace of JSON values
+// goes, of strings stays.
+TEST(ChatOutput, XmlArgumentTyping) {
+  EXPECT_EQ(typed_argument(" 42 ", kArgString), "\" 42 \"");
+  EXPECT_EQ(typed_argument("42", kArgInteger), "42");
+  EXPECT_EQ(typed_argument("3.0", kArgInteger), "3");
+  EXPECT_EQ(typed_argument("3.5", kArgInteger), "\"3.5\"");
+  EXPECT_EQ(typed_argument("7", kArgNumber), "7");
+  EXPECT_EQ(typed_argument("abc", kArgInteger), "\"abc\"");
+  EXPECT_EQ(typed_argument("False", kArgBoolean), "false");
+  EXPECT_EQ(typed_argument("false", kArgBoolean | kArgString), "false");
+  EXPECT_EQ(typed_argument("maybe", kArgBoolean | kArgString), "\"maybe\"");
+  EXPECT_EQ(typed_argument("\"q\"", kArgString | kArgInteger), "\"\\\"q\\\"\"");  // a JSON string stays text
+  EXPECT_EQ(typed_argument("\"q\"", 0), "\"q\"");
+  EXPECT_EQ(typed_argument("null", kArgString | kArgNull), "null");
+  EXPECT_EQ(typed_argument(" {\"a\": 1}\n", kArgObject), "{\"a\": 1}");
+  EXPECT_EQ(typed_argument("[1]", kArgObject), "\"[1]\"");
+  EXPECT_EQ(typed_argument("True", 0), "true");
+  // Schemas to types.
+  using ojson = nlohmann::ordered_json;
+  EXPECT_EQ(schema_argument_types(ojson::parse(R"({"type": "string", "enum": ["a"]})")), kArgString);
+  EXPECT_EQ(schema_argument_types(ojson::parse(R"({"type": ["integer", "null"]})")), kArgInteger | kArgNull);
+  EXPECT_EQ(schema_argument_types(ojson::parse(R"({"anyOf": [{"type": "string"}, {"type": "array"}]})")),
+            kArgString | kArgArray);
+  EXPECT_EQ(schema_argument_types(ojson::parse(R"({"enum": [1, "x"]})")), kArgInteger | kArgString);
+  EXPECT_EQ(schema_argument_types(ojson::parse(R"({"properties": {}})")), kArgObject);
+  EXPECT_EQ(schema_argument_types(ojson::parse(R"({"$ref": "#/defs/x"})")), 0);
+  EXPECT_EQ(schema_argument_types(ojson::parse(R"({"anyOf": [{"type": "string"}, {}]})")), 0);
+}
+
+// GLM 4.5 / 4.6 with reasoning, text, two calls (one without arguments);
+// GLM 4.7 writes the same markup without newlines.
+TEST(ChatOutput, GlmXml) {
+  const Expected want = {
+      "Checking.",
+      "Need the weather.",
+      {{"get_weather", {{"city", "Zürich\n<b>old</b> </arg_value"}, {"days", 2}, {"opts", {{"unit", "c"}}},
+                        {"note", "None of <arg_key>"}}},
+       {"now", json::object()}}};
+  check_all_chunkings(
+      xml_format(ToolCallFormat::glm, "<think>", "</think>"),
+      "<think>Need the weather.</think>\nChecking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+      "<arg_value>Zürich\n<b>old</b> </arg_value</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n"
+      "<arg_key>opts</arg_key>\n<arg_value>{\"unit\": \"c\"}</arg_value>\n<arg_key>note</arg_key>\n"
+      "<arg_value>None of <arg_key></arg_value>\n</tool_call>\n<tool_call>now\n</tool_call>",
+      want);
+  check_all_chunkings(
+      xml_format(ToolCallFormat::glm, "<think>", "</think>", true),
+      "Need the weather.</think>Checking.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Zürich\n<b>old</b> "
+      "</arg_value</arg_value><arg_key>days</arg_key><arg_value>2</arg_value><arg_key>opts</arg_key>"
+      "<arg_value>{\"unit\": \"c\"}</arg_value><arg_key>note</arg_key><arg_value>None of <arg_key></arg_value>"
+      "</tool_call><tool_call>now</tool_call>",
+      want);
+}
+
+// String arguments stream before their closing tag; the newline before
+// Qwen3-Coder's </parameter> is held until it is known not to be markup.
+TEST(ChatOutput, XmlArgumentsStreamBeforeTheCallEnds) {
+  ChatOutputParser p(xml_format(ToolCallFormat::qwen3_coder));
+  const size_t close = kQwenXmlOutput.find("</function>");
+  std::string before_close;
+  int arg_deltas = 0, headers = 0;
+  for (size_t i = 0; i < kQwenXmlOutput.size(); ++i) {
+    const ChatOutputDelta d = p.push(std::string_view(kQwenXmlOutput).substr(i, 1));
+    for (const auto& t : d.tool_calls) {
+      if (t.index != 0) continue;
+      if (!t.name.empty()) ++headers;
+      if (!t.arguments.empty()) ++arg_deltas;
+      if (i < close) before_close += t.arguments;
+    }
+  }
+  p.finish();
+  EXPECT_EQ(headers, 1);
+  EXPECT_GT(arg_deltas, 10);
+  EXPECT_EQ(before_close.rfind("{\"city\": \"Zürich \\\"old town\\\"\", \"days\": 2, \"metric\": true", 0), 0u)
+      << before_close;
+  EXPECT_EQ(p.output().tool_calls[0].arguments,
+            "{\"city\": \"Zürich \\\"old town\\\"\", \"days\": 2, \"metric\": true, \"opts\": {\"unit\": "
+            "\"celsius\", \"alerts\": [1, 2]}, \"note\": null}");
+}
+
 // Malformed or unfinished markup is content; nothing is lost.
 TEST(ChatOutput, MalformedMarkupIsContent) {
   struct Case {
@@ -238,6 +362,12 @@ TEST(ChatOutput, MalformedMarkupIsContent) {
       {ToolCallFormat::mistral, "[TOOL_CALLS][{\"no\": \"name\"}]"},
       {ToolCallFormat::llama3_json, "{\"name\": \"f\", \"parameters\": "},
       {ToolCallFormat::llama3_json, "<|python_tag|>brave_search.call(query=\"x\")"},
+      {ToolCallFormat::qwen3_coder, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"},
+      {ToolCallFormat::qwen3_coder, "Use <tool_call> to call.\n<tool_call>\n<function=f"},
+      {ToolCallFormat::qwen3_coder, "<tool_call>\n<function=a\"b>\n</function>"},
+      {ToolCallFormat::glm, "The <tool_call> tag is how I call tools."},
+      {ToolCallFormat::glm, "<tool_call>f\nno arguments here</tool_call>"},
+      {ToolCallFormat::glm, "<tool_call>get_weather\n<arg_ke"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.text);
@@ -261,6 +391,18 @@ TEST(ChatOutput, BrokenCommittedCallEndsTheCall) {
                       "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n"
                       "<｜DSML｜parameter name=\"a\" string=\"true\">unfinish",
                       {"", "", {{"f", {{"a", "unfinish"}}}}});
+  // The XML formats alike: a break after a parameter, a cut inside a
+  // string value (typed) and inside a value held for typing.
+  check_all_chunkings(format(ToolCallFormat::qwen3_coder),
+                      "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\noops",
+                      {"oops", "", {{"f", {{"a", "x"}}}}});
+  check_all_chunkings(xml_format(ToolCallFormat::qwen3_coder),
+                      "<tool_call>\n<function=get_weather>\n<parameter=city>\nunfinish",
+                      {"", "", {{"get_weather", {{"city", "unfinish"}}}}});
+  check_all_chunkings(xml_format(ToolCallFormat::glm), "<tool_call>get_weather\n<arg_key>days</arg_key><arg_value>12",
+                      {"", "", {{"get_weather", {{"days", 12}}}}});
+  check_all_chunkings(format(ToolCallFormat::glm), "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\noops",
+                      {"oops", "", {{"f", {{"a", 1}}}}});
 }
 
 TEST(ChatOutput, ReasoningMarkersAndWhitespace) {

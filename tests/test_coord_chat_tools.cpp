@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat/output/arguments.h"
 #include "chat/output_format.h"
 #include "coordinator/api/openai_api.h"
 #include "coordinator/api/openai_request.h"
@@ -206,7 +207,16 @@ TEST(ChatTools, OutputFormatOfRealTemplates) {
       {"Mistral-Small-3.2-24B-Instruct-2506.jinja", ToolCallFormat::mistral, ""},
       {"unsloth-mistral-Devstral-Small-2507.jinja", ToolCallFormat::mistral, ""},
       {"mistralai-Ministral-3-14B-Reasoning-2512.jinja", ToolCallFormat::mistral, "[THINK]"},
-      {"Qwen3-Coder.jinja", ToolCallFormat::none, ""},  // XML calls: not parsed
+      {"Qwen3-Coder.jinja", ToolCallFormat::qwen3_coder, ""},
+      {"Qwen3.5-4B.jinja", ToolCallFormat::qwen3_coder, "<think>"},
+      {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", ToolCallFormat::qwen3_coder, "<think>"},
+      {"StepFun3.5-Flash.jinja", ToolCallFormat::qwen3_coder, "<think>"},
+      {"GLM-4.6.jinja", ToolCallFormat::glm, "<think>"},
+      {"GLM-4.7-Flash.jinja", ToolCallFormat::glm, "<think>"},
+      {"Spark2.5.jinja", ToolCallFormat::glm, "<think>"},
+      {"inclusionai-ling-3.0-flash.jinja", ToolCallFormat::glm, "<think>"},
+      {"ByteDance-Seed-OSS.jinja", ToolCallFormat::none, ""},  // <seed:tool_call>: not parsed
+      {"meetkai-functionary-medium-v3.1.jinja", ToolCallFormat::none, ""},  // <function=f>{...}: not parsed
       {"openai-gpt-oss-120b.jinja", ToolCallFormat::none, ""},
   };
   for (const Want& w : wants) {
@@ -289,7 +299,8 @@ TEST(ChatTools, ToolConversationsRenderAsJinja2Does) {
   const std::vector<std::string> files = {"Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja",
                                           "deepseek-ai-DeepSeek-V4.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
                                           "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-                                          "unsloth-mistral-Devstral-Small-2507.jinja"};
+                                          "unsloth-mistral-Devstral-Small-2507.jinja", "Qwen3-Coder.jinja",
+                                          "Qwen3.5-4B.jinja", "GLM-4.6.jinja", "GLM-4.7-Flash.jinja"};
   const json tools = {kWeatherTool};
   const json args = {{"city", "Zürich"}, {"days", 2}};
   auto conversation = [&](bool openai_shape) {
@@ -523,6 +534,62 @@ TEST(ChatTools, DeepSeekV4ThinkingWithTools) {
   EXPECT_EQ(msg["content"], "Checking.");
   ASSERT_EQ(msg["tool_calls"].size(), 1u);
   EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+}
+
+// Qwen3-Coder's and GLM's templates through the request: the XML format,
+// its argument types from the request's tool schemas, and what the model
+// writes back in the template's own markup parsed into typed arguments
+// equal to those of the call the history held.
+TEST(ChatTools, XmlCallsThroughTheRequest) {
+  const json tool = json::parse(R"({"type": "function", "function": {"name": "edit", "parameters": {"type": "object",
+      "properties": {"path": {"type": "string"}, "line": {"type": "integer"}, "dry": {"type": "boolean"},
+      "opts": {"type": "object"}}}}})");
+  const json args = {{"path", "42"}, {"line", 7}, {"dry", true}, {"opts", {{"a", json::array({1, "x"})}}}};
+  const json history = json::array(
+      {{{"role", "user"}, {"content", "Edit it."}},
+       {{"role", "assistant"},
+        {"content", nullptr},
+        {"tool_calls", {{{"id", "c1"}, {"type", "function"}, {"function", {{"name", "edit"}, {"arguments", args.dump()}}}}}}},
+       {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "done"}},
+       {{"role", "user"}, {"content", "Again."}}});
+  struct Case {
+    const char* file;
+    ToolCallFormat format;
+    const char* open;   // the history's call, as the template rendered it, starts here
+    const char* close;  // and ends here
+  };
+  for (const Case& c : {Case{"Qwen3-Coder.jinja", ToolCallFormat::qwen3_coder, "<tool_call>", "</tool_call>"},
+                        Case{"GLM-4.6.jinja", ToolCallFormat::glm, "<tool_call>edit", "</tool_call>"}}) {
+    SCOPED_TRACE(c.file);
+    const ModelInfo m = stories_info(c.file);
+    const ApiRequest r =
+        parse_chat_request(chat_body({{"messages", history}, {"tools", {tool}}, {"max_tokens", 2}}).dump(), m);
+    EXPECT_EQ(r.output.tools, c.format);
+    ASSERT_EQ(r.output.argument_types.count("edit"), 1u);
+    EXPECT_EQ(r.output.argument_types.at("edit").at("path"), kArgString);
+    EXPECT_EQ(r.output.argument_types.at("edit").at("line"), kArgInteger);
+    // The model writes a call as its template writes one: the history's.
+    const std::string prompt = m.tokenizer->decode(r.gen.prompt);
+    const size_t from = prompt.rfind(c.open);
+    ASSERT_NE(from, std::string::npos) << prompt;
+    const size_t to = prompt.find(c.close, from);
+    ASSERT_NE(to, std::string::npos) << prompt;
+    const std::string call = prompt.substr(from, to + std::string(c.close).size() - from);
+    ResponseBuilder b(r, "m", "chatcmpl-1", 7);
+    for (const auto& ev : events_of("Editing.\n" + call, 3, FinishReason::stop)) b.add(ev);
+    const json j = json::parse(b.body());
+    const json& msg = j["choices"][0]["message"];
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+    EXPECT_EQ(msg["content"], "Editing.");
+    ASSERT_EQ(msg["tool_calls"].size(), 1u) << call;
+    EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "edit");
+    EXPECT_EQ(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()), args) << call;
+    // tool_choice required: a grammar of this syntax forces the call.
+    EXPECT_EQ(r.gen.grammar, nullptr);
+    const ApiRequest forced = parse_chat_request(
+        chat_body({{"messages", history}, {"tools", {tool}}, {"tool_choice", "required"}, {"max_tokens", 2}}).dump(), m);
+    EXPECT_NE(forced.gen.grammar, nullptr);
+  }
 }
 
 TEST(ChatTools, StreamCarriesToolCallDeltas) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "coordinator/api/openai_request.h"
+#include "chat/output_format.h"
 #include "chat/tool_call_grammar.h"
 #include "coordinator/cluster/local_engine.h"
 #include "chat/jinja_prompt.h"
@@ -282,6 +283,133 @@ TEST(ToolCallGrammar, EachFormatWritesOneCallOfAGivenTool) {
   EXPECT_THROW(tool_call_grammar(ToolCallFormat::none, weather_tools()), std::invalid_argument);
   EXPECT_THROW(tool_call_grammar(ToolCallFormat::hermes, {{"f", "", ojson::parse(R"({"properties": {"a": {"pattern": "x"}}})")}}),
                SchemaError);
+}
+
+// Qwen3-Coder's and GLM's XML calls: a string parameter is bare text (any
+// text up to the closing tag; without '<' when it has lengths; one of the
+// values of an enum), others JSON; and what the grammar lets through, the
+// parser reads back as the same call.
+TEST(ToolCallGrammar, XmlFormatsWriteCallsTheParserReadsBack) {
+  std::vector<ToolSpec> tools = weather_tools();
+  tools.push_back({"edit", "", ojson::parse(R"({"type": "object", "properties": {"path": {"type": "string"},
+      "mode": {"type": "string", "enum": ["a", "b c"]}, "flags": {"type": "array", "items": {"type": "boolean"}},
+      "note": {"type": ["string", "null"]}}, "required": ["path", "mode"]})")});
+  struct Case {
+    ToolCallFormat format;
+    std::vector<std::pair<std::string, ojson>> good;  // text, the call it parses to
+    std::vector<std::string> bad;
+  };
+  const Case cases[] = {
+      {ToolCallFormat::qwen3_coder,
+       {{"<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n"
+         "</parameter>\n</function>\n</tool_call>",
+         {{"name", "get_weather"}, {"arguments", {{"city", "New York"}, {"days", 3}}}}},
+        {"<tool_call>\n<function=now>\n</function>\n</tool_call>", {{"name", "now"}, {"arguments", ojson::object()}}},
+        {"<tool_call>\n<function=edit>\n<parameter=path>\nif (a < b) {\n  <b>x</b>;\n}\n\n</parameter>\n"
+         "<parameter=mode>\nb c\n</parameter>\n<parameter=flags>\n[true, false]\n</parameter>\n"
+         "<parameter=note>\nnull\n</parameter>\n</function>\n</tool_call>",
+         {{"name", "edit"},
+          {"arguments", {{"path", "if (a < b) {\n  <b>x</b>;\n}\n"}, {"mode", "b c"}, {"flags", {true, false}},
+                         {"note", nullptr}}}}}},
+       {"<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\na<b\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\nsoon\n"
+        "</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=edit>\n<parameter=path>\nx\n</parameter>\n<parameter=mode>\nc\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "<tool_call>\n<function=other>\n</function>\n</tool_call>", "Sure! <tool_call>"}},
+      {ToolCallFormat::glm,
+       {{"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n"
+         "<arg_value>2</arg_value>\n</tool_call>",
+         {{"name", "get_weather"}, {"arguments", {{"city", "Oslo"}, {"days", 2}}}}},
+        {"<tool_call>now\n</tool_call>", {{"name", "now"}, {"arguments", ojson::object()}}},
+        {"<tool_call>edit\n<arg_key>path</arg_key>\n<arg_value> a </arg_key>\n</arg_value>\n<arg_key>mode</arg_key>\n"
+         "<arg_value>a</arg_value>\n</tool_call>",
+         {{"name", "edit"}, {"arguments", {{"path", " a </arg_key>\n"}, {"mode", "a"}}}}}},
+       {"<tool_call>get_weather\n</tool_call>",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n"
+        "<arg_value>2.5</arg_value>\n</tool_call>"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(tool_call_format_name(c.format));
+    auto g = tool_call_grammar(c.format, tools);
+    ChatTools request{tools, {ToolChoice::Mode::required, ""}, true};
+    ChatOutputFormat base;
+    base.tools = c.format;
+    const ChatOutputFormat f = request_output_format(base, "", request);
+    for (const auto& [text, call] : c.good) {
+      EXPECT_TRUE(full_match(g, text)) << text;
+      ChatOutputParser p(f);
+      p.push(text);
+      p.finish();
+      ASSERT_EQ(p.output().tool_calls.size(), 1u) << text;
+      EXPECT_EQ(p.output().content, "");
+      EXPECT_EQ(p.output().tool_calls[0].name, call["name"]);
+      EXPECT_EQ(ojson::parse(p.output().tool_calls[0].arguments), call["arguments"]);
+    }
+    for (const auto& s : c.bad) EXPECT_FALSE(full_match(g, s)) << s;
+  }
+}
+
+// The random model forced to call a tool in the XML formats: every seed
+// writes a call that the parser reads back with arguments that validate.
+TEST(ToolCallGrammar, RandomModelWritesValidXmlCalls) {
+  LocalEngineConfig c;
+  c.model_path = test::model_path("llama-2-tiny-random.gguf");
+  c.stage.n_ctx = 512;
+  c.stage.n_seq = 4;
+  LocalEngine engine(c, nullptr);
+  engine.wait_loaded();
+  const std::vector<ToolSpec> tools = {
+      weather_tools()[0],
+      {"set", "", ojson::parse(R"({"type": "object", "properties": {"mode": {"enum": ["on", "off"], "type": "string"},
+          "level": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 3},
+          "maxItems": 2}}, "required": ["mode"]})")}};
+  const auto prompt = engine.model().tokenizer->encode("Call a tool:", true, false);
+  for (const ToolCallFormat format : {ToolCallFormat::qwen3_coder, ToolCallFormat::glm}) {
+    SCOPED_TRACE(tool_call_format_name(format));
+    constexpr int kSeeds = 12;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Outcome> out(kSeeds);
+    int finished = 0;
+    for (int seed = 0; seed < kSeeds; ++seed) {
+      GenerationRequest r;
+      r.prompt = prompt;
+      r.sampling = {1.0f, 40, 1.0f, 0.0f, uint64_t(seed)};
+      r.max_tokens = 400;
+      r.grammar = tool_call_grammar(format, tools);
+      engine.submit(std::move(r), [&, seed](GenerationEvent&& ev) {
+        std::lock_guard lock(mu);
+        out[size_t(seed)].text += ev.text;
+        if (ev.finish) {
+          out[size_t(seed)].finish = *ev.finish;
+          ++finished;
+          cv.notify_all();
+        }
+      });
+    }
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return finished == kSeeds; });
+    ChatOutputFormat base;
+    base.tools = format;
+    const ChatOutputFormat f = request_output_format(base, "", ChatTools{tools, {ToolChoice::Mode::required, ""}, true});
+    for (const Outcome& o : out) {
+      SCOPED_TRACE(o.text);
+      ASSERT_EQ(o.finish, FinishReason::stop);
+      ChatOutputParser p(f);
+      p.push(o.text);
+      p.finish();
+      ASSERT_EQ(p.output().tool_calls.size(), 1u);
+      EXPECT_EQ(p.output().content, "");
+      const ToolCall& call = p.output().tool_calls[0];
+      ASSERT_TRUE(call.name == "get_weather" || call.name == "set");
+      const ojson args = ojson::parse(call.arguments, nullptr, false);
+      ASSERT_FALSE(args.is_discarded()) << call.arguments;
+      const ojson& params = tools[call.name == "get_weather" ? 0 : 1].parameters;
+      EXPECT_EQ(test::schema_violation(args, params, params), "");
+    }
+  }
 }
 
 // The random model, forced to call a tool: every seed writes a call whose

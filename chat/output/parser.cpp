@@ -88,6 +88,8 @@ const char* tool_call_format_name(ToolCallFormat f) {
     case ToolCallFormat::llama3_json: return "llama3_json";
     case ToolCallFormat::hermes: return "hermes";
     case ToolCallFormat::mistral: return "mistral";
+    case ToolCallFormat::qwen3_coder: return "qwen3_coder";
+    case ToolCallFormat::glm: return "glm";
   }
   return "none";
 }
@@ -136,6 +138,11 @@ bool ChatOutputParser::step(bool at_end) {
     case Mode::dsml_invoke: return step_dsml_invoke(at_end);
     case Mode::dsml_string: return step_dsml_string(at_end);
     case Mode::dsml_value: return step_dsml_value(at_end);
+    case Mode::xml_call: return step_xml_call(at_end);
+    case Mode::xml_params: return step_xml_params(at_end);
+    case Mode::xml_string: return step_xml_string(at_end);
+    case Mode::xml_value: return step_xml_value(at_end);
+    case Mode::xml_after: return step_xml_after(at_end);
   }
   return false;
 }
@@ -317,7 +324,8 @@ bool ChatOutputParser::step_content(bool at_end) {
   static const std::vector<std::string_view> kHermes = {kHermesOpen}, kLlama = {kPythonTag},
                                              kMistral = {kMistralCalls},
                                              kDsml = {kDsmlToolCalls, kDsmlFunctionCalls};
-  const auto& markers = f == ToolCallFormat::hermes        ? kHermes
+  const bool xml = f == ToolCallFormat::qwen3_coder || f == ToolCallFormat::glm;
+  const auto& markers = f == ToolCallFormat::hermes || xml ? kHermes
                         : f == ToolCallFormat::llama3_json ? kLlama
                         : f == ToolCallFormat::mistral     ? kMistral
                                                            : kDsml;
@@ -328,6 +336,8 @@ bool ChatOutputParser::step_content(bool at_end) {
     const std::string_view marker = markers[which];
     prefix_ = marker.size();
     switch (f) {
+      case ToolCallFormat::qwen3_coder:
+      case ToolCallFormat::glm: mode_ = Mode::xml_call; break;
       case ToolCallFormat::hermes:
         after_ = After::hermes;
         mode_ = Mode::json_call;

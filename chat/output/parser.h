@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +25,9 @@ enum class ToolCallFormat {
   hermes,         // Hermes / Qwen: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one or more
   mistral,        // Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Nemo) or
                   // [TOOL_CALLS]name[ARGS]{...} per call (Small 3.2, Devstral, Ministral 3)
+  qwen3_coder,    // Qwen3-Coder, Qwen 3.5, Nemotron 3 Nano: <tool_call>\n<function=f>\n<parameter=k>\nv\n</parameter>\n
+                  // ...</function>\n</tool_call>, one or more
+  glm,            // GLM 4.5 / 4.6 / 4.7: <tool_call>f\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n...</tool_call>
 };
 const char* tool_call_format_name(ToolCallFormat f);  // "none", "deepseek_dsml", ...
 
@@ -34,6 +39,11 @@ struct ChatOutputFormat {
   // on ends its generation prompt with the start marker): the output is
   // reasoning until reasoning_end.
   bool reasoning_open = false;
+  // The XML formats (qwen3_coder, glm) write argument values as bare text;
+  // each is typed by the JSON types its parameter's schema allows: tool name
+  // -> parameter name -> chat/output/arguments.h's type bits. A parameter
+  // not listed takes any JSON value (request_output_format fills this).
+  std::map<std::string, std::map<std::string, uint8_t>> argument_types;
 };
 
 struct ToolCall {
@@ -77,7 +87,9 @@ struct ChatOutput {
 // Tool calls: a call is committed once its name is complete; from then on its
 // arguments stream as they come (JSON formats: the model's text as written;
 // DSML: a JSON object built from the parameters, string="false" values that
-// are not JSON becoming strings). Markup that breaks off before a call is
+// are not JSON becoming strings; the XML formats: a JSON object built from
+// the parameters, each value typed by its schema as chat/output/arguments.h
+// says). Markup that breaks off before a call is
 // committed is released as content; text that breaks a committed call's
 // markup ends the call (its arguments as far as they came) and is content.
 // Whitespace between content and a call is dropped.
@@ -112,6 +124,13 @@ class ChatOutputParser {
   bool step_dsml_invoke(bool at_end);
   bool step_dsml_string(bool at_end);
   bool step_dsml_value(bool at_end);
+  bool step_xml_call(bool at_end);
+  bool step_xml_params(bool at_end);
+  bool step_xml_string(bool at_end);
+  bool step_xml_value(bool at_end);
+  bool step_xml_after(bool at_end);
+  void begin_xml_value(std::string_view key, size_t consumed);
+  void close_xml_call();
   bool scan_byte(char c, int until);
   size_t scan_json(std::string_view s, size_t from, int until);
   void close_dsml_call();
@@ -147,6 +166,11 @@ class ChatOutputParser {
   // DSML: the block's closing tag, calls in it, parameters of the open invoke.
   std::string dsml_close_;
   int dsml_calls_ = 0, dsml_params_ = 0;
+  // XML calls: the open call's tool and parameters so far, and the open
+  // value's type bits.
+  std::string xml_tool_;
+  int xml_params_ = 0;
+  uint8_t xml_types_ = 0;
 };
 
 }  // namespace baton

@@ -33,6 +33,11 @@ enum class ChatOutputParser::Mode {
   dsml_invoke,  // inside an invoke: parameters or the closing tag
   dsml_string,  // a string="true" parameter's value, streamed
   dsml_value,   // another parameter's value (JSON), held until its end
+  xml_call,     // after <tool_call> in the XML formats: the function's name
+  xml_params,   // inside an XML call: parameters or the call's end
+  xml_string,   // a string parameter's value (by its schema), streamed
+  xml_value,    // another parameter's value, held until its end and typed
+  xml_after,    // Qwen3-Coder after </function>: </tool_call> or another <function=
 };
 
 namespace chat_text {
@@ -45,6 +50,13 @@ inline constexpr std::string_view kDsmlInvokeClose = "</｜DSML｜invoke>";
 inline constexpr std::string_view kDsmlParam = "<｜DSML｜parameter name=\"";
 inline constexpr std::string_view kDsmlParamClose = "</｜DSML｜parameter>";
 inline constexpr std::string_view kStringTrue = " string=\"true\">", kStringFalse = " string=\"false\">";
+
+// The XML markup: Qwen3-Coder's and GLM's (both open a call with <tool_call>).
+inline constexpr std::string_view kToolCallOpen = "<tool_call>", kToolCallClose = "</tool_call>";
+inline constexpr std::string_view kQwenFunction = "<function=", kQwenFunctionClose = "</function>";
+inline constexpr std::string_view kQwenParam = "<parameter=", kQwenParamClose = "</parameter>";
+inline constexpr std::string_view kGlmKey = "<arg_key>", kGlmKeyClose = "</arg_key>";
+inline constexpr std::string_view kGlmValue = "<arg_value>", kGlmValueClose = "</arg_value>";
 
 // Longest tool name, parameter name or id read before the markup is taken as broken.
 inline constexpr size_t kMaxName = 256;

@@ -383,7 +383,7 @@ MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& m
   }
   const ChatPrompt prompt = encode_chat(r.conversation.chat, model, tmpl, budget);
   r.gen.prompt = prompt.tokens;
-  r.output_format = request_output_format(chat_output_format(model, tmpl), prompt.text, r.conversation.tools.active());
+  r.output_format = request_output_format(chat_output_format(model, tmpl), prompt.text, r.conversation.tools);
   r.gen.show_tokens = chat_marker_tokens(r.output_format, *model.tokenizer);
   // tool_choice any / tool: one call, by the grammar the OpenAI route uses.
   try {

@@ -492,7 +492,7 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   }
   const ChatPrompt prompt = encode_chat(chat, model, tmpl, budget);
   r.gen.prompt = prompt.tokens;
-  r.output = request_output_format(chat_output_format(model, tmpl), prompt.text, r.tools.active());
+  r.output = request_output_format(chat_output_format(model, tmpl), prompt.text, r.tools);
   r.gen.show_tokens = chat_marker_tokens(r.output, *model.tokenizer);
 
   parse_common(body, r, model);

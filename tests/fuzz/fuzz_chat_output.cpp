@@ -4,12 +4,14 @@
 // name and arguments); a difference aborts.
 //
 // Input: byte 0 picks the tool format and the reasoning markers, byte 1
-// seeds where the text is cut, the rest is the output text.
+// seeds where the text is cut (and, its top bit, whether the XML formats'
+// parameters are typed), the rest is the output text.
 #include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
 
+#include "chat/output/arguments.h"
 #include "chat/output/parser.h"
 
 using namespace baton;
@@ -38,9 +40,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   static const ToolCallFormat kTools[] = {ToolCallFormat::none, ToolCallFormat::deepseek_dsml,
                                           ToolCallFormat::llama3_json, ToolCallFormat::hermes,
-                                          ToolCallFormat::mistral};
+                                          ToolCallFormat::mistral, ToolCallFormat::qwen3_coder,
+                                          ToolCallFormat::glm};
   ChatOutputFormat f;
-  f.tools = kTools[data[0] % 5];
+  f.tools = kTools[(data[0] & 0x0F) % 7];
+  if (data[1] & 0x80) {
+    // Every typing path: a string (streamed), a number, mixed types; other names take any JSON.
+    f.argument_types["f"] = {{"a", kArgString}, {"b", kArgInteger | kArgNumber}, {"c", kArgString | kArgNull}};
+  }
   if (data[0] & 0x10) {
     f.reasoning_start = (data[0] & 0x40) ? "[THINK]" : "<think>";
     f.reasoning_end = (data[0] & 0x40) ? "[/THINK]" : "</think>";
