@@ -239,7 +239,8 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("top-p", po::value<double>(), "default top_p of a request that names none (0..1; default: 1, off)")
       ("top-k", po::value<int64_t>(), "default top_k of a request that names none (0 = off, the default)")
       ("min-p", po::value<double>(),
-       "default min_p of a request that names none (0..1; default: 0, off, on the OpenAI routes)")
+       "default min_p of a request that names none (0..1; default: 0, off, on the OpenAI routes, 0.05 on the "
+       "Messages API, which has no min_p field)")
       ("seed", po::value<std::string>(),
        "default seed of a request that names none: the same request then gives the same text; -1 = a random "
        "seed per request (the default)")
@@ -308,7 +309,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   }
   if (vm.count("cors")) r.cors = parse_cors_origins(vm["cors"].as<std::string>());
   r.sampling = sampling_defaults(vm);
-  if (vm.count("chat-template")) check_chat_template_choice(r.chat_template_file);
+  // Before the port is bound: an unknown name is one line at once. Parse-only
+  // runs (documented commands) name files that need not exist.
+  if (vm.count("chat-template") && !parse_only()) check_chat_template_choice(r.chat_template_file);
   if (!(r.template_timeout_s > 0 && r.template_timeout_s <= 3600)) {
     throw std::invalid_argument("--template-timeout must be in (0, 3600] seconds");
   }
@@ -607,7 +610,9 @@ int serve(const ServeOptions& given) {
     std::fprintf(stderr, "baton serve: sampling defaults for requests that leave them out: %s\n",
                  describe(opt.sampling).c_str());
   }
-  ApiOptions api_options{api_key, chat_template};
+  ApiOptions api_options;
+  api_options.api_key = api_key;
+  api_options.chat_template = chat_template;
   api_options.sampling = opt.sampling;
   api_options.template_timeout = std::chrono::milliseconds(int64_t(opt.template_timeout_s * 1000));
   api = std::make_unique<OpenAiApi>(engine, metrics, api_options);
