@@ -1,10 +1,13 @@
 // Chat prompts from the model's own Jinja template (see jinja_prompt.h).
 #include "chat/jinja_prompt.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <system_error>
 
+#include "chat/templates/builtin_templates.h"
 #include "engine/gguf/file.h"
 #include "engine/text/tokenizer.h"
 
@@ -45,6 +48,30 @@ std::shared_ptr<const JinjaTemplate> load_chat_template_file(const std::string& 
   std::stringstream ss;
   ss << in.rdbuf();
   return std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(ss.str()));
+}
+
+namespace {
+
+bool is_file(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+}  // namespace
+
+void check_chat_template_choice(const std::string& file_or_name) {
+  if (is_file(file_or_name) || find_builtin_chat_template(file_or_name)) return;
+  throw std::invalid_argument("--chat-template '" + file_or_name +
+                              "' is neither a file nor a built-in template; the built-in ones are " +
+                              builtin_chat_template_names());
+}
+
+ChatTemplateSource load_chat_template(const std::string& file_or_name) {
+  check_chat_template_choice(file_or_name);
+  if (is_file(file_or_name)) return {load_chat_template_file(file_or_name), "the file " + file_or_name};
+  const BuiltinChatTemplate& b = *find_builtin_chat_template(file_or_name);
+  return {std::make_shared<const JinjaTemplate>(JinjaTemplate::parse(std::string(b.text))),
+          "the built-in template " + std::string(b.name) + " (" + std::string(b.source) + ")"};
 }
 
 std::string chat_eos_text(const Tokenizer& tok) {

@@ -57,6 +57,19 @@ std::shared_ptr<const JinjaTemplate> gguf_chat_template(const GgufFile& f);
 // be read, jinja::TemplateError when it cannot run.
 std::shared_ptr<const JinjaTemplate> load_chat_template_file(const std::string& path);
 
+// What --chat-template takes: a file that exists (read as above: a file
+// keeps winning over a built-in of the same name), else the name of a
+// built-in template (chat/templates/builtin_templates.h). Throws
+// std::invalid_argument for a value that is neither, listing the names.
+struct ChatTemplateSource {
+  std::shared_ptr<const JinjaTemplate> tmpl;
+  std::string description;  // "the file F" or "the built-in template NAME (MODEL)", for the log
+};
+ChatTemplateSource load_chat_template(const std::string& file_or_name);
+// The same check without parsing: throws what load_chat_template would for
+// a value that is neither a file nor a built-in's name.
+void check_chat_template_choice(const std::string& file_or_name);
+
 // The EOS token's text, or "" without an EOS (chat_bos_text's counterpart).
 std::string chat_eos_text(const Tokenizer& tok);
 

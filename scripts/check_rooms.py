@@ -19,7 +19,7 @@ ROOMS = [
     "engine/base", "engine/gguf", "engine/text", "engine/sampling", "engine/model", "engine/tp",
     "engine/plan", "engine/runtime", "engine/arch", "engine/cuda", "engine/cuda/stages",
     "engine",  # engine/registry.cpp: the list of architectures, above every room
-    "chat/jinja", "chat/output", "chat",
+    "chat/jinja", "chat/output", "chat/templates", "chat",
 ]
 MAX_UPWARD = 5
 MAX_FILES = 15

@@ -1,11 +1,15 @@
 // `baton serve`'s flags of other servers' spelling: --api-key KEY and
 // $BATON_API_KEY beside --api-key-file, --served-model-name/--alias for
 // --model-id, --log-level (warn: no start-up or request lines), and one warning for a
-// --ctx beyond the model's trained context.
+// --ctx beyond the model's trained context, and the sampling defaults (--temp,
+// --top-p, --top-k, --min-p, --seed).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/serve_client.h"
 
@@ -105,6 +109,71 @@ TEST(ServeFlags, CtxBeyondTheTrainedContextIsOneWarning) {
   EXPECT_NE(s.stderr_text().find("baton serve: warning: --ctx 4096 is beyond the model's trained context of 2048"),
             std::string::npos)
       << s.stderr_text();
+}
+
+// serve --temp 0 (here by llama-server's other spelling, --temperature): a
+// request without a temperature is greedy, so the seed no longer matters;
+// without it the API's temperature 1 samples, and two seeds give two texts.
+// --seed fixes the seed of requests that name none. /v1/models and the
+// start-up log show the defaults.
+TEST(ServeFlags, SamplingDefaultsApplyToRequestsThatLeaveThemOut) {
+  auto completion = [](int port, std::optional<int> seed) {
+    json req = {{"model", kModel}, {"prompt", "Once upon a time"}, {"max_tokens", 24}};
+    if (seed) req["seed"] = *seed;
+    const Response r = post(port, "/v1/completions", req);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.status == 200 ? r.j()["choices"][0]["text"].get<std::string>() : std::string();
+  };
+  auto message = [](int port) {
+    const json req = {{"model", kModel},
+                      {"max_tokens", 24},
+                      {"messages", json::array({{{"role", "user"}, {"content", "Once upon a time"}}})}};
+    const Response r = post(port, "/v1/messages", req);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.body;
+  };
+  {
+    ServeProcess greedy({stories(), "--temperature", "0", "--top-k", "5"});
+    EXPECT_EQ(completion(greedy.port(), 1), completion(greedy.port(), 2));
+    const json meta = http(greedy.port(), "GET", "/v1/models").j()["data"][0]["meta"];
+    EXPECT_EQ(meta["sampling_defaults"], (json{{"temperature", 0.0}, {"top_k", 5}})) << meta.dump();
+    const json first = json::parse(message(greedy.port()));
+    const json second = json::parse(message(greedy.port()));
+    EXPECT_EQ(first["content"], second["content"]);
+    greedy.stop();
+    EXPECT_NE(greedy.stderr_text().find(
+                  "baton serve: sampling defaults for requests that leave them out: temperature 0, top_k 5\n"),
+              std::string::npos)
+        << greedy.stderr_text();
+  }
+  {
+    ServeProcess sampled({stories()});
+    EXPECT_NE(completion(sampled.port(), 1), completion(sampled.port(), 2));
+    EXPECT_EQ(http(sampled.port(), "GET", "/v1/models").j()["data"][0]["meta"]["sampling_defaults"], json::object());
+  }
+  {
+    ServeProcess seeded({stories(), "--seed", "7"});
+    const std::string a = completion(seeded.port(), std::nullopt);
+    EXPECT_EQ(a, completion(seeded.port(), std::nullopt));
+    EXPECT_EQ(a, completion(seeded.port(), 7));
+  }
+}
+
+TEST(ServeFlags, SamplingDefaultsOutOfRangeAreRefused) {
+  for (const auto& [args, err] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--temp", "3"}, "baton serve: --temp must be between 0 and 2, got 3\n"},
+           {{"--top-p", "-0.5"}, "baton serve: --top-p must be between 0 and 1, got -0.5\n"},
+           {{"--min-p", "2"}, "baton serve: --min-p must be between 0 and 1, got 2\n"},
+           {{"--top-k", "-1"}, "baton serve: --top-k must be between 0 and 2147483647, got -1\n"},
+           {{"--seed", "x"},
+            "baton serve: --seed takes an integer from 0 to 18446744073709551615, or -1 for a random seed per "
+            "request; got 'x'\n"}}) {
+    std::vector<std::string> cmd = {test::baton_binary(), "serve", stories()};
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    const auto r = test::run_command(cmd);
+    EXPECT_EQ(r.exit_code, 1) << args[0];
+    EXPECT_EQ(r.err, err);
+  }
 }
 
 TEST(ServeFlags, UnknownOptionNamesTheNearest) {

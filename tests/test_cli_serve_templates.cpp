@@ -3,7 +3,7 @@
 // template that runs long answers within --template-timeout while /health
 // keeps answering, and SIGTERM stops the server within a second even while a
 // render is in progress. The engine's own limits (depth, work, bytes) are
-// tested in test_chat_jinja.
+// tested in test_chat_jinja. And the built-in templates by name.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -81,6 +81,40 @@ TEST(ServeTemplates, SigtermStopsWithinASecondDuringARender) {
   const Response r = slow.get();
   // Cancelled (503), ended by the engine's work limit first (400), or the connection closed.
   EXPECT_TRUE(r.status == 503 || r.status == 400 || r.status == 0) << r.status << " " << r.body;
+}
+
+// --chat-template NAME: a built-in renders the prompt exactly as its
+// published file given as --chat-template FILE does (the /tokenize of the
+// same messages gives the same tokens), the log names it, and the chat
+// route answers; an unknown name ends the command at once, listing the names.
+TEST(ServeTemplates, BuiltinTemplateByNameRendersAsItsFile) {
+  const json messages = {{{"role", "user"}, {"content", "Once upon a time"}},
+                         {{"role", "assistant"}, {"content", "there was a cat."}},
+                         {{"role", "user"}, {"content", "And then?"}}};
+  ServeProcess by_name({"-m", stories(), "--chat-template", "qwen2.5"});
+  ServeProcess by_file(
+      {"-m", stories(), "--chat-template", test::shared_dir() + "/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja"});
+  const Response a = post(by_name.port(), "/tokenize", json{{"messages", messages}});
+  const Response b = post(by_file.port(), "/tokenize", json{{"messages", messages}});
+  ASSERT_EQ(a.status, 200) << a.body;
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(a.j()["tokens"], b.j()["tokens"]);
+  json req = chat("hello");
+  req["messages"] = messages;
+  EXPECT_EQ(post(by_name.port(), "/v1/chat/completions", req).status, 200);
+  by_name.stop();
+  EXPECT_NE(by_name.stderr_text().find(
+                "baton serve: chat prompts from the built-in template qwen2.5 (Qwen/Qwen2.5-7B-Instruct)\n"),
+            std::string::npos)
+      << by_name.stderr_text();
+
+  const auto unknown = test::run_command({test::baton_binary(), "serve", stories(), "--chat-template", "qwen"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_EQ(unknown.err,
+            "baton serve: --chat-template 'qwen' is neither a file nor a built-in template; the built-in ones are "
+            "chatml, llama2, llama3, mistral, qwen2.5, deepseek-v3.1, deepseek-v4\n");
+  const auto help = test::run_command({test::baton_binary(), "serve", "--help"});
+  EXPECT_NE(help.out.find("deepseek-v4"), std::string::npos) << help.out;
 }
 
 }  // namespace

@@ -154,6 +154,39 @@ TEST(AnthropicRequest, SamePromptAsTheOpenAiRoute) {
   EXPECT_EQ(count_message_tokens(plain_a, m), int64_t(pa.gen.prompt.size()));
 }
 
+// serve --temp and the other sampling defaults: a body without the field
+// gets the server's, one with it keeps its own; min_p and seed, which
+// Anthropic's API lacks, come from the server when it sets them.
+TEST(AnthropicRequest, ServerSamplingDefaultsFillWhatARequestLeavesOut) {
+  ModelInfo m = stories_info();
+  SamplingDefaults d;
+  d.temperature = 0.0;
+  d.top_p = 0.5;
+  d.top_k = 7;
+  d.min_p = 0.125;
+  d.seed = 99;
+  auto parse = [&](const std::string& extra, const SamplingDefaults& defaults) {
+    return parse_messages_request(
+               R"({"model":"stories260K","max_tokens":8,"messages":[{"role":"user","content":"Hi"}])" + extra + "}",
+               m, nullptr, {}, defaults)
+        .gen.sampling;
+  };
+  const SamplerParams without = parse("", d);
+  EXPECT_EQ(without.temperature, 0.0f);
+  EXPECT_EQ(without.top_p, 0.5f);
+  EXPECT_EQ(without.top_k, 7);
+  EXPECT_EQ(without.min_p, 0.125f);
+  EXPECT_EQ(without.seed, 99u);
+  const SamplerParams own = parse(R"(,"temperature":0.75,"top_p":0.9,"top_k":3)", d);
+  EXPECT_EQ(own.temperature, 0.75f);
+  EXPECT_EQ(own.top_p, 0.9f);
+  EXPECT_EQ(own.top_k, 3);
+  const SamplerParams plain = parse("", {});
+  EXPECT_EQ(plain.temperature, 1.0f);
+  EXPECT_EQ(plain.top_p, 1.0f);
+  EXPECT_EQ(plain.top_k, 0);
+}
+
 TEST(AnthropicRequest, CountTokensIsThePromptsLength) {
   ModelInfo m = stories_info();
   const JinjaTemplate tmpl = JinjaTemplate::parse(kShowAll);
@@ -509,6 +542,17 @@ TEST(AnthropicRequest, ToolChoiceAnyAndToolForceACall) {
   EXPECT_TRUE(accepts(named.gen.grammar, now));
   EXPECT_FALSE(accepts(named.gen.grammar, weather));
   EXPECT_EQ(parse_messages_request(body(R"({"type":"auto"})"), m, qwen.get()).gen.grammar, nullptr);
+  // disable_parallel_tool_use: the forced call is one call, nothing after it;
+  // without a grammar the output stops at the first call.
+  const MessagesRequest one =
+      parse_messages_request(body(R"({"type":"any","disable_parallel_tool_use":true})"), m, qwen.get());
+  EXPECT_TRUE(one.output_format.single_tool_call);
+  EXPECT_TRUE(accepts(one.gen.grammar, weather));
+  GrammarMatcher two(one.gen.grammar);
+  EXPECT_FALSE(two.advance(weather + "\n" + now));
+  EXPECT_TRUE(parse_messages_request(body(R"({"type":"auto","disable_parallel_tool_use":true})"), m, qwen.get())
+                  .output_format.single_tool_call);
+  EXPECT_FALSE(any.output_format.single_tool_call);
 }
 
 // With a real template the request picks the model's output format (Qwen 3:

@@ -140,6 +140,53 @@ TEST(ServeApi, ParsesRequestsIntoGenerationRequests) {
   EXPECT_EQ(chat.gen.stop, m.chat_stop_strings);
 }
 
+// serve --temp/--top-p/--top-k/--min-p/--seed: a request that leaves a field
+// out gets the server's value; one that names it keeps its own; an unset
+// default leaves OpenAI's.
+TEST(ServeApi, ServerSamplingDefaultsFillWhatARequestLeavesOut) {
+  ModelInfo m = stories_info();
+  SamplingDefaults d;
+  d.temperature = 0.25;
+  d.top_p = 0.5;
+  d.top_k = 7;
+  d.min_p = 0.125;
+  d.seed = 99;
+  const std::string chat = R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}])";
+  for (const bool is_chat : {true, false}) {
+    SCOPED_TRACE(is_chat ? "chat" : "completions");
+    auto parse = [&](const std::string& extra, const SamplingDefaults& defaults) {
+      const std::string body = is_chat ? chat + extra + "}" : R"({"model":"stories260K","prompt":"Once")" + extra + "}";
+      return is_chat ? parse_chat_request(body, m, nullptr, {}, defaults).gen.sampling
+                     : parse_completion_request(body, m, defaults).gen.sampling;
+    };
+    const SamplerParams without = parse("", d);
+    EXPECT_EQ(without.temperature, 0.25f);
+    EXPECT_EQ(without.top_p, 0.5f);
+    EXPECT_EQ(without.top_k, 7);
+    EXPECT_EQ(without.min_p, 0.125f);
+    EXPECT_EQ(without.seed, 99u);
+    // null is "default" too.
+    EXPECT_EQ(parse(R"(,"temperature":null)", d).temperature, 0.25f);
+    const SamplerParams own = parse(R"(,"temperature":1.5,"top_p":0.9,"top_k":3,"min_p":0.0,"seed":5)", d);
+    EXPECT_EQ(own.temperature, 1.5f);
+    EXPECT_EQ(own.top_p, 0.9f);
+    EXPECT_EQ(own.top_k, 3);
+    EXPECT_EQ(own.min_p, 0.0f);
+    EXPECT_EQ(own.seed, 5u);
+    // A request's 0 is its own choice, not "unset".
+    EXPECT_EQ(parse(R"(,"temperature":0)", SamplingDefaults{.temperature = 0.7}).temperature, 0.0f);
+    const SamplerParams plain = parse("", {});
+    EXPECT_EQ(plain.temperature, 1.0f);
+    EXPECT_EQ(plain.top_p, 1.0f);
+    EXPECT_EQ(plain.top_k, 0);
+    EXPECT_EQ(plain.min_p, 0.0f);
+    // Only the temperature set: the rest stay OpenAI's.
+    const SamplerParams temp_only = parse("", SamplingDefaults{.temperature = 0.0});
+    EXPECT_EQ(temp_only.temperature, 0.0f);
+    EXPECT_EQ(temp_only.top_p, 1.0f);
+  }
+}
+
 // A model whose GGUF carries a Jinja template renders chat prompts with it:
 // every role and the tool calls reach the template, key order is kept,
 // chat_template_kwargs become variables, and the Plain family's text stops

@@ -417,5 +417,49 @@ TEST(ChatOutput, ReasoningMarkersAndWhitespace) {
   check_all_chunkings(format(ToolCallFormat::none), "  Once upon a time \n", {"  Once upon a time \n", "", {}});
 }
 
+// single_tool_call (parallel_tool_calls false, disable_parallel_tool_use):
+// in every format, the first call is returned whole and everything from
+// the start of a second call on is dropped, whatever the chunking.
+TEST(ChatOutput, SingleToolCallDropsTheSecondCall) {
+  auto single = [](ChatOutputFormat f) {
+    f.single_tool_call = true;
+    return f;
+  };
+  check_all_chunkings(single(format(ToolCallFormat::hermes, "<think>", "</think>")),
+                      "<think>\nPlan.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                      "{\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": "
+                      "{\"q\": \"x\"}}\n</tool_call> and more",
+                      {"Checking.", "Plan.", {{"get_weather", {{"city", "Paris"}}}}});
+  check_all_chunkings(single(format(ToolCallFormat::llama3_json)),
+                      " {\"name\": \"a\", \"parameters\": {}}; {\"type\": \"function\", \"name\": \"b\", "
+                      "\"parameters\": {\"x\": 1}}",
+                      {"", "", {{"a", json::object()}}});
+  check_all_chunkings(single(format(ToolCallFormat::mistral)),
+                      "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+                      "{\"name\": \"search\", \"arguments\": {\"query\": \"x]\"}}]",
+                      {"", "", {{"get_weather", {{"city", "Paris"}}}}});
+  check_all_chunkings(single(format(ToolCallFormat::mistral)),
+                      "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]search[ARGS]{\"query\": \"x\"}",
+                      {"", "", {{"get_weather", {{"city", "Paris"}}}}});
+  check_all_chunkings(single(format(ToolCallFormat::deepseek_dsml, "<think>", "</think>", true)), kDsmlOutput,
+                      {"Let me check the weather.",
+                       "The user asks about Zürich; I need the weather tool.",
+                       {{"get_weather", {{"city", "Zürich \"old town\""}, {"days", 2},
+                                         {"opts", {{"unit", "celsius"}, {"alerts", {1, 2}}}}}}}});
+  check_all_chunkings(single(format(ToolCallFormat::qwen3_coder)),
+                      "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                      "</tool_call>\n<tool_call>\n<function=search>\n<parameter=q>\nx\n</parameter>\n</function>\n"
+                      "</tool_call>",
+                      {"", "", {{"get_weather", {{"city", "Paris"}}}}});
+  check_all_chunkings(single(format(ToolCallFormat::glm)),
+                      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+                      "<tool_call>search\n<arg_key>q</arg_key>\n<arg_value>x</arg_value>\n</tool_call>",
+                      {"", "", {{"get_weather", {{"city", "Paris"}}}}});
+  // One call alone is untouched.
+  check_all_chunkings(single(format(ToolCallFormat::hermes)),
+                      "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>",
+                      {"", "", {{"now", json::object()}}});
+}
+
 }  // namespace
 }  // namespace baton

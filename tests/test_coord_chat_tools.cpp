@@ -509,6 +509,25 @@ TEST(ChatTools, WholeResponseCarriesToolCallsAndReasoning) {
   EXPECT_FALSE(x["choices"][0]["message"].contains("tool_calls"));
 }
 
+// parallel_tool_calls false, as the request parser sets it: the response
+// carries the first call alone and still finishes with tool_calls.
+TEST(ChatTools, ParallelToolCallsFalseAnswersTheFirstCall) {
+  const ModelInfo m = stories_info("Qwen-Qwen2.5-7B-Instruct.jinja");
+  ApiRequest r = parse_chat_request(chat_body({{"tools", {kWeatherTool}}, {"parallel_tool_calls", false}}).dump(), m);
+  EXPECT_FALSE(r.tools.parallel);
+  ASSERT_TRUE(r.output.single_tool_call);
+  EXPECT_EQ(r.gen.grammar, nullptr);  // auto: the model decides, the output side keeps one call
+  ChatOutputFormat f = qwen_format();
+  f.single_tool_call = true;
+  ResponseBuilder b(request_with(f, false), "m", "chatcmpl-1", 7);
+  for (const auto& ev : events_of(kQwenOutput, 3, FinishReason::stop)) b.add(ev);
+  const json choice = json::parse(b.body())["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "Checking.");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+}
+
 // The users' case end to end below the HTTP server: DeepSeek V4 Flash's
 // template, tools and reasoning_effort; the request's format parses what
 // the model writes in thinking mode into reasoning, text and a DSML call.

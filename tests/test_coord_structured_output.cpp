@@ -507,6 +507,17 @@ TEST(ToolCallGrammar, ToolChoiceForcesACallThroughTheRequest) {
   EXPECT_TRUE(completes(named, now));
   EXPECT_FALSE(completes(named, weather));
   EXPECT_EQ(parse_chat_request(body(R"("auto")"), m, &qwen).gen.grammar, nullptr);
+  // parallel_tool_calls false: the grammar takes one call and then only the
+  // end; the output side keeps one call (single_tool_call), with or without
+  // a grammar. The default (true) leaves the output side free.
+  const ApiRequest one = parse_chat_request(body(R"("required")", R"(,"parallel_tool_calls":false)"), m, &qwen);
+  ASSERT_NE(one.gen.grammar, nullptr);
+  EXPECT_TRUE(one.output.single_tool_call);
+  EXPECT_TRUE(completes(one, weather));
+  GrammarMatcher second(one.gen.grammar);
+  EXPECT_FALSE(second.advance(weather + "\n" + now));
+  EXPECT_TRUE(parse_chat_request(body(R"("auto")", R"(,"parallel_tool_calls":false)"), m, &qwen).output.single_tool_call);
+  EXPECT_FALSE(required.output.single_tool_call);
   try {
     parse_chat_request(body(R"("required")", R"(,"response_format":{"type":"json_object"})"), m, &qwen);
     ADD_FAILURE() << "a forced call and a response_format together were accepted";

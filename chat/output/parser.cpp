@@ -124,6 +124,10 @@ void ChatOutputParser::run(bool at_end) {
 }
 
 bool ChatOutputParser::step(bool at_end) {
+  if (done_) {
+    buf_.clear();
+    return false;
+  }
   switch (mode_) {
     case Mode::start: return step_start(at_end);
     case Mode::reasoning: return step_reasoning(at_end);
@@ -166,6 +170,7 @@ void ChatOutputParser::reject() {
 }
 
 void ChatOutputParser::emit_content(std::string_view s) {
+  if (done_) return;
   if (skip_content_ws_) {
     s.remove_prefix(std::min(s.size(), skip_ws(s, 0)));
     if (s.empty()) return;
@@ -206,6 +211,12 @@ void ChatOutputParser::emit_reasoning(std::string_view s) {
 
 void ChatOutputParser::begin_call(std::string name, std::string id) {
   content_ws_.clear();
+  if (format_.single_tool_call && calls_ >= 1) {
+    // The step that found this call goes on consuming its markup; the next
+    // step drops the rest of the output (step() above).
+    done_ = true;
+    return;
+  }
   ChatOutputDelta::ToolCallDelta d;
   d.index = calls_++;
   d.id = id.empty() ? new_id() : std::move(id);
@@ -216,7 +227,7 @@ void ChatOutputParser::begin_call(std::string name, std::string id) {
 }
 
 void ChatOutputParser::emit_arguments(std::string_view s) {
-  if (s.empty()) return;
+  if (s.empty() || done_) return;
   if (!out_.tool_calls.empty() && out_.tool_calls.back().index == calls_ - 1) {
     out_.tool_calls.back().arguments += s;
     return;

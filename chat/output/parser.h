@@ -44,6 +44,10 @@ struct ChatOutputFormat {
   // -> parameter name -> chat/output/arguments.h's type bits. A parameter
   // not listed takes any JSON value (request_output_format fills this).
   std::map<std::string, std::map<std::string, uint8_t>> argument_types;
+  // At most one tool call (OpenAI parallel_tool_calls false, Anthropic
+  // disable_parallel_tool_use): where a second call begins, the turn is
+  // over and the rest of the output is dropped, neither a call nor content.
+  bool single_tool_call = false;
 };
 
 struct ToolCall {
@@ -157,6 +161,7 @@ class ChatOutputParser {
   bool reasoning_seen_ = false;      // reasoning other than whitespace was released
   std::string content_ws_, reasoning_ws_;  // trailing whitespace held back
   int calls_ = 0;                    // tool calls begun
+  bool done_ = false;                // single_tool_call: a second call began; the rest is dropped
   size_t prefix_ = 0;                // bytes of buf_ that are the held marker (content if rejected)
   // JSON scanning (arguments and whole call objects): nesting and string state.
   int depth_ = 0;

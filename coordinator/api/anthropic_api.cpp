@@ -16,12 +16,12 @@ std::string anthropic_error_body(const ApiError& e) {
 }
 
 AnthropicApi::AnthropicApi(GenerationService& service, Metrics& metrics,
-                           std::shared_ptr<const JinjaTemplate> chat_template)
-    : service_(service), metrics_(metrics), chat_template_(std::move(chat_template)) {}
+                           std::shared_ptr<const JinjaTemplate> chat_template, SamplingDefaults sampling)
+    : service_(service), metrics_(metrics), chat_template_(std::move(chat_template)), sampling_(sampling) {}
 
 void AnthropicApi::messages(const std::shared_ptr<HttpExchange>& ex, const RenderBudget& budget) {
   const ModelInfo& model = service_.model();
-  MessagesRequest r = parse_messages_request(ex->request().body, model, chat_template_.get(), budget);
+  MessagesRequest r = parse_messages_request(ex->request().body, model, chat_template_.get(), budget, sampling_);
   std::string id = make_request_id("msg_");
   r.gen.id = id;
   const int64_t input_tokens = int64_t(r.gen.prompt.size());

@@ -30,7 +30,8 @@ std::string anthropic_error_body(const ApiError& e);
 
 class AnthropicApi {
  public:
-  AnthropicApi(GenerationService& service, Metrics& metrics, std::shared_ptr<const JinjaTemplate> chat_template);
+  AnthropicApi(GenerationService& service, Metrics& metrics, std::shared_ptr<const JinjaTemplate> chat_template,
+               SamplingDefaults sampling = {});
 
   // The two routes; they throw ApiError for a refusal.
   void messages(const std::shared_ptr<HttpExchange>& ex, const RenderBudget& budget = {});
@@ -40,6 +41,7 @@ class AnthropicApi {
   GenerationService& service_;
   Metrics& metrics_;
   std::shared_ptr<const JinjaTemplate> chat_template_;
+  SamplingDefaults sampling_;
 };
 
 }  // namespace baton

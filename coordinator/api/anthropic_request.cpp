@@ -367,7 +367,8 @@ Parsed parse(std::string_view text, const ModelInfo& model) {
 }  // namespace
 
 MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& model,
-                                       const JinjaTemplate* chat_template, const RenderBudget& budget) {
+                                       const JinjaTemplate* chat_template, const RenderBudget& budget,
+                                       const SamplingDefaults& d) {
   const Parsed p = parse(text, model);
   const json& body = p.body;
   const JinjaTemplate* tmpl = chat_template_for(model, chat_template);
@@ -384,6 +385,9 @@ MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& m
   const ChatPrompt prompt = encode_chat(r.conversation.chat, model, tmpl, budget);
   r.gen.prompt = prompt.tokens;
   r.output_format = request_output_format(chat_output_format(model, tmpl), prompt.text, r.conversation.tools);
+  // disable_parallel_tool_use: the output stops at the first call (as the
+  // OpenAI route's parallel_tool_calls false).
+  r.output_format.single_tool_call = !r.conversation.tools.parallel;
   r.gen.show_tokens = chat_marker_tokens(r.output_format, *model.tokenizer);
   // tool_choice any / tool: one call, by the grammar the OpenAI route uses.
   try {
@@ -395,11 +399,20 @@ MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& m
 
   SamplerParams& s = r.gen.sampling;
   // Anthropic's ranges and defaults: temperature 0..1 (default 1), top_p, top_k off unless given.
-  s.temperature = float(number_param(body, "temperature", 1.0, 0.0, 1.0));
-  s.top_p = float(number_param(body, "top_p", 1.0, 0.0, 1.0));
-  s.top_k = int(int_param(body, "top_k", 0, 0, std::numeric_limits<int32_t>::max()));
-  std::random_device rd;
-  s.seed = (uint64_t(rd()) << 32) ^ rd();
+  // The server's defaults (serve --temp...) replace them for fields left
+  // out; they are the operator's, checked against the sampler's ranges, so
+  // a --temp above Anthropic's 1 applies here too. Anthropic's API has no
+  // min_p or seed: the server's apply when set.
+  s.temperature = float(number_param(body, "temperature", d.temperature.value_or(1.0), 0.0, 1.0));
+  s.top_p = float(number_param(body, "top_p", d.top_p.value_or(1.0), 0.0, 1.0));
+  s.top_k = int(int_param(body, "top_k", d.top_k.value_or(0), 0, std::numeric_limits<int32_t>::max()));
+  if (d.min_p) s.min_p = float(*d.min_p);
+  if (d.seed) {
+    s.seed = *d.seed;
+  } else {
+    std::random_device rd;
+    s.seed = (uint64_t(rd()) << 32) ^ rd();
+  }
 
   if (const json* v = field(body, "stop_sequences")) {
     if (!v->is_array()) throw wrong_type("stop_sequences", "an array of strings", *v);

@@ -64,9 +64,11 @@ struct MessagesRequest {
 
 // Parses and validates a /v1/messages body (throws ApiError); the rendered
 // conversation is tokenized into gen.prompt. max_tokens is required, as in
-// Anthropic's API.
+// Anthropic's API. `defaults`: the server's sampling defaults for the fields
+// the body leaves out (min_p, which Anthropic's API has no field for, too).
 MessagesRequest parse_messages_request(std::string_view body, const ModelInfo& model,
-                                       const JinjaTemplate* chat_template = nullptr, const RenderBudget& budget = {});
+                                       const JinjaTemplate* chat_template = nullptr, const RenderBudget& budget = {},
+                                       const SamplingDefaults& defaults = {});
 
 // The token count of a /v1/messages/count_tokens body: the prompt that
 // /v1/messages renders from the same fields (max_tokens is not needed).

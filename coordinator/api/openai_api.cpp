@@ -256,7 +256,7 @@ OpenAiApi::OpenAiApi(GenerationService& service, Metrics& metrics, ApiOptions op
     : service_(service),
       metrics_(metrics),
       options_(std::move(options)),
-      anthropic_(service, metrics, options_.chat_template),
+      anthropic_(service, metrics, options_.chat_template, options_.sampling),
       prompts_(options_.prompt_threads, options_.prompt_queue) {}
 
 void OpenAiApi::stop() { prompts_.stop(); }
@@ -327,7 +327,16 @@ std::pair<int, std::string> OpenAiApi::health_body() const {
 namespace {
 
 // "jinja" when a Jinja template renders chat prompts, else the family's name.
-json model_object(const ModelInfo& m, bool template_override) {
+// meta.sampling_defaults: the server's sampling defaults that are set (serve
+// --temp...), by their request field names, so that a client can see what a
+// request without them gets.
+json model_object(const ModelInfo& m, bool template_override, const SamplingDefaults& d) {
+  json sampling = json::object();
+  if (d.temperature) sampling["temperature"] = *d.temperature;
+  if (d.top_p) sampling["top_p"] = *d.top_p;
+  if (d.top_k) sampling["top_k"] = *d.top_k;
+  if (d.min_p) sampling["min_p"] = *d.min_p;
+  if (d.seed) sampling["seed"] = *d.seed;
   return {{"id", m.id},
           {"object", "model"},
           {"created", m.created},
@@ -335,7 +344,8 @@ json model_object(const ModelInfo& m, bool template_override) {
           {"meta", {{"n_ctx", m.n_ctx},
                     {"n_vocab", m.n_vocab},
                     {"arch", m.arch},
-                    {"chat_template", template_override || m.chat_template ? "jinja" : chat_family_name(m.chat_family)}}}};
+                    {"chat_template", template_override || m.chat_template ? "jinja" : chat_family_name(m.chat_family)},
+                    {"sampling_defaults", sampling}}}};
 }
 
 ApiError method_not_allowed(const HttpRequest& req, const char* allowed) {
@@ -373,8 +383,8 @@ class OpenAiShaper final : public ResponseShaper {
 void OpenAiApi::generate(const std::shared_ptr<HttpExchange>& ex, ApiEndpoint endpoint, const RenderBudget& budget) {
   const ModelInfo& model = service_.model();
   const std::string& body = ex->request().body;
-  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model, options_.chat_template.get(), budget)
-                                               : parse_completion_request(body, model);
+  ApiRequest r = endpoint == ApiEndpoint::chat ? parse_chat_request(body, model, options_.chat_template.get(), budget, options_.sampling)
+                                               : parse_completion_request(body, model, options_.sampling);
   std::string id = make_request_id(endpoint == ApiEndpoint::chat ? "chatcmpl-" : "cmpl-");
   r.gen.id = id;
   auto shaper = std::make_unique<OpenAiShaper>(r, model.id, id);
@@ -474,7 +484,7 @@ void OpenAiApi::route(const std::shared_ptr<HttpExchange>& ex) {
     if (req.path == "/v1/models") {
       if (!get) throw method_not_allowed(req, "GET");
       ex->respond(200, "application/json",
-                  dump_json(json{{"object", "list"}, {"data", json::array({model_object(service_.model(), options_.chat_template != nullptr)})}}));
+                  dump_json(json{{"object", "list"}, {"data", json::array({model_object(service_.model(), options_.chat_template != nullptr, options_.sampling)})}}));
       return;
     }
     if (req.path.rfind("/v1/models/", 0) == 0) {
@@ -484,7 +494,7 @@ void OpenAiApi::route(const std::shared_ptr<HttpExchange>& ex) {
         throw ApiError(404, fmt::format("The model '{}' does not exist.", sanitize_utf8(name.substr(0, 200))),
                        "invalid_request_error", "model", "model_not_found", "model_not_found");
       }
-      ex->respond(200, "application/json", dump_json(model_object(service_.model(), options_.chat_template != nullptr)));
+      ex->respond(200, "application/json", dump_json(model_object(service_.model(), options_.chat_template != nullptr, options_.sampling)));
       return;
     }
     throw not_found(req);

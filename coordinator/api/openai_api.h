@@ -83,6 +83,9 @@ struct ApiOptions {
   std::shared_ptr<const JinjaTemplate> chat_template;
   // How long one chat template render may take (serve --template-timeout).
   std::chrono::milliseconds template_timeout{2000};
+  // The defaults of the sampling fields a request leaves out (serve --temp,
+  // --top-p, --top-k, --min-p, --seed), on every generating route.
+  SamplingDefaults sampling;
   // Threads that parse, render and tokenize request bodies (prompt_pool.h),
   // and how many requests may wait for one (503 beyond); 0 threads: on the
   // calling thread (the HTTP fuzz target's synchronous harness).

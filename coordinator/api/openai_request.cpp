@@ -140,22 +140,24 @@ void force_tool_call(ApiRequest& r) {
 
 // Sampling, seed, stop strings, logit_bias and streaming: the fields the two
 // endpoints share.
-void parse_common(const json& body, ApiRequest& r, const ModelInfo& model) {
+void parse_common(const json& body, ApiRequest& r, const ModelInfo& model, const SamplingDefaults& d) {
   SamplerParams& s = r.gen.sampling;
   // OpenAI's defaults: temperature 1 and top_p 1; top_k and min_p (not in
-  // OpenAI's API, accepted as extensions) are off unless given.
-  // The ranges are engine/sampling/sampler.h's, which `baton run` checks its flags against.
+  // OpenAI's API, accepted as extensions) are off unless given. The
+  // server's defaults (serve --temp...) replace them for fields left out.
+  // The ranges are engine/sampling/sampler.h's, which `baton run` and
+  // `baton serve` check their flags against.
   auto number = [&](const SamplingRange& r, double def) { return number_param(body, r.field, def, r.lo, r.hi); };
-  s.temperature = float(number(kTemperatureRange, 1.0));
-  s.top_p = float(number(kTopPRange, 1.0));
-  s.top_k = int(int_param(body, kTopKRange.field, 0, int64_t(kTopKRange.lo), int64_t(kTopKRange.hi)));
-  s.min_p = float(number(kMinPRange, 0.0));
+  s.temperature = float(number(kTemperatureRange, d.temperature.value_or(1.0)));
+  s.top_p = float(number(kTopPRange, d.top_p.value_or(1.0)));
+  s.top_k = int(int_param(body, kTopKRange.field, d.top_k.value_or(0), int64_t(kTopKRange.lo), int64_t(kTopKRange.hi)));
+  s.min_p = float(number(kMinPRange, d.min_p.value_or(0.0)));
   if (const json* v = field(body, "seed")) {
     if (!is_integral(*v)) throw wrong_type("seed", "an integer", *v);
     s.seed = v->is_number_unsigned() ? v->get<uint64_t>()
                                      : uint64_t(v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>());
   } else {
-    s.seed = random_seed();
+    s.seed = d.seed ? *d.seed : random_seed();
   }
 
   if (const json* v = field(body, "stop")) {
@@ -428,7 +430,7 @@ std::optional<std::string> reasoning_effort(const json& body) {
 }  // namespace
 
 ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model, const JinjaTemplate* chat_template,
-                              const RenderBudget& budget) {
+                              const RenderBudget& budget, const SamplingDefaults& defaults) {
   const json body = parse_body(body_text, model.n_ctx);
   check_model(body, model);
   ApiRequest r;
@@ -493,9 +495,12 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   const ChatPrompt prompt = encode_chat(chat, model, tmpl, budget);
   r.gen.prompt = prompt.tokens;
   r.output = request_output_format(chat_output_format(model, tmpl), prompt.text, r.tools);
+  // parallel_tool_calls false: a forced call's grammar writes one call
+  // anyway; without one, the output stops at the first call.
+  r.output.single_tool_call = !r.tools.parallel;
   r.gen.show_tokens = chat_marker_tokens(r.output, *model.tokenizer);
 
-  parse_common(body, r, model);
+  parse_common(body, r, model, defaults);
   parse_response_format(body, body_text, r);
   force_tool_call(r);
   add_chat_stops(r.gen, model, tmpl);
@@ -515,7 +520,8 @@ ApiRequest parse_chat_request(std::string_view body_text, const ModelInfo& model
   return r;
 }
 
-ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo& model) {
+ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo& model,
+                                    const SamplingDefaults& defaults) {
   const json body = parse_body(body_text, model.n_ctx);
   check_model(body, model);
   ApiRequest r;
@@ -560,7 +566,7 @@ ApiRequest parse_completion_request(std::string_view body_text, const ModelInfo&
                     "unsupported_parameter");
     }
   }
-  parse_common(body, r, model);
+  parse_common(body, r, model, defaults);
   parse_response_format(body, body_text, r);
   if (const json* lp = field(body, "logprobs")) {
     if (!is_integral(*lp)) throw wrong_type("logprobs", "an integer", *lp);

@@ -47,8 +47,11 @@ struct ApiRequest {
 // with `chat_template` when given (baton serve --chat-template), else with the
 // model's own template, else with its family's renderer (chat/family.h),
 // which renders no tools (a request offering tools is refused then).
+// `defaults`: the server's sampling defaults for the fields the body leaves out.
 ApiRequest parse_chat_request(std::string_view body, const ModelInfo& model,
-                              const JinjaTemplate* chat_template = nullptr, const RenderBudget& budget = {});
-ApiRequest parse_completion_request(std::string_view body, const ModelInfo& model);
+                              const JinjaTemplate* chat_template = nullptr, const RenderBudget& budget = {},
+                              const SamplingDefaults& defaults = {});
+ApiRequest parse_completion_request(std::string_view body, const ModelInfo& model,
+                                    const SamplingDefaults& defaults = {});
 
 }  // namespace baton

@@ -29,6 +29,18 @@ namespace baton {
 inline constexpr int kMaxJsonDepth = 64;
 inline int64_t max_json_values(int64_t n_ctx) { return 65536 + 2 * n_ctx; }
 
+// The server's sampling defaults (baton serve --temp, --top-p, --top-k,
+// --min-p, --seed): what a request gets for a field it leaves out (or sends
+// as null). A field the request names wins; one the operator did not set
+// keeps the API's own default (OpenAI: temperature 1, top_p 1; Anthropic:
+// the same), so that a plain `baton serve` answers as before.
+struct SamplingDefaults {
+  std::optional<double> temperature, top_p, min_p;
+  std::optional<int64_t> top_k;
+  std::optional<uint64_t> seed;  // else each request draws a random seed
+  bool empty() const { return !temperature && !top_p && !min_p && !top_k && !seed; }
+};
+
 // The text of a JSON body: invalid UTF-8 in strings is replaced, never thrown on.
 std::string dump_json(const nlohmann::json& j);
 

@@ -40,10 +40,12 @@
 #include "engine/model/arch.h"
 #include "engine/runtime/backend.h"
 #include "chat/jinja_prompt.h"
+#include "chat/templates/builtin_templates.h"
 #include "engine/base/command_error.h"
 #include "engine/base/command_line.h"
 #include "engine/gguf/file.h"
 #include "engine/plan/node_plan.h"
+#include "engine/sampling/sampler.h"
 #include "net/auth.h"
 #include "net/log.h"
 #include "net/log_options.h"
@@ -75,6 +77,7 @@ struct ServeOptions {
   CorsPolicy cors;  // --cors: none unless given
   std::string model_id;
   std::string chat_template_file;  // --chat-template: replaces the model's template
+  SamplingDefaults sampling;       // --temp, --top-p, --top-k, --min-p, --seed
   LocalEngineConfig engine;
   HttpServerConfig http;
   double request_timeout_s = 10, idle_timeout_s = 60, write_timeout_s = 30;
@@ -122,6 +125,65 @@ constexpr const char* kUsage =
     "serving resumes once the worker has loaded again. With --parts (files written\n"
     "by `baton split`) each worker loads one part, and the stages follow the parts.\n\n";
 
+// --temp, --top-p, --top-k, --min-p and --seed, checked against the ranges a
+// request's own fields are (engine/sampling/sampler.h).
+SamplingDefaults sampling_defaults(const po::variables_map& vm) {
+  SamplingDefaults d;
+  auto number = [&](const SamplingRange& range, const char* flag) -> std::optional<double> {
+    if (!vm.count(flag)) return std::nullopt;
+    const double x = vm[flag].as<double>();
+    if (std::string why = sampling_range_problem(range, x); !why.empty()) throw std::invalid_argument(why);
+    return x;
+  };
+  d.temperature = number(kTemperatureRange, "temp");
+  d.top_p = number(kTopPRange, "top-p");
+  d.min_p = number(kMinPRange, "min-p");
+  if (vm.count("top-k")) {
+    const int64_t k = vm["top-k"].as<int64_t>();
+    if (std::string why = sampling_range_problem(kTopKRange, double(k)); !why.empty()) {
+      throw std::invalid_argument(why);
+    }
+    d.top_k = k;
+  }
+  if (vm.count("seed")) {
+    const std::string text = vm["seed"].as<std::string>();
+    if (text != "-1") {
+      size_t used = 0;
+      uint64_t seed = 0;
+      try {
+        seed = std::stoull(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (text.empty() || used != text.size() || text[0] == '-' || text[0] == '+') {
+        throw std::invalid_argument("--seed takes an integer from 0 to 18446744073709551615, or -1 for a random "
+                                    "seed per request; got '" + text + "'");
+      }
+      d.seed = seed;
+    }
+  }
+  return d;
+}
+
+// "temperature 0, seed 7": the defaults that are set, for the start-up log.
+std::string describe(const SamplingDefaults& d) {
+  std::string out;
+  auto add = [&](const char* name, const std::string& value) {
+    out += (out.empty() ? "" : ", ") + std::string(name) + " " + value;
+  };
+  auto num = [](double x) {
+    std::ostringstream s;
+    s << x;
+    return s.str();
+  };
+  if (d.temperature) add("temperature", num(*d.temperature));
+  if (d.top_p) add("top_p", num(*d.top_p));
+  if (d.top_k) add("top_k", std::to_string(*d.top_k));
+  if (d.min_p) add("min_p", num(*d.min_p));
+  if (d.seed) add("seed", std::to_string(*d.seed));
+  return out;
+}
+
 std::optional<ServeOptions> parse(int argc, char** argv) {
   ServeOptions r;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -166,8 +228,22 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "let web pages of these origins call the API: '*' or a comma list like https://app.example.com; "
        "answers OPTIONS preflights (default: no CORS headers)")
       ("chat-template", po::value<std::string>(&r.chat_template_file),
-       "Jinja chat template file rendering chat prompts instead of the model's own "
-       "(tokenizer.chat_template); refused at start when it uses what Baton's Jinja engine lacks")
+       ("Jinja chat template rendering chat prompts instead of the model's own (tokenizer.chat_template): a "
+        "file, or the name of a built-in published template: " + builtin_chat_template_names() +
+        " (a file of that name wins; docs/CHAT_TEMPLATES.md gives their sources); refused at start when it "
+        "uses what Baton's Jinja engine lacks")
+           .c_str())
+      ("temp", po::value<double>(),
+       "default temperature of a request that names none (0..2; 0 = greedy); a request's own wins "
+       "(default: the API's, 1)")
+      ("top-p", po::value<double>(), "default top_p of a request that names none (0..1; default: 1, off)")
+      ("top-k", po::value<int64_t>(), "default top_k of a request that names none (0 = off, the default)")
+      ("min-p", po::value<double>(),
+       "default min_p of a request that names none (0..1; default: 0, off, on the OpenAI routes, 0.05 on the "
+       "Messages API, which has no min_p field)")
+      ("seed", po::value<std::string>(),
+       "default seed of a request that names none: the same request then gives the same text; -1 = a random "
+       "seed per request (the default)")
       ("mem-limit", po::value<std::string>(&r.mem_limit),
        "most memory the stage's plan may use, in process or in each local worker, e.g. 90GiB (refused before "
        "loading when it does not fit; default: the device, or on the CPU what the machine has available)")
@@ -232,6 +308,10 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (r.model.empty()) r.model = r.parts.front();  // any part carries the metadata and tokenizer
   }
   if (vm.count("cors")) r.cors = parse_cors_origins(vm["cors"].as<std::string>());
+  r.sampling = sampling_defaults(vm);
+  // Before the port is bound: an unknown name is one line at once. Parse-only
+  // runs (documented commands) name files that need not exist.
+  if (vm.count("chat-template") && !parse_only()) check_chat_template_choice(r.chat_template_file);
   if (!(r.template_timeout_s > 0 && r.template_timeout_s <= 3600)) {
     throw std::invalid_argument("--template-timeout must be in (0, 3600] seconds");
   }
@@ -363,7 +443,12 @@ int serve(const ServeOptions& given) {
   std::string api_key = opt.api_key;
   if (!opt.api_key_file.empty()) api_key = read_api_key(opt.api_key_file);
   std::shared_ptr<const JinjaTemplate> chat_template;
-  if (!opt.chat_template_file.empty()) chat_template = load_chat_template_file(opt.chat_template_file);
+  std::string chat_template_source;
+  if (!opt.chat_template_file.empty()) {
+    ChatTemplateSource loaded = load_chat_template(opt.chat_template_file);
+    chat_template = std::move(loaded.tmpl);
+    chat_template_source = std::move(loaded.description);
+  }
 
   // Signals go to the main thread only (sigtimedwait below): block them
   // before any other thread starts so that every thread inherits the mask.
@@ -510,10 +595,10 @@ int serve(const ServeOptions& given) {
   warn_beyond_trained_context("baton serve", model.n_ctx_train, model.n_ctx);
 
   if (chat_template) {
-    if (info) std::fprintf(stderr, "baton serve: chat prompts from %s\n", opt.chat_template_file.c_str());
+    if (info) std::fprintf(stderr, "baton serve: chat prompts from %s\n", chat_template_source.c_str());
     if (!model.chat_template_refused.empty()) {
       std::fprintf(stderr, "baton serve: warning: the model's own chat template does not load (%s); %s replaces it\n",
-                   model.chat_template_refused.c_str(), opt.chat_template_file.c_str());
+                   model.chat_template_refused.c_str(), chat_template_source.c_str());
     }
   } else if (model.chat_template) {
     if (info) std::fprintf(stderr, "baton serve: chat prompts from the model's chat template\n");
@@ -521,7 +606,14 @@ int serve(const ServeOptions& given) {
     std::fprintf(stderr, "baton serve: the model's chat template is not used (%s); chat prompts use the %s format\n",
                  model.chat_template_refused.c_str(), chat_family_name(model.chat_family));
   }
-  ApiOptions api_options{api_key, chat_template};
+  if (info && !opt.sampling.empty()) {
+    std::fprintf(stderr, "baton serve: sampling defaults for requests that leave them out: %s\n",
+                 describe(opt.sampling).c_str());
+  }
+  ApiOptions api_options;
+  api_options.api_key = api_key;
+  api_options.chat_template = chat_template;
+  api_options.sampling = opt.sampling;
   api_options.template_timeout = std::chrono::milliseconds(int64_t(opt.template_timeout_s * 1000));
   api = std::make_unique<OpenAiApi>(engine, metrics, api_options);
   server.start();
