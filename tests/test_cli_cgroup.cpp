@@ -193,8 +193,17 @@ TEST(CgroupRun, ACapBelowThePlanFailsLoudly) {
   write_synthetic_model(model, c);
   uncache(model);
   const uint64_t plan = plan_total(model, 128);
-  // baton reads the cgroup's limit and refuses the plan before it loads...
-  const CgroupRun refused = run_in_cgroup(plan / 2, run_argv(model, 128));
+  // baton reads the cgroup's limit and refuses the plan before it loads. The
+  // cap leaves the process its own baseline (a sanitized build's runtime
+  // alone is tens of MiB, so a bare plan / 2 would kill it before the check)
+  // and 8 MiB, far below the plan.
+  const std::string tiny = dir.file("tiny.gguf");
+  write_synthetic_model(tiny, SynthConfig{});
+  uncache(tiny);
+  const CgroupRun base = run_in_cgroup(uint64_t(8) << 30, run_argv(tiny, 128));
+  ASSERT_EQ(base.result.exit_code, 0) << base.result.err;
+  ASSERT_GT(plan, 24 * kMiB);
+  const CgroupRun refused = run_in_cgroup(base.peak + 8 * kMiB, run_argv(model, 128));
   EXPECT_NE(refused.result.exit_code, 0);
   EXPECT_FALSE(refused.oom_killed) << refused.result.err;
   EXPECT_NE(refused.result.err.find("available"), std::string::npos) << refused.result.err;

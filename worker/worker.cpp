@@ -154,7 +154,11 @@ void Worker::enqueue(Inbound&& m) {
 void Worker::stop(int code, const std::string& reason) {
   {
     std::lock_guard lock(mu_);
-    if (stopped_) return;
+    // The coordinator sends SHUTDOWN and then closes. When the loop had
+    // already taken SHUTDOWN from the inbox, the close can stop the worker
+    // first; the shutdown still says how it ends (an orderly 0, no warning).
+    const bool shutdown_after_close = code == 0 && exit_code_ == 1;
+    if (stopped_ && !shutdown_after_close) return;
     stopped_ = true;
     exit_code_ = code;
     stop_reason_ = reason;
