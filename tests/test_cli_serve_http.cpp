@@ -50,8 +50,9 @@ class LoggedServer {
   }
   int port() const { return server_->port(); }
   HttpServer& server() { return *server_; }
-  // The log once it holds n lines (or after the timeout).
-  std::vector<LogLine> wait_log(size_t n, std::chrono::milliseconds timeout = 5s) {
+  // The log once it holds n lines (or after the timeout: generous, since a
+  // loaded machine under the sanitizers can take seconds to log 300 requests).
+  std::vector<LogLine> wait_log(size_t n, std::chrono::milliseconds timeout = 30s) {
     std::unique_lock lock(mu_);
     cv_.wait_for(lock, timeout, [&] { return log_.size() >= n; });
     return log_;
