@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "chat/templates/builtin_templates.h"
+#include "chat/templates/builtin.h"
 #include "engine/gguf/file.h"
 #include "engine/text/tokenizer.h"
 

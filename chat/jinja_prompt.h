@@ -59,7 +59,7 @@ std::shared_ptr<const JinjaTemplate> load_chat_template_file(const std::string& 
 
 // What --chat-template takes: a file that exists (read as above: a file
 // keeps winning over a built-in of the same name), else the name of a
-// built-in template (chat/templates/builtin_templates.h). Throws
+// built-in template (chat/templates/builtin.h). Throws
 // std::invalid_argument for a value that is neither, listing the names.
 struct ChatTemplateSource {
   std::shared_ptr<const JinjaTemplate> tmpl;

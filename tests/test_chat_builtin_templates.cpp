@@ -1,4 +1,4 @@
-// The built-in chat templates (chat/templates/builtin_templates.h) as
+// The built-in chat templates (chat/templates/builtin.h) as
 // --chat-template NAME reaches them (load_chat_template): each published one
 // is the fixture file's exact text and renders a conversation as that file
 // does; ChatML and Llama 2, kept as no file, render as chat/family.h's
@@ -15,7 +15,7 @@
 
 #include "chat/family.h"
 #include "chat/jinja_prompt.h"
-#include "chat/templates/builtin_templates.h"
+#include "chat/templates/builtin.h"
 #include "tests/test_util.h"
 
 namespace baton {

@@ -40,7 +40,7 @@
 #include "engine/model/arch.h"
 #include "engine/runtime/backend.h"
 #include "chat/jinja_prompt.h"
-#include "chat/templates/builtin_templates.h"
+#include "chat/templates/builtin.h"
 #include "engine/base/command_error.h"
 #include "engine/base/command_line.h"
 #include "engine/gguf/file.h"

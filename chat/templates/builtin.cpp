@@ -1,11 +1,11 @@
-// The text of every built-in chat template (builtin_templates.h). Each
+// The text of every built-in chat template (builtin.h). Each
 // published one is copied byte for byte from its model's chat_template (as
 // llama.cpp's models/templates/ keeps them): a chat template is a short
 // configuration file that every GGUF of the model carries, and the exact
 // text is what renders the prompts the model was trained on.
 // tests/test_chat_builtin_templates.cpp compares each with the published
 // file, or with chat/family.h's renderer for the two kept no file of.
-#include "chat/templates/builtin_templates.h"
+#include "chat/templates/builtin.h"
 
 #include <algorithm>
 
