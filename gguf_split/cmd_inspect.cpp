@@ -8,7 +8,7 @@
 #include <string>
 
 #include "gguf_split/commands.h"
-#include "engine/tp/tp_slice.h"
+#include "engine/tp/slice.h"
 #include "engine/base/command_line.h"
 #include "engine/gguf/file.h"
 

@@ -11,7 +11,7 @@
 #include "engine/model/arch.h"  // LayerRange
 #include "engine/model/files.h"
 #include "engine/model/part_info.h"  // split_keys, read_part_info
-#include "engine/tp/tp_slice.h"
+#include "engine/tp/slice.h"
 
 namespace baton {
 
@@ -66,7 +66,7 @@ void merge_parts(const std::vector<std::string>& part_paths, const std::string& 
                  const Progress& progress);
 
 // Tensor-parallel rank files (`baton split --tp N`, docs/SPLIT.md): every
-// stage of `ranges` cut into N ranks by engine/tp/tp_slice.h. Each rank file
+// stage of `ranges` cut into N ranks by engine/tp/slice.h. Each rank file
 // is a layer part (baton.split.* keys, checksum) and a smaller model of the
 // same architecture (baton.tp.* keys, divided head and FFN counts).
 struct TpRankFile {

@@ -1,5 +1,5 @@
 // Tensor-parallel rank files (`baton split --tp N`) and their merge. The cuts
-// are engine/tp/tp_slice's; this file streams the bytes: a row cut is one
+// are engine/tp/slice.h's; this file streams the bytes: a row cut is one
 // contiguous range of the source tensor, a column cut one range of every row.
 // Memory is one copy piece (4 MiB) plus metadata, as for layer parts.
 #include <sys/stat.h>

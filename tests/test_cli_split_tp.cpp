@@ -14,7 +14,7 @@
 #include "engine/gguf/file.h"
 #include "engine/model/arch.h"
 #include "engine/model/part_info.h"
-#include "engine/tp/tp_slice.h"
+#include "engine/tp/slice.h"
 #include "gguf_split/split.h"
 #include "gguf_split/synth.h"
 #include "tests/test_util.h"

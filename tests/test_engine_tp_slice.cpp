@@ -1,4 +1,4 @@
-// Tensor-parallel slicing decisions (engine/tp/tp_slice.h): which rows or
+// Tensor-parallel slicing decisions (engine/tp/slice.h): which rows or
 // columns of each llama-family tensor a rank holds, the refusals, the
 // vocabulary slices and the rank file's metadata changes.
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include "engine/arch/llama_family.h"
 #include "engine/gguf/file.h"
 #include "engine/model/model.h"
-#include "engine/tp/tp_slice.h"
+#include "engine/tp/slice.h"
 #include "gguf_split/split.h"
 #include "gguf_split/synth.h"
 #include "tests/test_util.h"

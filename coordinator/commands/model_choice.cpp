@@ -13,7 +13,7 @@
 #include "engine/gguf/file.h"
 #include "engine/model/layer_range_text.h"
 #include "engine/model/part_info.h"
-#include "engine/tp/tp_slice.h"
+#include "engine/tp/slice.h"
 #include "gguf_split/synth.h"
 
 namespace baton {

@@ -11,7 +11,7 @@
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/tp_comm.h"
-#include "engine/tp/tp_slice.h"
+#include "engine/tp/slice.h"
 #include "engine/base/memory_plan.h"
 #include "engine/model/model.h"
 
@@ -38,7 +38,7 @@ int64_t vocab_size(const GgufFile& f, const std::string& a) {
                            ".vocab_size, token_embd.weight, output.weight or tokenizer.ggml.tokens");
 }
 
-// A rank file's slice (engine/tp/tp_slice.h): which rank, and the head's
+// A rank file's slice (engine/tp/slice.h): which rank, and the head's
 // vocabulary rows. Rank files write `{arch}.vocab_size` out, so n_vocab is
 // the whole vocabulary even where the only vocabulary tensor is a slice.
 void read_tp(const GgufFile& f, LlamaHparams& hp) {

@@ -33,7 +33,7 @@ bool take(std::string_view s, size_t& at, std::string_view word) {
 
 std::string split_source_stem(const std::string& whole) {
   std::string stem = whole;
-  // A tensor-parallel rank file's ".tpN-rR" comes last (engine/tp/tp_slice.h).
+  // A tensor-parallel rank file's ".tpN-rR" comes last (engine/tp/slice.h).
   if (const size_t at = stem.rfind(".tp"); at != std::string::npos && at > 0) {
     size_t i = at;
     if (take(stem, i, ".tp") && take(stem, i, "-r") && i == stem.size()) stem.resize(at);

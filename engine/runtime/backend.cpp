@@ -11,7 +11,7 @@
 #include "engine/model/registry.h"
 #include "engine/gguf/file.h"
 #include "engine/model/model.h"
-#include "engine/tp/tp_slice.h"  // tp_keys
+#include "engine/tp/slice.h"  // tp_keys
 
 #ifdef BATON_HAVE_CUDA
 #include "engine/cuda/device_memory.h"  // cuda_unavailable_reason, measure_cuda_ceilings

@@ -1,4 +1,4 @@
-#include "engine/tp/tp_slice.h"
+#include "engine/tp/slice.h"
 
 #include <fmt/format.h>
 
