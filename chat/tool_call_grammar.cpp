@@ -59,6 +59,25 @@ class Builder {
     return json_.compile(t.parameters);
   }
 
+  // The parameters of a tool's call in its schema's order, each written by
+  // param(name, schema); an optional one may be left out.
+  template <class Param>
+  std::vector<Item> parameters(const ToolSpec& t, Param param) {
+    if (!t.parameters.is_null() && !t.parameters.is_object()) throw SchemaError("parameters must be an object schema");
+    std::vector<std::string> required;
+    if (t.parameters.is_object() && t.parameters.contains("required")) {
+      for (const auto& r : t.parameters["required"]) required.push_back(r.get<std::string>());
+    }
+    std::vector<Item> out;
+    if (!t.parameters.is_object() || !t.parameters.contains("properties")) return out;
+    for (const auto& [k, sub] : t.parameters["properties"].items()) {
+      const std::vector<Item> p = param(k, sub);
+      const bool req = std::find(required.begin(), required.end(), k) != required.end();
+      out.push_back(Item::ref(req ? rule({p}) : rule({{}, p})));
+    }
+    return out;
+  }
+
   // {"name": "NAME", "<args_key>": ARGS}, one alternative per tool.
   Grammar::RuleId json_call(const std::vector<ToolSpec>& tools, const std::string& args_key) {
     std::vector<std::vector<Item>> alts;
@@ -86,26 +105,14 @@ class Builder {
     const std::string d(kDsml);
     std::vector<std::vector<Item>> alts;
     for (const ToolSpec& t : tools) {
-      if (!t.parameters.is_null() && !t.parameters.is_object()) throw SchemaError("parameters must be an object schema");
       std::vector<Item> a = Grammar::literal("<" + d + "invoke name=\"" + t.name + "\">\n");
-      const ojson* props = t.parameters.is_object() && t.parameters.contains("properties")
-                               ? &t.parameters["properties"]
-                               : nullptr;
-      std::vector<std::string> required;
-      if (t.parameters.is_object() && t.parameters.contains("required")) {
-        for (const auto& r : t.parameters["required"]) required.push_back(r.get<std::string>());
-      }
-      if (props) {
-        for (const auto& [k, sub] : props->items()) {
-          const bool raw = dsml_raw_string(sub);
-          std::vector<Item> p = Grammar::literal("<" + d + "parameter name=\"" + k + "\" string=\"" +
-                                                 (raw ? "true" : "false") + "\">");
-          p.push_back(Item::ref(raw ? raw_text(sub) : json_.compile(sub, &t.parameters)));
-          p = concat(p, Grammar::literal("</" + d + "parameter>\n"));
-          const bool req = std::find(required.begin(), required.end(), k) != required.end();
-          a.push_back(Item::ref(req ? rule({p}) : rule({{}, p})));
-        }
-      }
+      a = concat(a, parameters(t, [&](const std::string& k, const ojson& sub) {
+                   const bool raw = dsml_raw_string(sub);
+                   std::vector<Item> p = Grammar::literal("<" + d + "parameter name=\"" + k + "\" string=\"" +
+                                                          (raw ? "true" : "false") + "\">");
+                   p.push_back(Item::ref(raw ? raw_text(sub) : json_.compile(sub, &t.parameters)));
+                   return concat(p, Grammar::literal("</" + d + "parameter>\n"));
+                 }));
       a = concat(a, Grammar::literal("</" + d + "invoke>\n"));
       alts.push_back(std::move(a));
     }
@@ -122,40 +129,27 @@ class Builder {
     const std::string_view close = trim_newlines(x.value_close);
     std::vector<std::vector<Item>> alts;
     for (const ToolSpec& t : tools) {
-      if (!t.parameters.is_null() && !t.parameters.is_object()) throw SchemaError("parameters must be an object schema");
       std::vector<Item> a = Grammar::literal(x.open + t.name + x.name_close);
-      const ojson* props = t.parameters.is_object() && t.parameters.contains("properties")
-                               ? &t.parameters["properties"]
-                               : nullptr;
-      std::vector<std::string> required;
-      if (t.parameters.is_object() && t.parameters.contains("required")) {
-        for (const auto& r : t.parameters["required"]) required.push_back(r.get<std::string>());
-      }
-      if (props) {
-        for (const auto& [k, sub] : props->items()) {
-          std::vector<Item> p = Grammar::literal(x.key_open + k + x.key_close);
-          if (schema_argument_types(sub) & kArgString) {
-            if (const auto e = string_enum(sub); !e.empty()) {
-              std::vector<std::vector<Item>> values;
-              for (const std::string& v : e) values.push_back(Grammar::literal(v));
-              p.push_back(Item::ref(rule(values)));
-              p = concat(p, Grammar::literal(x.value_close));
-            } else if (dsml_raw_string(sub) && (sub.contains("minLength") || sub.contains("maxLength"))) {
-              p.push_back(Item::ref(raw_text(sub)));
-              p = concat(p, Grammar::literal(x.value_close));
-            } else {
-              // Up to the first closing tag (a newline before it is the template's).
-              p.push_back(Item::ref(text_until(g_, close)));
-              p = concat(p, Grammar::literal(x.value_close.substr(x.value_close.find(close) + close.size())));
-            }
-          } else {
-            p.push_back(Item::ref(json_.compile(sub, &t.parameters)));
-            p = concat(p, Grammar::literal(x.value_close));
-          }
-          const bool req = std::find(required.begin(), required.end(), k) != required.end();
-          a.push_back(Item::ref(req ? rule({p}) : rule({{}, p})));
-        }
-      }
+      a = concat(a, parameters(t, [&](const std::string& k, const ojson& sub) {
+                   std::vector<Item> p = Grammar::literal(x.key_open + k + x.key_close);
+                   if (!(schema_argument_types(sub) & kArgString)) {
+                     p.push_back(Item::ref(json_.compile(sub, &t.parameters)));
+                     return concat(p, Grammar::literal(x.value_close));
+                   }
+                   if (const auto e = string_enum(sub); !e.empty()) {
+                     std::vector<std::vector<Item>> values;
+                     for (const std::string& v : e) values.push_back(Grammar::literal(v));
+                     p.push_back(Item::ref(rule(values)));
+                     return concat(p, Grammar::literal(x.value_close));
+                   }
+                   if (dsml_raw_string(sub) && (sub.contains("minLength") || sub.contains("maxLength"))) {
+                     p.push_back(Item::ref(raw_text(sub)));
+                     return concat(p, Grammar::literal(x.value_close));
+                   }
+                   // Up to the first closing tag (a newline before it is the template's).
+                   p.push_back(Item::ref(text_until(g_, close)));
+                   return concat(p, Grammar::literal(x.value_close.substr(x.value_close.find(close) + close.size())));
+                 }));
       a = concat(a, Grammar::literal(x.call_close));
       alts.push_back(std::move(a));
     }
@@ -186,16 +180,7 @@ class Builder {
   Grammar::RuleId raw_text(const ojson& s) {
     ByteSet ascii = ByteSet::range(0x09, 0x0A);
     ascii.add(0x20, 0x7F).remove('<');
-    const Item c = Item::set(ByteSet::range(0x80, 0xBF));
-    const auto ch = rule({{Item::set(ascii)},
-                          {Item::set(ByteSet::range(0xC2, 0xDF)), c},
-                          {Item::byte(0xE0), Item::set(ByteSet::range(0xA0, 0xBF)), c},
-                          {Item::set(ByteSet::range(0xE1, 0xEC)), c, c},
-                          {Item::byte(0xED), Item::set(ByteSet::range(0x80, 0x9F)), c},
-                          {Item::set(ByteSet::range(0xEE, 0xEF)), c, c},
-                          {Item::byte(0xF0), Item::set(ByteSet::range(0x90, 0xBF)), c, c},
-                          {Item::set(ByteSet::range(0xF1, 0xF3)), c, c, c},
-                          {Item::byte(0xF4), Item::set(ByteSet::range(0x80, 0x8F)), c, c}});
+    const auto ch = rule(Grammar::utf8_char(ascii));
     const int64_t min = s.value("minLength", int64_t(0));
     const int64_t max = s.value("maxLength", int64_t(-1));
     if (min < 0 || min > 4096 || max > 4096) throw SchemaError("string lengths above 4096 are not supported");

@@ -32,6 +32,19 @@ std::vector<Grammar::Item> Grammar::literal(std::string_view text) {
   return items;
 }
 
+std::vector<std::vector<Grammar::Item>> Grammar::utf8_char(const ByteSet& single) {
+  const Item c = Item::set(ByteSet::range(0x80, 0xBF));
+  return {{Item::set(single)},
+          {Item::set(ByteSet::range(0xC2, 0xDF)), c},
+          {Item::byte(0xE0), Item::set(ByteSet::range(0xA0, 0xBF)), c},
+          {Item::set(ByteSet::range(0xE1, 0xEC)), c, c},
+          {Item::byte(0xED), Item::set(ByteSet::range(0x80, 0x9F)), c},
+          {Item::set(ByteSet::range(0xEE, 0xEF)), c, c},
+          {Item::byte(0xF0), Item::set(ByteSet::range(0x90, 0xBF)), c, c},
+          {Item::set(ByteSet::range(0xF1, 0xF3)), c, c, c},
+          {Item::byte(0xF4), Item::set(ByteSet::range(0x80, 0x8F)), c, c}};
+}
+
 Grammar::RuleId Grammar::add_rule() {
   rules_.emplace_back();
   return RuleId(rules_.size() - 1);

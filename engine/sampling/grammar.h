@@ -62,6 +62,10 @@ class Grammar {
   static Item ref(RuleId r) { return Item::ref(r); }
   // The items that spell `text` byte by byte.
   static std::vector<Item> literal(std::string_view text);
+  // The alternatives of one character: a byte of `single` (the one-byte
+  // characters allowed), or a well-formed UTF-8 sequence of two to four
+  // bytes (no overlong forms, surrogates or code points past U+10FFFF).
+  static std::vector<std::vector<Item>> utf8_char(const ByteSet& single);
 
   RuleId add_rule();
   // Appends an alternative to rule r (an empty one matches nothing: epsilon).

@@ -83,7 +83,6 @@ Grammar::RuleId JsonSchemaCompiler::ws() {
 // always one code point (minLength and maxLength count code points).
 Grammar::RuleId JsonSchemaCompiler::char_rule() {
   if (auto it = shared_.find("char"); it != shared_.end()) return it->second;
-  const ByteSet cont = ByteSet::range(0x80, 0xBF);
   ByteSet ascii = ByteSet::range(0x20, 0x7F);
   ascii.remove('"').remove('\\');
   ByteSet hex = ByteSet::range('0', '9');
@@ -94,22 +93,12 @@ Grammar::RuleId JsonSchemaCompiler::char_rule() {
   d.add('D', 'D');
   ByteSet esc;
   for (char c : std::string_view("\"\\/bfnrt")) esc.add(uint8_t(c), uint8_t(c));
-  const Item c = Item::set(cont);
-  return shared_["char"] = rule_of({
-             {Item::set(ascii)},
-             {Item::set(ByteSet::range(0xC2, 0xDF)), c},
-             {Item::byte(0xE0), Item::set(ByteSet::range(0xA0, 0xBF)), c},
-             {Item::set(ByteSet::range(0xE1, 0xEC)), c, c},
-             {Item::byte(0xED), Item::set(ByteSet::range(0x80, 0x9F)), c},
-             {Item::set(ByteSet::range(0xEE, 0xEF)), c, c},
-             {Item::byte(0xF0), Item::set(ByteSet::range(0x90, 0xBF)), c, c},
-             {Item::set(ByteSet::range(0xF1, 0xF3)), c, c, c},
-             {Item::byte(0xF4), Item::set(ByteSet::range(0x80, 0x8F)), c, c},
-             {Item::byte('\\'), Item::set(esc)},
-             {Item::byte('\\'), Item::byte('u'), Item::set(not_d), Item::set(hex), Item::set(hex), Item::set(hex)},
-             {Item::byte('\\'), Item::byte('u'), Item::set(d), Item::set(ByteSet::range('0', '7')), Item::set(hex),
-              Item::set(hex)},
-         });
+  std::vector<std::vector<Item>> alts = Grammar::utf8_char(ascii);
+  alts.push_back({Item::byte('\\'), Item::set(esc)});
+  alts.push_back({Item::byte('\\'), Item::byte('u'), Item::set(not_d), Item::set(hex), Item::set(hex), Item::set(hex)});
+  alts.push_back(
+      {Item::byte('\\'), Item::byte('u'), Item::set(d), Item::set(ByteSet::range('0', '7')), Item::set(hex), Item::set(hex)});
+  return shared_["char"] = rule_of(std::move(alts));
 }
 
 Grammar::RuleId JsonSchemaCompiler::repeat(RuleId unit, int64_t min, int64_t max) {
@@ -373,16 +362,7 @@ Grammar::RuleId JsonSchemaCompiler::key_not_in(const std::vector<std::string>& n
   }
   // Characters of a free key: printable ASCII or well-formed UTF-8, no escapes.
   const RuleId free_char = g_.add_rule();
-  g_.add_alternative(free_char, {Item::set(plain)});
-  const Item c = Item::set(ByteSet::range(0x80, 0xBF));
-  g_.add_alternative(free_char, {Item::set(ByteSet::range(0xC2, 0xDF)), c});
-  g_.add_alternative(free_char, {Item::byte(0xE0), Item::set(ByteSet::range(0xA0, 0xBF)), c});
-  g_.add_alternative(free_char, {Item::set(ByteSet::range(0xE1, 0xEC)), c, c});
-  g_.add_alternative(free_char, {Item::byte(0xED), Item::set(ByteSet::range(0x80, 0x9F)), c});
-  g_.add_alternative(free_char, {Item::set(ByteSet::range(0xEE, 0xEF)), c, c});
-  g_.add_alternative(free_char, {Item::byte(0xF0), Item::set(ByteSet::range(0x90, 0xBF)), c, c});
-  g_.add_alternative(free_char, {Item::set(ByteSet::range(0xF1, 0xF3)), c, c, c});
-  g_.add_alternative(free_char, {Item::byte(0xF4), Item::set(ByteSet::range(0x80, 0x8F)), c, c});
+  for (const auto& alt : Grammar::utf8_char(plain)) g_.add_alternative(free_char, alt);
   const RuleId free_rest = repeat(free_char, 0, -1);
   // After a byte that leaves the trie: any characters, then the quote.
   const RuleId tail = rule_of({{Item::ref(free_rest), Item::byte('"')}});
