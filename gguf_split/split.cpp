@@ -8,6 +8,7 @@
 #include <charconv>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <stdexcept>
 
 #define XXH_INLINE_ALL
@@ -171,36 +172,42 @@ void write_split(const ModelFiles& model, const SplitPlan& plan, const Progress&
       if (starts_with(key, kSplitPrefix) || starts_with(key, kShardPrefix)) continue;
       w.set(key, value);
     }
-    w.set(split_keys::kLayerFirst, GgufValue::of_u32(uint32_t(p.range.first)));
-    w.set(split_keys::kLayerLast, GgufValue::of_u32(uint32_t(p.range.last)));
-    w.set(split_keys::kHasEmbedding, GgufValue::of_bool(p.has_embedding));
-    w.set(split_keys::kHasOutput, GgufValue::of_bool(p.has_output));
-    w.set(split_keys::kCount, GgufValue::of_u32(uint32_t(plan.parts.size())));
-    w.set(split_keys::kIndex, GgufValue::of_u32(uint32_t(p.index)));
-    w.set(split_keys::kSourceHash, GgufValue::of_u64(plan.source_hash));
+    set_part_keys(w, p, plan.parts.size(), plan.source_hash);
     std::vector<GgufValue> idx;
     for (const TensorRef* t : p.tensors) idx.push_back(GgufValue::of_u32(source_index.at(t->info)));
     w.set(std::string(kSourceIndex), GgufValue::of_array(GgufType::UINT32, std::move(idx)));
 
     XXH3_state_t* hash = XXH3_createState();
+    const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> free_hash(hash, &XXH3_freeState);
     XXH3_64bits_reset(hash);
     auto advance = [&](uint64_t n) {
       done += n;
       if (progress) progress(done, total);
     };
     for (const TensorRef* t : p.tensors) add_copied_tensor(w, *t, hash, advance);
-    // The checksum is known only once the data has streamed through: the
-    // writer patches the placeholder in place before it renames the file.
-    w.set_deferred(split_keys::kDataChecksum, GgufValue::of_u64(0),
-                   [hash] { return GgufValue::of_u64(XXH3_64bits_digest(hash)); });
-    try {
-      written.push_back(w.write_uncommitted(p.path));
-    } catch (...) {
-      XXH3_freeState(hash);
-      throw;
-    }
-    XXH3_freeState(hash);
+    written.push_back(write_checksummed(w, p.path, [hash] { return XXH3_64bits_digest(hash); }));
   }
+  commit_all(written);
+}
+
+void set_part_keys(GgufWriter& w, const SplitPart& p, size_t count, uint64_t source_hash) {
+  w.set(split_keys::kLayerFirst, GgufValue::of_u32(uint32_t(p.range.first)));
+  w.set(split_keys::kLayerLast, GgufValue::of_u32(uint32_t(p.range.last)));
+  w.set(split_keys::kHasEmbedding, GgufValue::of_bool(p.has_embedding));
+  w.set(split_keys::kHasOutput, GgufValue::of_bool(p.has_output));
+  w.set(split_keys::kCount, GgufValue::of_u32(uint32_t(count)));
+  w.set(split_keys::kIndex, GgufValue::of_u32(uint32_t(p.index)));
+  w.set(split_keys::kSourceHash, GgufValue::of_u64(source_hash));
+}
+
+TempFile write_checksummed(GgufWriter& w, const std::string& path, const std::function<uint64_t()>& digest) {
+  // The checksum is known only once the data has streamed through: the
+  // writer patches the placeholder in place before it renames the file.
+  w.set_deferred(split_keys::kDataChecksum, GgufValue::of_u64(0), [digest] { return GgufValue::of_u64(digest()); });
+  return w.write_uncommitted(path);
+}
+
+void commit_all(std::vector<TempFile>& written) {
   for (size_t i = 0; i < written.size(); ++i) {
     try {
       written[i].commit();

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/temp_file.h"
+#include "engine/gguf/file.h"
 #include "engine/model/arch.h"  // LayerRange
 #include "engine/model/files.h"
 #include "engine/model/part_info.h"  // split_keys, read_part_info
@@ -52,6 +54,17 @@ void check_free_space(const ModelFiles& model, const SplitPlan& plan);
 // renamed once every one is complete (checks the free space first).
 // Memory: one copy chunk plus metadata, whatever the model size.
 void write_split(const ModelFiles& model, const SplitPlan& plan, const Progress& progress);
+
+// What writing layer parts and rank files share (split.cpp, split_tp.cpp):
+// the baton.split.* keys of part p among `count` parts of a source;
+void set_part_keys(GgufWriter& w, const SplitPart& p, size_t count, uint64_t source_hash);
+// w written under a temporary name beside `path`, its data checksum (what
+// `digest` gives once every tensor byte has streamed through) patched in
+// before the file is closed;
+TempFile write_checksummed(GgufWriter& w, const std::string& path, const std::function<uint64_t()>& digest);
+// and every file renamed into place, or none left behind: a rename that
+// fails removes those already made.
+void commit_all(std::vector<TempFile>& written);
 
 // Checks a part's data checksum against its tensor bytes (reads the whole part).
 // Returns "" when it matches, else the reason.

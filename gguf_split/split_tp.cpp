@@ -2,12 +2,11 @@
 // are engine/tp/slice.h's; this file streams the bytes: a row cut is one
 // contiguous range of the source tensor, a column cut one range of every row.
 // Memory is one copy piece (4 MiB) plus metadata, as for layer parts.
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <stdexcept>
 
@@ -149,13 +148,7 @@ void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Prog
       w.set(c.key, c.value);
       added.push_back(GgufValue::of_str(c.key));
     }
-    w.set(split_keys::kLayerFirst, GgufValue::of_u32(uint32_t(p.range.first)));
-    w.set(split_keys::kLayerLast, GgufValue::of_u32(uint32_t(p.range.last)));
-    w.set(split_keys::kHasEmbedding, GgufValue::of_bool(p.has_embedding));
-    w.set(split_keys::kHasOutput, GgufValue::of_bool(p.has_output));
-    w.set(split_keys::kCount, GgufValue::of_u32(uint32_t(plan.stages.parts.size())));
-    w.set(split_keys::kIndex, GgufValue::of_u32(uint32_t(p.index)));
-    w.set(split_keys::kSourceHash, GgufValue::of_u64(plan.stages.source_hash));
+    set_part_keys(w, p, plan.stages.parts.size(), plan.stages.source_hash);
     std::vector<GgufValue> idx, cuts;
     for (size_t i = 0; i < f.slices.size(); ++i) {
       idx.push_back(GgufValue::of_u32(f.source_index[i]));
@@ -177,6 +170,7 @@ void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Prog
     }
 
     XXH3_state_t* hash = XXH3_createState();
+    const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> free_hash(hash, &XXH3_freeState);
     XXH3_64bits_reset(hash);
     for (size_t i = 0; i < f.slices.size(); ++i) {
       const TpSlice& s = f.slices[i];
@@ -189,24 +183,9 @@ void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Prog
                              if (progress) progress(done, total);
                            });
     }
-    w.set_deferred(split_keys::kDataChecksum, GgufValue::of_u64(0),
-                   [hash] { return GgufValue::of_u64(XXH3_64bits_digest(hash)); });
-    try {
-      written.push_back(w.write_uncommitted(f.path));
-    } catch (...) {
-      XXH3_freeState(hash);
-      throw;
-    }
-    XXH3_freeState(hash);
+    written.push_back(write_checksummed(w, f.path, [hash] { return XXH3_64bits_digest(hash); }));
   }
-  for (size_t i = 0; i < written.size(); ++i) {
-    try {
-      written[i].commit();
-    } catch (...) {
-      for (size_t k = 0; k < i; ++k) ::unlink(written[k].target().c_str());
-      throw;
-    }
-  }
+  commit_all(written);
 }
 
 std::vector<std::string> write_tp_ranks(const std::string& source_path, int n, const std::string& out_dir,
