@@ -23,15 +23,21 @@ std::string shape_text(const GgufTensorInfo& t) {
                                        shape_text(t), dtype_name(t.type), n, why));
 }
 
-// The rank's slice along the outermost dimension: whole rows, any dtype
-// (a 1-D tensor's elements must stay whole blocks).
-TpSlice rows(const GgufTensorInfo& t, int n, int64_t begin, int64_t count) {
+// The tensor as it is (name, dtype, shape), to be cut as `cut` says.
+TpSlice slice_of(const GgufTensorInfo& t, TpCut cut) {
   TpSlice s;
   s.name = t.name;
-  s.cut = TpCut::Rows;
+  s.cut = cut;
   s.type = t.type;
   s.n_dims = t.n_dims;
   for (int i = 0; i < 4; ++i) s.ne[i] = t.ne[i];
+  return s;
+}
+
+// The rank's slice along the outermost dimension: whole rows, any dtype
+// (a 1-D tensor's elements must stay whole blocks).
+TpSlice rows(const GgufTensorInfo& t, int n, int64_t begin, int64_t count) {
+  TpSlice s = slice_of(t, TpCut::Rows);
   const uint32_t outer = t.n_dims - 1;
   if (begin < 0 || count < 1 || begin + count > t.ne[outer]) {
     refuse(t, n, fmt::format("rows [{}, {}) are outside its {} rows", begin, begin + count, t.ne[outer]));
@@ -58,12 +64,7 @@ TpSlice columns(const GgufTensorInfo& t, int n, int64_t begin, int64_t count) {
     refuse(t, n, fmt::format("the column cut at {} (width {}) is not on a {}-element {} block boundary", begin,
                              count, info.block_elems, info.name));
   }
-  TpSlice s;
-  s.name = t.name;
-  s.cut = TpCut::Columns;
-  s.type = t.type;
-  s.n_dims = t.n_dims;
-  for (int i = 0; i < 4; ++i) s.ne[i] = t.ne[i];
+  TpSlice s = slice_of(t, TpCut::Columns);
   s.ne[0] = count;
   s.begin = begin;
   s.count = count;
@@ -72,12 +73,7 @@ TpSlice columns(const GgufTensorInfo& t, int n, int64_t begin, int64_t count) {
 }
 
 TpSlice replicated(const GgufTensorInfo& t) {
-  TpSlice s;
-  s.name = t.name;
-  s.cut = TpCut::Replicated;
-  s.type = t.type;
-  s.n_dims = t.n_dims;
-  for (int i = 0; i < 4; ++i) s.ne[i] = t.ne[i];
+  TpSlice s = slice_of(t, TpCut::Replicated);
   s.begin = 0;
   s.count = t.ne[t.n_dims - 1];
   s.nbytes = t.nbytes;
