@@ -266,7 +266,7 @@ void merge_tp_ranks(const std::vector<GgufFile>& files, const std::string& out_p
   const GgufFile& first = files[0];
   const int64_t n = first.get_int(tp_keys::kSize), count = first.get_int(split_keys::kCount);
   const uint64_t source = split_key_u64(first, split_keys::kSourceHash);
-  if (n < 2 || n > 4096 || count < 1 || count > 100000) {
+  if (n < 2 || n > kMaxTpRanks || count < 1 || count > 100000) {
     throw std::runtime_error(first.path() + ": malformed baton.tp / baton.split keys");
   }
   std::vector<std::vector<const GgufFile*>> grid(size_t(count), std::vector<const GgufFile*>(size_t(n), nullptr));

@@ -15,10 +15,13 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/gguf/file.h"
+#include "engine/model/arch.h"
 #include "engine/model/part_info.h"
+#include "engine/tp/slice.h"
 #include "engine/runtime/backend.h"
 #include "engine/runtime/batch.h"
 #include "engine/runtime/stage.h"
@@ -301,6 +304,40 @@ TEST(TensorParallel, BatchOfEightSequencesMatchesEachAlone) {
     const std::vector<float> row(got[0].begin() + q * V, got[0].begin() + (q + 1) * V);
     EXPECT_LT(max_rel_diff(want[q], row), 1e-5) << "sequence " << q;
     EXPECT_EQ(argmax(row), argmax(want[q])) << "sequence " << q;
+  }
+}
+
+TEST(TensorParallel, RankKeysOutOfRangeAreRefusedAtLoad) {
+  // A rank file's keys come from whoever wrote the file: a claim of 2^30
+  // ranks would size the gathered logits by it, so it is refused first.
+  test::TempDir dir;
+  SynthConfig c;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  const std::string model = dir.file("m.gguf");
+  write_synthetic_model(model, c);
+  const GgufFile rank = GgufFile::open(write_tp_ranks(model, 2, dir.path().string())[0]);
+  for (const auto& [key, value] : std::vector<std::pair<const char*, GgufValue>>{
+           {tp_keys::kSize, GgufValue::of_u32(1u << 30)}, {tp_keys::kSize, GgufValue::of_u32(1)},
+           {tp_keys::kRank, GgufValue::of_u32(2)}}) {
+    SCOPED_TRACE(key);
+    GgufWriter w;
+    for (const auto& [k, v] : rank.metadata()) w.set(k, v);
+    w.set(key, value);
+    for (const GgufTensorInfo& t : rank.tensors()) {
+      std::vector<uint8_t> bytes(t.nbytes);
+      rank.read_tensor(t, bytes.data());
+      w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), std::move(bytes));
+    }
+    const std::string bad = dir.file("bad.gguf");
+    w.write(bad);
+    const GgufFile f = GgufFile::open(bad);
+    try {
+      Arch::from_gguf(f);
+      ADD_FAILURE() << "loaded";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
   }
 }
 

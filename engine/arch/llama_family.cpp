@@ -46,12 +46,16 @@ void read_tp(const GgufFile& f, LlamaHparams& hp) {
     hp.vocab_count = hp.n_vocab;
     return;
   }
-  hp.tp_size = int(f.get_int(tp_keys::kSize));
-  hp.tp_rank = int(f.get_int(tp_keys::kRank));
+  const int64_t size = f.get_int(tp_keys::kSize), rank = f.get_int(tp_keys::kRank);
+  if (size < 2 || size > kMaxTpRanks || rank < 0 || rank >= size) {
+    throw std::runtime_error(fmt::format("tensor-parallel rank {} of {}: out of range (2 to {} ranks)", rank, size,
+                                         kMaxTpRanks));
+  }
+  hp.tp_size = int(size);
+  hp.tp_rank = int(rank);
   hp.vocab_begin = f.get_int(tp_keys::kVocabBegin);
   hp.vocab_count = f.get_int(tp_keys::kVocabCount);
-  if (hp.tp_size < 2 || hp.tp_rank < 0 || hp.tp_rank >= hp.tp_size ||
-      std::make_pair(hp.vocab_begin, hp.vocab_count) != tp_vocab_range(hp.n_vocab, hp.tp_size, hp.tp_rank)) {
+  if (std::make_pair(hp.vocab_begin, hp.vocab_count) != tp_vocab_range(hp.n_vocab, hp.tp_size, hp.tp_rank)) {
     throw std::runtime_error(fmt::format("tensor-parallel rank {} of {} holds vocabulary rows {}+{} of {}: not the "
                                          "slice baton split --tp makes",
                                          hp.tp_rank, hp.tp_size, hp.vocab_begin, hp.vocab_count, hp.n_vocab));

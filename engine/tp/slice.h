@@ -37,6 +37,10 @@ inline constexpr const char* kAddedKeys = "baton.tp.added_keys";
 inline constexpr const char* kSourcePrefix = "baton.tp.source.";
 }  // namespace tp_keys
 
+// The most ranks a rank file may claim: a file's keys are input from anyone,
+// and a group's gathered logits take (V + N) floats a row.
+inline constexpr int64_t kMaxTpRanks = 4096;
+
 enum class TpCut : uint8_t {
   Replicated = 0,        // the whole tensor on every rank
   Rows = 1,              // a range of the outermost dimension (ne[1]; ne[0] of a 1-D bias)
