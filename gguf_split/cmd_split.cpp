@@ -16,7 +16,6 @@
 namespace po = boost::program_options;
 
 namespace baton {
-namespace {
 
 std::string human_bytes(uint64_t b) {
   char buf[32];
@@ -26,7 +25,6 @@ std::string human_bytes(uint64_t b) {
   return buf;
 }
 
-// Prints "copied X of Y (Z GB/s, ETA s)" to stderr at most twice a second.
 Progress progress_printer(const char* verb) {
   // The clock starts at the first report, so checks done before the copy
   // (merge verifies every part first) do not skew the rate.
@@ -49,6 +47,8 @@ Progress progress_printer(const char* verb) {
     print_progress_line(line, done == total);
   };
 }
+
+namespace {
 
 // `baton split --tp N`: stages x ranks files.
 int split_tp(const ModelFiles& files, const std::string& model, const std::string& layers, int tp,

@@ -45,6 +45,10 @@ SplitPlan plan_split(const ModelFiles& model, const std::vector<LayerRange>& ran
 
 // Progress: bytes copied so far, total bytes.
 using Progress = std::function<void(uint64_t done, uint64_t total)>;
+// Prints "VERB X of Y (Z GB/s, ETA s)" on stderr at most twice a second
+// (a line that rewrites itself on a terminal), and the last report.
+Progress progress_printer(const char* verb);
+std::string human_bytes(uint64_t b);  // "1.50 GiB", "12.00 MiB"
 
 // Throws when the parts' folder has less free space than they need (a sparse
 // source counts what it occupies), with both figures in the message.
@@ -108,7 +112,7 @@ void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Prog
 // returns their paths, stage by stage, rank by rank. `layers` as for
 // parse_layer_ranges; empty: one stage of the whole model.
 std::vector<std::string> write_tp_ranks(const std::string& source_path, int n, const std::string& out_dir,
-                                        const std::string& layers = "");
+                                        const std::string& layers = "", const Progress& progress = nullptr);
 bool is_tp_rank_file(const GgufFile& f);
 // Rebuilds the source byte for byte from all rank files of all stages
 // (merge_parts calls it when it is given rank files). Refuses a missing or

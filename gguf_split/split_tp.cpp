@@ -189,14 +189,14 @@ void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Prog
 }
 
 std::vector<std::string> write_tp_ranks(const std::string& source_path, int n, const std::string& out_dir,
-                                        const std::string& layers) {
+                                        const std::string& layers, const Progress& progress) {
   ModelFiles model = ModelFiles::open(source_path);
   const int n_layer = model_layer_count(model.meta());
   const std::string spec = layers.empty() ? "0:output" : layers;
   TpSplitPlan plan = plan_tp_split(model, parse_layer_ranges(spec, n_layer), n, out_dir,
                                    std::filesystem::path(source_path).stem().string());
   std::filesystem::create_directories(out_dir);
-  write_tp_split(model, plan, nullptr);
+  write_tp_split(model, plan, progress);
   std::vector<std::string> out;
   for (const TpRankFile& f : plan.files) out.push_back(f.path);
   return out;

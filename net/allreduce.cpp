@@ -238,6 +238,7 @@ std::shared_ptr<Connection> TcpAllReduce::Impl::dial(int r, const std::string& a
   hello.role = Role::peer;
   hello.node_name = cfg.name;
   LinkConfig lc;
+  lc.quiet_refused = true;  // a rank not listening yet is dialled again below
   std::string last;
   while (true) {
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());

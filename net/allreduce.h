@@ -31,6 +31,7 @@
 
 #include "engine/runtime/tp_comm.h"
 #include "net/auth.h"
+#include "net/protocol.h"
 
 namespace baton::net {
 
@@ -45,7 +46,7 @@ struct AllReduceConfig {
   std::string name;                                // for the handshake and logs; "" -> "tp-rank-R"
 };
 
-inline constexpr int kMaxAllReduceRanks = 64;
+inline constexpr int kMaxAllReduceRanks = int(kMaxGroupRanks);  // net/protocol.h
 
 struct AllReduceError : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -229,7 +229,10 @@ void check(const Hello& m, Check& c) {
   c.expect(m.model.parts.size() <= kMaxModelParts, "HELLO has too many model parts");
   for (const ModelPart& p : m.model.parts) {
     c.expect(p.layer_first >= 0 && p.layer_first <= p.layer_last, "HELLO model part has an empty layer range");
+    c.expect(p.tp_size >= 1 && p.tp_size <= kMaxGroupRanks && p.tp_rank < p.tp_size,
+             "HELLO model part's tp_rank must be below tp_size (1..kMaxGroupRanks)");
   }
+  c.text(m.mesh_address, kMaxNameBytes, "HELLO mesh_address");
 }
 
 void check(const Challenge& m, Check& c) {
@@ -247,6 +250,13 @@ void check(const Assign& m, Check& c) {
   c.text(m.next_peer, kMaxNameBytes, "ASSIGN next_peer");
   c.text(m.model_path, kMaxNameBytes, "ASSIGN model_path");
   c.expect(valid_link(m.next_link), "ASSIGN next_link is not a known LinkKind");
+  c.expect(m.tp_size >= 1 && m.tp_size <= kMaxGroupRanks && m.tp_rank < m.tp_size,
+           "ASSIGN tp_rank must be below tp_size (1..kMaxGroupRanks)");
+  c.expect(m.tp_size == 1 ? m.tp_mesh.empty() && m.tp_peers.empty()
+                          : m.tp_mesh.size() == m.tp_size && m.tp_peers.size() == m.tp_size,
+           "ASSIGN tp_mesh and tp_peers must name every rank (none with tp_size 1)");
+  for (const std::string& a : m.tp_mesh) c.text(a, kMaxNameBytes, "ASSIGN tp_mesh");
+  for (const std::string& a : m.tp_peers) c.text(a, kMaxNameBytes, "ASSIGN tp_peers");
 }
 
 void check(const Ready& m, Check& c) {

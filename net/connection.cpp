@@ -335,7 +335,7 @@ void Connection::Impl::close_now(std::error_code ec, const std::string& reason) 
   closed_reason = reason;
   const bool quiet = ec == Errc::closed_locally || ec == Errc::peer_closed;
   // Displaced handshakes come in floods: the Listener logs a count instead.
-  log(ec == Errc::too_many_handshakes ? LogLevel::debug : quiet ? LogLevel::info : LogLevel::warn,
+  log(ec == Errc::too_many_handshakes || quiet_close ? LogLevel::debug : quiet ? LogLevel::info : LogLevel::warn,
       describe() + ": closed: " + reason);
 
   boost::system::error_code ignore;

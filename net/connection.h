@@ -53,6 +53,9 @@ struct LinkConfig {
   // Listener: unauthenticated sockets at once; a newcomer to a full table
   // displaces the oldest silent one (else the oldest unproven one).
   uint32_t max_pending_handshakes = 64;
+  // connect(): a dial that finds nobody listening logs at debug level, for
+  // callers that dial again until the peer is up and say so themselves.
+  bool quiet_refused = false;
 };
 
 struct LinkStats {

@@ -90,6 +90,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   asio::steady_timer heartbeat_timer;
   asio::steady_timer deadline_timer;  // dead-peer detection
   LinkConfig cfg;
+  bool quiet_close = false;  // close_now() logs at debug level (LinkConfig::quiet_refused)
   Secret secret;
   LinkState state;
   uint32_t read_limit;

@@ -104,6 +104,7 @@ void Connection::Impl::start_client(const std::string& host, uint16_t port) {
             asio::bind_executor(self->strand, [self](const boost::system::error_code& e, const tcp::endpoint& ep) {
               if (self->state != LinkState::client_connecting) return;
               if (e) {
+                self->quiet_close = self->cfg.quiet_refused && e == boost::asio::error::connection_refused;
                 self->close_now(Errc::io_error, "cannot connect to " + self->peer.address + ": " + e.message());
                 return;
               }

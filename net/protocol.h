@@ -20,7 +20,7 @@ namespace baton::net {
 
 // Bumped on any change of a message's layout or meaning. Peers must speak the
 // same version (checked in the handshake, before anything else is trusted).
-inline constexpr uint32_t kProtocolVersion = 6;
+inline constexpr uint32_t kProtocolVersion = 7;
 
 // Frame type codes. APPEND-ONLY: never renumber, never reuse a retired value;
 // a new message takes the next number (and bumps kProtocolVersion).
@@ -115,10 +115,14 @@ struct ModelPart {
   int32_t layer_last = 0;          // inclusive
   bool has_embedding = false;
   bool has_output = false;
+  // v7: a tensor-parallel rank file (`baton split --tp`): rank tp_rank of
+  // tp_size ranks of this layer range; tp_size 1: not a rank file.
+  uint32_t tp_rank = 0;
+  uint32_t tp_size = 1;
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(tensor_table_hash, layer_first, layer_last, has_embedding, has_output);
+    ar(tensor_table_hash, layer_first, layer_last, has_embedding, has_output, tp_rank, tp_size);
   }
   bool operator==(const ModelPart&) const = default;
 };
@@ -146,10 +150,13 @@ struct Hello {
   ModelIdentity model;
   std::string listen_address;  // "host:port" for peer links; empty: none
   Nonce nonce{};               // client nonce (filled by the handshake)
+  // v7: "host:port" where this worker listens for the all-reduce mesh of a
+  // tensor-parallel group (net/allreduce.h); empty: none.
+  std::string mesh_address;
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(protocol_version, role, node_name, caps, model, listen_address, nonce);
+    ar(protocol_version, role, node_name, caps, model, listen_address, nonce, mesh_address);
   }
   bool operator==(const Hello&) const = default;
 };
@@ -205,11 +212,22 @@ struct Assign {
   std::string model_path;      // file on the worker: full GGUF or this stage's split part
   uint64_t model_hash = 0;     // expected tensor-table hash of model_path (0: do not check)
   LinkKind next_link = LinkKind::tcp;  // v3: the coordinator's choice for the link to next_peer
+  // v7: the stage is a tensor-parallel group of tp_size ranks and this
+  // worker is rank tp_rank. tp_mesh[r] is rank r's HELLO mesh_address (the
+  // all-reduce), tp_peers[r] its listen_address: rank 0 passes every FORWARD
+  // and FREE_SEQ it receives to ranks 1.. over links to those addresses, and
+  // only rank 0 sends onward (next_peer) or samples. Both empty with
+  // tp_size 1. An ASSIGN of the same stage and rank to a worker that has it
+  // loaded re-forms the group (a rank was replaced): new mesh, empty KV.
+  uint32_t tp_rank = 0;
+  uint32_t tp_size = 1;
+  std::vector<std::string> tp_mesh;
+  std::vector<std::string> tp_peers;
 
   template <class Ar>
   void serialize(Ar& ar) {
     ar(stage_index, n_stages, layer_first, layer_last, has_embedding, has_output, n_ctx, micro_batch, prefill_chunk,
-       n_seq, next_peer, model_path, model_hash, next_link);
+       n_seq, next_peer, model_path, model_hash, next_link, tp_rank, tp_size, tp_mesh, tp_peers);
   }
   bool operator==(const Assign&) const = default;
 };
@@ -499,5 +517,6 @@ inline constexpr size_t kMaxNameBytes = 4096;   // names, addresses, paths
 inline constexpr size_t kMaxTextBytes = 16384;  // ERROR text, SHUTDOWN reason
 inline constexpr size_t kMaxModelParts = 1024;  // HELLO must fit the 64 KiB handshake limit
 inline constexpr size_t kMaxChunksPerForward = 65536;
+inline constexpr uint32_t kMaxGroupRanks = 64;  // ranks of a tensor-parallel group (the mesh's limit)
 
 }  // namespace baton::net

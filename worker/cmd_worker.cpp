@@ -64,6 +64,9 @@ int cmd_worker(int argc, char** argv) {
       ("advertise", po::value<std::string>(&opt.advertise),
        "HOST:PORT the previous stage dials instead of --listen's, when something forwards it here "
        "(a port forward, NAT, a proxy)")
+      ("mesh-port", po::value<uint16_t>(&opt.mesh_port)->default_value(0),
+       "port of the all-reduce mesh when this worker is a rank of a tensor-parallel stage, on --listen's host "
+       "(0: a free port chosen at start; the coordinator learns it at registration)")
       ("secret-file", po::value<std::string>(&opt.secret_file)->required(),
        "file with the cluster's shared secret (chmod 600), or a pipe such as /dev/fd/3")
       ("model,m", po::value<std::string>(&opt.model), "the full GGUF (default: the path the coordinator assigns)")

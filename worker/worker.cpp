@@ -17,6 +17,7 @@
 #include "engine/model/loader.h"
 #include "engine/plan/node_plan.h"
 #include "engine/model/part_info.h"
+#include "engine/tp/slice.h"
 #include "net/address.h"
 #include "net/log.h"
 #include "worker/worker_impl.h"
@@ -50,6 +51,15 @@ net::ModelIdentity model_identity(const GgufFile& f) {
   part.layer_last = info->range.last;
   part.has_embedding = info->has_embedding;
   part.has_output = info->has_output;
+  // A rank file of `baton split --tp`. A rank count beyond what a group can
+  // have reads as no rank file here, and the stage's checks refuse it.
+  if (f.has(tp_keys::kSize)) {
+    const int64_t size = f.get_int(tp_keys::kSize), rank = f.get_int(tp_keys::kRank, -1);
+    if (size >= 2 && size <= int64_t(net::kMaxGroupRanks) && rank >= 0 && rank < size) {
+      part.tp_size = uint32_t(size);
+      part.tp_rank = uint32_t(rank);
+    }
+  }
   id.parts.push_back(part);
   return id;
 }
@@ -67,6 +77,7 @@ Worker::~Worker() {
     inbox_.clear();
     next_nccl_.reset();
   }
+  group_links_.clear();
   next_.reset();
   coord_.reset();
   if (listener_) listener_->close();
@@ -99,6 +110,7 @@ int Worker::run() {
       [this](std::shared_ptr<net::Connection> c) { accept_upstream(std::move(c)); });
   const std::string bound_address = net::join_host_port(lhost, listener_->port());
   const std::string listen_address = opt_.advertise.empty() ? bound_address : opt_.advertise;
+  choose_mesh_address(lhost, net::split_host_port(listen_address).first);
   // A stock /etc/hosts maps the machine's own name to 127.0.1.1: a stage on
   // another machine (where the coordinator is) could not dial that.
   if (const auto ip = net::resolve_host(lhost); ip.is_loopback() && !coordinator_ip.is_loopback()) {
@@ -117,6 +129,7 @@ int Worker::run() {
   fill_link_caps(hello.caps);
   if (file_) hello.model = model_identity(*file_);
   hello.listen_address = listen_address;
+  hello.mesh_address = mesh_address_;
   {
     // While it waits for the coordinator, run_worker says so at most every
     // 5 s; the net layer's line about each failed dial would say it every
@@ -237,6 +250,7 @@ void Worker::handle(Inbound& in) {
   if (auto* fs = std::get_if<net::FreeSeq>(&m)) {
     if (stage_ && int(fs->seq) < stage_->config().n_seq) stage_->reset(int(fs->seq));
     samplers_.erase(fs->seq);
+    if (assign_.tp_rank == 0) pass_to_group(*fs);
     // FREE_SEQ travels down the pipeline like FORWARD, on the same links,
     // so it can never overtake (or be overtaken by) the FORWARDs of the
     // sequence that reuses the slot next.
@@ -251,6 +265,7 @@ void Worker::handle(Inbound& in) {
 }
 
 void Worker::on_assign(const net::Assign& a) {
+  if (stage_ && regroup(a)) return;
   if (stage_) return send_error(net::WireError::unexpected_message, 0, "already assigned a stage");
   const auto t0 = std::chrono::steady_clock::now();
   if (!file_) {
@@ -266,6 +281,7 @@ void Worker::on_assign(const net::Assign& a) {
   if (a.model_hash != 0 && file_->tensor_table_hash() != a.model_hash && have.tensor_table_hash != a.model_hash) {
     return fail(net::WireError::model_mismatch, "the model file's tensor table does not match the assignment");
   }
+  if (!check_group_file(a)) return;
   StageConfig sc;
   sc.first_layer = a.layer_first;
   sc.last_layer = a.layer_last;
@@ -275,6 +291,7 @@ void Worker::on_assign(const net::Assign& a) {
   sc.n_seq = int(a.n_seq);
   sc.max_batch = std::max<int64_t>({1, a.micro_batch, a.prefill_chunk});
   sc.n_threads = opt_.n_threads;
+  sc.tp = a.tp_size > 1 ? &group_comm_ : nullptr;
   // LOAD_PROGRESS at most every 250 ms, and at the end.
   LoadOptions load;
   load.slot_bytes = opt_.staging_slot_bytes;
@@ -293,6 +310,7 @@ void Worker::on_assign(const net::Assign& a) {
   }
   stage_ = make_stage_runner(opt_.backend, *file_, sc, load);
   assign_ = a;
+  if (!form_group(a)) return;
   connect_next(a.next_peer, a.next_link);
   net::Ready r;
   const MemoryPlan& p = stage_->memory_plan();
@@ -371,6 +389,15 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
     }
     batch.push_back({seq, int64_t(c.n_tokens), assign_.has_output && c.sample});
   }
+  // The group's other ranks run the same rows, from the same message (the
+  // coordinator keeps the links into a group on TCP: the rows are in it).
+  if (assign_.tp_size > 1 && assign_.tp_rank == 0) {
+    if (f.rows_on_link) {
+      return send_error(net::WireError::bad_request, f.request_id,
+                        "a tensor-parallel group takes its rows inside FORWARD (a TCP link), not over NCCL");
+    }
+    pass_to_group(f);
+  }
   std::span<const float> y;
   try {
     if (assign_.has_embedding) {
@@ -385,6 +412,7 @@ void Worker::on_forward(const net::Forward& f, Upstream* from) {
   } catch (const std::out_of_range& e) {
     return send_error(net::WireError::bad_request, f.request_id, e.what());
   }
+  if (output_is_rank0s()) return;
   if (assign_.has_output) {
     const size_t width = size_t(stage_->n_vocab());
     size_t k = 0;

@@ -20,6 +20,9 @@ struct WorkerOptions {
   // "host:port" the previous stage dials instead of --listen's (a port
   // forward, NAT, a proxy in front of this worker); empty: --listen's.
   std::string advertise;
+  // The port of the all-reduce mesh of a tensor-parallel group, on --listen's
+  // host (advertised with --advertise's host); 0: a free port chosen at start.
+  uint16_t mesh_port = 0;
   std::string secret_file;
   std::string model;        // full GGUF; empty: the path in ASSIGN
   uint64_t mem_limit = 0;   // bytes the stage's plan may use; 0: no limit

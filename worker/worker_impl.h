@@ -32,6 +32,7 @@
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
 #include "engine/runtime/stage.h"
+#include "net/allreduce.h"
 #include "net/auth.h"
 #include "net/connection.h"
 #include "net/nccl_link.h"
@@ -103,6 +104,29 @@ struct Inbound {
 inline constexpr std::chrono::milliseconds kFirstRedial{100};
 inline constexpr std::chrono::milliseconds kMaxRedial{500};
 
+// The all-reduce of this worker's tensor-parallel group (ASSIGN with
+// tp_size > 1). The stage keeps a pointer to this one object for its life,
+// while the mesh behind it is made anew each time the group is re-formed
+// (a rank was replaced); between meshes a call throws.
+class GroupComm final : public TpComm {
+ public:
+  void set(std::unique_ptr<net::TcpAllReduce> mesh) { mesh_ = std::move(mesh); }
+  bool formed() const { return mesh_ != nullptr; }
+  int rank() const override { return mesh().rank(); }
+  int size() const override { return mesh().size(); }
+  void sum(float* data, size_t n) override { mesh().sum(data, n); }
+  void gather(const float* mine, size_t n, float* all) override { mesh().gather(mine, n, all); }
+
+ private:
+  net::TcpAllReduce& mesh() const;
+  std::unique_ptr<net::TcpAllReduce> mesh_;
+};
+
+// How long the ranks of a group wait for each other's mesh links after
+// loading: ranks load their slices side by side, so this covers the spread
+// of their load times, not a whole load.
+inline constexpr std::chrono::seconds kMeshSetupTimeout{120};
+
 class Worker {
  public:
   explicit Worker(WorkerOptions opt);
@@ -122,6 +146,16 @@ class Worker {
   void fail(net::WireError code, const std::string& text);
   void on_forward(const net::Forward& f, Upstream* from);
   net::Result sample(const net::SeqChunk& c, std::span<const float> logits, uint64_t request_id);
+
+  // group.cpp: a rank of a tensor-parallel group.
+  void choose_mesh_address(const std::string& bind_host, const std::string& advertised_host);
+  bool check_group_file(const net::Assign& a);
+  bool form_group(const net::Assign& a);  // false: failed, reported, stopping
+  bool regroup(const net::Assign& a);
+  void pass_to_group(const net::Message& m);
+  // Ranks 1.. of a group compute every step but keep its output: rank 0
+  // sends it on or samples.
+  bool output_is_rank0s() const { return assign_.tp_size > 1 && assign_.tp_rank != 0; }
 
   // links.cpp: the links between stages.
   void fill_link_caps(net::Capabilities& caps);
@@ -169,6 +203,15 @@ class Worker {
   std::vector<TokenLogprobEntry> top_;      // alternatives of the last sample
   uint64_t tokens_sent_ = 0;                // token rows forwarded to the next stage
   uint64_t nccl_bytes_ = 0;                 // of which bytes went over NCCL
+
+  // The tensor-parallel group: where this worker's mesh listens (HELLO
+  // mesh_address), the all-reduce the stage calls, and (rank 0) the links
+  // on which it passes FORWARD and FREE_SEQ to ranks 1.. in rank order.
+  std::string mesh_bind_host_;
+  uint16_t mesh_port_ = 0;
+  std::string mesh_address_;
+  GroupComm group_comm_;
+  std::vector<std::shared_ptr<net::Connection>> group_links_;
 
   // The link to the next stage. next_gen_ counts its connections, so that a
   // late close or LINK_ACK of an old one is ignored; next_nccl_ is guarded by

@@ -153,6 +153,9 @@ struct StageHealth {
   std::string error;
   std::string link;         // to the next stage: "tcp", "nccl"; "" none (last stage, in process)
   std::string link_reason;  // why TCP, or what NCCL runs over
+  // Which stage, and which rank of its tensor-parallel group (0 of 1: none).
+  int stage = 0;
+  int rank = 0, tp = 1;
 };
 
 struct ServiceHealth {

@@ -190,8 +190,9 @@ std::string Metrics::render(const ServiceHealth& health) const {
   for (const StageHealth& s : health.stages) {
     uint64_t planned = 0;
     for (const auto& line : s.memory_planned) planned += line.second;
-    const std::string node = fmt::format("node=\"{}\",layers=\"{}\"", label_value(s.node),
-                                         layer_range_text(s.first_layer, s.last_layer));
+    std::string node = fmt::format("node=\"{}\",layers=\"{}\"", label_value(s.node),
+                                   layer_range_text(s.first_layer, s.last_layer));
+    if (s.tp > 1) node += fmt::format(",tp_rank=\"{}\",tp_size=\"{}\"", s.rank, s.tp);
     out += fmt::format("baton_memory_bytes{{{},kind=\"planned\"}} {}\n", node, planned);
     out += fmt::format("baton_memory_bytes{{{},kind=\"used\"}} {}\n", node, s.memory_used);
     out += fmt::format("baton_memory_bytes{{{},kind=\"rss\"}} {}\n", node, s.rss_bytes);

@@ -301,6 +301,8 @@ std::pair<int, std::string> OpenAiApi::health_body() const {
     }
     stages.push_back({{"node", s.node},
                       {"address", s.address},
+                      {"stage", s.stage},
+                      {"tp", {{"rank", s.rank}, {"size", s.tp}}},
                       {"layers", layer_range_text(s.first_layer, s.last_layer)},
                       {"embedding", s.embedding},
                       {"head", s.head},

@@ -89,10 +89,27 @@ std::vector<StageSlice> split_layers(const ModelPlanner& planner, int n_stages) 
 
 std::optional<std::vector<StageSlice>> slices_from_parts(const std::vector<net::Hello>& hellos, int n_layer) {
   std::vector<StageSlice> out;
+  // (layer_first, tp rank) of every part: a group's ranks come once each.
+  std::vector<std::pair<int, uint32_t>> ranks;
   for (const net::Hello& h : hellos) {
     if (h.model.parts.size() != 1) return std::nullopt;
     const net::ModelPart& p = h.model.parts[0];
-    out.push_back({LayerRange{p.layer_first, p.layer_last}, p.has_embedding, p.has_output});
+    ranks.emplace_back(p.layer_first, p.tp_rank);
+    if (p.tp_rank != 0) continue;  // rank 0 stands for its group
+    out.push_back({LayerRange{p.layer_first, p.layer_last}, p.has_embedding, p.has_output, int(p.tp_size)});
+  }
+  std::sort(ranks.begin(), ranks.end());
+  if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) return std::nullopt;
+  size_t expected = 0;
+  for (const StageSlice& sl : out) expected += size_t(sl.tp);
+  if (expected != hellos.size()) return std::nullopt;
+  for (const net::Hello& h : hellos) {
+    const net::ModelPart& p = h.model.parts[0];
+    const bool in_group = std::any_of(out.begin(), out.end(), [&](const StageSlice& sl) {
+      return sl.layers.first == p.layer_first && sl.layers.last == p.layer_last && sl.embedding == p.has_embedding &&
+             sl.head == p.has_output && sl.tp == int(p.tp_size);
+    });
+    if (!in_group) return std::nullopt;
   }
   std::sort(out.begin(), out.end(), [](const StageSlice& a, const StageSlice& b) { return a.layers.first < b.layers.first; });
   int next = 0;
@@ -110,6 +127,7 @@ struct Cluster::Member {
   net::Hello hello;
   std::string address;
   int stage = -1;  // -1: idle (spare, or before assign)
+  int rank = 0;    // within the stage's tensor-parallel group
   bool ready = false;
   net::Ready ready_msg;
   uint64_t bytes_done = 0, bytes_total = 0;
@@ -122,7 +140,12 @@ struct Cluster::Member {
 
 struct Cluster::Slot {
   StageSlice slice;
-  int member = -1;  // index into members_; -1: vacant
+  // Index into members_ of each rank (one with tp 1); -1: vacant. Rank 0 is
+  // the stage's face: the previous stage and the coordinator send to it,
+  // and it sends on (or samples).
+  std::vector<int> ranks{-1};
+  int lead() const { return ranks[0]; }
+  bool full() const { return std::none_of(ranks.begin(), ranks.end(), [](int m) { return m < 0; }); }
   net::LinkChoice link;  // to the next stage: chosen, then as the worker reports it
   bool link_known = false;
   // The link to the next stage is down (its worker said so and is dialling
@@ -169,7 +192,8 @@ std::string Cluster::describe(size_t index) const {
   std::string s = "worker " + net::printable(m.hello.node_name);
   if (m.stage >= 0) {
     const StageSlice& sl = stages_[size_t(m.stage)].slice;
-    s += " (stage " + std::to_string(m.stage) + ", layers " + layer_range_text(sl.layers) + ", " + m.address + ")";
+    s += " (stage " + std::to_string(m.stage) + ", layers " + layer_range_text(sl.layers) +
+         (sl.tp > 1 ? ", rank " + std::to_string(m.rank) + " of " + std::to_string(sl.tp) : "") + ", " + m.address + ")";
   } else {
     s += " (" + m.address + ")";
   }
@@ -181,7 +205,7 @@ std::string Cluster::blame(size_t reporter_member, bool next_link, const std::st
   if (m.stage < 0) return describe(reporter_member) + " failed: " + text;
   std::vector<std::string> names;
   for (size_t i = 0; i < stages_.size(); ++i) {
-    names.push_back(stages_[i].member >= 0 ? describe(size_t(stages_[i].member))
+    names.push_back(stages_[i].lead() >= 0 ? describe(size_t(stages_[i].lead()))
                                            : "stage " + std::to_string(i) + " (layers " +
                                                  layer_range_text(stages_[i].slice.layers) + ", no worker)");
   }
@@ -190,7 +214,8 @@ std::string Cluster::blame(size_t reporter_member, bool next_link, const std::st
 
 bool Cluster::route_whole() const {
   return assigned_ && std::all_of(stages_.begin(), stages_.end(), [&](const Slot& s) {
-           return s.member >= 0 && members_[size_t(s.member)]->ready && s.link_down.empty();
+           return s.full() && s.link_down.empty() &&
+                  std::all_of(s.ranks.begin(), s.ranks.end(), [&](int k) { return members_[size_t(k)]->ready; });
          });
 }
 
@@ -226,7 +251,7 @@ void Cluster::send_all(Sends& sends) {
   sends.clear();
 }
 
-bool Cluster::can_take(const Member& m, size_t stage) const {
+bool Cluster::can_take(const Member& m, size_t stage, size_t rank) const {
   if (m.closed || m.stage >= 0) return false;
   const StageSlice& sl = stages_[stage].slice;
   const net::ModelIdentity& id = m.hello.model;
@@ -234,10 +259,13 @@ bool Cluster::can_take(const Member& m, size_t stage) const {
     if (id.parts.size() != 1) return false;
     const net::ModelPart& p = id.parts[0];
     if (p.layer_first != sl.layers.first || p.layer_last != sl.layers.last || p.has_embedding != sl.embedding ||
-        p.has_output != sl.head) {
+        p.has_output != sl.head || p.tp_size != uint32_t(sl.tp) || p.tp_rank != uint32_t(rank)) {
       return false;
     }
+  } else if (sl.tp > 1) {
+    return false;  // a rank needs its rank file
   }
+  if (sl.tp > 1 && m.hello.mesh_address.empty()) return false;
   // A worker without a model loads settings_.model_path; one with a model
   // must have ours.
   if (settings_.model_hash != 0 && id.tensor_table_hash != 0 && id.tensor_table_hash != settings_.model_hash) return false;
@@ -248,16 +276,22 @@ bool Cluster::can_take(const Member& m, size_t stage) const {
 net::LinkKind Cluster::choose_link(size_t i) {
   Slot& slot = stages_[i];
   slot.link_known = false;
-  if (i + 1 >= stages_.size() || slot.member < 0 || stages_[i + 1].member < 0) return net::LinkKind::tcp;
-  slot.link = net::choose_link(members_[size_t(slot.member)]->hello, members_[size_t(stages_[i + 1].member)]->hello,
-                               opt_.link_mode);
+  if (i + 1 >= stages_.size() || slot.lead() < 0 || stages_[i + 1].lead() < 0) return net::LinkKind::tcp;
+  if (slot.slice.tp > 1 || stages_[i + 1].slice.tp > 1) {
+    // Rank 0 of a group passes the rows it receives to the other ranks
+    // inside FORWARD, so they must come inside it.
+    slot.link = {net::LinkKind::tcp, "a tensor-parallel group's stage links are TCP"};
+  } else {
+    slot.link = net::choose_link(members_[size_t(slot.lead())]->hello, members_[size_t(stages_[i + 1].lead())]->hello,
+                                 opt_.link_mode);
+  }
   slot.link_known = true;
   net::log(net::LogLevel::info, "link stage " + std::to_string(i) + " -> " + std::to_string(i + 1) + ": " +
                                     std::string(net::link_kind_name(slot.link.kind)) + " (" + slot.link.reason + ")");
   return slot.link.kind;
 }
 
-net::Assign Cluster::make_assign(size_t i) {
+net::Assign Cluster::make_assign(size_t i, size_t rank) {
   const Slot& slot = stages_[i];
   net::Assign a;
   a.stage_index = uint32_t(i);
@@ -270,30 +304,59 @@ net::Assign Cluster::make_assign(size_t i) {
   a.micro_batch = settings_.micro_batch;
   a.prefill_chunk = settings_.prefill_chunk;
   a.n_seq = settings_.n_seq;
-  if (i + 1 < stages_.size() && stages_[i + 1].member >= 0) {
-    a.next_peer = members_[size_t(stages_[i + 1].member)]->hello.listen_address;
+  if (rank == 0 && i + 1 < stages_.size() && stages_[i + 1].lead() >= 0) {
+    a.next_peer = members_[size_t(stages_[i + 1].lead())]->hello.listen_address;
     a.next_link = choose_link(i);
   }
-  const Member& m = *members_[size_t(slot.member)];
+  if (slot.slice.tp > 1) {
+    a.tp_rank = uint32_t(rank);
+    a.tp_size = uint32_t(slot.slice.tp);
+    for (int k : slot.ranks) {
+      a.tp_mesh.push_back(members_[size_t(k)]->hello.mesh_address);
+      a.tp_peers.push_back(members_[size_t(k)]->hello.listen_address);
+    }
+  }
+  const Member& m = *members_[size_t(slot.ranks[rank])];
   a.model_path = m.hello.model.tensor_table_hash != 0 ? "" : settings_.model_path;
   a.model_hash = m.hello.model.parts.empty() ? settings_.model_hash : m.hello.model.parts[0].tensor_table_hash;
   return a;
 }
 
+void Cluster::place(size_t k, size_t stage, size_t rank) {
+  Member& m = *members_[k];
+  m.stage = int(stage);
+  m.rank = int(rank);
+  stages_[stage].ranks[rank] = int(k);
+}
+
 void Cluster::fill_vacancies(Sends& out) {
   for (size_t i = 0; i < stages_.size(); ++i) {
-    if (stages_[i].member >= 0) continue;
-    for (size_t k = 0; k < members_.size(); ++k) {
-      if (!can_take(*members_[k], i)) continue;
-      Member& m = *members_[k];
-      m.stage = int(i);
-      m.ready = false;
-      m.healing = true;
-      m.assigned_at = Clock::now();
-      stages_[i].member = int(k);
-      net::log(net::LogLevel::info, describe(k) + " takes the vacant stage");
-      out.emplace_back(m.conn, make_assign(i));
-      break;
+    Slot& slot = stages_[i];
+    bool placed = false;
+    for (size_t r = 0; r < slot.ranks.size(); ++r) {
+      if (slot.ranks[r] >= 0) continue;
+      for (size_t k = 0; k < members_.size(); ++k) {
+        if (!can_take(*members_[k], i, r)) continue;
+        place(k, i, r);
+        Member& m = *members_[k];
+        m.ready = false;
+        m.healing = true;
+        m.assigned_at = Clock::now();
+        net::log(net::LogLevel::info, describe(k) + " takes the vacant " + (slot.slice.tp > 1 ? "rank" : "stage"));
+        placed = true;
+        break;
+      }
+    }
+    if (!placed || !slot.full()) continue;
+    for (size_t r = 0; r < slot.ranks.size(); ++r) {
+      Member& m = *members_[size_t(slot.ranks[r])];
+      if (!m.healing) {
+        // A rank that stayed: it keeps its weights and forms the group anew.
+        m.ready = false;
+        m.assigned_at = Clock::now();
+        net::log(net::LogLevel::info, describe(size_t(slot.ranks[r])) + " re-forms its tensor-parallel group");
+      }
+      out.emplace_back(m.conn, make_assign(i, r));
     }
   }
 }
@@ -313,17 +376,17 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
       m.ready = true;
       m.ready_msg = *r;
       m.bytes_done = m.bytes_total;
-      if (m.healing && m.stage > 0) {
+      if (m.healing && m.stage > 0 && m.rank == 0) {
         // The previous stage sends its output here from now on (after a
         // heal; at the first assign it already has the address).
-        const int prev = stages_[size_t(m.stage - 1)].member;
+        const int prev = stages_[size_t(m.stage - 1)].lead();
         if (prev >= 0 && members_[size_t(prev)]->ready) {
           const net::LinkKind kind = choose_link(size_t(m.stage - 1));
           sends.emplace_back(members_[size_t(prev)]->conn, net::Route{m.hello.listen_address, kind});
         }
       }
-      if (m.stage >= 0 && size_t(m.stage) + 1 < stages_.size()) {
-        const int next = stages_[size_t(m.stage + 1)].member;
+      if (m.stage >= 0 && m.rank == 0 && size_t(m.stage) + 1 < stages_.size()) {
+        const int next = stages_[size_t(m.stage + 1)].lead();
         if (m.healing && next >= 0 && members_[size_t(next)]->ready) {
           const net::LinkKind kind = choose_link(size_t(m.stage));
           sends.emplace_back(m.conn, net::Route{members_[size_t(next)]->hello.listen_address, kind});
@@ -350,13 +413,13 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
         net::log(net::LogLevel::info, describe(index) + line);
       }
     } else if (auto* ls = std::get_if<net::LinkStatus>(&msg)) {
-      if (m.stage >= 0 && size_t(m.stage) + 1 < stages_.size()) {
+      if (m.stage >= 0 && m.rank == 0 && size_t(m.stage) + 1 < stages_.size()) {
         Slot& slot = stages_[size_t(m.stage)];
         // Only a report about the link to the current next stage counts for
         // the route: one about an earlier next stage is stale, and a vacant
         // next stage is the route's problem already (its replacement is
         // dialled on ROUTE, which the worker answers with a new report).
-        const int next = stages_[size_t(m.stage) + 1].member;
+        const int next = stages_[size_t(m.stage) + 1].lead();
         const bool current = next >= 0 && members_[size_t(next)]->hello.listen_address == ls->next_peer;
         if (!ls->connected) {
           if (current && assigned_ && !shutting_down_) {
@@ -387,7 +450,7 @@ void Cluster::on_message(size_t index, net::Message&& msg) {
           }
         }
       }
-      if (ls->connected && m.stage >= 0 && size_t(m.stage) + 1 < stages_.size()) {
+      if (ls->connected && m.stage >= 0 && m.rank == 0 && size_t(m.stage) + 1 < stages_.size()) {
         net::LinkChoice& link = stages_[size_t(m.stage)].link;
         const bool changed = link.kind != ls->kind || (!ls->reason.empty() && link.reason != ls->reason);
         link.kind = ls->kind;
@@ -451,12 +514,21 @@ void Cluster::on_close(size_t index, const std::string& reason) {
       }
     }
     if (m.stage >= 0 && assigned_) {
-      if (m.stage > 0) stages_[size_t(m.stage - 1)].link_known = false;  // its next stage is gone
-      // Its own link to the next stage goes with it: the worker that takes
-      // the stage dials the next one afresh (and reports that link).
-      stages_[size_t(m.stage)].link_down.clear();
-      stages_[size_t(m.stage)].member = -1;  // vacant: the next able worker takes it
+      Slot& slot = stages_[size_t(m.stage)];
+      if (m.rank == 0) {
+        if (m.stage > 0) stages_[size_t(m.stage - 1)].link_known = false;  // its next stage is gone
+        // Its own link to the next stage goes with it: the worker that takes
+        // the stage dials the next one afresh (and reports that link).
+        slot.link_down.clear();
+      }
+      // Vacant: the next able worker takes it. The group's other ranks
+      // stay loaded; their mesh is broken until it is formed again.
+      slot.ranks[size_t(m.rank)] = -1;
+      for (int k : slot.ranks) {
+        if (k >= 0) members_[size_t(k)]->healing = false;
+      }
       m.stage = -1;
+      m.rank = 0;
       if (!shutting_down_) fill_vacancies(sends);
     }
   }
@@ -496,8 +568,11 @@ std::string Cluster::route_problem() const {
   for (size_t i = 0; i < stages_.size(); ++i) {
     const Slot& s = stages_[i];
     const std::string what = "stage " + std::to_string(i) + " (layers " + layer_range_text(s.slice.layers) + ")";
-    if (s.member < 0) return what + " has no worker" + (failure_.empty() ? "" : "; " + failure_);
-    if (!members_[size_t(s.member)]->ready) return what + " is loading on " + describe(size_t(s.member));
+    for (size_t r = 0; r < s.ranks.size(); ++r) {
+      const std::string who = s.slice.tp > 1 ? what + " rank " + std::to_string(r) : what;
+      if (s.ranks[r] < 0) return who + " has no worker" + (failure_.empty() ? "" : "; " + failure_);
+      if (!members_[size_t(s.ranks[r])]->ready) return who + " is loading on " + describe(size_t(s.ranks[r]));
+    }
   }
   if (!failure_.empty()) return failure_;
   for (const Slot& s : stages_) {
@@ -541,42 +616,60 @@ std::vector<net::Hello> Cluster::wait_for_workers(int n, const std::function<std
 void Cluster::assign(const std::vector<StageSlice>& slices, const StageSettings& s) {
   Sends sends;
   std::unique_lock lock(mu_);
-  if (slices.size() != order_.size()) {
-    throw std::invalid_argument(std::to_string(slices.size()) + " stages for " + std::to_string(order_.size()) +
-                                " workers");
-  }
   throw_if_failed();
   settings_ = s;
   stages_.assign(slices.size(), Slot{});
-  for (size_t i = 0; i < slices.size(); ++i) stages_[i].slice = slices[i];
-  // Workers with split parts go to the stage of their part; the others fill
-  // the remaining stages in order.
+  size_t n_ranks = 0;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (slices[i].tp < 1 || slices[i].tp > int(net::kMaxGroupRanks)) {
+      throw std::invalid_argument("stage " + std::to_string(i) + ": tp must be in 1.." +
+                                  std::to_string(net::kMaxGroupRanks));
+    }
+    stages_[i].slice = slices[i];
+    stages_[i].ranks.assign(size_t(slices[i].tp), -1);
+    n_ranks += size_t(slices[i].tp);
+  }
+  if (n_ranks != order_.size()) {
+    throw std::invalid_argument(std::to_string(n_ranks) + " stage ranks for " + std::to_string(order_.size()) +
+                                " workers");
+  }
+  // Workers with split parts (or rank files) go to the stage and rank of
+  // their part; the others fill the remaining stages in order.
   std::vector<size_t> rest;
   for (size_t k : order_) {
     bool placed = false;
     for (size_t i = 0; i < stages_.size() && !placed; ++i) {
-      if (stages_[i].member < 0 && !members_[k]->hello.model.parts.empty() && can_take(*members_[k], i)) {
-        stages_[i].member = int(k);
-        members_[k]->stage = int(i);
-        placed = true;
+      for (size_t r = 0; r < stages_[i].ranks.size() && !placed; ++r) {
+        if (stages_[i].ranks[r] < 0 && !members_[k]->hello.model.parts.empty() && can_take(*members_[k], i, r)) {
+          place(k, i, r);
+          placed = true;
+        }
       }
     }
     if (!placed) rest.push_back(k);
   }
-  for (size_t i = 0, r = 0; i < stages_.size(); ++i) {
-    if (stages_[i].member >= 0) continue;
-    if (r == rest.size() || !can_take(*members_[rest[r]], i)) {
-      throw ClusterFailure("no registered worker can take stage " + std::to_string(i) + " (layers " +
-                           layer_range_text(slices[i].layers) + "): its split part or model differs");
+  size_t next_rest = 0;
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    for (size_t r = 0; r < stages_[i].ranks.size(); ++r) {
+      if (stages_[i].ranks[r] >= 0) continue;
+      if (next_rest == rest.size() || !can_take(*members_[rest[next_rest]], i, r)) {
+        const bool group = slices[i].tp > 1;
+        throw ClusterFailure("no registered worker can take stage " + std::to_string(i) + " (layers " +
+                             layer_range_text(slices[i].layers) + ")" +
+                             (group ? " rank " + std::to_string(r) + " of " + std::to_string(slices[i].tp) +
+                                          ": it needs that rank's file (baton split --tp " +
+                                          std::to_string(slices[i].tp) + ")"
+                                    : ": its split part or model differs"));
+      }
+      place(rest[next_rest++], i, r);
     }
-    stages_[i].member = int(rest[r]);
-    members_[rest[r]]->stage = int(i);
-    ++r;
   }
   assigned_ = true;
   for (size_t i = 0; i < stages_.size(); ++i) {
-    members_[size_t(stages_[i].member)]->assigned_at = Clock::now();
-    sends.emplace_back(members_[size_t(stages_[i].member)]->conn, make_assign(i));
+    for (size_t r = 0; r < stages_[i].ranks.size(); ++r) {
+      members_[size_t(stages_[i].ranks[r])]->assigned_at = Clock::now();
+      sends.emplace_back(members_[size_t(stages_[i].ranks[r])]->conn, make_assign(i, r));
+    }
   }
   if (opt_.link_mode == net::LinkMode::nccl) {
     for (size_t i = 0; i + 1 < stages_.size(); ++i) {
@@ -592,7 +685,9 @@ void Cluster::assign(const std::vector<StageSlice>& slices, const StageSettings&
   lock.lock();
   auto all_ready = [&] {
     for (const Slot& sl : stages_) {
-      if (sl.member < 0 || !members_[size_t(sl.member)]->ready) return false;
+      for (int k : sl.ranks) {
+        if (k < 0 || !members_[size_t(k)]->ready) return false;
+      }
     }
     return true;
   };
@@ -601,8 +696,8 @@ void Cluster::assign(const std::vector<StageSlice>& slices, const StageSettings&
   if (!done) {
     std::string missing;
     for (const Slot& sl : stages_) {
-      if (sl.member >= 0 && !members_[size_t(sl.member)]->ready) {
-        missing += (missing.empty() ? "" : ", ") + describe(size_t(sl.member));
+      for (int k : sl.ranks) {
+        if (k >= 0 && !members_[size_t(k)]->ready) missing += (missing.empty() ? "" : ", ") + describe(size_t(k));
       }
     }
     throw ClusterFailure("not loaded within " + seconds_text(opt_.ready_timeout) + ": " + missing);
@@ -617,7 +712,7 @@ uint64_t Cluster::forward(std::vector<net::SeqChunk> chunks, std::vector<int32_t
     std::lock_guard lock(mu_);
     throw_if_failed();
     if (!assigned_ || stages_.empty()) throw std::logic_error("Cluster::forward before assign");
-    member = stages_.front().member;
+    member = stages_.front().lead();
     if (member < 0) throw ClusterFailure("stage 0 has no worker");
     first = members_[size_t(member)]->conn;
     f.request_id = next_request_++;
@@ -638,7 +733,7 @@ net::Result Cluster::wait_result(uint64_t request_id) {
                                  [&] { return !failure_.empty() || results_.count(request_id) != 0; });
   throw_if_failed();
   if (!done) {
-    const int last = stages_.empty() ? -1 : stages_.back().member;
+    const int last = stages_.empty() ? -1 : stages_.back().lead();
     throw ClusterFailure("no result from the last stage" + (last >= 0 ? ", " + describe(size_t(last)) : std::string()) +
                          ", within " + seconds_text(opt_.step_timeout));
   }
@@ -654,7 +749,7 @@ void Cluster::free_seq(uint32_t seq) {
   std::shared_ptr<net::Connection> first;
   {
     std::lock_guard lock(mu_);
-    if (!stages_.empty() && stages_.front().member >= 0) first = members_[size_t(stages_.front().member)]->conn;
+    if (!stages_.empty() && stages_.front().lead() >= 0) first = members_[size_t(stages_.front().lead())]->conn;
   }
   if (first) first->send(net::FreeSeq{seq});
 }
@@ -679,29 +774,33 @@ std::vector<WorkerStatus> Cluster::workers() const {
   std::lock_guard lock(mu_);
   std::vector<WorkerStatus> out;
   for (size_t i = 0; i < stages_.size(); ++i) {
-    WorkerStatus w;
-    w.stage = int(i);
-    w.slice = stages_[i].slice;
-    w.state = "vacant";
-    if (stages_[i].member >= 0) {
-      const Member& m = *members_[size_t(stages_[i].member)];
-      w.state = m.ready ? "loaded" : "loading";
-      w.name = m.hello.node_name;
-      w.address = m.address;
-      w.listen_address = m.hello.listen_address;
-      w.caps = m.hello.caps;
-      w.bytes_done = m.bytes_done;
-      w.bytes_total = m.bytes_total;
-      w.ready = m.ready_msg;
-      w.load_seconds = m.ready ? m.ready_msg.load_seconds
-                               : std::chrono::duration<double>(Clock::now() - m.assigned_at).count();
-      if (stages_[i].link_known && i + 1 < stages_.size()) {
-        w.link = net::link_kind_name(stages_[i].link.kind);
-        w.link_reason = stages_[i].link.reason;
+    for (size_t r = 0; r < stages_[i].ranks.size(); ++r) {
+      WorkerStatus w;
+      w.stage = int(i);
+      w.rank = int(r);
+      w.slice = stages_[i].slice;
+      w.state = "vacant";
+      if (const int k = stages_[i].ranks[r]; k >= 0) {
+        const Member& m = *members_[size_t(k)];
+        w.state = m.ready ? "loaded" : "loading";
+        w.name = m.hello.node_name;
+        w.address = m.address;
+        w.listen_address = m.hello.listen_address;
+        w.caps = m.hello.caps;
+        w.bytes_done = m.bytes_done;
+        w.bytes_total = m.bytes_total;
+        w.ready = m.ready_msg;
+        w.load_seconds = m.ready ? m.ready_msg.load_seconds
+                                 : std::chrono::duration<double>(Clock::now() - m.assigned_at).count();
+        // The stage's link to the next one is rank 0's.
+        if (r == 0 && stages_[i].link_known && i + 1 < stages_.size()) {
+          w.link = net::link_kind_name(stages_[i].link.kind);
+          w.link_reason = stages_[i].link.reason;
+        }
       }
+      if (i > 0 && r == 0) w.error = stages_[i - 1].link_down;
+      out.push_back(std::move(w));
     }
-    if (i > 0) w.error = stages_[i - 1].link_down;
-    out.push_back(std::move(w));
   }
   return out;
 }

@@ -63,11 +63,14 @@ struct ClusterOptions {
   std::function<void(const std::string& name, std::chrono::steady_clock::time_point registered)> on_worker_lost;
 };
 
-// One stage of the pipeline: a contiguous layer range.
+// One stage of the pipeline: a contiguous layer range, served by one worker
+// or by a tensor-parallel group of `tp` workers (each holding its rank file
+// of `baton split --tp`).
 struct StageSlice {
   LayerRange layers;
   bool embedding = false;
   bool head = false;
+  int tp = 1;
 };
 
 // Contiguous ranges for n_stages stages, each at least one layer, that
@@ -80,6 +83,8 @@ std::vector<StageSlice> split_layers(const ModelPlanner& planner, int n_stages);
 // every one of `hellos` has exactly one part and the parts tile layers
 // 0..n_layer-1 without gaps or overlap, the stages in layer order; else
 // nullopt. A part's slice is fixed: the placement cannot move its layers.
+// Rank files of one layer range (`baton split --tp N`) make one stage of
+// tp = N when ranks 0..N-1 are there once each.
 std::optional<std::vector<StageSlice>> slices_from_parts(const std::vector<net::Hello>& hellos, int n_layer);
 
 // What ASSIGN carries besides the range.
@@ -92,9 +97,11 @@ struct StageSettings {
   uint64_t model_hash = 0;  // tensor-table hash of the full model (0: do not check)
 };
 
-// One stage of the route as the coordinator sees it.
+// One worker of the route as the coordinator sees it: a stage, or one rank
+// of a tensor-parallel stage (one entry per rank, in rank order).
 struct WorkerStatus {
   int stage = 0;
+  int rank = 0;  // within the stage's group; 0 with slice.tp 1
   StageSlice slice;
   std::string state;           // "vacant", "loading", "loaded"
   std::string name;            // the worker's, "" when vacant
@@ -198,14 +205,17 @@ class Cluster {
   // With mu_ held: every stage has a loaded worker and every stage link is up.
   bool route_whole() const;
   void throw_if_failed() const;              // with mu_ held
-  // With mu_ held: fills vacant stages with idle workers that can take them;
-  // returns the messages to send once mu_ is released.
+  // With mu_ held: fills vacant stages (and ranks of groups) with idle
+  // workers that can take them; returns the messages to send once mu_ is
+  // released. A group gets its ASSIGNs once every rank is filled: the new
+  // ranks load, the others re-form the group with them.
   using Sends = std::vector<std::pair<std::shared_ptr<net::Connection>, net::Message>>;
   void fill_vacancies(Sends& out);
-  net::Assign make_assign(size_t stage);
+  net::Assign make_assign(size_t stage, size_t rank);
   // With mu_ held: chooses (and records) the link from stage i to stage i+1.
   net::LinkKind choose_link(size_t stage);
-  bool can_take(const Member& m, size_t stage) const;
+  bool can_take(const Member& m, size_t stage, size_t rank) const;
+  void place(size_t member, size_t stage, size_t rank);  // with mu_ held
   void send_all(Sends& sends);
 
   net::Secret secret_;

@@ -96,8 +96,9 @@ ClusterConfig load_cluster_config(const std::string& path) {
   if (c.model.empty()) c.model = c.parts.front();
 
   if (const toml::table* t = root["cluster"].as_table()) {
-    only_keys(path, *t, "[cluster]", {"workers", "local", "listen", "secret_file", "threads_per_worker", "link"});
+    only_keys(path, *t, "[cluster]", {"workers", "tp", "local", "listen", "secret_file", "threads_per_worker", "link"});
     c.workers = get<int>(path, *t, "cluster", "workers", 0);
+    c.tp = get<int>(path, *t, "cluster", "tp", 1);
     c.local = get<bool>(path, *t, "cluster", "local", true);
     c.listen = get<std::string>(path, *t, "cluster", "listen", c.listen);
     c.secret_file = resolve(base, get<std::string>(path, *t, "cluster", "secret_file", ""));
@@ -117,6 +118,10 @@ ClusterConfig load_cluster_config(const std::string& path) {
     c.workers = int(c.parts.size());
   }
   if (c.workers < 1 || c.workers > 64) fail(path, "cluster.workers must be in 1..64");
+  if (c.tp < 1 || c.tp > 64 || c.workers * c.tp > 64) fail(path, "cluster.tp must be in 1..64, and workers x tp at most 64");
+  if (c.tp > 1 && !c.parts.empty()) {
+    fail(path, "cluster.tp makes rank files from model.path; rank files of baton split --tp go to model.parts without it");
+  }
   if (c.threads_per_worker < 0) fail(path, "cluster.threads_per_worker must be >= 0");
   if (!c.local && c.secret_file.empty()) {
     fail(path, "a cluster of remote workers needs cluster.secret_file (the secret is never written inline)");

@@ -21,6 +21,7 @@ struct ClusterConfig {
   std::string model;               // full GGUF, relative paths resolved against the file's folder
   std::vector<std::string> parts;  // split parts, one stage each (local workers load them)
   int workers = 0;                 // stages
+  int tp = 1;                      // tensor-parallel ranks per stage: workers x tp worker processes
   bool local = true;               // start the workers here on loopback
   std::string listen = "127.0.0.1:0";  // remote: where workers register (HOST:PORT)
   std::string secret_file;             // remote: the shared secret (never inline)

@@ -136,6 +136,9 @@ ServiceHealth ClusterEngine::health() const {
     s.embedding = w.slice.embedding;
     s.head = w.slice.head;
     s.state = w.state;
+    s.stage = w.stage;
+    s.rank = w.rank;
+    s.tp = w.slice.tp;
     s.link = w.link;
     s.link_reason = w.link_reason;
     s.error = w.error;  // the previous stage cannot reach it
@@ -152,8 +155,9 @@ ServiceHealth ClusterEngine::health() const {
     h.stages.push_back(std::move(s));
   }
   std::lock_guard lock(mu_);
-  for (size_t i = h.stages.size(); i < slices_.size(); ++i) {
+  for (size_t i = workers.empty() ? 0 : slices_.size(); i < slices_.size(); ++i) {
     StageHealth s;
+    s.stage = int(i);
     s.node = "(none)";
     s.first_layer = slices_[i].layers.first;
     s.last_layer = slices_[i].layers.last;

@@ -67,6 +67,7 @@ struct RunOptions {
   uint64_t staging_mb = 64;
   bool progress = false;
   int workers = 0;  // > 0: run through a local cluster of this many worker processes
+  int tp = 1;       // > 1: each of the `workers` stages on this many ranks (rank files made for the run)
   std::string parts_text;
   std::string config;
   int threads_per_worker = 0;
@@ -135,6 +136,10 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("workers", po::value<int>(&r.workers)->default_value(0),
        "run as a local cluster: K worker processes on loopback, one pipeline stage each "
        "(layers split by weight bytes); 0 = in this process")
+      ("tp", po::value<int>(&r.tp)->default_value(1),
+       "tensor-parallel ranks per stage: each of the --workers stages (default 1) runs on N local worker "
+       "processes, each holding 1/N of every layer of the stage, the rank files written for the run into "
+       "$TMPDIR (or give rank files of `baton split --tp N` with --parts)")
       ("config", po::value<std::string>(&r.config),
        "cluster topology file (TOML, configs/; local clusters only — remote workers are served with "
        "baton serve --config); options given here override it")
@@ -182,6 +187,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       throw std::invalid_argument(r.config + ": a cluster of remote workers is served with baton serve --config");
     }
     if (r.model.empty()) r.model = c.model;
+    if (vm["tp"].defaulted()) r.tp = c.tp;
     if (vm["workers"].defaulted() && r.parts_text.empty()) {
       r.workers = c.workers;
       for (size_t i = 0; i < c.parts.size(); ++i) r.parts_text += (i ? "," : "") + c.parts[i];
@@ -206,6 +212,15 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       throw std::invalid_argument("--parts needs one file per worker (--workers must equal their number)");
     }
     if (r.model.empty()) r.model = r.parts.front();
+  }
+  if (r.tp < 1 || r.tp > int(net::kMaxGroupRanks)) {
+    throw std::invalid_argument("--tp must be in 1.." + std::to_string(net::kMaxGroupRanks));
+  }
+  if (r.tp > 1) {
+    if (!r.parts.empty()) {
+      throw std::invalid_argument("--tp makes rank files from the model; rank files of baton split --tp go to --parts without it");
+    }
+    if (r.workers == 0) r.workers = 1;  // one stage of N ranks
   }
   if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
   if (r.threads_per_worker < 0) throw std::invalid_argument("--threads-per-worker must be >= 0");
@@ -351,29 +366,34 @@ int run_distributed(const RunOptions& opt) {
   sc.max_batch = opt.batch;
   sc = Stage::resolve(*arch, sc);
   // Placed before any worker starts, so an impossible split fails at once.
+  // With --tp the stages' rank files are made first and give the stages.
   std::vector<StageSlice> slices;
-  if (opt.parts.empty()) slices = split_layers(ModelPlanner(file), opt.workers);
+  std::optional<TpRankFiles> rank_files;
+  if (opt.tp > 1) rank_files.emplace(model_path, file, opt.workers, opt.tp);
+  const std::vector<std::string> parts = rank_files ? rank_files->paths() : opt.parts;
+  const int n_workers = int(parts.empty() ? size_t(opt.workers) : parts.size());
+  if (parts.empty()) slices = split_layers(ModelPlanner(file), opt.workers);
   auto tokenizer = Tokenizer::from_gguf(file);
   const std::vector<int32_t> prompt = encode_prompt(*tokenizer, opt.prompt, sc.n_ctx);
 
   LocalClusterOptions lo;
-  lo.n_workers = opt.workers;
+  lo.n_workers = n_workers;
   lo.model = model_path;
   lo.threads_per_worker =
-      opt.threads_per_worker > 0 ? opt.threads_per_worker : std::max(1, opt.n_threads / opt.workers);
+      opt.threads_per_worker > 0 ? opt.threads_per_worker : std::max(1, opt.n_threads / n_workers);
   lo.step_delay_ms = opt.worker_delay_ms;
   lo.worker_fault = opt.worker_fault;
-  lo.worker_mem_limits = opt.mem_limit ? std::vector<uint64_t>(size_t(opt.workers), opt.mem_limit)
+  lo.worker_mem_limits = opt.mem_limit ? std::vector<uint64_t>(size_t(n_workers), opt.mem_limit)
                                        : opt.worker_mem_limits;
   lo.backend = backend_name(opt.backend);
   lo.staging_mb = opt.staging_mb;
   lo.cluster.link_mode = *net::link_mode_from_name(opt.link);
-  for (const std::string& p : opt.parts) lo.worker_models.push_back(fs::absolute(p).string());
+  for (const std::string& p : parts) lo.worker_models.push_back(fs::absolute(p).string());
   lo.wait_for_registration = false;
   LocalCluster local(lo);
   Cluster& cluster = local.cluster();
-  const std::vector<net::Hello> hellos = cluster.wait_for_workers(opt.workers, [&] { return local.exited_worker(); });
-  if (!opt.parts.empty()) {
+  const std::vector<net::Hello> hellos = cluster.wait_for_workers(n_workers, [&] { return local.exited_worker(); });
+  if (!parts.empty()) {
     auto from_parts = slices_from_parts(hellos, arch->dims().n_layer);
     if (!from_parts) throw std::runtime_error("the --parts do not form one complete split of the model (see baton split)");
     slices = *from_parts;
@@ -436,6 +456,8 @@ int run_distributed(const RunOptions& opt) {
         for (const WorkerStatus& w : cluster.workers()) {
           stages.push_back({{"worker", w.name},
                             {"address", w.address},
+                            {"stage", w.stage},
+                            {"tp", {{"rank", w.rank}, {"size", w.slice.tp}}},
                             {"first_layer", w.slice.layers.first},
                             {"last_layer", w.slice.layers.last},
                             {"embedding", w.slice.embedding},
@@ -447,10 +469,11 @@ int run_distributed(const RunOptions& opt) {
                             {"link", w.link.empty() ? nlohmann::json() : nlohmann::json(w.link)},
                             {"link_reason", w.link_reason}});
         }
-        j["workers"] = opt.workers;
+        j["workers"] = n_workers;
         j["stages"] = stages;
       },
-      "; " + std::to_string(opt.workers) + " workers");
+      "; " + std::to_string(n_workers) + " workers" +
+          (opt.tp > 1 ? " (" + std::to_string(opt.workers) + " stages x " + std::to_string(opt.tp) + " ranks)" : ""));
   return 0;
 }
 

@@ -60,7 +60,8 @@ namespace po = boost::program_options;
 struct ServeOptions {
   std::string model;
   std::string config;
-  int workers = 0;
+  int workers = 0;  // stages (of tp ranks each)
+  int tp = 1;       // > 1: tensor-parallel ranks per stage
   std::vector<std::string> parts;
   int worker_delay_ms = 0;
   std::vector<uint64_t> worker_mem_limits;  // a local config's [[node]] memory, one per worker
@@ -199,7 +200,12 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("config", po::value<std::string>(&r.config),
        "cluster topology file (TOML, see configs/ and docs/CONFIG.md); options given here override it")
       ("workers", po::value<int>(&r.workers), "run the model on K local worker processes (a pipeline)")
-      ("parts", po::value<std::string>(), "comma-separated split parts, one local worker each (implies --workers)")
+      ("parts", po::value<std::string>(), "comma-separated split parts, one local worker each (implies --workers); "
+       "rank files of `baton split --tp N` make tensor-parallel stages")
+      ("tp", po::value<int>(&r.tp)->default_value(1),
+       "tensor-parallel ranks per stage: each of the --workers stages (default 1) runs on N local worker "
+       "processes holding 1/N of every layer, the rank files written at start into $TMPDIR; with a remote "
+       "config, its cluster.tp says how many ranks each stage's workers are")
       ("threads-per-worker", po::value<int>(&r.threads_per_worker)->default_value(0),
        "with --workers: CPU threads of each worker; 0 = --threads divided by the workers")
       ("link", po::value<std::string>(&r.link)->default_value("auto"),
@@ -337,6 +343,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     if (r.model.empty()) r.model = c.model;
     if (!vm.count("parts")) r.parts = c.parts;
     if (!vm.count("workers") && !vm.count("parts")) r.workers = c.workers;
+    if (vm["tp"].defaulted()) r.tp = c.tp;
     if (c.ctx > 0 && unset("ctx")) r.engine.stage.n_ctx = c.ctx;
     if (c.parallel > 0 && unset("parallel")) r.engine.stage.n_seq = c.parallel;
     if (c.batch > 0 && unset("batch")) r.engine.stage.max_batch = c.batch;
@@ -363,6 +370,18 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   if (r.model.empty() && r.remote) throw std::invalid_argument("give the model to serve with -m MODEL (see --help)");
   if (r.backend != "auto" && !backend_from_name(r.backend)) {
     throw std::invalid_argument("--backend must be auto, cpu or cuda, got '" + r.backend + "'");
+  }
+  if (r.tp < 1 || r.tp > 64) throw std::invalid_argument("--tp must be in 1..64");
+  if (r.tp > 1) {
+    if (!r.parts.empty() && !vm["tp"].defaulted()) {
+      throw std::invalid_argument("--tp makes rank files from the model; rank files of baton split --tp go to --parts without it");
+    }
+    if (r.workers == 0) r.workers = 1;  // one stage of N ranks
+    if (r.workers * r.tp > 64) throw std::invalid_argument("--workers x --tp must be at most 64 worker processes");
+    // One cap per worker process: a stage's cap holds for each of its ranks.
+    std::vector<uint64_t> per_rank;
+    for (uint64_t limit : r.worker_mem_limits) per_rank.insert(per_rank.end(), size_t(r.tp), limit);
+    r.worker_mem_limits = per_rank;
   }
   if (!r.gpus.empty() && r.workers == 0) throw std::invalid_argument("--gpus places local workers: give --workers or --parts");
   if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
@@ -521,13 +540,22 @@ int serve(const ServeOptions& given) {
   };
   GenerationService* service = nullptr;
   std::function<void()> wait_loaded, stop_engine;
-  if (opt.workers > 0) {
+  // --tp with local workers: the stages' rank files first (they give the stages).
+  std::optional<TpRankFiles> rank_files;
+  if (opt.tp > 1 && !opt.remote && opt.parts.empty()) {
+    const GgufFile f = about_file(opt.model, [&] { return GgufFile::open(opt.model); });
+    rank_files.emplace(opt.model, f, opt.workers, opt.tp);
+  }
+  const std::vector<std::string> parts = rank_files ? rank_files->paths() : opt.parts;
+  // Worker processes: one per part, else one per stage rank.
+  const int n_workers = parts.empty() ? opt.workers * opt.tp : int(parts.size());
+  if (n_workers > 0) {
     LocalClusterOptions lo;
-    lo.n_workers = opt.workers;
+    lo.n_workers = n_workers;
     lo.model = std::filesystem::absolute(opt.model).string();
-    for (const std::string& p : opt.parts) lo.worker_models.push_back(std::filesystem::absolute(p).string());
+    for (const std::string& p : parts) lo.worker_models.push_back(std::filesystem::absolute(p).string());
     lo.threads_per_worker = opt.threads_per_worker > 0 ? opt.threads_per_worker
-                                                       : std::max(1, opt.engine.stage.n_threads / opt.workers);
+                                                       : std::max(1, opt.engine.stage.n_threads / n_workers);
     lo.wait_for_registration = false;
     lo.step_delay_ms = opt.worker_delay_ms;
     lo.backend = backend_name(backend);
@@ -538,7 +566,7 @@ int serve(const ServeOptions& given) {
     ClusterEngineConfig cc;
     cc.model_path = opt.model;
     cc.model_id = opt.model_id;
-    cc.n_workers = opt.workers;
+    cc.n_workers = n_workers;
     cc.n_ctx = opt.engine.stage.n_ctx;
     cc.n_seq = opt.engine.stage.n_seq;
     cc.prefill_chunk = opt.engine.stage.max_batch;
@@ -549,7 +577,7 @@ int serve(const ServeOptions& given) {
     {
       GgufFile check = about_file(opt.model, [&] { return GgufFile::open(opt.model); });
       const int n_layer = Arch::from_gguf(check)->dims().n_layer;
-      if (opt.workers > n_layer) {
+      if (opt.workers > n_layer && parts.empty()) {
         throw std::invalid_argument(std::to_string(opt.workers) + " workers for " + std::to_string(n_layer) +
                                     " layers: each stage needs at least one layer");
       }
@@ -565,7 +593,7 @@ int serve(const ServeOptions& given) {
       co.link_mode = lo.cluster.link_mode;
       remote = std::make_unique<Cluster>(net::load_secret_file(opt.secret_file), co);
       cluster = remote.get();
-      if (info) std::fprintf(stderr, "baton serve: waiting for %d workers on %s\n", opt.workers,
+      if (info) std::fprintf(stderr, "baton serve: waiting for %d workers on %s\n", n_workers,
                    net::join_host_port(co.bind_host, remote->port()).c_str());
     } else {
       local = std::make_unique<LocalCluster>(lo);
@@ -579,7 +607,7 @@ int serve(const ServeOptions& given) {
       if (local) local->restart_exited_workers();
     };
     stop_engine = [&] { cluster_engine->shutdown(); };
-    if (info) std::fprintf(stderr, "baton serve: %s on %d %s workers (%s)\n", opt.model.c_str(), opt.workers,
+    if (info) std::fprintf(stderr, "baton serve: %s on %d %s workers (%s)\n", opt.model.c_str(), n_workers,
                  opt.remote ? "remote" : "local", chat_family_name(service->model().chat_family));
   } else {
     local_engine = about_file(opt.model, [&] { return std::make_unique<LocalEngine>(engine_config, &metrics); });

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace baton {
 
@@ -29,6 +30,24 @@ class SyntheticModelFile {
 
  private:
   std::string dir_, path_;
+};
+
+// The rank files of `--tp N` for a run or a server of local workers: the
+// model's layers placed on `stages` pipeline stages as `--workers` places
+// them, and each stage cut into `tp` rank files (baton split --tp), written
+// with progress into a private temporary folder ($TMPDIR) that lives as long
+// as the command. paths(): stage by stage, rank by rank.
+class TpRankFiles {
+ public:
+  TpRankFiles(const std::string& model, const GgufFile& file, int stages, int tp);
+  ~TpRankFiles();
+  TpRankFiles(const TpRankFiles&) = delete;
+  TpRankFiles& operator=(const TpRankFiles&) = delete;
+  const std::vector<std::string>& paths() const { return paths_; }
+
+ private:
+  std::string dir_;
+  std::vector<std::string> paths_;
 };
 
 // A part written by `baton split` holds only some layers: loading it alone
