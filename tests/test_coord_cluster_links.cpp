@@ -39,6 +39,38 @@ const std::vector<std::string> kNames = {"worker w0 (stage 0, layers 0:1, 127.0.
                                          "worker w1 (stage 1, layers 2:3, 127.0.0.1:1001)",
                                          "worker w2 (stage 2, layers 4:4, 127.0.0.1:1002)"};
 
+// Rank files of one layer range make one stage of their group's size; a
+// missing or repeated rank is no split.
+TEST(SlicesFromParts, RankFilesMakeTensorParallelStages) {
+  auto part = [](int first, int last, bool emb, bool out, uint32_t rank, uint32_t size) {
+    net::Hello h;
+    net::ModelPart p;
+    p.layer_first = first;
+    p.layer_last = last;
+    p.has_embedding = emb;
+    p.has_output = out;
+    p.tp_rank = rank;
+    p.tp_size = size;
+    h.model.parts.push_back(p);
+    return h;
+  };
+  const std::vector<net::Hello> two_by_two = {part(4, 7, false, true, 1, 2), part(0, 3, true, false, 0, 2),
+                                              part(0, 3, true, false, 1, 2), part(4, 7, false, true, 0, 2)};
+  const auto slices = slices_from_parts(two_by_two, 8);
+  ASSERT_TRUE(slices);
+  ASSERT_EQ(slices->size(), 2u);
+  EXPECT_EQ((*slices)[0].layers.first, 0);
+  EXPECT_EQ((*slices)[0].tp, 2);
+  EXPECT_EQ((*slices)[1].layers.first, 4);
+  EXPECT_EQ((*slices)[1].tp, 2);
+  // Rank 1 twice, rank 0 missing.
+  EXPECT_FALSE(slices_from_parts({part(0, 7, true, true, 1, 2), part(0, 7, true, true, 1, 2)}, 8));
+  // A rank alone.
+  EXPECT_FALSE(slices_from_parts({part(0, 7, true, true, 0, 2)}, 8));
+  // Ranks of groups of different sizes.
+  EXPECT_FALSE(slices_from_parts({part(0, 7, true, true, 0, 2), part(0, 7, true, true, 1, 4)}, 8));
+}
+
 TEST(FailureBlame, AClosedNextLinkBlamesTheNextStageNeverTheReporter) {
   for (int k = 0; k < 2; ++k) {
     SCOPED_TRACE("reporter " + std::to_string(k));

@@ -122,10 +122,13 @@ struct Gen {
           p.layer_last = p.layer_first + int32_t(below(100));
           p.has_embedding = flag();
           p.has_output = flag();
+          p.tp_size = 1 + below(8);
+          p.tp_rank = below(p.tp_size);
           h.model.parts.push_back(p);
         }
         h.listen_address = text(30);
         h.nonce = nonce();
+        h.mesh_address = text(30);
         return h;
       }
       case MsgType::challenge:
@@ -150,6 +153,14 @@ struct Gen {
         a.model_path = text(80);
         a.model_hash = u64();
         a.next_link = LinkKind(1 + below(2));
+        if (flag()) {
+          a.tp_size = 2 + below(7);
+          a.tp_rank = below(a.tp_size);
+          for (uint32_t r = 0; r < a.tp_size; ++r) {
+            a.tp_mesh.push_back(text(30));
+            a.tp_peers.push_back(text(30));
+          }
+        }
         return a;
       }
       case MsgType::ready:
@@ -377,6 +388,37 @@ TEST(NetCodec, HugeElementCountsFailBeforeAnyAllocation) {
   EXPECT_LT(track.largest(), size_t(1) << 16) << "a claimed count was allocated before it was checked";
 }
 
+// v7: a tensor-parallel ASSIGN names every rank's mesh and listen address,
+// and a rank below the group's size; anything else is refused at decode.
+TEST(NetCodec, TensorParallelAssignMustNameEveryRank) {
+  std::string why;
+  Assign a;
+  a.tp_size = 2;
+  a.tp_rank = 1;
+  a.tp_mesh = {"127.0.0.1:1", "127.0.0.1:2"};
+  a.tp_peers = {"127.0.0.1:3", "127.0.0.1:4"};
+  EXPECT_FALSE(decode_payload(MsgType::assign, payload_of(Codec::encode(a))));
+  Assign b = a;
+  b.tp_mesh.pop_back();
+  EXPECT_EQ(Codec::validate(b, &why), Errc::invalid_field);
+  b = a;
+  b.tp_rank = 2;
+  EXPECT_EQ(Codec::validate(b, &why), Errc::invalid_field);
+  b = a;
+  b.tp_size = 1;  // a group of one names nobody
+  b.tp_rank = 0;
+  EXPECT_EQ(Codec::validate(b, &why), Errc::invalid_field);
+  b = a;
+  b.tp_size = kMaxGroupRanks + 1;
+  EXPECT_EQ(Codec::validate(b, &why), Errc::invalid_field);
+  Hello h;
+  h.model.parts.push_back(ModelPart{});
+  h.model.parts[0].tp_size = 2;
+  h.model.parts[0].tp_rank = 2;
+  EXPECT_EQ(Codec::validate(h, &why), Errc::invalid_field);
+  EXPECT_NE(why.find("tp_rank"), std::string::npos) << why;
+}
+
 TEST(NetCodec, NonCanonicalValuesAreRejected) {
   Assign a;
   a.layer_last = 3;
@@ -576,9 +618,11 @@ TEST(NetCodec, LinkNegotiationMessagesAreValidated) {
   EXPECT_FALSE(Codec::validate(LinkSetup{}, &why)) << why;
 
   // A link kind that no version defines: the last byte of ASSIGN and of ROUTE.
+  // (v7 put tp_rank, tp_size and two empty lists, 24 bytes, after ASSIGN's.)
   std::vector<uint8_t> a = payload_of(Codec::encode(Assign{}));
-  ASSERT_EQ(a.back(), uint8_t(LinkKind::tcp));
-  a.back() = 3;
+  uint8_t& link = a[a.size() - 25];
+  ASSERT_EQ(link, uint8_t(LinkKind::tcp));
+  link = 3;
   EXPECT_EQ(decode_payload(MsgType::assign, a), Errc::invalid_field);
   std::vector<uint8_t> r = payload_of(Codec::encode(Route{"h:1", LinkKind::nccl}));
   ASSERT_EQ(r.back(), uint8_t(LinkKind::nccl));
