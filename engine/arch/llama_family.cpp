@@ -142,7 +142,12 @@ void add_bias(float* rows, int64_t n_rows, int64_t stride, const Tensor* bias) {
   }
 }
 
-// A rank file runs only with its group's link, and a whole model without one.
+void add_into(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
 void check_tp_link(const LlamaHparams& hp, const TpComm* tp) {
   const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
   if (size != hp.tp_size || rank != hp.tp_rank) {
@@ -150,12 +155,6 @@ void check_tp_link(const LlamaHparams& hp, const TpComm* tp) {
                                             hp.tp_rank, hp.tp_size, rank, size));
   }
 }
-
-void add_into(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
-
-}  // namespace
 
 LlamaFamilyArch::LlamaFamilyArch(const GgufFile& f, LlamaVariant variant) : variant_(std::move(variant)) {
   hp_ = read_hparams(f, variant_.name);
