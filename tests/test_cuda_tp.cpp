@@ -522,6 +522,26 @@ TEST(CudaTp, TwoStagesOfTwoRanksGiveTheWholeModelsTokens) {
   expect_close_picks(got, want, 1e-3, 1e-3, "F16 two stages of two ranks against the whole model");
 }
 
+// A group of one rank is no group: a whole model in it runs as without one
+// (one graph a step) and gives the same bits.
+TEST(CudaTp, GroupOfOneRunsTheWholeModel) {
+  BATON_REQUIRE_CUDA();
+  const std::string model = test::model_path("stories260K.gguf");
+  const GgufFile f = GgufFile::open(model);
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+  CudaStage alone(f, config(8));
+  const Decode want = decode(alone, prompt, 8);
+  InProcessTpGroup one(1);
+  StageConfig c = config(8);
+  c.tp = &one.member(0);
+  CudaStage grouped(f, c);
+  const Decode got = decode(grouped, prompt, 8);
+  EXPECT_EQ(got.tokens, want.tokens);
+  for (size_t i = 0; i < want.logits.size(); ++i) {
+    EXPECT_EQ(bit_difference(got.logits[i], want.logits[i]), "") << "step " << i;
+  }
+}
+
 // --tp-alone's group (LoneTpRank): a rank alone on the CUDA stage gives
 // what the CPU stage gives with the same lone group (each sum its own
 // partial, the other rank's logits zero), so the bench times the real

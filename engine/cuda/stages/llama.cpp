@@ -12,6 +12,7 @@
 #include "engine/cuda/stages/llama_impl.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/tp_comm.h"
 #include "engine/tp/slice.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
@@ -314,6 +315,9 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
   check_dims(hp);
   check_tp_link(hp, config.tp);
   config_ = Stage::resolve(*arch_, config);
+  // A group of one rank has nothing to exchange: the stage runs as any
+  // whole model, one graph a step.
+  if (config_.tp && config_.tp->size() == 1) config_.tp = nullptr;
   const WeightLayout wl = Model::plan(f, *arch_, {{config_.first_layer, config_.last_layer}, config_.embedding,
                                                   config_.head});
   per_token_ = decode_weight_bytes(wl);
