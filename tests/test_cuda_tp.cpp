@@ -157,9 +157,10 @@ StageConfig config(int64_t max_batch) {
 
 // The rank files' stages of one group, built one after another on this
 // thread (construction captures the decode graphs and calls no peer), run
-// on a thread each.
+// on a thread each. The group waits up to 2 minutes for a rank (the
+// suite also runs under compute-sanitizer, bench/gpu_check.sh).
 struct CudaRanks {
-  explicit CudaRanks(const std::vector<std::string>& paths, StageConfig c) : group(int(paths.size())) {
+  explicit CudaRanks(const std::vector<std::string>& paths, StageConfig c) : group(int(paths.size()), 120000) {
     for (const auto& p : paths) files.push_back(GgufFile::open(p));
     for (size_t r = 0; r < paths.size(); ++r) {
       StageConfig rc = c;
@@ -406,7 +407,7 @@ TEST(CudaTp, QuantizedGqaLlamaAtTwoRanksMatchesCpu) {
 
 // A batch of sequences through two ranks (one forward of all their rows, a
 // sum carrying every row): 4 prompts of different lengths in one prefill
-// batch, then decode batches of 4 single tokens (the batch graph, cut at
+// batch (14 rows through cuBLAS, no chunk asking for logits), then decode batches of 4 single tokens (the batch graph, cut at
 // the exchanges, replayed) give every sequence what it gets alone through
 // the same ranks, and the ids of forward_batch_greedy are the argmax of the
 // logits.

@@ -236,6 +236,9 @@ void CudaStage::Forward::head(const float* pending) {
   const Weights& W = *st.w_;
   const int64_t E = L.E;
   const int64_t rows = batch ? n_out : st.config_.all_logits ? n : 1;
+  // A batch whose chunks all continue a prompt asks for no logits (the
+  // driver returns none); a group's ranks all skip the gather alike.
+  if (rows == 0) return;
   float* logits = reinterpret_cast<float*>(ws + L.logits);
   int32_t* ids = reinterpret_cast<int32_t*>(ws + L.ids);
   uint8_t* xq = xq_for(&W.output, 1);
