@@ -329,13 +329,15 @@ TEST(CudaTp, RankFileAndLinkMustAgree) {
 
 // stories260K (F32) at two ranks against the whole model on the CUDA stage,
 // several prompts: short ones through the matvecs, a 12-token one through
-// cuBLAS in chunks of 8 + 4, then 20 greedy steps through the cut decode graph.
+// cuBLAS's float32 GEMM, then 20 greedy steps through the cut decode graph.
+// A rank's ffn_down rows (86 columns) take the float32 cuBLAS GEMM at every
+// size, its attention and head the matvec.
 TEST(CudaTp, Stories260KAtTwoRanksGivesTheOneRankTokens) {
   BATON_REQUIRE_CUDA();
   test::TempDir dir;
   const std::string model = test::model_path("stories260K.gguf");
   const std::vector<std::string> files = write_tp_ranks(model, 2, dir.path().string());
-  const StageConfig c = config(8);
+  const StageConfig c = config(16);
   const GgufFile whole_file = GgufFile::open(model);
   CudaStage whole(whole_file, c);
   CudaRanks ranks(files, c);
@@ -407,10 +409,10 @@ TEST(CudaTp, QuantizedGqaLlamaAtTwoRanksMatchesCpu) {
 
 // A batch of sequences through two ranks (one forward of all their rows, a
 // sum carrying every row): 4 prompts of different lengths in one prefill
-// batch (14 rows through cuBLAS, no chunk asking for logits), then decode batches of 4 single tokens (the batch graph, cut at
-// the exchanges, replayed) give every sequence what it gets alone through
-// the same ranks, and the ids of forward_batch_greedy are the argmax of the
-// logits.
+// batch (14 rows through cuBLAS, no chunk asking for logits), then decode
+// batches of 4 single tokens (the batch graph, cut at the exchanges,
+// replayed) give every sequence what it gets alone through the same ranks,
+// and the ids of forward_batch_greedy are the argmax of the logits.
 TEST(CudaTp, BatchThroughTwoRanksEqualsEachSequenceAlone) {
   BATON_REQUIRE_CUDA();
   const uint64_t seed = test::test_seed();
