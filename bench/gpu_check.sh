@@ -16,8 +16,11 @@
 #   1. the CUDA test suites (kernels and the CUDA stage)
 #   2. the oracle: stories260K, 100 greedy tokens, --backend cuda == cpu
 #   3. baton synth llama-8b in Q4_K and Q8_0 (alias data: written at disk speed)
-#   4. baton bench on each: ceilings, load (progress, RSS, device memory), sweep
+#   4. baton bench on each: ceilings, load (progress, RSS, device memory), sweep;
+#      for Q4_K also rank 0 of `baton split --tp 2` alone (--tp-alone, ctx 512;
+#      not for llama-tiny)
 #   5. compute-sanitizer memcheck over the short cases of the CUDA stage suite
+#      and of the tensor-parallel CUDA suite
 #   6. when BIN_DIR/bench/bench_cuda_kernels exists, its sections named in
 #      BENCH_SECTIONS (default "xq decode"; "" skips it), into kernels.log
 # OUT_DIR gets run.log (everything printed), bench_<model>.csv and load.csv.
@@ -82,6 +85,21 @@ for type in q4_k q8_0; do
   tr '\r' '\n' < "$work/bench.err" | grep -v "^loading .*ETA" | tee -a "$log"
   grep "^loading" <(tr '\r' '\n' < "$work/bench.err") | head -3 | tee -a "$log"
   cat "$out/bench_$shape-$type.csv" | tee -a "$log"
+  # llama-tiny's 128 attention columns a rank are no Q4_K block: split --tp 2 refuses it.
+  if [ "$type" = q4_k ] && [ "$shape" != llama-tiny ]; then
+    say "4b. rank 0 of $shape $type at tp 2 alone (--tp-alone)"
+    rm -rf "$work/ranks"
+    timeout 300 "$bin/baton" split "$model" --tp 2 -o "$work/ranks" >> "$log" 2>&1 || status=1
+    rank0=$(ls "$work"/ranks/*.tp2-r0.gguf 2> /dev/null | head -n 1)
+    if [ -n "$rank0" ]; then
+      timeout 180 "$bin/baton" bench -m "$rank0" --backend cuda --tp-alone --csv --ctx-start 512 --ctx-max 512 \
+        --gen-tokens 128 --batch 512 --parallel 8 > "$out/bench_$shape-$type-tp2-r0.csv" 2> "$work/bench.err" \
+        || status=1
+      tr '\r' '\n' < "$work/bench.err" | grep -v "^loading .*ETA" | tee -a "$log"
+      cat "$out/bench_$shape-$type-tp2-r0.csv" | tee -a "$log"
+    fi
+    rm -rf "$work/ranks"
+  fi
   if [ -f "$work/load_$type.csv" ]; then
     if [ $first = 1 ]; then cat "$work/load_$type.csv" > "$out/load.csv"; first=0; else tail -n 1 "$work/load_$type.csv" >> "$out/load.csv"; fi
   fi
@@ -95,6 +113,10 @@ if command -v compute-sanitizer > /dev/null; then
     --gtest_filter='CudaStage.GraphDecodeEqualsPrefill:CudaStage.PrefillGemmMatchesCpu:CudaStage.PinnedRingLoadsEveryByte:CudaStage.DeviceMemoryIsThePlan' \
     > "$work/memcheck.log" 2>&1; echo "memcheck exit $?" >> "$work/memcheck.log"
   grep -E "ERROR SUMMARY|PASSED|FAILED|exit|Invalid" "$work/memcheck.log" | head -20 | tee -a "$log"
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/tests/test_cuda_tp" --gtest_brief=1 \
+    --gtest_filter='CudaTp.Stories260KAtTwoRanksGivesTheOneRankTokens:CudaTp.BatchThroughTwoRanksEqualsEachSequenceAlone:CudaTp.LoneRankMatchesTheCpuLoneRank' \
+    > "$work/memcheck_tp.log" 2>&1; echo "memcheck exit $?" >> "$work/memcheck_tp.log"
+  grep -E "ERROR SUMMARY|PASSED|FAILED|exit|Invalid" "$work/memcheck_tp.log" | head -20 | tee -a "$log"
 fi
 if [ -x "$bin/bench/bench_cuda_kernels" ] && [ -n "${BENCH_SECTIONS-xq decode}" ]; then
   say "6. kernel micro-benchmark: ${BENCH_SECTIONS-xq decode}"

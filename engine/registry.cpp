@@ -23,8 +23,8 @@ std::unique_ptr<ArchPlanner> make_deepseek4_planner(const PlanSource& source);
 namespace {
 
 #ifdef BATON_HAVE_CUDA
-constexpr CudaStageFactory kCudaLlamaStage{plan_cuda_stage, make_cuda_stage, true};
-constexpr CudaStageFactory kCudaDs4Stage{plan_cuda_ds4_stage, make_cuda_ds4_stage, false};
+constexpr CudaStageFactory kCudaLlamaStage{plan_cuda_stage, make_cuda_stage, true, true};
+constexpr CudaStageFactory kCudaDs4Stage{plan_cuda_ds4_stage, make_cuda_ds4_stage, false, false};
 constexpr const CudaStageFactory* kLlamaCuda = &kCudaLlamaStage;
 constexpr const CudaStageFactory* kDs4Cuda = &kCudaDs4Stage;
 #else

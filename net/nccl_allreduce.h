@@ -59,6 +59,7 @@ class NcclAllReduce final : public TpComm {
   int size() const override { return config_.size; }
   void sum(float* device_data, size_t n) override;
   void gather(const float* device_mine, size_t n, float* device_all) override;
+  bool device_buffers() const override { return true; }
 
   // Any thread: the group is dead; the call in progress and every later one
   // fail with `why`.

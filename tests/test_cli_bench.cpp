@@ -139,6 +139,59 @@ TEST(CliBench, LoadOnlyTakesASplitPartAndMemLimitRefuses) {
   EXPECT_EQ(r.err.find("loaded"), std::string::npos) << "refused before loading: " << r.err;
 }
 
+// --tp-alone: one rank file of `baton split --tp` timed alone, its group's
+// exchanges answered locally (on the CPU here; on CUDA where a GPU is, else
+// the CUDA backend is refused by name). A rank file without the flag, and
+// the flag without a rank file, are refused.
+TEST(CliBench, TpAloneTimesOneRankFile) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  SynthConfig sc;
+  sc.seed = seed;
+  write_synthetic_model(dir.file("m.gguf"), sc);
+  auto split_run =
+      test::run_command({test::baton_binary(), "split", dir.file("m.gguf"), "--tp", "2", "-o", dir.file("ranks")});
+  ASSERT_EQ(split_run.exit_code, 0) << split_run.err;
+  std::vector<std::string> ranks;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("ranks"))) ranks.push_back(e.path().string());
+  std::sort(ranks.begin(), ranks.end());
+  ASSERT_EQ(ranks.size(), 2u);
+  auto bench = [&](const std::string& model, const char* backend, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {test::baton_binary(), "bench", "-m", model, "--backend", backend,
+                                     "--csv", "--ctx-start", "16", "--ctx-max", "32", "--gen-tokens", "4",
+                                     "--batch", "16", "--threads", "2", "--copy-mb", "16", "--read-mb", "1",
+                                     "--parallel", "2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return test::run_command(argv);
+  };
+  for (const char* backend : {"cpu", "cuda"}) {
+    SCOPED_TRACE(backend);
+    auto r = bench(ranks[1], backend, {"--tp-alone"});
+    if (std::string(backend) == "cuda" && r.exit_code == 2) {
+      EXPECT_EQ(r.err.rfind("baton bench: cuda: ", 0), 0u) << r.err;
+      continue;
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("tensor-parallel rank 1 of 2 alone"), std::string::npos) << r.err;
+    const auto lines = split(r.out, '\n');
+    ASSERT_EQ(lines.size(), 3u) << r.out;  // header + ctx 16, 32
+    for (size_t i = 1; i < lines.size(); ++i) {
+      const auto v = split(lines[i], ',');
+      ASSERT_GE(v.size(), 5u) << lines[i];
+      EXPECT_GT(std::stod(v[4]), 0.0) << "decode tok/s: " << lines[i];
+    }
+    EXPECT_NE(r.err.find("parallel 2 at ctx 16: decode "), std::string::npos) << r.err;
+  }
+  auto r = bench(ranks[0], "cpu", {});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("rank 0 of 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--tp-alone"), std::string::npos) << r.err;
+  r = bench(dir.file("m.gguf"), "cpu", {"--tp-alone"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("not a tensor-parallel rank file"), std::string::npos) << r.err;
+}
+
 TEST(CliBench, BadParallelListIsRefused) {
   for (const char* bad : {"0", "2,,3", "x", "4,2000"}) {
     auto r = test::run_command({test::baton_binary(), "bench", "-m", "missing.gguf", "--parallel", bad});

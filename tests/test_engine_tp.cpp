@@ -341,6 +341,26 @@ TEST(TensorParallel, RankKeysOutOfRangeAreRefusedAtLoad) {
   }
 }
 
+// A group of one rank is no group: a whole model in it gives its own logits
+// bit for bit (nothing to exchange, no gather rooms in its workspace).
+TEST(TensorParallel, GroupOfOneRunsTheWholeModel) {
+  test::TempDir dir;
+  SynthConfig c;
+  c.n_head = 4;
+  c.n_head_kv = 2;
+  const std::string model = dir.file("m.gguf");
+  write_synthetic_model(model, c);
+  GgufFile f = GgufFile::open(model);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  Stage alone(f, config(3));
+  const std::vector<float> want = as_vector(alone.forward(0, prompt));
+  InProcessTpGroup one(1);
+  StageConfig sc = config(3);
+  sc.tp = &one.member(0);
+  Stage grouped(f, sc);
+  EXPECT_EQ(as_vector(grouped.forward(0, prompt)), want);
+}
+
 TEST(TensorParallel, RankFileAndLinkMustAgree) {
   test::TempDir dir;
   SynthConfig c;

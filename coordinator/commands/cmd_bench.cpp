@@ -16,6 +16,10 @@
 // --parallel N,M,...: afterwards N sequences decode together, every step one
 // forward of N rows (forward_batch_greedy, as `baton serve` steps them), and
 // the aggregate decode rate per N goes to stderr.
+//
+// --tp-alone: MODEL is one rank file of `baton split --tp`, run alone as its
+// rank with a LoneTpRank (engine/runtime/tp_comm.h) answering the group's
+// sums and gather locally: one rank's step time on one device.
 #include <boost/program_options.hpp>
 
 #include <fmt/format.h>
@@ -47,6 +51,8 @@
 #include "engine/base/memory_plan.h"
 #include "engine/model/part_info.h"
 #include "engine/model/layer_range_text.h"
+#include "engine/runtime/tp_comm.h"
+#include "engine/tp/slice.h"
 
 namespace baton {
 
@@ -74,6 +80,7 @@ struct BenchOptions {
   bool load_only = false;
   bool no_pdl = false;
   bool profile = false;
+  bool tp_alone = false;
   std::vector<int64_t> parallel;  // sequence counts decoding together
 };
 
@@ -91,7 +98,9 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
       "bandwidth, bf16 GEMM rate, host-to-device and file read speed) are measured\n"
       "in the same run. Loading progress and a summary go to stderr.\n\n"
       "MODEL may be a split part (baton split): it loads as the stage it holds;\n"
-      "a part without the embedding or the head only loads (--load-only).\n\n"
+      "a part without the embedding or the head only loads (--load-only).\n"
+      "A tensor-parallel rank file (baton split --tp) runs with --tp-alone: that\n"
+      "one rank alone, its group's sums and gather answered on this node.\n\n"
       "baton bench --serve [options] -- SERVE-ARGS... is the load benchmark through\n"
       "the HTTP API of `baton serve` (see baton bench --serve --help).\n\noptions");
   // clang-format off
@@ -122,6 +131,10 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "comma list of sequence counts: after the single-stream rows, N sequences with a prompt of ctx-start "
        "tokens each decode --gen-tokens steps together, one forward of N rows per step; prints their aggregate "
        "decode tok/s")
+      ("tp-alone", po::bool_switch(&o.tp_alone),
+       "MODEL is one rank file of baton split --tp: run that rank alone, each sum leaving its own partial rows and "
+       "the gather filling the other ranks' logits with zeros, to time one rank's step (its compute and its "
+       "exchange copies, no network); the tokens are not the model's")
       ("load-only", po::bool_switch(&o.load_only), "measure the ceilings and the load, then exit (no prefill or decode)")
       ("mem-limit", po::value<std::string>(&mem_limit),
        "most memory the stage's plan may use (device lines with --backend cuda), e.g. 128GB: refused before "
@@ -216,6 +229,29 @@ int bench(const BenchOptions& o) {
   sc.max_batch = std::min(o.batch, sc.n_ctx);
   sc.n_threads = o.n_threads;
   for (int64_t n : o.parallel) sc.n_seq = std::max(sc.n_seq, int(n));
+  // A rank file runs only inside its group; --tp-alone gives it a group of its own.
+  std::unique_ptr<LoneTpRank> lone;
+  if (file.has(tp_keys::kSize)) {
+    const int64_t rank = file.get_int(tp_keys::kRank, 0), size = file.get_int(tp_keys::kSize, 0);
+    if (!o.tp_alone) {
+      throw std::invalid_argument(fmt::format(
+          "{} is tensor-parallel rank {} of {} (baton split --tp), which runs only beside its other ranks; "
+          "--tp-alone times that one rank alone",
+          o.model, rank, size));
+    }
+    if (size < 2 || size > kMaxTpRanks || rank < 0 || rank >= size) {
+      throw std::invalid_argument(fmt::format("{}: tensor-parallel rank {} of {} is out of range", o.model, rank, size));
+    }
+    lone = std::make_unique<LoneTpRank>(int(rank), int(size));
+    sc.tp = lone.get();
+    std::fprintf(stderr,
+                 "baton bench: tensor-parallel rank %lld of %lld alone: each sum keeps this rank's partial rows and "
+                 "the gather fills the other ranks' logits with zeros (no network; the tokens are not the "
+                 "model's)\n",
+                 (long long)rank, (long long)size);
+  } else if (o.tp_alone) {
+    throw std::invalid_argument(o.model + " is not a tensor-parallel rank file (baton split --tp): --tp-alone takes one");
+  }
   if (const std::optional<PartInfo> part = read_part_info(file)) {
     sc.first_layer = part->range.first;
     sc.last_layer = part->range.last;

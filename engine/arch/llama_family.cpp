@@ -142,7 +142,12 @@ void add_bias(float* rows, int64_t n_rows, int64_t stride, const Tensor* bias) {
   }
 }
 
-// A rank file runs only with its group's link, and a whole model without one.
+void add_into(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
 void check_tp_link(const LlamaHparams& hp, const TpComm* tp) {
   const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
   if (size != hp.tp_size || rank != hp.tp_rank) {
@@ -150,12 +155,6 @@ void check_tp_link(const LlamaHparams& hp, const TpComm* tp) {
                                             hp.tp_rank, hp.tp_size, rank, size));
   }
 }
-
-void add_into(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
-
-}  // namespace
 
 LlamaFamilyArch::LlamaFamilyArch(const GgufFile& f, LlamaVariant variant) : variant_(std::move(variant)) {
   hp_ = read_hparams(f, variant_.name);
@@ -232,6 +231,9 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   const int64_t qw = int64_t(H) * dk, kw = int64_t(Hkv) * dk, vw = int64_t(Hkv) * dv, ow = int64_t(H) * dv;
   const WsLayout L = ws_layout(hp_, s);
   check_tp_link(hp_, a.tp);
+  // A group of one rank has nothing to exchange (and a whole model's
+  // workspace no gather rooms): it runs as no group.
+  TpComm* const tp = a.tp && a.tp->size() > 1 ? a.tp : nullptr;
   auto ws = [&](uint64_t off) { return reinterpret_cast<float*>(a.workspace + off); };
   float *x = ws(L.x), *xn = ws(L.xn), *q = ws(L.q), *att = ws(L.att), *gate = ws(L.gate), *up = ws(L.up);
   float* row_buf = ws(L.rows);  // matmul row_scratch
@@ -296,7 +298,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
     at.scratch = ws(L.scores);
     attention(at, pool);
     matmul(att, B, ow, w(kWo)->view(), xn, E, pool, row_buf);
-    if (a.tp) a.tp->sum(xn, size_t(B * E));  // each rank's heads' share of the projection
+    if (tp) tp->sum(xn, size_t(B * E));  // each rank's heads' share of the projection
     add_into(x, xn, B * E);
 
     // Feed-forward block.
@@ -305,7 +307,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
     matmul(xn, B, E, w(kUp)->view(), up, F, pool, row_buf);
     swiglu(gate, up, gate, B * F);
     matmul(gate, B, F, w(kDown)->view(), xn, E, pool, row_buf);
-    if (a.tp) a.tp->sum(xn, size_t(B * E));  // each rank's n_ff columns' share
+    if (tp) tp->sum(xn, size_t(B * E));  // each rank's n_ff columns' share
     add_into(x, xn, B * E);
   }
 
@@ -314,7 +316,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   const float* last = x + (B - n_rows) * E;
   for (int64_t r = 0; r < n_rows; ++r) rmsnorm(last + r * E, m.head(kOutputNorm)->f32(), xn + r * E, E, hp_.rms_eps);
   float* logits = ws(L.logits);
-  if (!a.tp) {
+  if (!tp) {
     matmul(xn, n_rows, E, m.head(kOutput)->view(), logits, hp_.n_vocab, pool, row_buf);
     return logits;
   }
@@ -326,7 +328,7 @@ const float* LlamaFamilyArch::forward(const ForwardArgs& a) const {
   float* all = ws(L.tp_all);
   matmul(xn, n_rows, E, m.head(kOutput)->view(), mine, hp_.vocab_count, pool, row_buf);
   std::fill(mine + n_rows * hp_.vocab_count, mine + n_rows * slice, 0.0f);
-  a.tp->gather(mine, size_t(n_rows * slice), all);
+  tp->gather(mine, size_t(n_rows * slice), all);
   for (int r = 0; r < hp_.tp_size; ++r) {
     const int64_t begin = r * slice, count = std::min(slice, hp_.n_vocab - begin);
     const float* block = all + int64_t(r) * n_rows * slice;

@@ -50,6 +50,12 @@ struct LlamaHparams {
   int64_t vocab_count = 0;
 };
 
+class TpComm;
+// A rank file runs only with its group's link (rank and size as the file
+// says), and a whole model without one: std::invalid_argument otherwise.
+// The CPU forward checks at every call, the CUDA stage at construction.
+void check_tp_link(const LlamaHparams& hp, const TpComm* tp);
+
 class LlamaFamilyArch : public Arch {
  public:
   // Slots of layer_tensors(); the forward reads them back by these indices.

@@ -1,5 +1,6 @@
 #include "engine/cuda/stage_base.h"
 #include "engine/model/layer_range_text.h"
+#include "engine/runtime/tp_comm.h"
 
 #include <fmt/format.h>
 
@@ -104,9 +105,12 @@ void CudaStageBase::set_position(int seq, int64_t n) {
 }
 
 // set_stage_profiling(true): sequence 0's decode profile (graph_profile.h).
+// A tensor-parallel step is a chain of graphs with host calls between: the
+// profiler's re-captures of one step do not apply, so it stays off there.
 void CudaStageBase::profile_decode() {
-  if (decode_graphs_.empty()) return;
-  profiler_.report(decode_graphs_[0].get(), stream_.get(), length_[0] - 1, [&] { enqueue(0, 1, 0, /*graph=*/true); });
+  if (decode_graphs_.empty() || config_.tp) return;
+  profiler_.report(decode_graphs_[0].parts[0].get(), stream_.get(), length_[0] - 1,
+                   [&] { enqueue(0, 1, 0, /*graph=*/true); });
 }
 
 // A forward that forks onto another stream (deepseek4's side stream) joins
@@ -119,24 +123,113 @@ void CudaStageBase::capture_decode_graphs() {
   }
 }
 
-GraphExecHandle CudaStageBase::capture(const std::function<void()>& enqueue_fn) {
-  cudaGraph_t g = nullptr;
+CudaStageBase::StepGraph CudaStageBase::capture(const std::function<void()>& enqueue_fn) {
+  StepGraph step;
   BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+  capturing_ = &step;
   try {
     enqueue_fn();
   } catch (...) {
+    capturing_ = nullptr;
+    cudaGraph_t g = nullptr;
     cudaStreamEndCapture(stream_.get(), &g);
     if (g) cudaGraphDestroy(g);
     (void)cudaGetLastError();
     throw;
   }
+  capturing_ = nullptr;
+  step.parts.push_back(end_capture());
+  return step;
+}
+
+GraphExecHandle CudaStageBase::end_capture() {
+  cudaGraph_t g = nullptr;
   BATON_CUDA_CHECK(cudaStreamEndCapture(stream_.get(), &g));
-  if (decode_graphs_.empty()) profiler_.keep(g);  // sequence 0's decode graph
+  // Sequence 0's decode graph, when the step is one graph.
+  if (decode_graphs_.empty() && !config_.tp) profiler_.keep(g);
   cudaGraphExec_t exec = nullptr;
   const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
   cudaGraphDestroy(g);
   BATON_CUDA_CHECK(err);
   return GraphExecHandle(exec);
+}
+
+void CudaStageBase::launch(const StepGraph& g) {
+  for (size_t i = 0; i < g.parts.size(); ++i) {
+    BATON_CUDA_CHECK(cudaGraphLaunch(g.parts[i].get(), stream_.get()));
+    if (i < g.exchanges.size()) exchange(g.exchanges[i]);
+  }
+}
+
+// ---- tensor-parallel exchanges
+
+void CudaStageBase::tp_sum(float* device, size_t n) {
+  if (!config_.tp) throw std::logic_error("tp_sum: this stage is not a tensor-parallel rank");
+  const SharedLayout& S = shared_;
+  if (n > S.h_tp_floats) throw std::logic_error(fmt::format("tp_sum of {} floats: the plan holds {}", n, S.h_tp_floats));
+  const bool host = !config_.tp->device_buffers();
+  if (host) {
+    BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + S.h_tp, device, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_.get()));
+  }
+  cut({false, device, nullptr, n});
+  if (host) {
+    BATON_CUDA_CHECK(cudaMemcpyAsync(device, io_.data() + S.h_tp, n * sizeof(float), cudaMemcpyHostToDevice,
+                                     stream_.get()));
+  }
+}
+
+void CudaStageBase::tp_gather(const float* mine, size_t n, float* all) {
+  if (!config_.tp) throw std::logic_error("tp_gather: this stage is not a tensor-parallel rank");
+  const SharedLayout& S = shared_;
+  const size_t total = size_t(config_.tp->size()) * n;
+  if (n > S.h_tp_floats || total > S.h_tp_all_floats) {
+    throw std::logic_error(fmt::format("tp_gather of {} x {} floats: the plan holds {} and {}", config_.tp->size(), n,
+                                       S.h_tp_floats, S.h_tp_all_floats));
+  }
+  const bool host = !config_.tp->device_buffers();
+  if (host) {
+    BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + S.h_tp, mine, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_.get()));
+  }
+  cut({true, const_cast<float*>(mine), all, n});
+  if (host) {
+    BATON_CUDA_CHECK(cudaMemcpyAsync(all, io_.data() + S.h_tp_all, total * sizeof(float), cudaMemcpyHostToDevice,
+                                     stream_.get()));
+  }
+}
+
+void CudaStageBase::cut(const TpExchange& x) {
+  if (!capturing_) {
+    exchange(x);
+    return;
+  }
+  capturing_->parts.push_back(end_capture());
+  capturing_->exchanges.push_back(x);
+  BATON_CUDA_CHECK(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal));
+}
+
+// The rows are complete once stream_ has passed the work before the
+// exchange (a host group reads them from the pinned copy; a device group
+// may run on a stream of its own); the work after it is queued only when
+// the call has returned with the result in place.
+void CudaStageBase::exchange(const TpExchange& x) {
+  sync();
+  TpComm& tp = *config_.tp;
+  if (tp.device_buffers()) {
+    if (x.gather) {
+      tp.gather(x.in, x.n, x.all);
+    } else {
+      tp.sum(x.in, x.n);
+    }
+    return;
+  }
+  float* rows = reinterpret_cast<float*>(io_.data() + shared_.h_tp);
+  if (x.gather) {
+    tp.gather(rows, x.n, reinterpret_cast<float*>(io_.data() + shared_.h_tp_all));
+  } else {
+    tp.sum(rows, x.n);
+  }
 }
 
 void CudaStageBase::enqueue_batch(int64_t, int64_t, bool) {
@@ -186,7 +279,7 @@ void CudaStageBase::run(int seq, const int32_t* tokens, const float* activations
     if (!S.input_in_forward) enqueue_input_rows(n);
   }
   if (n == 1) {
-    BATON_CUDA_CHECK(cudaGraphLaunch(decode_graphs_[size_t(seq)].get(), stream_.get()));
+    launch(decode_graphs_[size_t(seq)]);
     if (seq == 0) profiler_.count_step();
   } else {
     enqueue(seq, n, pos0, /*graph=*/false);
@@ -302,7 +395,7 @@ std::span<const float> CudaStageBase::run_batch(std::span<const BatchChunk> chun
     if (it == batch_graphs_.end()) {
       it = batch_graphs_.emplace(n, capture([&] { enqueue_batch(n, n, /*graph=*/true); })).first;
     }
-    BATON_CUDA_CHECK(cudaGraphLaunch(it->second.get(), stream_.get()));
+    launch(it->second);
   } else {
     enqueue_batch(n, n_out, /*graph=*/false);
   }

@@ -17,6 +17,16 @@
 // tokens is queued directly. Either way nothing returns to the host inside a
 // decode step; the output rows are copied to the pinned io after it.
 //
+// A tensor-parallel rank (StageConfig::tp, docs/TENSOR_PARALLEL.md) is the
+// exception: its forward stops at every sum and at the head's gather, where
+// the host calls the group (TpComm). The forward asks for them through
+// tp_sum() and tp_gather(); with a host group the rows go through pinned
+// host memory (one copy out, the call, one copy back, all on stream_), with
+// a device group (NCCL) the device rows are handed over as they are. The
+// captured step is then cut at each exchange into a chain of graphs
+// (StepGraph): a replay launches a part, synchronizes, exchanges, launches
+// the next. Without a group a step is one graph and nothing changes.
+//
 // Only compiled when the build has CUDA (BATON_HAVE_CUDA); include
 // engine/runtime/backend.h elsewhere.
 #pragma once
@@ -128,6 +138,10 @@ class CudaStageBase : public StageRunner {
     // captured per batch size; false: the forward is queued every step (a
     // stage whose kernels take each sequence's cache by host pointer).
     bool batch_graphs = true;
+    // A tensor-parallel rank's pinned exchange rooms (floats): h_tp holds
+    // the rank's rows of one exchange (a sum in place, or its slice of a
+    // gather), h_tp_all every rank's slices of a gather; 0 without a group.
+    uint64_t h_tp = 0, h_tp_floats = 0, h_tp_all = 0, h_tp_all_floats = 0;
   };
 
   // The shared fields of a stage's Layout, which names them alike (B the
@@ -180,6 +194,14 @@ class CudaStageBase : public StageRunner {
   // batch graph. Stages with batch_params only.
   virtual void enqueue_batch(int64_t n, int64_t n_out, bool graph);
 
+  // The tensor-parallel exchanges of a forward (only with config_.tp), each
+  // queued on stream_ in its place like a kernel: the work queued before it
+  // produces the rows, the work queued after reads the result. n floats of
+  // `device`, summed over the ranks in place; this rank's n floats at
+  // `mine` gathered into `all` (device, N x n, rank-major).
+  void tp_sum(float* device, size_t n);
+  void tp_gather(const float* mine, size_t n, float* all);
+
   // The pinned step parameters into the workspace, on stream_.
   void enqueue_params();
   // n host input rows (h_in) into x, on stream_.
@@ -195,6 +217,20 @@ class CudaStageBase : public StageRunner {
   uint64_t per_token_ = 0;
   SharedLayout shared_;
 
+  // One exchange with the other ranks (tp_sum, tp_gather).
+  struct TpExchange {
+    bool gather = false;
+    float* in = nullptr;         // the rows summed in place, or this rank's slice
+    float* all = nullptr;        // gather: every rank's slices (device)
+    size_t n = 0;                // floats of this rank
+  };
+  // A captured step: one graph, or for a tensor-parallel rank the graphs
+  // between its exchanges; exchanges[i] runs on the host after parts[i].
+  struct StepGraph {
+    std::vector<GraphExecHandle> parts;
+    std::vector<TpExchange> exchanges;
+  };
+
   // Destroyed in reverse of this order: the graphs, then memory, then the
   // cuBLAS handle, then the stream (open_device() gives the creation order).
   StreamHandle stream_;
@@ -202,8 +238,8 @@ class CudaStageBase : public StageRunner {
   DeviceBuffer weights_, kv_, workspace_;
   PinnedBuffer io_;
   std::unique_ptr<Model> model_;  // views into weights_ (device pointers)
-  std::vector<GraphExecHandle> decode_graphs_;  // one per sequence slot
-  std::map<int64_t, GraphExecHandle> batch_graphs_;  // decode batches, by size
+  std::vector<StepGraph> decode_graphs_;  // one per sequence slot
+  std::map<int64_t, StepGraph> batch_graphs_;  // decode batches, by size
   cuda::DecodeProfiler profiler_;               // set_stage_profiling(true): sequence 0's decode
 
   std::vector<int64_t> length_;  // positions filled per sequence
@@ -235,8 +271,18 @@ class CudaStageBase : public StageRunner {
   void put_row(int64_t row, int32_t id, int64_t pos);
   // The single-sequence path for a batch of one chunk.
   std::span<const float> run_one(const BatchChunk& c, const int32_t* tokens, const float* activations);
-  GraphExecHandle capture(const std::function<void()>& enqueue_fn);
+  StepGraph capture(const std::function<void()>& enqueue_fn);
+  // Ends the capture in progress and instantiates its graph.
+  GraphExecHandle end_capture();
+  void launch(const StepGraph& g);
+  // At an exchange: while capturing, ends the part and starts the next;
+  // else runs it at once.
+  void cut(const TpExchange& x);
+  // Waits for stream_, then calls the group (from pinned host memory, or on
+  // the device rows with a device group).
+  void exchange(const TpExchange& x);
   void capture_decode_graphs();
+  StepGraph* capturing_ = nullptr;  // the step being captured, if any
   void profile_decode();
 };
 

@@ -31,6 +31,9 @@ struct CudaStageFactory {
   // takes a CUDA node's workspace line from plan() (which reads one file).
   // False: the architecture planner's workspace stands for this stage too.
   bool plans_workspace = false;
+  // True: the stage runs tensor-parallel rank files (`baton split --tp`),
+  // summing through StageConfig::tp; false: a rank file is refused.
+  bool tensor_parallel = false;
 };
 
 struct ArchEntry {

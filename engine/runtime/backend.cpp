@@ -207,13 +207,14 @@ namespace {
 // The CUDA stage the registry names for the file's architecture. Only
 // reached with the CUDA backend available, so a CUDA build.
 const CudaStageFactory& cuda_stage_of(const GgufFile& f) {
-  // The CUDA stages have no tensor-parallel sums yet: a rank file there
-  // would give one rank's partial products as if they were the model's.
-  if (f.has(tp_keys::kSize)) {
-    throw std::runtime_error("cuda: tensor-parallel rank files run on the CPU backend only so far (--backend cpu)");
-  }
   const ArchEntry& e = arch_entry(f);
   if (!e.cuda) throw std::runtime_error(std::string("cuda: no CUDA stage runs architecture '") + e.name + "'");
+  // A stage without the sums would give one rank's partial products as if
+  // they were the model's.
+  if (f.has(tp_keys::kSize) && !e.cuda->tensor_parallel) {
+    throw std::runtime_error(std::string("cuda: the CUDA stage of '") + e.name +
+                             "' does not run tensor-parallel rank files yet (--backend cpu does)");
+  }
   return *e.cuda;
 }
 }  // namespace

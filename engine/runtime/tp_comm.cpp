@@ -1,5 +1,6 @@
 #include "engine/runtime/tp_comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -29,6 +30,19 @@ InProcessTpGroup::~InProcessTpGroup() = default;
 TpComm& InProcessTpGroup::member(int r) {
   if (r < 0 || r >= size_) throw std::out_of_range("InProcessTpGroup: no rank " + std::to_string(r));
   return *members_[size_t(r)];
+}
+
+LoneTpRank::LoneTpRank(int rank, int size) : rank_(rank), size_(size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw std::invalid_argument("LoneTpRank: rank " + std::to_string(rank) + " of " + std::to_string(size));
+  }
+}
+
+void LoneTpRank::sum(float*, size_t) {}
+
+void LoneTpRank::gather(const float* mine, size_t n, float* all) {
+  std::fill(all, all + size_t(size_) * n, 0.0f);
+  if (n > 0) std::memcpy(all + size_t(rank_) * n, mine, n * sizeof(float));
 }
 
 void InProcessTpGroup::exchange(int rank, char kind, const float* mine, size_t n, float* out) {

@@ -39,6 +39,30 @@ class TpComm {
   virtual void sum(float* data, size_t n) = 0;
   // all[r * n + i] = rank r's mine[i] (rank-major), on every rank.
   virtual void gather(const float* mine, size_t n, float* all) = 0;
+  // Where the buffers of sum() and gather() live: false, host memory (the
+  // in-process group, the TCP mesh); true, device memory (NCCL), which a
+  // CUDA stage then hands over as it is instead of staging it through
+  // pinned host memory (engine/cuda/stage_base.h).
+  virtual bool device_buffers() const { return false; }
+};
+
+// One rank of a group of N measured alone (`baton bench --tp-alone`,
+// docs/PERFORMANCE.md): no peers and no traffic. sum() leaves the rank's own
+// partial as it is, as if every other rank had added zeros; gather() puts
+// the rank's slice in its place and zeros in the others'. The rank then
+// reads, computes and moves exactly what it does in its group, so its step
+// time is the group's step time without the network; its logits are not the
+// model's. Host buffers.
+class LoneTpRank final : public TpComm {
+ public:
+  LoneTpRank(int rank, int size);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void sum(float* data, size_t n) override;
+  void gather(const float* mine, size_t n, float* all) override;
+
+ private:
+  int rank_, size_;
 };
 
 // N ranks as threads of one process, for engine tests: make one

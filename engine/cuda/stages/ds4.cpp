@@ -411,6 +411,8 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   ds4_ = &as_ds4(*arch_);
   const Deepseek4Shape& s = ds4_->shape();
   check_dims(s);
+  // Its forward has no sums: a group's rank would compute alone.
+  if (config.tp) throw std::invalid_argument("the CUDA deepseek4 stage does not run as a tensor-parallel rank yet");
   config_ = Stage::resolve(*arch_, config);
   for (int l = config_.first_layer; l <= config_.last_layer; ++l) {
     if (s.is_hash_layer(l) && !config_.embedding) {

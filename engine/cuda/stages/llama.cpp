@@ -12,6 +12,8 @@
 #include "engine/cuda/stages/llama_impl.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/tp_comm.h"
+#include "engine/tp/slice.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matmul_small.cuh"
@@ -171,6 +173,12 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.gu = take(B * 2 * L.F * f);
   L.ffh = take(B * L.F * f);
   L.logits = take(uint64_t(L.L) * L.V * f);
+  L.tp = hp.tp_size;
+  L.vocab_count = hp.vocab_count;
+  L.slice = L.tp > 1 ? tp_vocab_range(hp.n_vocab, L.tp, 0).second : 0;
+  const uint64_t block = uint64_t(L.L) * uint64_t(L.slice);  // one rank's gathered floats
+  L.tp_mine = take(block * f);
+  L.tp_all = take(uint64_t(L.tp > 1 ? L.tp : 0) * block * f);
   L.freqs = take(uint64_t(hp.rope_dim / 2) * f);
   // tokens[B], positions[B], pos0, then a batch's seqs[B], out_rows[B], n_pos.
   L.batch_params = 2 * L.B + 1;
@@ -240,6 +248,12 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.h_ids = take_h(uint64_t(std::max<int64_t>(L.L, 1)) * sizeof(int32_t));
   L.h_out = take_h((c.head ? uint64_t(L.L) * L.V : B * L.E) * f);
   L.h_in = take_h(c.embedding ? 0 : B * L.E * f);
+  if (L.tp > 1) {
+    L.h_tp_floats = std::max(B * uint64_t(L.E), block);
+    L.h_tp_all_floats = uint64_t(L.tp) * block;
+  }
+  L.h_tp = take_h(L.h_tp_floats * f);
+  L.h_tp_all = take_h(L.h_tp_all_floats * f);
   L.io_bytes = h;
   L.kv_bytes = KvCache::bytes_needed({c.first_layer, c.last_layer}, c.n_seq, c.n_ctx, kv_widths);
   return L;
@@ -299,7 +313,11 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
   llama_ = &as_llama(*arch_);
   const LlamaHparams& hp = llama_->hparams();
   check_dims(hp);
+  check_tp_link(hp, config.tp);
   config_ = Stage::resolve(*arch_, config);
+  // A group of one rank has nothing to exchange: the stage runs as any
+  // whole model, one graph a step.
+  if (config_.tp && config_.tp->size() == 1) config_.tp = nullptr;
   const WeightLayout wl = Model::plan(f, *arch_, {{config_.first_layer, config_.last_layer}, config_.embedding,
                                                   config_.head});
   per_token_ = decode_weight_bytes(wl);
@@ -312,6 +330,8 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
   plan_ = make_plan(*layout_, wl, config_, load, *arch_);
   SharedLayout shared = shared_of(*layout_, layout_->E);
   shared.batch_params = layout_->batch_params;
+  shared.h_tp = layout_->h_tp, shared.h_tp_floats = layout_->h_tp_floats;
+  shared.h_tp_all = layout_->h_tp_all, shared.h_tp_all_floats = layout_->h_tp_all_floats;
   open_device(f, wl, shared, load);
   w_ = std::make_unique<Weights>(Weights::collect(*model_, hp, config_));
 

@@ -1,12 +1,20 @@
 // CudaStage's forward: the llama-family layer (engine/cuda/stages/llama.h
 // lists its launches) as kernel launches on the stage's stream, one step
 // function per block: the attention block, the FFN block, the head.
+//
+// A tensor-parallel rank (config_.tp) runs the same steps on its slice and
+// adds the group's exchanges (docs/TENSOR_PARALLEL.md): the output
+// projection's and ffn_down's partial rows in y are summed over the ranks
+// in place, before the fused add + norm adds y into x as always; the head
+// projects the rank's vocabulary rows and gathers every rank's into the
+// logit rows, which the argmax then reads whole.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "engine/cuda/stages/llama.h"
 #include "engine/cuda/stages/llama_impl.h"
+#include "engine/tp/slice.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/matmul.cuh"
@@ -35,6 +43,9 @@ struct CudaStage::Forward {
   // Fused add of `pending` + the output norm, the output projection of the
   // logit rows, their argmax, the greedy ids out to the pinned io.
   void head(const float* pending);
+  // A rank's head: its `rows` rows of vocab_count logits (in tp_mine)
+  // gathered from every rank into the logit rows.
+  void gather_logits(int64_t rows, float* logits);
 
   // The quantized-activation buffer when one of ps takes it, else null.
   uint8_t* xq_for(const Proj* ps, size_t count) const;
@@ -207,6 +218,7 @@ void CudaStage::Forward::attend(const Weights::Layer& w, float* kc, float* vc) {
   ap.xq = xq;
   cuda::attention(ap, ws + L.attn, L.attn_bytes, s);
   st.project(w.wo, att, xq, n, L.ow, y, L.E);
+  if (st.config_.tp) st.tp_sum(y, size_t(n * L.E));  // each rank's heads' share of the projection
 }
 
 void CudaStage::Forward::ffn_block(const Weights::Layer& w) {
@@ -217,15 +229,23 @@ void CudaStage::Forward::ffn_block(const Weights::Layer& w) {
   xq = xq_for(&w.down, 1);
   cuda::swiglu_rows(gu, gu + F, 2 * F, ffh, n, F, s, xq);
   st.project(w.down, ffh, xq, n, F, y, E);
+  if (st.config_.tp) st.tp_sum(y, size_t(n * E));  // each rank's n_ff columns' share
 }
 
 void CudaStage::Forward::head(const float* pending) {
   const Weights& W = *st.w_;
   const int64_t E = L.E;
   const int64_t rows = batch ? n_out : st.config_.all_logits ? n : 1;
+  // A batch whose chunks all continue a prompt asks for no logits (the
+  // driver returns none); a group's ranks all skip the gather alike.
+  if (rows == 0) return;
   float* logits = reinterpret_cast<float*>(ws + L.logits);
   int32_t* ids = reinterpret_cast<int32_t*>(ws + L.ids);
   uint8_t* xq = xq_for(&W.output, 1);
+  // A rank's projection writes its vocabulary rows apart, to be gathered.
+  const bool tp = st.config_.tp != nullptr;
+  float* out = tp ? reinterpret_cast<float*>(ws + L.tp_mine) : logits;
+  const int64_t out_stride = tp ? L.vocab_count : L.V;
   if (batch) {
     // The rows that ask for logits, gathered into y (free once the norm
     // has added it into x), quantized there for the matvec when it takes them.
@@ -233,15 +253,36 @@ void CudaStage::Forward::head(const float* pending) {
     cuda::get_rows({DType::F32, xn, n, E, uint64_t(E) * sizeof(float)}, d_out_rows, rows, y, E, s);
     xq = rows <= kXqMaxRows ? xq : nullptr;
     if (xq) cuda::quantize_xq(y, E, rows, E, xq, s);
-    st.project(W.output, y, xq, rows, E, logits, L.V);
+    st.project(W.output, y, xq, rows, E, out, out_stride);
   } else {
     cuda::add_rmsnorm(x, E, pending, E, W.output_norm, xn, E, n, E, eps, s, xq);
     st.project(W.output, xn + (n - rows) * E, xq ? xq + uint64_t(n - rows) * cuda::xq_row_bytes(E) : nullptr, rows,
-               E, logits, L.V);
+               E, out, out_stride);
   }
+  if (tp) gather_logits(rows, logits);
   cuda::argmax(logits, rows, L.V, L.V, ids, s, ws + L.argmax, L.argmax_bytes);
   BATON_CUDA_CHECK(cudaMemcpyAsync(st.io_.data() + L.h_ids, ids, uint64_t(rows) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, s));
+}
+
+// The same blocks as the CPU forward's (engine/arch/llama_family.cpp): rank
+// r's block holds its rows at a stride of its own vocab_count, padded with
+// zeros to rows x slice, so ranks on either backend exchange alike.
+void CudaStage::Forward::gather_logits(int64_t rows, float* logits) {
+  float* mine = reinterpret_cast<float*>(ws + L.tp_mine);
+  float* all = reinterpret_cast<float*>(ws + L.tp_all);
+  const int64_t block = rows * L.slice, filled = rows * L.vocab_count;
+  if (filled < block) {
+    BATON_CUDA_CHECK(cudaMemsetAsync(mine + filled, 0, uint64_t(block - filled) * sizeof(float), s));
+  }
+  st.tp_gather(mine, size_t(block), all);
+  for (int r = 0; r < L.tp; ++r) {
+    const auto [begin, count] = tp_vocab_range(L.V, L.tp, r);
+    if (count <= 0) continue;
+    BATON_CUDA_CHECK(cudaMemcpy2DAsync(logits + begin, uint64_t(L.V) * sizeof(float), all + int64_t(r) * block,
+                                       uint64_t(count) * sizeof(float), uint64_t(count) * sizeof(float), size_t(rows),
+                                       cudaMemcpyDeviceToDevice, s));
+  }
 }
 
 int64_t CudaStage::seq_stride() const { return config_.n_ctx * (layout_->kw + layout_->vw); }
