@@ -326,6 +326,10 @@ TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
           "serving.prefix_cache must be true or false");
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\nlisten = \"::1:7070\"\n", "cluster.listen");
   refused("[cluster]\nworkers = 2\n", "[model] needs path");
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\ntp = 0\n", "cluster.tp must be in 1..64");
+  refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 33\ntp = 2\n", "workers x tp at most 64");
+  refused("[model]\nparts = [\"a.gguf\", \"b.gguf\"]\n[cluster]\ntp = 2\n", "rank files of baton split --tp");
+  EXPECT_EQ(load_cluster_config(test::source_path("configs/two-sparks-tp.toml")).tp, 2);
   refused("[model\npath = 1\n", "line 1");
   refused("[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n[[node]]\nmemory = \"12 parsecs\"\n",
           "node.memory");

@@ -169,6 +169,7 @@ TEST(CliDocumentedCommands, EveryDocumentedCommandParses) {
   };
   EXPECT_TRUE(has("one-96gb-card.toml", "baton plan -m MODEL --nodes 97887MiB"));
   EXPECT_TRUE(has("two-sparks.toml", "--listen spark-2:7071"));
+  EXPECT_TRUE(has("two-sparks-tp.toml", "--mesh-port 7072"));
   EXPECT_TRUE(has("SERVING.md", "baton serve --config configs/local-loopback.toml"));
   EXPECT_GE(all.size(), 15u);
   for (const Documented& d : all) {
