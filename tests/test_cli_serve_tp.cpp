@@ -104,6 +104,22 @@ TEST(ServeTp, KilledRankFailsItsStreamNamingItThenTheGroupHeals) {
   Response after = post(port, "/v1/completions", req);
   ASSERT_EQ(after.status, 200) << after.body;
   EXPECT_EQ(after.j()["choices"][0]["text"], want);
+
+  // Rank 0, the group's face, goes the same way: the coordinator's link to
+  // it closes, its replacement takes rank 0 and dials rank 1 again.
+  const pid_t face = worker_pid(server, 0);
+  ASSERT_GT(face, 0);
+  fd = start_long_stream(port, 900);
+  ASSERT_EQ(kill(face, SIGKILL), 0);
+  const auto t2 = std::chrono::steady_clock::now();
+  const std::string rest0 = read_all(fd);
+  ::close(fd);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count(), 2.0) << rest0;
+  EXPECT_NE(rest0.find("generation failed"), std::string::npos) << rest0;
+  ASSERT_TRUE(wait_status(port, "ok", 60s)) << health(port).dump() << server.stderr_text();
+  Response again = post(port, "/v1/completions", req);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.j()["choices"][0]["text"], want);
   EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 
