@@ -5,7 +5,8 @@
 // (engine/runtime/tp_comm.h). Every rank must end each step with the same
 // output bit for bit; the last-position logits must be within 1e-5 relative
 // of the whole model's and the greedy tokens the whole model's, at two ranks
-// and at two pipeline stages of two ranks each. Also: a batch of 8 sequences
+// (8 sequences x 64 tokens) and at two pipeline stages of two ranks each
+// (8 x 16). Also: a batch of 8 sequences
 // through two ranks against each sequence alone, the rank files merged back
 // byte for byte, the cuts and the refusal of a shape that does not divide.
 #include <gtest/gtest.h>
@@ -140,7 +141,7 @@ class Pipeline {
   std::vector<Group> groups_;
 };
 
-// 8 prompts of 5 tokens, then 64 greedy tokens each, all 8 sequences in every
+// 8 prompts of 5 tokens, then n_gen greedy tokens each, all 8 sequences in every
 // batch: the logits of every step (kSeqs rows) and each sequence's tokens.
 struct Decode {
   std::vector<std::vector<float>> logits;
@@ -157,7 +158,7 @@ std::vector<std::vector<int32_t>> prompts(int64_t n_vocab) {
   return p;
 }
 
-Decode decode(Pipeline& p) {
+Decode decode(Pipeline& p, int n_gen = kGen) {
   const int64_t V = p.n_vocab();
   Decode d;
   d.tokens.resize(kSeqs);
@@ -168,10 +169,10 @@ Decode decode(Pipeline& p) {
     const auto pr = prompts(V)[size_t(q)];
     rows.insert(rows.end(), pr.begin(), pr.end());
   }
-  for (int i = 0; i <= kGen; ++i) {
+  for (int i = 0; i <= n_gen; ++i) {
     d.logits.push_back(p.step(chunks, rows));
     if (d.logits.back().size() != size_t(kSeqs * V)) throw std::runtime_error("wrong logit rows");
-    if (i == kGen) break;
+    if (i == n_gen) break;
     chunks.clear();
     rows.clear();
     for (int q = 0; q < kSeqs; ++q) {
@@ -205,11 +206,11 @@ class Ds4TensorParallel : public ::testing::Test {
     dir_ = nullptr;
   }
 
-  // The pipeline's decode against the whole model's.
-  static void expect_matches_whole(Pipeline& p) {
-    const Decode got = decode(p);
+  // The pipeline's decode of n_gen tokens against the whole model's first n_gen.
+  static void expect_matches_whole(Pipeline& p, int n_gen) {
+    const Decode got = decode(p, n_gen);
     const int64_t V = p.n_vocab();
-    ASSERT_EQ(got.logits.size(), want_->logits.size());
+    ASSERT_EQ(got.logits.size(), size_t(n_gen + 1));
     double worst = 0;
     for (size_t i = 0; i < got.logits.size(); ++i) {
       for (int q = 0; q < kSeqs; ++q) {
@@ -218,7 +219,10 @@ class Ds4TensorParallel : public ::testing::Test {
         worst = std::max(worst, d);
       }
     }
-    for (int q = 0; q < kSeqs; ++q) EXPECT_EQ(got.tokens[size_t(q)], want_->tokens[size_t(q)]) << "sequence " << q;
+    for (int q = 0; q < kSeqs; ++q) {
+      const std::vector<int32_t>& all = want_->tokens[size_t(q)];
+      EXPECT_EQ(got.tokens[size_t(q)], std::vector<int32_t>(all.begin(), all.begin() + n_gen)) << "sequence " << q;
+    }
     std::printf("deepseek4-tiny: %d sequences x %zu steps, largest relative logit difference %.2e\n", kSeqs,
                 got.logits.size(), worst);
   }
@@ -236,7 +240,7 @@ TEST_F(Ds4TensorParallel, TwoRanksMatchTheWholeModel) {
   const std::vector<std::string> files = write_tp_ranks(model_, 2, dir_->file("tp2"));
   ASSERT_EQ(files.size(), 2u);
   Pipeline p({files});
-  expect_matches_whole(p);
+  expect_matches_whole(p, kGen);
 }
 
 TEST_F(Ds4TensorParallel, TwoStagesOfTwoRanksMatchTheWholeModel) {
@@ -244,7 +248,9 @@ TEST_F(Ds4TensorParallel, TwoStagesOfTwoRanksMatchTheWholeModel) {
   const std::vector<std::string> files = write_tp_ranks(model_, 2, dir_->file("pp"), "0:2,3:output");
   ASSERT_EQ(files.size(), 4u);  // stage by stage, rank by rank
   Pipeline p({{files[0], files[1]}, {files[2], files[3]}});
-  expect_matches_whole(p);
+  // 16 tokens: the stage boundary adds no arithmetic of its own, and the
+  // 64-token decode above already covers the sums' drift.
+  expect_matches_whole(p, 16);
 }
 
 TEST_F(Ds4TensorParallel, BatchOfEightThroughTwoRanksEqualsEachSequenceAlone) {
