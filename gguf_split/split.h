@@ -108,6 +108,10 @@ TpSplitPlan plan_tp_split(const ModelFiles& model, const std::vector<LayerRange>
                           const std::string& out_dir, const std::string& stem);
 // All files or none, like write_split; memory is one copy piece plus metadata.
 void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Progress& progress);
+// The rank files' headers only, each tensor's data a sparse hole (no data
+// is read): what `baton plan --tp` plans each rank from, the very keys and
+// tensor table the rank files get.
+void write_tp_rank_headers(const ModelFiles& model, const TpSplitPlan& plan);
 // Makes the rank files of `source_path` in out_dir (created if missing) and
 // returns their paths, stage by stage, rank by rank. `layers` as for
 // parse_layer_ranges; empty: one stage of the whole model.

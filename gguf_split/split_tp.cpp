@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -36,6 +37,18 @@ uint64_t row_count(const GgufTensorInfo& t) { return t.n_elements() / uint64_t(t
 void read_slice(const TensorRef& src, const TpSlice& s, uint64_t off, uint8_t* dst, uint64_t n) {
   const GgufTensorInfo& t = *src.info;
   const GgufFile& f = *src.file;
+  if (s.cut == TpCut::ExpertRows) {
+    // Rows [begin, begin+count) of each expert: one contiguous range per expert.
+    const uint64_t row = t.row_bytes(), mine = uint64_t(s.count) * row, whole = uint64_t(t.ne[1]) * row;
+    while (n > 0) {
+      const uint64_t e = off / mine, within = off % mine, take = std::min(n, mine - within);
+      f.read_bytes(t.file_offset + e * whole + uint64_t(s.begin) * row + within, take, dst);
+      off += take;
+      dst += take;
+      n -= take;
+    }
+    return;
+  }
   if (s.cut != TpCut::Columns) {
     // Replicated or a range of the outermost dimension: contiguous in the source.
     const uint64_t inner = t.n_elements() / uint64_t(t.ne[t.n_dims - 1]);
@@ -109,6 +122,68 @@ TpSplitPlan plan_tp_split(const ModelFiles& model, const std::vector<LayerRange>
   return plan;
 }
 
+namespace {
+
+// The rank file's keys and tensor table; its tensors stream from the source
+// through a copy of `on_bytes` (a checksum, progress). The header alone is the one
+// `baton plan --tp` reads.
+void fill_rank_writer(const ModelFiles& model, const TpSplitPlan& plan, const TpRankFile& f,
+                      const std::vector<TpKeyChange>& changes, GgufWriter& w,
+                      const std::function<void(const uint8_t*, uint64_t)>& on_bytes) {
+  const GgufFile& meta = model.meta();
+  std::map<std::string, const TpKeyChange*> changed;
+  for (const TpKeyChange& c : changes) changed[c.key] = &c;
+  const GgufTensorInfo* head = nullptr;
+  if (const TensorRef* o = model.find("output.weight")) head = o->info;
+  else if (const TensorRef* e = model.find("token_embd.weight")) head = e->info;
+  const int64_t n_vocab = head ? head->ne[1] : plan.dims.n_vocab;
+  const SplitPart& p = plan.stages.parts[size_t(f.part)];
+  for (const auto& [key, value] : meta.metadata()) {
+    if (starts_with(key, kSplitPrefix) || starts_with(key, kShardPrefix) || starts_with(key, tp_keys::kPrefix)) {
+      continue;
+    }
+    auto c = changed.find(key);
+    w.set(key, c == changed.end() ? value : c->second->value);
+  }
+  std::vector<GgufValue> added;
+  for (const TpKeyChange& c : changes) {
+    if (!c.added) continue;
+    w.set(c.key, c.value);
+    added.push_back(GgufValue::of_str(c.key));
+  }
+  set_part_keys(w, p, plan.stages.parts.size(), plan.stages.source_hash);
+  std::vector<GgufValue> idx, cuts;
+  for (size_t i = 0; i < f.slices.size(); ++i) {
+    idx.push_back(GgufValue::of_u32(f.source_index[i]));
+    GgufValue c;
+    c.type = GgufType::UINT8;
+    c.num.u = uint8_t(f.slices[i].cut);
+    cuts.push_back(c);
+  }
+  w.set(split_keys::kSourceIndex, GgufValue::of_array(GgufType::UINT32, std::move(idx)));
+  const auto [vb, vc] = tp_vocab_range(n_vocab, plan.n, f.rank);
+  w.set(tp_keys::kRank, GgufValue::of_u32(uint32_t(f.rank)));
+  w.set(tp_keys::kSize, GgufValue::of_u32(uint32_t(plan.n)));
+  w.set(tp_keys::kVocabBegin, GgufValue::of_u32(uint32_t(vb)));
+  w.set(tp_keys::kVocabCount, GgufValue::of_u32(uint32_t(vc)));
+  w.set(tp_keys::kCuts, GgufValue::of_array(GgufType::UINT8, std::move(cuts)));
+  w.set(tp_keys::kAddedKeys, GgufValue::of_array(GgufType::STRING, std::move(added)));
+  for (const TpKeyChange& c : changes) {
+    if (!c.added) w.set(tp_keys::kSourcePrefix + c.key, *meta.find(c.key));
+  }
+  for (size_t i = 0; i < f.slices.size(); ++i) {
+    const TpSlice& s = f.slices[i];
+    const TensorRef* src = f.sources[i];
+    w.add_tensor_chunked(s.name, s.type, std::vector<int64_t>(s.ne, s.ne + s.n_dims),
+                         [on_bytes, src, s](uint64_t off, uint8_t* dst, uint64_t n) {
+                           read_slice(*src, s, off, dst, n);
+                           on_bytes(dst, n);
+                         });
+  }
+}
+
+}  // namespace
+
 void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Progress& progress) {
   const std::vector<TpRankFile>& files = plan.files;
   if (files.empty()) return;
@@ -121,71 +196,31 @@ void write_tp_split(const ModelFiles& model, const TpSplitPlan& plan, const Prog
                              std::filesystem::path(files.front().path).parent_path().string() + ": they need " +
                              std::to_string(need >> 20) + " MiB, " + std::to_string(free >> 20) + " MiB are free");
   }
-  const GgufFile& meta = model.meta();
-  const std::vector<TpKeyChange> changes = tp_key_changes(meta, plan.dims, plan.n);
-  std::map<std::string, const TpKeyChange*> changed;
-  for (const TpKeyChange& c : changes) changed[c.key] = &c;
-  const GgufTensorInfo* head = nullptr;
-  if (const TensorRef* o = model.find("output.weight")) head = o->info;
-  else if (const TensorRef* e = model.find("token_embd.weight")) head = e->info;
-  const int64_t n_vocab = head ? head->ne[1] : plan.dims.n_vocab;
-
+  const std::vector<TpKeyChange> changes = tp_key_changes(model.meta(), plan.dims, plan.n);
   // All files or none, as for layer parts.
   std::vector<TempFile> written;
   for (const TpRankFile& f : files) {
-    const SplitPart& p = plan.stages.parts[size_t(f.part)];
-    GgufWriter w;
-    for (const auto& [key, value] : meta.metadata()) {
-      if (starts_with(key, kSplitPrefix) || starts_with(key, kShardPrefix) || starts_with(key, tp_keys::kPrefix)) {
-        continue;
-      }
-      auto c = changed.find(key);
-      w.set(key, c == changed.end() ? value : c->second->value);
-    }
-    std::vector<GgufValue> added;
-    for (const TpKeyChange& c : changes) {
-      if (!c.added) continue;
-      w.set(c.key, c.value);
-      added.push_back(GgufValue::of_str(c.key));
-    }
-    set_part_keys(w, p, plan.stages.parts.size(), plan.stages.source_hash);
-    std::vector<GgufValue> idx, cuts;
-    for (size_t i = 0; i < f.slices.size(); ++i) {
-      idx.push_back(GgufValue::of_u32(f.source_index[i]));
-      GgufValue c;
-      c.type = GgufType::UINT8;
-      c.num.u = uint8_t(f.slices[i].cut);
-      cuts.push_back(c);
-    }
-    w.set(split_keys::kSourceIndex, GgufValue::of_array(GgufType::UINT32, std::move(idx)));
-    const auto [vb, vc] = tp_vocab_range(n_vocab, plan.n, f.rank);
-    w.set(tp_keys::kRank, GgufValue::of_u32(uint32_t(f.rank)));
-    w.set(tp_keys::kSize, GgufValue::of_u32(uint32_t(plan.n)));
-    w.set(tp_keys::kVocabBegin, GgufValue::of_u32(uint32_t(vb)));
-    w.set(tp_keys::kVocabCount, GgufValue::of_u32(uint32_t(vc)));
-    w.set(tp_keys::kCuts, GgufValue::of_array(GgufType::UINT8, std::move(cuts)));
-    w.set(tp_keys::kAddedKeys, GgufValue::of_array(GgufType::STRING, std::move(added)));
-    for (const TpKeyChange& c : changes) {
-      if (!c.added) w.set(tp_keys::kSourcePrefix + c.key, *meta.find(c.key));
-    }
-
     XXH3_state_t* hash = XXH3_createState();
     const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> free_hash(hash, &XXH3_freeState);
     XXH3_64bits_reset(hash);
-    for (size_t i = 0; i < f.slices.size(); ++i) {
-      const TpSlice& s = f.slices[i];
-      const TensorRef* src = f.sources[i];
-      w.add_tensor_chunked(s.name, s.type, std::vector<int64_t>(s.ne, s.ne + s.n_dims),
-                           [&, src, s](uint64_t off, uint8_t* dst, uint64_t n) {
-                             read_slice(*src, s, off, dst, n);
-                             XXH3_64bits_update(hash, dst, n);
-                             done += n;
-                             if (progress) progress(done, total);
-                           });
-    }
+    GgufWriter w;
+    fill_rank_writer(model, plan, f, changes, w, [&, hash](const uint8_t* dst, uint64_t n) {
+      XXH3_64bits_update(hash, dst, n);
+      done += n;
+      if (progress) progress(done, total);
+    });
     written.push_back(write_checksummed(w, f.path, [hash] { return XXH3_64bits_digest(hash); }));
   }
   commit_all(written);
+}
+
+void write_tp_rank_headers(const ModelFiles& model, const TpSplitPlan& plan) {
+  const std::vector<TpKeyChange> changes = tp_key_changes(model.meta(), plan.dims, plan.n);
+  for (const TpRankFile& f : plan.files) {
+    GgufWriter w;
+    fill_rank_writer(model, plan, f, changes, w, [](const uint8_t*, uint64_t) {});
+    w.write_sparse(f.path);
+  }
 }
 
 std::vector<std::string> write_tp_ranks(const std::string& source_path, int n, const std::string& out_dir,
@@ -231,6 +266,27 @@ void read_merged(const Merged& m, uint64_t off, uint8_t* dst, uint64_t n) {
         n -= take;
       }
       start += size;
+    }
+    return;
+  }
+  if (m.cut == TpCut::ExpertRows) {
+    // Each expert's rows are the ranks' rows of that expert one after another.
+    const uint64_t row = m.info.row_bytes(), whole = uint64_t(m.info.ne[1]) * row;
+    while (n > 0) {
+      const uint64_t e = off / whole;
+      uint64_t within = off % whole, start = 0;
+      for (const TensorRef& r : m.ranks) {
+        const uint64_t mine = uint64_t(r.info->ne[1]) * row;
+        if (within < start + mine) {
+          const uint64_t take = std::min(n, start + mine - within);
+          r.file->read_bytes(r.info->file_offset + e * mine + (within - start), take, dst);
+          off += take;
+          dst += take;
+          n -= take;
+          break;
+        }
+        start += mine;
+      }
     }
     return;
   }
@@ -313,10 +369,13 @@ void merge_tp_ranks(const std::vector<GgufFile>& files, const std::string& out_p
       Merged m;
       m.cut = cut;
       m.info = r0.tensors()[i];
-      if (cut != TpCut::Replicated && cut != TpCut::Rows && cut != TpCut::Columns) {
+      if (cut != TpCut::Replicated && cut != TpCut::Rows && cut != TpCut::Columns && cut != TpCut::ExpertRows) {
         throw std::runtime_error(r0.path() + ": unknown cut of tensor '" + m.info.name + "'");
       }
-      const uint32_t dim = cut == TpCut::Columns ? 0 : m.info.n_dims - 1;
+      if (cut == TpCut::ExpertRows && m.info.n_dims != 3) {
+        throw std::runtime_error(r0.path() + ": tensor '" + m.info.name + "' is cut by expert rows but is not 3-D");
+      }
+      const uint32_t dim = cut == TpCut::Columns ? 0 : cut == TpCut::ExpertRows ? 1 : m.info.n_dims - 1;
       int64_t sum = 0;
       for (const GgufFile* f : ranks) {
         const GgufTensorInfo& t = f->tensors()[i];

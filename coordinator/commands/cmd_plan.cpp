@@ -1,14 +1,23 @@
-// `baton plan [-m] MODEL --nodes [NAME=]SIZE[:unified|:discrete],... --ctx N [--json]`:
+// `baton plan [-m] MODEL --nodes [NAME=]SIZE[:unified|:discrete],... --ctx N [--tp N] [--json]`:
 // the memory plan of every node of a pipeline, from the file's header alone,
 // and whether it fits. Exit 0 when it fits, 2 when it does not (with what
-// would fit), 1 for bad input.
+// would fit), 1 for bad input. With --tp N each stage runs on N ranks: every
+// rank is planned from the header its rank file would have (the cuts of
+// engine/tp/slice.h, written by gguf_split's own writer with the data left a
+// hole), so its weights, KV and workspace are the loader's own numbers.
 #include <boost/program_options.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <memory>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "coordinator/commands/commands.h"
 #include "coordinator/cluster/placement.h"
@@ -18,6 +27,7 @@
 #include "engine/model/files.h"
 #include "engine/plan/node_plan.h"
 #include "engine/model/layer_range_text.h"
+#include "gguf_split/split.h"
 
 namespace baton {
 namespace {
@@ -56,6 +66,12 @@ When it fits, the output ends with the `baton split` command that cuts the
 model at these stages (into --split-dir) and a config (configs/*.toml, see
 docs/CONFIG.md) that runs a local worker per part with each node's memory as
 its cap; --json has both as "split_command" and "config".
+
+Tensor parallelism (--tp N): each node of --nodes is the device of one rank,
+and every stage runs on N such devices. Each rank is planned from the header
+of the rank file `baton split --tp N` would write (its slices of the weights,
+the KV of its heads, its workspace); placement uses rank 0 (the largest
+vocabulary slice), and every rank's lines are printed under its stage.
 
 Exit status: 0 fits, 2 does not fit, 1 bad input.
 
@@ -112,12 +128,83 @@ void print_stage(const StagePlacement& s, const NodeSpec& n, int64_t trained, in
               s.ctx_capacity == 0 ? " (not even one)" : "");
 }
 
+// `baton split --tp N` of the placed stages (--layers only for several).
+std::string tp_split_command(const std::string& model, const Placement& p, const std::string& out_dir, int tp) {
+  std::string ranges;
+  int used = 0;
+  for (const StagePlacement& s : p.stages) {
+    if (!s.used()) continue;
+    ranges += (ranges.empty() ? "" : ",") + layer_range_text(s.layers);
+    ++used;
+  }
+  return fmt::format("baton split {} --tp {}{} -o {}", shell_word(model), tp, used > 1 ? " --layers " + ranges : "",
+                     shell_word(out_dir));
+}
+
+// The N rank files' headers (`baton split --tp N` of the whole model, tensor
+// data a sparse hole) in a temporary folder, removed when done.
+class RankHeaders {
+ public:
+  RankHeaders(const ModelFiles& model, int n) {
+    std::string templ = (std::filesystem::temp_directory_path() / "baton-plan-tp-XXXXXX").string();
+    if (!mkdtemp(templ.data())) throw std::system_error(errno, std::generic_category(), "mkdtemp " + templ);
+    dir_ = templ;
+    const int n_layer = model_layer_count(model.meta());
+    const TpSplitPlan plan = plan_tp_split(model, parse_layer_ranges("0:output", n_layer), n, dir_, "rank");
+    write_tp_rank_headers(model, plan);
+    for (const TpRankFile& f : plan.files) files_.push_back(std::make_unique<GgufFile>(GgufFile::open(f.path)));
+    for (const auto& f : files_) planners_.push_back(std::make_unique<ModelPlanner>(*f));
+  }
+  ~RankHeaders() {
+    planners_.clear();
+    files_.clear();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  RankHeaders(const RankHeaders&) = delete;
+  RankHeaders& operator=(const RankHeaders&) = delete;
+
+  int size() const { return int(planners_.size()); }
+  const ModelPlanner& rank(int r) const { return *planners_[size_t(r)]; }
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<GgufFile>> files_;
+  std::vector<std::unique_ptr<ModelPlanner>> planners_;
+};
+
+// Each rank's plan of a placed stage (rank 0's is the stage's own plan).
+std::vector<MemoryPlan> rank_plans(const RankHeaders& ranks, const PlacementRequest& req, const StagePlacement& s,
+                                   const NodeSpec& n) {
+  std::vector<MemoryPlan> out;
+  const StageRequest r = req.stage(s.layers, s.embedding, s.head, n.backend, req.n_ctx);
+  for (int k = 0; k < ranks.size(); ++k) out.push_back(ranks.rank(k).plan(r));
+  return out;
+}
+
+void print_ranks(const std::vector<MemoryPlan>& plans, uint64_t usable) {
+  for (size_t k = 0; k < plans.size(); ++k) {
+    std::printf("  tp rank %zu of %zu:
+", k, plans.size());
+    for (const auto& l : plans[k].lines()) {
+      std::printf("    %-14s %16llu B %12s\n", l.name(), static_cast<unsigned long long>(l.bytes),
+                  format_size(l.bytes).c_str());
+    }
+    const int64_t margin = int64_t(usable) - int64_t(plans[k].total());
+    std::printf("    %-14s %16llu B %12s  (margin %s%s)\n", "total", static_cast<unsigned long long>(plans[k].total()),
+                format_size(plans[k].total()).c_str(), margin < 0 ? "-" : "",
+                format_size(uint64_t(margin < 0 ? -margin : margin)).c_str());
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
   std::string model, nodes_text, reserve_text, caches_text = "0", kv = "f32", split_dir = "parts";
   PlacementRequest req;
   uint64_t staging_mb = req.staging_slot_bytes >> 20;
+  int tp = 1;
   po::options_description opts(
       "usage: baton plan [-m] MODEL --nodes [NAME=]SIZE[:unified|:discrete],... --ctx N [options]\n\n"
       "Computes the exact memory plan of every node of a pipeline before anything is\n"
@@ -143,6 +230,8 @@ int cmd_plan(int argc, char** argv) {
        "indexer)")
       ("split-dir", po::value(&split_dir)->default_value(split_dir),
        "the folder the printed split command writes the parts to, and the config names them in")
+      ("tp", po::value(&tp)->default_value(tp),
+       "tensor-parallel ranks per stage: each node is one rank's device; plans every rank (see below)")
       ("json", "print one JSON object instead of tables");
   po::positional_options_description positional;
   positional.add("model", 1);
@@ -174,10 +263,15 @@ int cmd_plan(int argc, char** argv) {
   req.optional_caches = parse_size(caches_text);
   if (staging_mb < 1 || staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   req.staging_slot_bytes = staging_mb << 20;
+  if (tp < 1 || tp > 64) throw std::invalid_argument("--tp must be in 1..64");
   if (parse_only()) return 0;
   // One file or a llama.cpp shard set.
   const ModelFiles files = about_file(model, [&] { return ModelFiles::open(model); });
-  ModelPlanner planner(files);
+  std::unique_ptr<RankHeaders> ranks;
+  if (tp > 1) ranks = std::make_unique<RankHeaders>(files, tp);
+  std::unique_ptr<ModelPlanner> whole;
+  if (!ranks) whole = std::make_unique<ModelPlanner>(files);
+  const ModelPlanner& planner = ranks ? ranks->rank(0) : *whole;
   p = place_layers(planner, nodes, req);
 
   if (json) {
@@ -198,6 +292,17 @@ int cmd_plan(int argc, char** argv) {
         j["margin_bytes"] = s.margin;
         j["ctx_capacity"] = s.ctx_capacity;
         j["seconds_per_pass"] = s.seconds;
+        if (ranks) {
+          Json rj = Json::array();
+          const std::vector<MemoryPlan> plans = rank_plans(*ranks, req, s, n);
+          for (size_t k = 0; k < plans.size(); ++k) {
+            rj.push_back({{"rank", k},
+                          {"lines", plan_json(plans[k])},
+                          {"total_bytes", plans[k].total()},
+                          {"margin_bytes", int64_t(s.usable) - int64_t(plans[k].total())}});
+          }
+          j["ranks"] = std::move(rj);
+        }
       }
       stages.push_back(std::move(j));
     }
@@ -210,13 +315,14 @@ int cmd_plan(int argc, char** argv) {
                 {"micro_batch", req.micro_batch},
                 {"prefill_chunk", req.prefill_chunk},
                 {"n_seq", req.n_seq},
+                {"tp", tp},
                 {"fits", p.fits},
                 {"stages", std::move(stages)}};
     if (p.fits) {
       out["ctx_capacity"] = p.ctx_capacity;  // what the memory holds
       out["ctx_usable"] = quoted_ctx(p.ctx_capacity, planner.n_ctx_train(), req.n_ctx);
-      out["split_command"] = split_command(model, p, split_dir);
-      out["config"] = config_stanza(model, p, nodes, req, split_dir);
+      out["split_command"] = ranks ? tp_split_command(model, p, split_dir, tp) : split_command(model, p, split_dir);
+      if (!ranks) out["config"] = config_stanza(model, p, nodes, req, split_dir);
     } else {
       out["reason"] = p.reason;
       out["max_ctx"] = p.max_ctx;
@@ -236,8 +342,16 @@ int cmd_plan(int argc, char** argv) {
                   static_cast<long long>(planner.n_ctx_train()));
     }
     std::printf("\n");
-    for (const StagePlacement& s : p.stages) print_stage(s, nodes[s.node], planner.n_ctx_train(), req.n_ctx);
-    if (p.fits) {
+    if (ranks) std::printf("tensor parallel: %d ranks a stage; each node is one rank's device (rank 0 shown)\n\n", tp);
+    for (const StagePlacement& s : p.stages) {
+      print_stage(s, nodes[s.node], planner.n_ctx_train(), req.n_ctx);
+      if (ranks && s.used()) print_ranks(rank_plans(*ranks, req, s, nodes[s.node]), s.usable);
+    }
+    if (p.fits && ranks) {
+      std::printf("fits: context capacity %s, set by the tightest stage\n",
+                  capacity_text(p.ctx_capacity, planner.n_ctx_train(), req.n_ctx).c_str());
+      std::printf("\nthe rank files of these stages:\n%s\n", tp_split_command(model, p, split_dir, tp).c_str());
+    } else if (p.fits) {
       std::printf("fits: context capacity %s, set by the tightest stage\n",
                   capacity_text(p.ctx_capacity, planner.n_ctx_train(), req.n_ctx).c_str());
       const std::string split = split_command(model, p, split_dir);

@@ -15,6 +15,8 @@
 
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/tp_comm.h"
+#include "engine/tp/slice.h"
 #include "engine/base/memory_plan.h"
 #include "engine/model/model.h"
 
@@ -162,6 +164,18 @@ Deepseek4Arch::Deepseek4Arch(const GgufFile& f) : s_(Deepseek4Shape::from_gguf(f
                                            s_.idx_head_dim, s_.rope_dim));
     }
   }
+  if (s_.tp_size > 1) {
+    const int64_t rank = f.get_int(tp_keys::kRank);
+    if (rank < 0 || rank >= s_.tp_size) {
+      throw std::runtime_error(fmt::format("tensor-parallel rank {} of {}: out of range", rank, s_.tp_size));
+    }
+    tp_rank_ = int(rank);
+    if (std::make_pair(s_.tp_vocab_begin, s_.tp_vocab_count) != tp_vocab_range(s_.n_vocab, s_.tp_size, tp_rank_)) {
+      throw std::runtime_error(fmt::format("tensor-parallel rank {} of {} holds vocabulary rows {}+{} of {}: not the "
+                                           "slice baton split --tp makes",
+                                           tp_rank_, s_.tp_size, s_.tp_vocab_begin, s_.tp_vocab_count, s_.n_vocab));
+    }
+  }
   freqs_main_ = ds4_rope_freqs(int(s_.rope_dim), s_.rope_base, 1.0, 0, 0, 0);
   freqs_compress_ = ds4_rope_freqs(int(s_.rope_dim), s_.compress_rope_base, s_.yarn_factor, s_.yarn_beta_fast,
                                    s_.yarn_beta_slow, s_.yarn_orig_ctx);
@@ -273,6 +287,9 @@ Deepseek4Arch::Ws Deepseek4Arch::ws_layout(const WorkspaceShape& ws) const {
   const uint64_t moe_end = at;
   at = phase;
   w.logits = ws.head ? take(uint64_t(ws.max_logit_rows) * uint64_t(s_.n_vocab)) : at;
+  const uint64_t slice = s_.tp_size > 1 ? uint64_t(ws.max_logit_rows) * uint64_t(s_.tp_vocab_slice()) : 0;
+  w.tp_mine = ws.head && slice ? take(slice) : at;
+  w.tp_all = ws.head && slice ? take(slice * uint64_t(s_.tp_size)) : at;
   w.bytes = std::max({attention_end, moe_end, at});
   return w;
 }
@@ -350,7 +367,25 @@ void Deepseek4Arch::head(const Run& r, float* logits) const {
     hc_collapse(w, x + t * HC, n, E, ht);
     rmsnorm(ht, m.head(kOutputNorm)->f32(), ht, E, eps);
   }
-  matmul(h, rows, E, m.head(kOutput)->view(), logits, s_.n_vocab, *a.pool, r.ws(r.L->rows));
+  if (!a.tp) {
+    matmul(h, rows, E, m.head(kOutput)->view(), logits, s_.n_vocab, *a.pool, r.ws(r.L->rows));
+    return;
+  }
+  // Each rank computes its vocabulary rows; every rank gathers all of them
+  // (rank-major blocks of rows x slice, the last one padded) into full rows.
+  const int64_t slice = s_.tp_vocab_slice(), mine_n = s_.tp_vocab_count;
+  float* mine = r.ws(r.L->tp_mine);
+  float* all = r.ws(r.L->tp_all);
+  matmul(h, rows, E, m.head(kOutput)->view(), mine, mine_n, *a.pool, r.ws(r.L->rows));
+  std::fill(mine + rows * mine_n, mine + rows * slice, 0.0f);
+  a.tp->gather(mine, size_t(rows * slice), all);
+  for (int k = 0; k < s_.tp_size; ++k) {
+    const int64_t begin = k * slice, count = std::min(slice, s_.n_vocab - begin);
+    const float* block = all + int64_t(k) * rows * slice;
+    for (int64_t i = 0; i < rows; ++i) {
+      std::copy(block + i * count, block + (i + 1) * count, logits + i * s_.n_vocab + begin);
+    }
+  }
 }
 
 // ------------------------------------------------------------------ forward
@@ -359,6 +394,12 @@ const float* Deepseek4Arch::forward(const ForwardArgs& a) const {
   const WorkspaceShape& s = a.shape;
   const int64_t B = a.n_tokens;
   check_forward_args(a);
+  // A rank file runs only with its group's link, and a whole model without one.
+  const int tp_size = a.tp ? a.tp->size() : 1, tp_rank = a.tp ? a.tp->rank() : 0;
+  if (tp_size != s_.tp_size || tp_rank != tp_rank_) {
+    throw std::invalid_argument(fmt::format("this file is tensor-parallel rank {} of {}, but the stage runs as rank {} of {}",
+                                            tp_rank_, s_.tp_size, tp_rank, tp_size));
+  }
   if (s.layers.count() > 0 && (a.layers.first < s.layers.first || a.layers.last > s.layers.last)) {
     throw std::invalid_argument("forward: the workspace was sized for another layer range");
   }
@@ -392,11 +433,15 @@ const float* Deepseek4Arch::forward(const ForwardArgs& a) const {
     std::memcpy(x, a.input, size_t(B * HC) * sizeof(float));
   }
   for (int l = a.layers.first; l <= a.layers.last; ++l) {
+    // A rank's attention output (its output groups) and MoE output (its
+    // slice of every expert) are partial sums of the whole model's.
     hc_pre(r, l, false);
     attention(r, l);
+    if (a.tp) a.tp->sum(r.ws(L.h_out), size_t(B * E));
     hc_post(r);
     hc_pre(r, l, true);
     moe(r, l);
+    if (a.tp) a.tp->sum(r.ws(L.h_out), size_t(B * E));
     hc_post(r);
   }
   if (!a.head) return x;

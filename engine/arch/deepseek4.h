@@ -18,6 +18,12 @@
 // driver), deepseek4_attn.cpp (attention, compressors, indexer) and
 // deepseek4_moe.cpp (routing and experts); the node planner's lines in
 // deepseek4_plan.cpp. See docs/DEEPSEEK4.md.
+//
+// A tensor-parallel rank file (docs/TENSOR_PARALLEL.md) is read as a smaller
+// model: its heads, output groups and expert width are 1/N of the whole. With
+// ForwardArgs::tp, each layer's attention output and MoE output are summed
+// over the ranks before the hyper-connection post step, and the head's
+// vocabulary slices are gathered into full logit rows.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +109,7 @@ class Deepseek4Arch : public Arch {
     uint64_t x, hc_tmp, mix, h, h_out, scores, rows;                    // persistent
     uint64_t q_lat, q, att, kv_new, o_lat, comp, iq, iw, icomp, itop, iscore;  // attention
     uint64_t router, ids, wts, gate_up, shared, out;                   // moe
-    uint64_t logits;                                                    // head
+    uint64_t logits, tp_mine, tp_all;                                   // head (tp_*: a rank's slice, gathered)
     uint64_t bytes;
     int64_t score_stride;  // floats of one thread's attention scores
   };
@@ -125,6 +131,7 @@ class Deepseek4Arch : public Arch {
   void moe(const Run& r, int layer) const;                // h -> h_out
   void head(const Run& r, float* logits) const;
 
+  int tp_rank_ = 0;  // a rank file's rank (baton.tp.rank); its size is s_.tp_size
   std::string name_ = "deepseek4";
   Deepseek4Shape s_;
   ModelDims dims_;

@@ -140,6 +140,21 @@ Deepseek4Shape Deepseek4Shape::from_gguf(const GgufFile& f) {
   s.yarn_beta_slow = k.real("rope.scaling.yarn_beta_slow", 1.0);
   s.yarn_orig_ctx = k.count("rope.scaling.original_context_length", 0);
   s.rms_eps = k.real("attention.layer_norm_rms_epsilon", 1e-6);
+  // The keys of engine/tp/slice.h's tp_keys (a room above this one); the
+  // architecture checks the rank and the slice against its group.
+  s.tp_vocab_count = s.n_vocab;
+  if (f.has("baton.tp.size")) {
+    const int64_t n = f.get_int("baton.tp.size");
+    if (n < 2 || n > 4096) throw std::runtime_error(fmt::format("baton.tp.size = {} is out of range (2 to 4096 ranks)", n));
+    s.tp_size = int(n);
+    s.tp_vocab_begin = f.get_int("baton.tp.vocab_begin");
+    s.tp_vocab_count = f.get_int("baton.tp.vocab_count");
+    if (s.tp_vocab_begin < 0 || s.tp_vocab_count < 1 || s.tp_vocab_count > s.tp_vocab_slice() ||
+        s.tp_vocab_begin + s.tp_vocab_count > s.n_vocab) {
+      throw std::runtime_error(fmt::format("baton.tp vocabulary rows {}+{} are out of range (vocabulary {}, {} ranks)",
+                                           s.tp_vocab_begin, s.tp_vocab_count, s.n_vocab, s.tp_size));
+    }
+  }
   s.validate();
   return s;
 }
@@ -200,7 +215,9 @@ Deepseek4Shape Deepseek4Shape::tiny() {
   s.o_groups = 2;
   s.n_expert = 8;
   s.n_expert_used = 2;
-  s.n_ff_exp = 256;
+  // 512: two tensor-parallel ranks cut ffn_down_exps' 256-element Q2_K / Q4_K
+  // blocks whole (docs/TENSOR_PARALLEL.md).
+  s.n_ff_exp = 512;
   s.sliding_window = 32;
   s.idx_n_head = 4;
   s.idx_head_dim = 128;
@@ -328,7 +345,8 @@ std::vector<Ds4TensorSpec> Deepseek4Shape::head_tensors() const {
       {"output_hc_fn.weight", {hc_width(), n_hc}, Ds4Role::HcFn},
       {"output_hc_scale.weight", {1}, Ds4Role::HcParam},
       {"output_norm.weight", {n_embd}, Ds4Role::Norm},
-      {"output.weight", {n_embd, n_vocab}, Ds4Role::Output},
+      // A rank's head: its vocabulary rows.
+      {"output.weight", {n_embd, tp_size > 1 ? tp_vocab_count : n_vocab}, Ds4Role::Output},
   };
 }
 
@@ -445,7 +463,9 @@ double Deepseek4Shape::kv_bytes_per_token(int layer, Ds4KvStorage s) const {
 //               needs a query's scores over every index row at once
 //   moe         router R x n_expert, ids and weights R x top each, gate/up
 //               R x 2*top*n_ff_exp, shared R x 2*shared*n_ff_exp, out R x n_embd
-//   head        logits max_logit_rows x n_vocab (last stage only)
+//   head        logits max_logit_rows x n_vocab (last stage only); a
+//               tensor-parallel rank adds its slice max_logit_rows x
+//               ceil(n_vocab / N) and the N gathered slices
 uint64_t Deepseek4Shape::workspace_bytes(const WorkspaceShape& ws, LayerRange layers) const {
   if (ws.max_batch < 1 || ws.n_ctx < 1 || ws.n_threads < 1) {
     throw std::invalid_argument("deepseek4 workspace: batch, context and threads must be >= 1");
@@ -482,7 +502,12 @@ uint64_t Deepseek4Shape::workspace_bytes(const WorkspaceShape& ws, LayerRange la
                       R * ceil_div(ctx, uint64_t(kIndexedRatio))});
   }
   const uint64_t moe = sum({R * uint64_t(n_expert), R * top, R * top, R * 2 * top * ff, R * 2 * sh * ff, R * E});
-  const uint64_t head = ws.head ? sum({uint64_t(ws.max_logit_rows) * uint64_t(n_vocab)}) : 0;
+  // A rank's head adds its slice of the logits and the gathered slices.
+  const uint64_t slice = tp_size > 1 ? uint64_t(ws.max_logit_rows) * uint64_t(tp_vocab_slice()) : 0;
+  const uint64_t head =
+      ws.head ? sum({uint64_t(ws.max_logit_rows) * uint64_t(n_vocab)}) +
+                    (tp_size > 1 ? sum({slice, slice * uint64_t(tp_size)}) : 0)
+              : 0;
   return persistent + std::max({attention, moe, head});
 }
 

@@ -111,6 +111,13 @@ struct Deepseek4Shape {
   double yarn_factor = 1, yarn_beta_fast = 32, yarn_beta_slow = 1;
   int64_t yarn_orig_ctx = 0;
   double rms_eps = 1e-6;
+  // A tensor-parallel rank file (`baton split --tp`, engine/tp/slice.h): the
+  // group's size and the rows of the vocabulary its output.weight holds; the
+  // keys above already give the rank's heads, output groups and expert width.
+  int tp_size = 1;
+  int64_t tp_vocab_begin = 0, tp_vocab_count = 0;  // 0, n_vocab for a whole model
+  // Logit floats of one row a rank computes and gathers: ceil(n_vocab / tp_size).
+  int64_t tp_vocab_slice() const { return (n_vocab + tp_size - 1) / tp_size; }
 
   // Reads every key (prefix `deepseek4.`); throws std::runtime_error naming a
   // missing or out-of-range key. vocab_size falls back to token_embd's rows.

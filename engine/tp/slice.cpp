@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string_view>
 
@@ -72,6 +73,21 @@ TpSlice columns(const GgufTensorInfo& t, int n, int64_t begin, int64_t count) {
   return s;
 }
 
+// The rank's rows [begin, begin+count) of ne[1] in each of the ne[2]
+// matrices of a stacked 3-D tensor (every expert keeps its slice).
+TpSlice expert_rows(const GgufTensorInfo& t, int n, int64_t begin, int64_t count) {
+  if (t.n_dims != 3) refuse(t, n, "an expert-row cut needs a stack of matrices");
+  if (begin < 0 || count < 1 || begin + count > t.ne[1]) {
+    refuse(t, n, fmt::format("rows [{}, {}) are outside its {} rows per expert", begin, begin + count, t.ne[1]));
+  }
+  TpSlice s = slice_of(t, TpCut::ExpertRows);
+  s.ne[1] = count;
+  s.begin = begin;
+  s.count = count;
+  s.nbytes = t.nbytes / uint64_t(t.ne[1]) * uint64_t(count);
+  return s;
+}
+
 TpSlice replicated(const GgufTensorInfo& t) {
   TpSlice s = slice_of(t, TpCut::Replicated);
   s.begin = 0;
@@ -84,6 +100,49 @@ void check_divides(const GgufTensorInfo& t, int n, int64_t what, const char* nam
   if (what % n != 0) refuse(t, n, fmt::format("{} = {} is not a multiple of {}", name, what, n));
 }
 
+// deepseek4's layer tensors (docs/TENSOR_PARALLEL.md, "deepseek4"): rank r
+// takes output groups [r G/N, (r+1) G/N) and with them their heads (group g
+// holds heads [g H/G, (g+1) H/G)), the heads' rows of q_b and their sinks;
+// output_b's columns of those groups give a partial sum. Every routed and
+// shared expert keeps 1/N of its width. The rest is computed whole by every rank.
+TpSlice ds4_layer_slice(const TpDims& d, const GgufTensorInfo& t, std::string_view suffix, int n, int rank) {
+  const auto is = [&](std::string_view what) { return suffix == what; };
+  const int64_t hd = d.head_dim_k;
+  if (is("attn_q_b.weight") || is("attn_sinks.weight") || is("attn_output_a.weight") ||
+      is("attn_output_b.weight")) {
+    check_divides(t, n, d.o_groups, "output_group_count");
+    const int64_t h = d.n_head / n, g = d.o_groups / n;
+    if (is("attn_q_b.weight")) return rows(t, n, rank * h * hd, h * hd);
+    if (is("attn_sinks.weight")) return rows(t, n, rank * h, h);
+    if (is("attn_output_a.weight")) return rows(t, n, rank * g * d.o_lora_rank, g * d.o_lora_rank);
+    return columns(t, n, rank * g * d.o_lora_rank, g * d.o_lora_rank);
+  }
+  if (is("ffn_gate_exps.weight") || is("ffn_up_exps.weight") || is("ffn_down_exps.weight")) {
+    check_divides(t, n, d.n_ff, "expert_feed_forward_length");
+    const int64_t f = d.n_ff / n;
+    return suffix[4] == 'd' ? columns(t, n, rank * f, f) : expert_rows(t, n, rank * f, f);
+  }
+  if (is("ffn_gate_shexp.weight") || is("ffn_up_shexp.weight") || is("ffn_down_shexp.weight")) {
+    check_divides(t, n, d.n_ff, "expert_feed_forward_length");
+    const int64_t f = d.n_ff_shared / n;
+    return suffix[4] == 'd' ? columns(t, n, rank * f, f) : rows(t, n, rank * f, f);
+  }
+  // Hyper-connections, norms, q_a, the latent KV, the router and its hash
+  // table, the compressors and the indexer.
+  static constexpr std::string_view kWhole[] = {
+      "hc_attn_fn.weight", "hc_attn_scale.weight", "hc_attn_base.weight", "hc_ffn_fn.weight",
+      "hc_ffn_scale.weight", "hc_ffn_base.weight", "attn_norm.weight", "attn_q_a.weight",
+      "attn_q_a_norm.weight", "attn_kv.weight", "attn_kv_a_norm.weight", "ffn_norm.weight",
+      "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "exp_probs_b.bias", "attn_compressor_ape.weight",
+      "attn_compressor_kv.weight", "attn_compressor_gate.weight", "attn_compressor_norm.weight",
+      "indexer.attn_q_b.weight", "indexer.proj.weight", "indexer_compressor_ape.weight",
+      "indexer_compressor_kv.weight", "indexer_compressor_gate.weight", "indexer_compressor_norm.weight"};
+  for (std::string_view w : kWhole) {
+    if (suffix == w) return replicated(t);
+  }
+  refuse(t, n, "no tensor-parallel cut is known for it");
+}
+
 }  // namespace
 
 const char* tp_cut_name(TpCut c) {
@@ -92,6 +151,7 @@ const char* tp_cut_name(TpCut c) {
     case TpCut::Rows: return "rows";
     case TpCut::Columns: return "columns";
     case TpCut::HeadFromEmbedding: return "head from embedding";
+    case TpCut::ExpertRows: return "rows of each expert";
   }
   return "?";
 }
@@ -99,15 +159,27 @@ const char* tp_cut_name(TpCut c) {
 TpDims read_tp_dims(const GgufFile& meta) {
   TpDims d;
   d.arch = meta.get_str("general.architecture");
-  if (!is_llama_family(d.arch)) {
-    throw std::runtime_error("tensor-parallel files exist for the llama family (llama, qwen2, qwen3) only so far; "
-                             "this model's architecture is '" + d.arch + "'");
+  if (!is_llama_family(d.arch) && !d.deepseek4()) {
+    throw std::runtime_error("tensor-parallel files exist for the llama family (llama, qwen2, qwen3) and deepseek4 "
+                             "only; this model's architecture is '" + d.arch + "'");
   }
   const std::string a = d.arch + ".";
   d.n_embd = meta.get_int(a + "embedding_length");
-  d.n_ff = meta.get_int(a + "feed_forward_length");
   d.n_head = int(meta.get_int(a + "attention.head_count"));
-  d.n_head_kv = int(meta.get_int(a + "attention.head_count_kv", d.n_head));
+  if (d.deepseek4()) {
+    d.n_ff = meta.get_int(a + "expert_feed_forward_length");
+    d.n_head_kv = 1;  // the one latent KV row: every rank computes it whole
+    d.o_groups = int(meta.get_int(a + "attention.output_group_count"));
+    d.o_lora_rank = meta.get_int(a + "attention.output_lora_rank");
+    d.n_ff_shared = d.n_ff * std::max<int64_t>(1, meta.get_int(a + "expert_shared_count", 0));
+    if (d.o_groups < 1 || d.o_lora_rank < 1 || d.n_head < 1 || d.n_head % d.o_groups != 0) {
+      throw std::runtime_error(fmt::format("deepseek4: malformed attention dimensions (heads {}, output groups {})",
+                                           d.n_head, d.o_groups));
+    }
+  } else {
+    d.n_ff = meta.get_int(a + "feed_forward_length");
+    d.n_head_kv = int(meta.get_int(a + "attention.head_count_kv", d.n_head));
+  }
   if (d.n_embd < 1 || d.n_ff < 1 || d.n_head < 1 || d.n_head_kv < 1 || d.n_head % d.n_head_kv != 0) {
     throw std::runtime_error(fmt::format("{}: malformed dimensions (embedding {}, ffn {}, heads {}, kv heads {})",
                                          d.arch, d.n_embd, d.n_ff, d.n_head, d.n_head_kv));
@@ -147,6 +219,7 @@ TpSlice tp_slice_tensor(const TpDims& d, const GgufTensorInfo& t, int n, int ran
   // "blk.N.SUFFIX"
   const std::string_view name(t.name);
   const std::string_view suffix = name.substr(name.find('.', 4) + 1);
+  if (d.deepseek4()) return ds4_layer_slice(d, t, suffix, n, rank);
   const auto is = [&](std::string_view what) { return suffix == what; };
   const int64_t dk = d.head_dim_k, dv = d.head_dim_v;
   if (is("attn_norm.weight") || is("ffn_norm.weight") || is("attn_q_norm.weight") || is("attn_k_norm.weight") ||
@@ -204,7 +277,11 @@ void tp_check_model(const TpDims& d, const std::vector<GgufTensorInfo>& tensors,
   if (!has_output && embd) {
     for (int r = 0; r < n; ++r) tp_tied_head_slice(d, *embd, n, r);
   }
-  if (d.n_head_kv % n != 0 || d.n_head % n != 0) {
+  if (d.deepseek4()) {
+    if (d.o_groups % n != 0) {
+      throw std::runtime_error(fmt::format("{} tensor-parallel ranks do not divide the {} output groups", n, d.o_groups));
+    }
+  } else if (d.n_head_kv % n != 0 || d.n_head % n != 0) {
     throw std::runtime_error(fmt::format("{} tensor-parallel ranks do not divide the {} KV heads ({} query heads)", n,
                                          d.n_head_kv, d.n_head));
   }
@@ -215,9 +292,12 @@ void tp_check_model(const TpDims& d, const std::vector<GgufTensorInfo>& tensors,
 
 std::vector<TpKeyChange> tp_key_changes(const GgufFile& meta, const TpDims& d, int n) {
   const std::string a = d.arch + ".";
-  const std::string head = a + "attention.head_count", head_kv = a + "attention.head_count_kv",
-                    ff = a + "feed_forward_length", key_len = a + "attention.key_length",
-                    value_len = a + "attention.value_length";
+  // deepseek4: the heads and output groups of the rank and the width of each
+  // of its experts (the latent KV is whole: head_count_kv stays).
+  const std::string head = a + "attention.head_count",
+                    head_kv = d.deepseek4() ? a + "attention.output_group_count" : a + "attention.head_count_kv",
+                    ff = a + (d.deepseek4() ? "expert_feed_forward_length" : "feed_forward_length"),
+                    key_len = a + "attention.key_length", value_len = a + "attention.value_length";
   // The divided counts keep the source's integer type; head_dim would change
   // with head_count (its default is n_embd / n_head), so it is written out.
   auto divided = [&](const std::string& key) {

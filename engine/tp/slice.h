@@ -1,8 +1,9 @@
-// Tensor-parallel slicing: how one tensor of a llama-family model is cut for
-// N ranks. A rank's file is itself a smaller model of the same architecture
-// (fewer heads, a narrower FFN, a slice of the vocabulary), so the unchanged
-// forward runs on it; the engine sums the ranks' attention-output and FFN-down
-// products (all-reduce) and gathers the vocabulary-sliced logits.
+// Tensor-parallel slicing: how one tensor of a llama-family or deepseek4
+// model is cut for N ranks. A rank's file is itself a smaller model of the
+// same architecture (fewer heads or output groups, a narrower FFN or narrower
+// experts, a slice of the vocabulary), so the unchanged forward runs on it;
+// the engine sums the ranks' attention-output and FFN-down (MoE) products
+// (all-reduce) and gathers the vocabulary-sliced logits.
 //
 // Deciding the cut needs only the metadata, the tensor's name, shape and dtype:
 // the writer (gguf_split/split_tp.cpp) streams the bytes, and merge runs the
@@ -45,19 +46,26 @@ enum class TpCut : uint8_t {
   Replicated = 0,        // the whole tensor on every rank
   Rows = 1,              // a range of the outermost dimension (ne[1]; ne[0] of a 1-D bias)
   Columns = 2,           // a range of ne[0] in every row, on quantization block boundaries
-  HeadFromEmbedding = 3  // output.weight cut from token_embd rows (tied head); not in the source
+  HeadFromEmbedding = 3,  // output.weight cut from token_embd rows (tied head); not in the source
+  ExpertRows = 4          // a range of ne[1] in each of the ne[2] matrices (stacked experts' gate/up)
 };
 const char* tp_cut_name(TpCut c);
 
-// What the slicing reads from the metadata (llama family).
+// What the slicing reads from the metadata. deepseek4: n_ff is the width of
+// one routed expert (expert_feed_forward_length), n_head_kv is 1 (the one
+// latent KV row, kept whole), o_groups the grouped output's groups.
 struct TpDims {
   std::string arch;
   int n_head = 0, n_head_kv = 0;
   int head_dim_k = 0, head_dim_v = 0;
   int64_t n_embd = 0, n_ff = 0, n_vocab = 0;
+  int o_groups = 0;             // deepseek4
+  int64_t o_lora_rank = 0;      // deepseek4
+  int64_t n_ff_shared = 0;      // deepseek4: the shared experts' width (n_ff x shared count)
+  bool deepseek4() const { return arch == "deepseek4"; }
 };
 // Throws std::runtime_error for an architecture without tensor-parallel
-// files (deepseek4 so far) or missing keys.
+// files or missing keys.
 TpDims read_tp_dims(const GgufFile& meta);
 
 // Rank r's vocabulary rows: [r*ceil(V/N), ...) clipped to V (the last slice may be shorter).
@@ -84,7 +92,8 @@ TpSlice tp_slice_tensor(const TpDims& d, const GgufTensorInfo& t, int n, int ran
 TpSlice tp_tied_head_slice(const TpDims& d, const GgufTensorInfo& token_embd, int n, int rank);
 
 // Checks every tensor of the model for every rank (the refusals above) before
-// anything is written; also refuses N < 2 and N that does not divide n_head_kv or n_ff.
+// anything is written; also refuses N < 2 and N that does not divide n_head_kv or n_ff
+// (deepseek4: the output groups and the expert width).
 void tp_check_model(const TpDims& d, const std::vector<GgufTensorInfo>& tensors, int n);
 
 // The rank file's metadata changes: (key, new value) for the keys it sets,
