@@ -24,7 +24,7 @@ namespace {
 
 #ifdef BATON_HAVE_CUDA
 constexpr CudaStageFactory kCudaLlamaStage{plan_cuda_stage, make_cuda_stage, true, true};
-constexpr CudaStageFactory kCudaDs4Stage{plan_cuda_ds4_stage, make_cuda_ds4_stage, false, false};
+constexpr CudaStageFactory kCudaDs4Stage{plan_cuda_ds4_stage, make_cuda_ds4_stage, false, true};
 constexpr const CudaStageFactory* kLlamaCuda = &kCudaLlamaStage;
 constexpr const CudaStageFactory* kDs4Cuda = &kCudaDs4Stage;
 #else

@@ -192,6 +192,48 @@ TEST(CliBench, TpAloneTimesOneRankFile) {
   EXPECT_NE(r.err.find("not a tensor-parallel rank file"), std::string::npos) << r.err;
 }
 
+// --tp-alone takes a deepseek4 rank file too, on the CPU and on the CUDA
+// backend (refused only where no GPU is: never as a rank file the CUDA
+// stage cannot run).
+TEST(CliBench, TpAloneTimesOneDeepseek4RankFile) {
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::TempDir dir;
+  SynthOptions so;
+  so.arch = "deepseek4";
+  so.shape = "deepseek4-tiny";
+  so.type = "q2";
+  so.seed = seed;
+  write_synth_model(dir.file("ds4.gguf"), so);
+  auto split_run =
+      test::run_command({test::baton_binary(), "split", dir.file("ds4.gguf"), "--tp", "2", "-o", dir.file("ranks")});
+  ASSERT_EQ(split_run.exit_code, 0) << split_run.err;
+  std::vector<std::string> ranks;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("ranks"))) ranks.push_back(e.path().string());
+  std::sort(ranks.begin(), ranks.end());
+  ASSERT_EQ(ranks.size(), 2u);
+  for (const char* backend : {"cpu", "cuda"}) {
+    SCOPED_TRACE(backend);
+    auto r = test::run_command({test::baton_binary(), "bench", "-m", ranks[0], "--backend", backend, "--tp-alone",
+                                "--csv", "--ctx-start", "16", "--ctx-max", "32", "--gen-tokens", "4", "--batch", "16",
+                                "--threads", "2", "--copy-mb", "16", "--read-mb", "1", "--parallel", "2"});
+    EXPECT_EQ(r.err.find("does not run tensor-parallel rank files"), std::string::npos) << r.err;
+    if (std::string(backend) == "cuda" && r.exit_code == 2) {
+      EXPECT_EQ(r.err.rfind("baton bench: cuda: ", 0), 0u) << r.err;
+      continue;
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("tensor-parallel rank 0 of 2 alone"), std::string::npos) << r.err;
+    const auto lines = split(r.out, '\n');
+    ASSERT_EQ(lines.size(), 3u) << r.out;  // header + ctx 16, 32
+    for (size_t i = 1; i < lines.size(); ++i) {
+      const auto v = split(lines[i], ',');
+      ASSERT_GE(v.size(), 5u) << lines[i];
+      EXPECT_GT(std::stod(v[4]), 0.0) << "decode tok/s: " << lines[i];
+    }
+  }
+}
+
 TEST(CliBench, BadParallelListIsRefused) {
   for (const char* bad : {"0", "2,,3", "x", "4,2000"}) {
     auto r = test::run_command({test::baton_binary(), "bench", "-m", "missing.gguf", "--parallel", bad});

@@ -395,11 +395,7 @@ const float* Deepseek4Arch::forward(const ForwardArgs& a) const {
   const int64_t B = a.n_tokens;
   check_forward_args(a);
   // A rank file runs only with its group's link, and a whole model without one.
-  const int tp_size = a.tp ? a.tp->size() : 1, tp_rank = a.tp ? a.tp->rank() : 0;
-  if (tp_size != s_.tp_size || tp_rank != tp_rank_) {
-    throw std::invalid_argument(fmt::format("this file is tensor-parallel rank {} of {}, but the stage runs as rank {} of {}",
-                                            tp_rank_, s_.tp_size, tp_rank, tp_size));
-  }
+  check_tp_rank(tp_rank_, s_.tp_size, a.tp);
   if (s.layers.count() > 0 && (a.layers.first < s.layers.first || a.layers.last > s.layers.last)) {
     throw std::invalid_argument("forward: the workspace was sized for another layer range");
   }

@@ -90,6 +90,9 @@ class Deepseek4Arch : public Arch {
   const ModelDims& dims() const override { return dims_; }
   std::string describe() const override { return s_.describe(); }
   const Deepseek4Shape& shape() const { return s_; }
+  // A rank file's rank (baton.tp.rank; 0 for a whole model); its group's
+  // size is shape().tp_size.
+  int tp_rank() const { return tp_rank_; }
 
   std::vector<TensorSpec> embedding_tensors() const override;
   std::vector<TensorSpec> head_tensors() const override;

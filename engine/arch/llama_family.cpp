@@ -148,13 +148,7 @@ void add_into(float* x, const float* y, int64_t n) {
 
 }  // namespace
 
-void check_tp_link(const LlamaHparams& hp, const TpComm* tp) {
-  const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
-  if (size != hp.tp_size || rank != hp.tp_rank) {
-    throw std::invalid_argument(fmt::format("this file is tensor-parallel rank {} of {}, but the stage runs as rank {} of {}",
-                                            hp.tp_rank, hp.tp_size, rank, size));
-  }
-}
+void check_tp_link(const LlamaHparams& hp, const TpComm* tp) { check_tp_rank(hp.tp_rank, hp.tp_size, tp); }
 
 LlamaFamilyArch::LlamaFamilyArch(const GgufFile& f, LlamaVariant variant) : variant_(std::move(variant)) {
   hp_ = read_hparams(f, variant_.name);

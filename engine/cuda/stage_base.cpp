@@ -1,6 +1,7 @@
 #include "engine/cuda/stage_base.h"
 #include "engine/model/layer_range_text.h"
 #include "engine/runtime/tp_comm.h"
+#include "engine/tp/slice.h"
 
 #include <fmt/format.h>
 
@@ -196,6 +197,35 @@ void CudaStageBase::tp_gather(const float* mine, size_t n, float* all) {
   if (host) {
     BATON_CUDA_CHECK(cudaMemcpyAsync(all, io_.data() + S.h_tp_all, total * sizeof(float), cudaMemcpyHostToDevice,
                                      stream_.get()));
+  }
+}
+
+CudaStageBase::TpRooms CudaStageBase::tp_rooms(int tp_size, int64_t vocab, int64_t logit_rows, uint64_t sum_floats) {
+  TpRooms t;
+  if (tp_size <= 1) return t;
+  t.slice = tp_vocab_range(vocab, tp_size, 0).second;
+  t.block = uint64_t(logit_rows) * uint64_t(t.slice);
+  t.h_tp_floats = std::max(sum_floats, t.block);
+  t.h_tp_all_floats = uint64_t(tp_size) * t.block;
+  return t;
+}
+
+void CudaStageBase::tp_gather_logits(float* mine, float* all, int64_t rows, float* logits) {
+  const int n = config_.tp->size();
+  const int64_t V = shared_.vocab;
+  const int64_t slice = tp_vocab_range(V, n, 0).second;
+  const int64_t block = rows * slice, filled = rows * tp_vocab_range(V, n, config_.tp->rank()).second;
+  cudaStream_t s = stream_.get();
+  if (filled < block) {
+    BATON_CUDA_CHECK(cudaMemsetAsync(mine + filled, 0, uint64_t(block - filled) * sizeof(float), s));
+  }
+  tp_gather(mine, size_t(block), all);
+  for (int r = 0; r < n; ++r) {
+    const auto [begin, count] = tp_vocab_range(V, n, r);
+    if (count <= 0) continue;
+    BATON_CUDA_CHECK(cudaMemcpy2DAsync(logits + begin, uint64_t(V) * sizeof(float), all + int64_t(r) * block,
+                                       uint64_t(count) * sizeof(float), uint64_t(count) * sizeof(float), size_t(rows),
+                                       cudaMemcpyDeviceToDevice, s));
   }
 }
 

@@ -145,8 +145,8 @@ class CudaStageBase : public StageRunner {
   };
 
   // The shared fields of a stage's Layout, which names them alike (B the
-  // planned batch, V the vocabulary, bytes the workspace's size); the flags
-  // are the caller's to set.
+  // planned batch, V the vocabulary, bytes the workspace's size, h_tp* the
+  // exchange rooms); the flags are the caller's to set.
   template <class Layout>
   static SharedLayout shared_of(const Layout& L, int64_t row_width) {
     SharedLayout s;
@@ -155,8 +155,20 @@ class CudaStageBase : public StageRunner {
     s.params = L.params, s.x = L.x, s.logits = L.logits;
     s.h_params = L.h_params, s.h_ids = L.h_ids, s.h_out = L.h_out, s.h_in = L.h_in;
     s.batch = L.B, s.vocab = L.V, s.row_width = row_width;
+    s.h_tp = L.h_tp, s.h_tp_floats = L.h_tp_floats, s.h_tp_all = L.h_tp_all, s.h_tp_all_floats = L.h_tp_all_floats;
     return s;
   }
+
+  // The floats a rank's exchanges need (both stages plan them alike): a
+  // sum carries `sum_floats` (the planned batch's rows), the head's gather
+  // `logit_rows` rows of ceil(V / N) floats a rank (the block, `slice`
+  // each row); zeros for a whole model (tp_size 1).
+  struct TpRooms {
+    int64_t slice = 0;                       // ceil(V / N) floats of a rank's logit row
+    uint64_t block = 0;                      // logit_rows x slice: one rank's gathered floats
+    uint64_t h_tp_floats = 0, h_tp_all_floats = 0;  // the pinned rooms (SharedLayout)
+  };
+  static TpRooms tp_rooms(int tp_size, int64_t vocab, int64_t logit_rows, uint64_t sum_floats);
 
   explicit CudaStageBase(std::unique_ptr<Arch> arch);
 
@@ -201,6 +213,12 @@ class CudaStageBase : public StageRunner {
   // `mine` gathered into `all` (device, N x n, rank-major).
   void tp_sum(float* device, size_t n);
   void tp_gather(const float* mine, size_t n, float* all);
+  // A rank's head: `rows` rows of its vocabulary slice at `mine` (device,
+  // at a stride of its own vocab_count, with room for rows x slice) are
+  // padded with zeros to the block the CPU forward exchanges, gathered from
+  // every rank into `all` (N blocks, rank-major) and scattered into the full
+  // logit rows (stride V), so ranks of either backend exchange alike.
+  void tp_gather_logits(float* mine, float* all, int64_t rows, float* logits);
 
   // The pinned step parameters into the workspace, on stream_.
   void enqueue_params();

@@ -4,8 +4,18 @@
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace baton {
+
+void check_tp_rank(int file_rank, int file_size, const TpComm* tp) {
+  const int size = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
+  if (size != file_size || rank != file_rank) {
+    throw std::invalid_argument("this file is tensor-parallel rank " + std::to_string(file_rank) + " of " +
+                                std::to_string(file_size) + ", but the stage runs as rank " + std::to_string(rank) +
+                                " of " + std::to_string(size));
+  }
+}
 
 class InProcessTpGroup::Member final : public TpComm {
  public:

@@ -46,6 +46,12 @@ class TpComm {
   virtual bool device_buffers() const { return false; }
 };
 
+// A rank file (rank file_rank of file_size) runs only with its group's link
+// of that rank and size, and a whole model (file_size 1) only without one or
+// in a group of one: std::invalid_argument otherwise, naming both. The CPU
+// forwards check at every call, the CUDA stages at construction.
+void check_tp_rank(int file_rank, int file_size, const TpComm* tp);
+
 // One rank of a group of N measured alone (`baton bench --tp-alone`,
 // docs/PERFORMANCE.md): no peers and no traffic. sum() leaves the rank's own
 // partial as it is, as if every other rank had added zeros; gather() puts

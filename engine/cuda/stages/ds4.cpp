@@ -13,6 +13,7 @@
 #include "engine/cuda/stages/ds4_impl.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/tp_comm.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matmul_small.cuh"
@@ -272,6 +273,12 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   const uint64_t moe_end = at;
   at = std::max(attention_end, moe_end);
   L.logits = take(uint64_t(L.LR) * L.V * f);
+  // A rank's head slice and the gathered blocks (nothing for a whole model).
+  L.tp = s.tp_size;
+  L.vocab_count = s.tp_vocab_count;
+  const TpRooms rooms = tp_rooms(L.tp, L.V, L.LR, B * uint64_t(L.E));
+  L.tp_mine = take(rooms.block * f);
+  L.tp_all = take(uint64_t(L.tp > 1 ? L.tp : 0) * rooms.block * f);
   L.head_in = take(uint64_t(L.LR) * L.HC * f);
   L.argmax = take(uint64_t(std::max<int64_t>(L.LR, 1)) * 4);
   L.argmax_ws_bytes = cuda::argmax_workspace_bytes(L.LR);
@@ -314,6 +321,10 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   L.h_offsets = take_h(uint64_t(L.NE + 1) * 4);
   L.h_out = take_h((c.head ? uint64_t(L.LR) * L.V : B * L.HC) * f);
   L.h_in = take_h(c.embedding ? 0 : B * L.HC * f);
+  L.h_tp_floats = rooms.h_tp_floats;
+  L.h_tp_all_floats = rooms.h_tp_all_floats;
+  L.h_tp = take_h(L.h_tp_floats * f);
+  L.h_tp_all = take_h(L.h_tp_all_floats * f);
   L.io_bytes = h;
 
   // KV streams as KvCache lays them out: [layer][seq][stream], every stream
@@ -411,9 +422,11 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   ds4_ = &as_ds4(*arch_);
   const Deepseek4Shape& s = ds4_->shape();
   check_dims(s);
-  // Its forward has no sums: a group's rank would compute alone.
-  if (config.tp) throw std::invalid_argument("the CUDA deepseek4 stage does not run as a tensor-parallel rank yet");
+  check_tp_rank(ds4_->tp_rank(), s.tp_size, config.tp);
   config_ = Stage::resolve(*arch_, config);
+  // A group of one rank has nothing to exchange: the stage runs as any
+  // whole model, one graph a step.
+  if (config_.tp && config_.tp->size() == 1) config_.tp = nullptr;
   for (int l = config_.first_layer; l <= config_.last_layer; ++l) {
     if (s.is_hash_layer(l) && !config_.embedding) {
       throw std::invalid_argument(fmt::format(

@@ -21,6 +21,13 @@
 // cache. Those kernels take the cache by pointer, so a batch is queued every
 // step rather than replayed from a graph.
 //
+// A tensor-parallel rank file (`baton split --tp`) is read as a smaller
+// model of the same shape (its heads, output groups, expert and shared
+// expert widths, vocabulary rows); with StageConfig::tp the forward sums
+// the attention output and the MoE output over the ranks and gathers the
+// head (ds4_forward.cpp), and a decode step is a chain of graphs cut at
+// those exchanges (CudaStageBase).
+//
 // Stage boundary: the whole hyper-connection state, n_hc * n_embd floats per
 // token. The forward copies the host input rows into the HC state itself,
 // inside the decode graph, so this stage has no device boundary rows. Only

@@ -3,6 +3,14 @@
 // HC-post, HC-pre, MoE, HC-post; the HC state x stays in the workspace for
 // the whole forward.
 //
+// A tensor-parallel rank (config_.tp, docs/TENSOR_PARALLEL.md) runs the
+// same steps on its slice (its heads and output groups, its rows of every
+// expert and of the shared expert, its vocabulary rows) and adds the
+// group's exchanges: attn_output_b's partial rows in y and the MoE's (routed
+// + shared) in moe_out are summed over the ranks in place before the HC
+// post step reads them, and the head gathers every rank's logits before
+// the argmax. Every rank then runs the same HC steps on the same bits.
+//
 // Numerics: activations and reductions are float32 as on the CPU; the
 // projections of up to kMatvecMaxTokens tokens read Q8_0/Q4_K weights with
 // activations quantized to 16 bits (matvec_xq, max|x| / 65024 per value)
@@ -224,12 +232,22 @@ void CudaDs4Stage::run_forward(const std::vector<Chunk>& chunks, int64_t n, int6
     mark(st, kHc);
     attention(chunks, l, n, graph);
     join_comb(forked_a);
+    // A rank's sums come after the join, so that the side stream is back
+    // in stream_ wherever the decode graph is cut.
+    if (config_.tp) tp_sum(f(L.y), size_t(n * L.E));  // its output groups' share of attn_output_b
     cuda::ds4_hc_post(hs, x, f(L.y), mix, n, x, st);
     const bool forked_f = hc_pre(w, 1);
     mark(st, kHc);
     const float* shared = moe(l, n);  // the shared expert's output when not yet added
     mark(st, kShared);
     join_comb(forked_f);
+    if (config_.tp) {
+      // Its slice of every expert: routed + shared, then one sum (the CPU
+      // forward's order).
+      if (shared) cuda::add_inplace(f(L.moe_out), shared, n * L.E, st);
+      shared = nullptr;
+      tp_sum(f(L.moe_out), size_t(n * L.E));
+    }
     if (shared) {
       cuda::ds4_hc_post_add(hs, x, f(L.moe_out), shared, mix, n, x, st);
     } else {
@@ -592,7 +610,11 @@ void CudaDs4Stage::head(int64_t n, int64_t n_out, bool batch) {
   project(W.out_hc_fn, flat, nullptr, rows, L.HC, mix, L.MIX);
   cuda::ds4_head_input(hc_shape(s), mix, L.MIX, xr, rows, W.out_hc_scale, W.out_hc_base, W.output_norm, h, st);
   const void* xq = quantize_for({&W.output}, h, L.E, rows, L.E);
-  project(W.output, h, xq, rows, L.E, logits, L.V);
+  // A rank projects its vocabulary rows apart, then gathers every rank's.
+  const bool tp = config_.tp != nullptr;
+  float* out = tp ? f(L.tp_mine) : logits;
+  project(W.output, h, xq, rows, L.E, out, tp ? L.vocab_count : L.V);
+  if (tp) tp_gather_logits(out, f(L.tp_all), rows, logits);
   int32_t* ids = reinterpret_cast<int32_t*>(ws + L.argmax);
   cuda::argmax(logits, rows, L.V, L.V, ids, st, ws + L.argmax_ws, L.argmax_ws_bytes);
   BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_ids, ids, uint64_t(rows) * 4, cudaMemcpyDeviceToHost, st));

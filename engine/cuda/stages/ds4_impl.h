@@ -90,6 +90,16 @@ struct CudaDs4Stage::Layout {
   uint64_t h_params = 0, h_ids = 0, h_offsets = 0, h_out = 0, h_in = 0, io_bytes = 0;
   std::vector<KvLayer> kv;
   uint64_t kv_bytes = 0;
+  // A tensor-parallel rank (tp > 1): the head computes its vocabulary rows
+  // into tp_mine (rows of vocab_count floats, room for LR x ceil(V / tp)),
+  // every rank's blocks are gathered into tp_all and scattered into the
+  // logit rows from there. h_tp and h_tp_all are the pinned rooms of a host
+  // group's exchanges (SharedLayout): the sums' B x E rows, the gather's
+  // blocks. All empty for a whole model.
+  int tp = 1;
+  int64_t vocab_count = 0;
+  uint64_t tp_mine = 0, tp_all = 0;
+  uint64_t h_tp = 0, h_tp_floats = 0, h_tp_all = 0, h_tp_all_floats = 0;
 
   static Layout make(const Deepseek4Arch& arch, const StageConfig& c, const Weights& w);
 };

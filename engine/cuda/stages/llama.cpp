@@ -13,7 +13,6 @@
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/tp_comm.h"
-#include "engine/tp/slice.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matmul_small.cuh"
@@ -175,10 +174,10 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.logits = take(uint64_t(L.L) * L.V * f);
   L.tp = hp.tp_size;
   L.vocab_count = hp.vocab_count;
-  L.slice = L.tp > 1 ? tp_vocab_range(hp.n_vocab, L.tp, 0).second : 0;
-  const uint64_t block = uint64_t(L.L) * uint64_t(L.slice);  // one rank's gathered floats
-  L.tp_mine = take(block * f);
-  L.tp_all = take(uint64_t(L.tp > 1 ? L.tp : 0) * block * f);
+  const TpRooms rooms = tp_rooms(L.tp, hp.n_vocab, L.L, B * uint64_t(L.E));
+  L.slice = rooms.slice;
+  L.tp_mine = take(rooms.block * f);
+  L.tp_all = take(uint64_t(L.tp > 1 ? L.tp : 0) * rooms.block * f);
   L.freqs = take(uint64_t(hp.rope_dim / 2) * f);
   // tokens[B], positions[B], pos0, then a batch's seqs[B], out_rows[B], n_pos.
   L.batch_params = 2 * L.B + 1;
@@ -248,10 +247,8 @@ CudaStage::Layout CudaStage::Layout::make(const LlamaHparams& hp, const StageCon
   L.h_ids = take_h(uint64_t(std::max<int64_t>(L.L, 1)) * sizeof(int32_t));
   L.h_out = take_h((c.head ? uint64_t(L.L) * L.V : B * L.E) * f);
   L.h_in = take_h(c.embedding ? 0 : B * L.E * f);
-  if (L.tp > 1) {
-    L.h_tp_floats = std::max(B * uint64_t(L.E), block);
-    L.h_tp_all_floats = uint64_t(L.tp) * block;
-  }
+  L.h_tp_floats = rooms.h_tp_floats;
+  L.h_tp_all_floats = rooms.h_tp_all_floats;
   L.h_tp = take_h(L.h_tp_floats * f);
   L.h_tp_all = take_h(L.h_tp_all_floats * f);
   L.io_bytes = h;
@@ -330,8 +327,6 @@ CudaStage::CudaStage(const GgufFile& f, const StageConfig& config, const LoadOpt
   plan_ = make_plan(*layout_, wl, config_, load, *arch_);
   SharedLayout shared = shared_of(*layout_, layout_->E);
   shared.batch_params = layout_->batch_params;
-  shared.h_tp = layout_->h_tp, shared.h_tp_floats = layout_->h_tp_floats;
-  shared.h_tp_all = layout_->h_tp_all, shared.h_tp_all_floats = layout_->h_tp_all_floats;
   open_device(f, wl, shared, load);
   w_ = std::make_unique<Weights>(Weights::collect(*model_, hp, config_));
 

@@ -14,7 +14,6 @@
 
 #include "engine/cuda/stages/llama.h"
 #include "engine/cuda/stages/llama_impl.h"
-#include "engine/tp/slice.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/matmul.cuh"
@@ -43,9 +42,6 @@ struct CudaStage::Forward {
   // Fused add of `pending` + the output norm, the output projection of the
   // logit rows, their argmax, the greedy ids out to the pinned io.
   void head(const float* pending);
-  // A rank's head: its `rows` rows of vocab_count logits (in tp_mine)
-  // gathered from every rank into the logit rows.
-  void gather_logits(int64_t rows, float* logits);
 
   // The quantized-activation buffer when one of ps takes it, else null.
   uint8_t* xq_for(const Proj* ps, size_t count) const;
@@ -259,30 +255,10 @@ void CudaStage::Forward::head(const float* pending) {
     st.project(W.output, xn + (n - rows) * E, xq ? xq + uint64_t(n - rows) * cuda::xq_row_bytes(E) : nullptr, rows,
                E, out, out_stride);
   }
-  if (tp) gather_logits(rows, logits);
+  if (tp) st.tp_gather_logits(out, reinterpret_cast<float*>(ws + L.tp_all), rows, logits);
   cuda::argmax(logits, rows, L.V, L.V, ids, s, ws + L.argmax, L.argmax_bytes);
   BATON_CUDA_CHECK(cudaMemcpyAsync(st.io_.data() + L.h_ids, ids, uint64_t(rows) * sizeof(int32_t),
                                    cudaMemcpyDeviceToHost, s));
-}
-
-// The same blocks as the CPU forward's (engine/arch/llama_family.cpp): rank
-// r's block holds its rows at a stride of its own vocab_count, padded with
-// zeros to rows x slice, so ranks on either backend exchange alike.
-void CudaStage::Forward::gather_logits(int64_t rows, float* logits) {
-  float* mine = reinterpret_cast<float*>(ws + L.tp_mine);
-  float* all = reinterpret_cast<float*>(ws + L.tp_all);
-  const int64_t block = rows * L.slice, filled = rows * L.vocab_count;
-  if (filled < block) {
-    BATON_CUDA_CHECK(cudaMemsetAsync(mine + filled, 0, uint64_t(block - filled) * sizeof(float), s));
-  }
-  st.tp_gather(mine, size_t(block), all);
-  for (int r = 0; r < L.tp; ++r) {
-    const auto [begin, count] = tp_vocab_range(L.V, L.tp, r);
-    if (count <= 0) continue;
-    BATON_CUDA_CHECK(cudaMemcpy2DAsync(logits + begin, uint64_t(L.V) * sizeof(float), all + int64_t(r) * block,
-                                       uint64_t(count) * sizeof(float), uint64_t(count) * sizeof(float), size_t(rows),
-                                       cudaMemcpyDeviceToDevice, s));
-  }
 }
 
 int64_t CudaStage::seq_stride() const { return config_.n_ctx * (layout_->kw + layout_->vw); }
