@@ -14,7 +14,8 @@
 #           before, for the "nothing slower" check)
 # with the decode at ctx 512 (llama-8b) or 2048 (flash_q2). Then the TCP
 # all-reduce's latency between two processes' worth of threads on this host
-# (allreduce_bench). First the tensor-parallel CUDA suites.
+# (allreduce_bench). First the tensor-parallel CUDA suites. RUNS (default 2)
+# rounds of the variants; TESTS=0 skips the suites and the all-reduce.
 # OUT_DIR gets tp.csv (model, variant, run, then baton bench's columns),
 # summary.txt (medians and ratios), allreduce.txt and run.log.
 set -u -o pipefail
@@ -31,14 +32,16 @@ source "$(dirname "$0")/gpu_env.sh"
 export BATON_SHARED="$(cd "$bin/shared" && pwd)"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$log"
 
+runs=${RUNS:-2}
 for t in test_cuda_tp test_cuda_stage test_cuda_ds4_stage test_cuda_ds4_tp; do
+  [ "${TESTS:-1}" = 0 ] && break
   [ -x "$bin/tests/$t" ] || continue
   echo "-- $t" | tee -a "$log"
   timeout 200 "$bin/tests/$t" --gtest_brief=1 >> "$log" 2>&1 || { status=1; echo "FAILED: $t" | tee -a "$log"; }
   tail -n 2 "$log"
 done
 
-if [ -x "$bin/bench/allreduce_bench" ]; then
+if [ "${TESTS:-1}" != 0 ] && [ -x "$bin/bench/allreduce_bench" ]; then
   timeout 120 "$bin/bench/allreduce_bench" > "$out/allreduce.txt" 2>&1 || status=1
   cat "$out/allreduce.txt" | tee -a "$log"
 fi
@@ -63,7 +66,7 @@ for m in $models; do
   # A rank file needs only its own half: the other one goes before the runs
   # (the tmpfs holds the model and one rank).
   rm -f "$ranks"/*.tp2-r1.gguf
-  for r in 1 2; do
+  for r in $(seq 1 "$runs"); do
     for v in whole rank0 base; do
       case "$v" in
         whole) cmd=("$bin/baton" bench -m "$file") ;;
