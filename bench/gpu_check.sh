@@ -117,6 +117,10 @@ if command -v compute-sanitizer > /dev/null; then
     --gtest_filter='CudaTp.Stories260KAtTwoRanksGivesTheOneRankTokens:CudaTp.BatchThroughTwoRanksEqualsEachSequenceAlone:CudaTp.LoneRankMatchesTheCpuLoneRank' \
     > "$work/memcheck_tp.log" 2>&1; echo "memcheck exit $?" >> "$work/memcheck_tp.log"
   grep -E "ERROR SUMMARY|PASSED|FAILED|exit|Invalid" "$work/memcheck_tp.log" | head -20 | tee -a "$log"
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/tests/test_cuda_ds4_tp" --gtest_brief=1 \
+    --gtest_filter='CudaDs4Tp.BatchThroughTwoRanksEqualsEachSequenceAlone:CudaDs4Tp.LoneRankMatchesTheCpuLoneRank' \
+    > "$work/memcheck_ds4_tp.log" 2>&1; echo "memcheck exit $?" >> "$work/memcheck_ds4_tp.log"
+  grep -E "ERROR SUMMARY|PASSED|FAILED|exit|Invalid" "$work/memcheck_ds4_tp.log" | head -20 | tee -a "$log"
 fi
 if [ -x "$bin/bench/bench_cuda_kernels" ] && [ -n "${BENCH_SECTIONS-xq decode}" ]; then
   say "6. kernel micro-benchmark: ${BENCH_SECTIONS-xq decode}"
