@@ -184,8 +184,7 @@ std::vector<MemoryPlan> rank_plans(const RankHeaders& ranks, const PlacementRequ
 
 void print_ranks(const std::vector<MemoryPlan>& plans, uint64_t usable) {
   for (size_t k = 0; k < plans.size(); ++k) {
-    std::printf("  tp rank %zu of %zu:
-", k, plans.size());
+    std::printf("  tp rank %zu of %zu:\n", k, plans.size());
     for (const auto& l : plans[k].lines()) {
       std::printf("    %-14s %16llu B %12s\n", l.name(), static_cast<unsigned long long>(l.bytes),
                   format_size(l.bytes).c_str());
