@@ -85,7 +85,8 @@ std::vector<std::vector<uint64_t>> expect_ranks_match_files(const std::string& m
     for (int r = 0; r < tp && r < int(ranks.size()); ++r) {
       SCOPED_TRACE("stage " + std::to_string(i) + " rank " + std::to_string(r));
       EXPECT_EQ(ranks[size_t(r)]["rank"], r);
-      EXPECT_EQ(line(ranks[size_t(r)]["lines"], "weights"), (file_bytes[{int64_t(i), r}]));
+      const std::pair<int64_t, int64_t> key{int64_t(i), r};
+      EXPECT_EQ(line(ranks[size_t(r)]["lines"], "weights"), file_bytes[key]);
       kv.back().push_back(line(ranks[size_t(r)]["lines"], "kv cache"));
     }
     // Rank 0 is the placement's own plan.

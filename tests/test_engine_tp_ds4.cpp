@@ -8,7 +8,8 @@
 // (8 sequences x 64 tokens) and at two pipeline stages of two ranks each
 // (8 x 16). Also: a batch of 8 sequences
 // through two ranks against each sequence alone, the rank files merged back
-// byte for byte, the cuts and the refusal of a shape that does not divide.
+// byte for byte, the cuts, a rank file run without its link, and the refusal
+// of a shape that does not divide.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -359,6 +360,33 @@ TEST_F(Ds4TensorParallel, CutsOfEveryTensor) {
                            "blk.2.indexer.attn_q_b.weight", "blk.2.indexer_compressor_gate.weight",
                            "token_embd.weight", "output_hc_fn.weight", "output_norm.weight"}) {
     EXPECT_EQ(cut(name).cut, TpCut::Replicated) << name;
+  }
+}
+
+TEST_F(Ds4TensorParallel, RankFileAndLinkMustAgree) {
+  const std::vector<std::string> files = write_tp_ranks(model_, 2, dir_->file("link"));
+  const std::vector<int32_t> prompt = {1, 2};
+  StageConfig c = config();
+  c.n_seq = 1;
+  // A rank file without its group's link.
+  {
+    GgufFile f = GgufFile::open(files[1]);
+    Stage s(f, c);
+    try {
+      s.forward(0, prompt);
+      ADD_FAILURE() << "a rank file ran alone";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 of 2"), std::string::npos) << e.what();
+    }
+  }
+  // The whole model given a link.
+  {
+    InProcessTpGroup group(2);
+    GgufFile f = GgufFile::open(model_);
+    StageConfig sc = c;
+    sc.tp = &group.member(0);
+    Stage s(f, sc);
+    EXPECT_THROW(s.forward(0, prompt), std::invalid_argument);
   }
 }
 
