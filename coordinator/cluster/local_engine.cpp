@@ -189,9 +189,10 @@ void LocalEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev, c
 
 namespace {
 
-// Greedy without bias or logprobs: the stage's own argmax is the sample.
+// Greedy without bias, logprobs or penalties: the stage's own argmax is the sample.
 bool greedy_only(const GenerationRequest& r) {
-  return r.sampling.temperature <= 0 && r.logit_bias.empty() && r.top_logprobs < 0 && !r.grammar;
+  return r.sampling.temperature <= 0 && r.logit_bias.empty() && r.top_logprobs < 0 && !r.grammar &&
+         !r.sampling.penalizes();
 }
 
 }  // namespace
@@ -367,7 +368,7 @@ void LocalEngine::scheduler() {
           return c.slot;
         }, [&](Sequence& seq) {
           seq.usage.queue_s = seconds_between(seq.submitted, Clock::now());
-          seq.sampler.emplace(seq.req.sampling, int32_t(info_.n_vocab));
+          seq.sampler.emplace(make_sampler(seq.req, info_));
           if (seq.req.grammar) seq.grammar.emplace(seq.req.grammar);
           seq.admitted = ++admitted_;
           ++active_;
