@@ -244,6 +244,7 @@ bool LocalEngine::step() {
   const std::vector<SchedChunk> plan = plan_batch(views, config_.stage.max_batch, config_.prefill_chunk);
   if (plan.empty()) return false;
   ++steps_;
+  if (config_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_delay_ms));
   std::vector<BatchChunk> chunks;
   std::vector<int32_t> tokens;
   bool any_prefill = false;
