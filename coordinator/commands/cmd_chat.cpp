@@ -121,7 +121,7 @@ std::optional<ChatOptions> parse(int argc, char** argv) {
   if (o.engine.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");
   if (o.engine.stage.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
   if (o.engine.stage.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
-  if (!o.chat_template.empty()) check_chat_template_choice(o.chat_template);
+  if (!o.chat_template.empty() && !parse_only()) check_chat_template_choice(o.chat_template);
   if (o.model.empty()) o.model = default_model();
   if (o.model.empty()) throw std::invalid_argument("give the model with -m MODEL (see --help)");
   return o;
