@@ -276,7 +276,11 @@ int chat(ChatOptions opt) {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART: a read at the prompt returns EINTR
   sigaction(SIGINT, &sa, nullptr);
-  pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);
+  pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);  // a Ctrl-C during the load arrives now
+  if (g_interrupted) {
+    engine.shutdown();
+    return 130;
+  }
 
   const ModelInfo& m = engine.model();
   if (!tmpl && !m.chat_template) {
