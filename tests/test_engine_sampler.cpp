@@ -271,7 +271,9 @@ TEST(SamplerPenalties, GreedyMatchesReferenceOnSeededLogits) {
       }
       const int32_t id = s.sample(logits);
       ASSERT_EQ(id, argmax(want)) << "step " << step;
-      if (step < p.min_tokens) ASSERT_EQ(std::count(end_ids.begin(), end_ids.end(), id), 0);
+      if (step < p.min_tokens) {
+        ASSERT_EQ(std::count(end_ids.begin(), end_ids.end(), id), 0);
+      }
       output.push_back(id);
     }
     EXPECT_EQ(s.n_sampled(), 30);
