@@ -42,8 +42,8 @@ struct SamplingDefaults {
   std::optional<double> temperature, top_p, min_p;
   std::optional<int64_t> top_k;
   std::optional<uint64_t> seed;  // else each request draws a random seed
-  std::optional<double> repeat_penalty, presence_penalty, frequency_penalty;
-  std::optional<int64_t> repeat_last_n;
+  std::optional<double> repeat_penalty{}, presence_penalty{}, frequency_penalty{};
+  std::optional<int64_t> repeat_last_n{};
   bool empty() const {
     return !temperature && !top_p && !min_p && !top_k && !seed && !repeat_penalty && !presence_penalty &&
            !frequency_penalty && !repeat_last_n;

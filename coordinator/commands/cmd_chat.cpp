@@ -287,8 +287,8 @@ int chat(ChatOptions opt) {
     std::fprintf(stderr, "baton chat: the model has no chat template: its %s format is used (--chat-template NAME "
                  "chooses one)\n", chat_family_name(m.chat_family));
   }
-  std::fprintf(stderr, "baton chat: %s (%s, context %lld). /reset starts over, /exit or Ctrl-D quits, Ctrl-C stops "
-               "an answer.\n", m.id.c_str(), note.c_str(), (long long)m.n_ctx);
+  std::fprintf(stderr, "baton chat: %s on the %s, context %lld. /reset starts over, /exit or Ctrl-D quits, Ctrl-C "
+               "stops an answer.\n", m.id.c_str(), backend_name(opt.engine.backend), (long long)m.n_ctx);
   Chat chat(opt, engine, tmpl);
   for (;;) {
     std::fputs("> ", stdout);
