@@ -1,6 +1,7 @@
 // `baton chat` through a pseudo-terminal, as a user types at it: a turn
-// streams its answer (the first bytes long before the last), /reset forgets
-// the conversation (the same first question gets the same greedy answer),
+// streams its answer (the first bytes long before the last), the
+// conversation grows until the context is full and /reset forgets it (the
+// first question gets the same greedy answer again),
 // /exit and Ctrl-D quit, Ctrl-C stops an answer and drops a half-typed line.
 // The stories260K fixture has no chat template: chatml is chosen by name.
 #include <gtest/gtest.h>
@@ -122,22 +123,32 @@ std::string turn(PtyChat& c, const std::string& line) {
   return prompt ? c.out().substr(begin, *prompt - begin) : "";
 }
 
+// The conversation grows with every turn until it no longer fits the
+// context (the API's refusal is printed and the chat goes on); /reset
+// empties it, and the first question gets its first answer again.
 TEST(Chat, TurnsResetAndExit) {
-  PtyChat c({"-n", "12"});
+  PtyChat c({"-n", "16", "--ctx", "160"});
   ASSERT_TRUE(c.started());
   ASSERT_TRUE(c.expect("> ", 0)) << c.out();
   EXPECT_NE(c.out().find("/reset starts over"), std::string::npos) << c.out();
-  const std::string first = turn(c, "Tell me a story");
+  const std::string line = "Tell me a story";
+  const std::string first = turn(c, line);
   EXPECT_FALSE(first.empty());
-  const std::string second = turn(c, "Tell me a story");
-  EXPECT_FALSE(second.empty());
-  // The second answer follows a conversation of three messages, the first
-  // had one: a different prompt, a different greedy answer.
-  EXPECT_NE(first, second);
+  int turns = 1;
+  bool full = false;
+  for (; turns < 12 && !full; ++turns) {
+    const size_t from = c.out().size();
+    turn(c, line);
+    full = c.out().find("maximum context length", from) != std::string::npos;
+  }
+  EXPECT_TRUE(full) << c.out();
+  EXPECT_GE(turns, 3) << "the second turn did not fit: " << c.out();
   const size_t before = c.out().size();
   c.send("/reset\n");
   ASSERT_TRUE(c.expect("[conversation reset]\n> ", before)) << c.out();
-  EXPECT_EQ(turn(c, "Tell me a story"), first);
+  const size_t after = c.out().size();
+  EXPECT_EQ(turn(c, line), first);
+  EXPECT_EQ(c.out().find("maximum context length", after), std::string::npos) << c.out();
   c.send("/exit\n");
   EXPECT_EQ(c.wait_exit(), 0) << c.out();
 }

@@ -39,9 +39,9 @@ inline int64_t max_json_values(int64_t n_ctx) { return 65536 + 2 * n_ctx; }
 // --presence-penalty, --frequency-penalty) apply on both APIs; only the
 // OpenAI routes have request fields for them (Anthropic's API has none).
 struct SamplingDefaults {
-  std::optional<double> temperature, top_p, min_p;
-  std::optional<int64_t> top_k;
-  std::optional<uint64_t> seed;  // else each request draws a random seed
+  std::optional<double> temperature{}, top_p{}, min_p{};
+  std::optional<int64_t> top_k{};
+  std::optional<uint64_t> seed{};  // else each request draws a random seed
   std::optional<double> repeat_penalty{}, presence_penalty{}, frequency_penalty{};
   std::optional<int64_t> repeat_last_n{};
   bool empty() const {
