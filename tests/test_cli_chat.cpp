@@ -205,10 +205,15 @@ TEST(Chat, CtrlCInterruptsTheAnswer) {
   EXPECT_EQ(c.wait_exit(), 0) << c.out();
 }
 
-TEST(Chat, RefusesAnUnknownTemplateName) {
+TEST(Chat, RefusesBadOptionsAtStart) {
   const auto r = test::run_command({test::baton_binary(), "chat", stories(), "--chat-template", "no-such-template"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("no-such-template"), std::string::npos) << r.err;
+  const auto p = test::run_command({test::baton_binary(), "chat", stories(), "--presence-penalty", "3"});
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_EQ(p.err, "baton chat: --presence-penalty must be between -2 and 2, got 3\n");
+  const auto t = test::run_command({test::baton_binary(), "chat", stories(), "--temp", "-1"});
+  EXPECT_EQ(t.err, "baton chat: --temp must be between 0 and 2, got -1\n");
 }
 
 }  // namespace

@@ -104,15 +104,25 @@ std::optional<ChatOptions> parse(int argc, char** argv) {
   const po::variables_map& vm = *parsed;
   // The llama.cpp defaults `baton run` has; each is checked as a request field is.
   o.sampling = {{"temperature", 0.8}, {"top_p", 0.95}, {"top_k", 40}, {"min_p", 0.05}};
-  for (const auto& [flag, field] : {std::pair{"temp", "temperature"}, std::pair{"top-p", "top_p"},
-                                    std::pair{"min-p", "min_p"}, std::pair{"repeat-penalty", "repetition_penalty"},
-                                    std::pair{"presence-penalty", "presence_penalty"},
-                                    std::pair{"frequency-penalty", "frequency_penalty"}}) {
-    if (vm.count(flag)) o.sampling[field] = vm[flag].as<double>();
+  // Checked here against the request fields' ranges (whose flags are these
+  // options' names), so that a bad value fails at start, not at the first turn.
+  auto take = [](const char*, const SamplingRange& range, double x) {
+    if (std::string why = sampling_range_problem(range, x); !why.empty()) throw std::invalid_argument(why);
+  };
+  for (const auto& [flag, range] : {std::pair{"temp", kTemperatureRange}, std::pair{"top-p", kTopPRange},
+                                    std::pair{"min-p", kMinPRange}, std::pair{"repeat-penalty", kRepeatPenaltyRange},
+                                    std::pair{"presence-penalty", kPresencePenaltyRange},
+                                    std::pair{"frequency-penalty", kFrequencyPenaltyRange}}) {
+    if (!vm.count(flag)) continue;
+    take(flag, range, vm[flag].as<double>());
+    o.sampling[range.field] = vm[flag].as<double>();
   }
-  if (vm.count("top-k")) o.sampling["top_k"] = vm["top-k"].as<int64_t>();
-  if (vm.count("repeat-last-n")) o.sampling["repeat_last_n"] = vm["repeat-last-n"].as<int64_t>();
-  if (vm.count("min-tokens")) o.sampling["min_tokens"] = vm["min-tokens"].as<int64_t>();
+  for (const auto& [flag, range] : {std::pair{"top-k", kTopKRange}, std::pair{"repeat-last-n", kRepeatLastNRange},
+                                    std::pair{"min-tokens", kMinTokensRange}}) {
+    if (!vm.count(flag)) continue;
+    take(flag, range, double(vm[flag].as<int64_t>()));
+    o.sampling[range.field] = vm[flag].as<int64_t>();
+  }
   if (vm.count("seed")) o.sampling["seed"] = vm["seed"].as<uint64_t>();
   if (vm.count("max-tokens")) {
     o.max_tokens = vm["max-tokens"].as<int64_t>();
