@@ -28,6 +28,7 @@ struct Command {
 const Command kCommands[] = {
     {"run", baton::cmd_run, "generate text from a prompt on this machine", false},
     {"serve", baton::cmd_serve, "serve the model over an OpenAI-compatible HTTP API", false},
+    {"chat", baton::cmd_chat, "chat with a model in the terminal (its chat template, streamed answers)", false},
     {"inspect", baton::cmd_inspect, "print a GGUF file's metadata and tensor table", true},
     {"plan", baton::cmd_plan, "print each node's memory plan and whether the model fits", true},
     {"synth", baton::cmd_synth, "write a random-weight model of a named shape", true},

@@ -282,6 +282,13 @@ void check(const Forward& m, Check& c) {
     for (const LogitBias& b : s.logit_bias) {
       c.expect(b.token >= 0 && std::isfinite(b.bias), "FORWARD logit bias needs a token id >= 0 and a finite bias");
     }
+    c.expect(std::isfinite(s.repeat_penalty) && s.repeat_penalty > 0 && std::isfinite(s.presence_penalty) &&
+                 std::isfinite(s.frequency_penalty),
+             "FORWARD penalties must be finite, the repetition penalty positive");
+    c.expect(s.repeat_last_n >= 0 && size_t(s.repeat_last_n) <= kMaxRepeatLastN && s.min_tokens >= 0,
+             "FORWARD repeat_last_n or min_tokens out of range");
+    c.expect(s.prompt_tail.size() <= kMaxRepeatLastN && s.end_tokens.size() <= kMaxEndTokens,
+             "FORWARD penalty token lists over the limit");
   }
   if (!c.ok()) return;
   const uint64_t total = m.total_tokens();  // <= 65536 * 2^32: no overflow

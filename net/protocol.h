@@ -288,14 +288,29 @@ struct SamplingParams {
   // word, token t in bit t % 64 of word t / 64): only tokens whose bit is
   // set may be sampled (the coordinator follows the request's grammar).
   std::vector<uint64_t> allowed;
+  // v7: penalties (engine/sampling/sampler.h's SamplerParams). The last
+  // stage's sampler keeps the output it drew; the coordinator sends what it
+  // cannot know on the chunk that makes the sampler (the prompt's last):
+  // the prompt's last repeat_last_n tokens and, with min_tokens, the tokens
+  // that end the output. Empty on every other chunk.
+  float repeat_penalty = 1.0f;
+  int32_t repeat_last_n = 64;
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
+  int32_t min_tokens = 0;
+  std::vector<int32_t> prompt_tail;  // <= kMaxRepeatLastN ids
+  std::vector<int32_t> end_tokens;   // <= kMaxEndTokens ids
 
   template <class Ar>
   void serialize(Ar& ar) {
-    ar(temperature, top_k, top_p, min_p, seed, want_logprobs, top_logprobs, logit_bias, allowed);
+    ar(temperature, top_k, top_p, min_p, seed, want_logprobs, top_logprobs, logit_bias, allowed, repeat_penalty,
+       repeat_last_n, presence_penalty, frequency_penalty, min_tokens, prompt_tail, end_tokens);
   }
   bool operator==(const SamplingParams&) const = default;
 };
 inline constexpr uint32_t kMaxTopLogprobs = 64;
+inline constexpr size_t kMaxRepeatLastN = 65536;
+inline constexpr size_t kMaxEndTokens = 4096;
 
 // The tokens of one sequence inside a FORWARD micro-batch.
 //

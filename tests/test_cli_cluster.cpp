@@ -348,6 +348,32 @@ TEST(ClusterRun, ConfigFilesAreCheckedKeyByKey) {
   ASSERT_EQ(c.nodes.size(), 1u);
   EXPECT_EQ(c.nodes[0].memory_bytes, 128000000000ull);
   EXPECT_TRUE(c.nodes[0].unified);
+  EXPECT_FALSE(c.sampling.temperature);
+  EXPECT_FALSE(c.sampling.seed);
+
+  // [sampling]: serve's defaults, an integer where a number is asked taken as one.
+  const std::string head = "[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n[sampling]\n";
+  const ClusterConfig s = load_cluster_config(
+      write(head + "temperature = 0\ntop_p = 0.9\ntop_k = 20\nmin_p = 0.1\nseed = 7\nrepeat_penalty = 1.1\n"
+                   "repeat_last_n = 128\npresence_penalty = -0.5\nfrequency_penalty = 0.25\n"));
+  EXPECT_EQ(s.sampling.temperature, 0.0);
+  EXPECT_EQ(s.sampling.top_p, 0.9);
+  EXPECT_EQ(s.sampling.top_k, 20);
+  EXPECT_EQ(s.sampling.min_p, 0.1);
+  EXPECT_EQ(s.sampling.seed, 7u);
+  EXPECT_EQ(s.sampling.repeat_penalty, 1.1);
+  EXPECT_EQ(s.sampling.repeat_last_n, 128);
+  EXPECT_EQ(s.sampling.presence_penalty, -0.5);
+  EXPECT_EQ(s.sampling.frequency_penalty, 0.25);
+  EXPECT_FALSE(load_cluster_config(write(head + "seed = -1\n")).sampling.seed);
+  refused(head + "temperature = 3\n", "sampling.temperature must be between 0 and 2, got 3");
+  refused(head + "top_p = \"high\"\n", "sampling.top_p must be a number");
+  refused(head + "top_k = 1.5\n", "sampling.top_k must be an integer");
+  refused(head + "top_k = -1\n", "sampling.top_k must be between 0 and");
+  refused(head + "seed = -2\n", "sampling.seed");
+  refused(head + "repeat_penalty = 0\n", "sampling.repeat_penalty must be between");
+  refused(head + "temp = 1\n", "unknown key 'temp' in [sampling]");
+  refused("sampling = 1\n[model]\npath = \"m.gguf\"\n[cluster]\nworkers = 1\n", "sampling must be a table");
 }
 
 }  // namespace

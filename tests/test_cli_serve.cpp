@@ -252,7 +252,8 @@ TEST(Serve, BadInputGetsOpenAiErrorsAndNeverCrashes) {
   expect_error(post(port, comp, with(good_comp, "logit_bias", {{"abc", 1}})), 400, "", "logit_bias");
   expect_error(post(port, comp, with(good_comp, "logit_bias", {{"99999", 1}})), 400, "", "logit_bias");
   expect_error(post(port, comp, with(good_comp, "n", 2)), 400, "unsupported_parameter", "n");
-  expect_error(post(port, comp, with(good_comp, "presence_penalty", 0.5)), 400, "unsupported_parameter");
+  expect_error(post(port, comp, with(good_comp, "mirostat", 2)), 400, "unsupported_parameter", "mirostat");
+  expect_error(post(port, comp, with(good_comp, "presence_penalty", 2.5)), 400, "invalid_value", "presence_penalty");
   // Tools: a malformed one is named; a good one is refused by a model without
   // a Jinja template (stories260K renders with the plain format), and by completions.
   expect_error(post(port, chat, with(good_chat, "tools", json::array({{{"type", "function"}}}))), 400,

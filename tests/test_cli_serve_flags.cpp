@@ -2,7 +2,7 @@
 // $BATON_API_KEY beside --api-key-file, --served-model-name/--alias for
 // --model-id, --log-level (warn: no start-up or request lines), and one warning for a
 // --ctx beyond the model's trained context, and the sampling defaults (--temp,
-// --top-p, --top-k, --min-p, --seed).
+// --top-p, --top-k, --min-p, --seed, the penalties; --config's [sampling]).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -159,12 +159,48 @@ TEST(ServeFlags, SamplingDefaultsApplyToRequestsThatLeaveThemOut) {
   }
 }
 
+// --config's [sampling] gives the same defaults; a flag wins over the file.
+TEST(ServeFlags, SamplingDefaultsFromTheConfigFile) {
+  test::TempDir dir;
+  const std::string cfg = dir.file("serve.toml");
+  const std::string text = "[model]\npath = \"" + stories() +
+                           "\"\n[cluster]\nworkers = 1\n[sampling]\ntemperature = 0\ntop_k = 5\nseed = 7\npresence_penalty = 0.5\n";
+  test::write_file(cfg, std::vector<uint8_t>(text.begin(), text.end()));
+  {
+    ServeProcess s({"--config", cfg});
+    const json meta = http(s.port(), "GET", "/v1/models").j()["data"][0]["meta"];
+    EXPECT_EQ(meta["sampling_defaults"],
+              (json{{"temperature", 0.0}, {"top_k", 5}, {"seed", 7}, {"presence_penalty", 0.5}}))
+        << meta.dump();
+    s.stop();
+    EXPECT_NE(s.stderr_text().find("baton serve: sampling defaults for requests that leave them out: temperature 0, "
+                                   "top_k 5, seed 7, presence_penalty 0.5\n"),
+              std::string::npos)
+        << s.stderr_text();
+  }
+  {
+    ServeProcess s({"--config", cfg, "--temp", "0.5", "--seed", "-1"});
+    const json meta = http(s.port(), "GET", "/v1/models").j()["data"][0]["meta"];
+    EXPECT_EQ(meta["sampling_defaults"], (json{{"temperature", 0.5}, {"top_k", 5}, {"presence_penalty", 0.5}}))
+        << meta.dump();
+  }
+  const std::string bad = dir.file("bad.toml");
+  const std::string bad_text = "[model]\npath = \"" + stories() + "\"\n[cluster]\nworkers = 1\n[sampling]\ntop_p = 2\n";
+  test::write_file(bad, std::vector<uint8_t>(bad_text.begin(), bad_text.end()));
+  const auto r = test::run_command({test::baton_binary(), "serve", "--config", bad});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("sampling.top_p must be between 0 and 1, got 2"), std::string::npos) << r.err;
+}
+
 TEST(ServeFlags, SamplingDefaultsOutOfRangeAreRefused) {
   for (const auto& [args, err] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--temp", "3"}, "baton serve: --temp must be between 0 and 2, got 3\n"},
            {{"--top-p", "-0.5"}, "baton serve: --top-p must be between 0 and 1, got -0.5\n"},
            {{"--min-p", "2"}, "baton serve: --min-p must be between 0 and 1, got 2\n"},
            {{"--top-k", "-1"}, "baton serve: --top-k must be between 0 and 2147483647, got -1\n"},
+           {{"--presence-penalty", "3"}, "baton serve: --presence-penalty must be between -2 and 2, got 3\n"},
+           {{"--repeat-penalty", "0"}, "baton serve: --repeat-penalty must be between 0.01 and 10, got 0\n"},
+           {{"--repeat-last-n", "-1"}, "baton serve: --repeat-last-n must be between 0 and 65536, got -1\n"},
            {{"--seed", "x"},
             "baton serve: --seed takes an integer from 0 to 18446744073709551615, or -1 for a random seed per "
             "request; got 'x'\n"}}) {

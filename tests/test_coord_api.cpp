@@ -450,16 +450,13 @@ TEST(TokenizeApi, LlamaServerAndVllmShapes) {
 }
 
 // Sampling fields the sampler does not implement are refused by name unless
-// neutral (they were accepted and ignored).
+// neutral (they were accepted and ignored); the penalties and min_tokens are
+// implemented: taken into the sampler's parameters, refused by name out of range.
 TEST(ServeApi, UnimplementedSamplingFieldsAreRefusedUnlessNeutral) {
   const ModelInfo m = test::stories_model_info(512);
   const std::string head = R"({"model":"stories260K","prompt":"Once",)";
   for (const auto& [key, neutral, other] :
-       std::vector<std::tuple<std::string, std::string, std::string>>{{"repetition_penalty", "1", "1.1"},
-                                                                      {"repeat_penalty", "1.0", "1.3"},
-                                                                      {"min_tokens", "0", "5"},
-                                                                      {"mirostat", "0", "2"},
-                                                                      {"presence_penalty", "0", "0.5"},
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"mirostat", "0", "2"},
                                                                       {"continue_final_message", "false", "true"}}) {
     SCOPED_TRACE(key);
     EXPECT_NO_THROW(parse_completion_request(head + "\"" + key + "\":" + neutral + "}", m));
@@ -472,6 +469,58 @@ TEST(ServeApi, UnimplementedSamplingFieldsAreRefusedUnlessNeutral) {
       EXPECT_EQ(e.code, "unsupported_parameter");
     }
   }
+}
+
+TEST(ServeApi, PenaltiesAndMinTokensReachTheSampler) {
+  const ModelInfo m = test::stories_model_info(512);
+  const std::string head = R"({"model":"stories260K","prompt":"Once",)";
+  const ApiRequest plain = parse_completion_request(head + R"("max_tokens":4})", m);
+  EXPECT_FALSE(plain.gen.sampling.penalizes());
+  EXPECT_EQ(plain.gen.sampling.repeat_last_n, 64);
+  const ApiRequest r = parse_completion_request(
+      head + R"("presence_penalty":0.5,"frequency_penalty":-0.25,"repetition_penalty":1.1,"repeat_last_n":32,"min_tokens":5})",
+      m);
+  EXPECT_FLOAT_EQ(r.gen.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.gen.sampling.frequency_penalty, -0.25f);
+  EXPECT_FLOAT_EQ(r.gen.sampling.repeat_penalty, 1.1f);
+  EXPECT_EQ(r.gen.sampling.repeat_last_n, 32);
+  EXPECT_EQ(r.gen.sampling.min_tokens, 5);
+  // llama.cpp's spelling of the repetition penalty, on the chat route too.
+  const ApiRequest c = parse_chat_request(
+      R"({"model":"stories260K","messages":[{"role":"user","content":"Hi"}],"repeat_penalty":1.3})", m);
+  EXPECT_FLOAT_EQ(c.gen.sampling.repeat_penalty, 1.3f);
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{{"presence_penalty", "2.5"},
+                                                                                    {"frequency_penalty", "-3"},
+                                                                                    {"repetition_penalty", "0"},
+                                                                                    {"repeat_penalty", "11"},
+                                                                                    {"repeat_last_n", "-1"},
+                                                                                    {"min_tokens", "-2"},
+                                                                                    {"min_tokens", "1.5"},
+                                                                                    {"presence_penalty", "\"a\""}}) {
+    SCOPED_TRACE(field + "=" + value);
+    try {
+      parse_completion_request(head + "\"" + field + "\":" + value + "}", m);
+      ADD_FAILURE() << "accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, field);
+    }
+  }
+  try {
+    parse_completion_request(head + R"("repetition_penalty":1.1,"repeat_penalty":1.2})", m);
+    ADD_FAILURE() << "two different repetition penalties were accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+  }
+  // The server's defaults apply to a request that names none, on both APIs.
+  SamplingDefaults d;
+  d.repeat_penalty = 1.2, d.presence_penalty = 0.3, d.repeat_last_n = 16;
+  const ApiRequest dr = parse_completion_request(head + R"("max_tokens":4})", m, d);
+  EXPECT_FLOAT_EQ(dr.gen.sampling.repeat_penalty, 1.2f);
+  EXPECT_FLOAT_EQ(dr.gen.sampling.presence_penalty, 0.3f);
+  EXPECT_EQ(dr.gen.sampling.repeat_last_n, 16);
+  const ApiRequest own = parse_completion_request(head + R"("repetition_penalty":1})", m, d);
+  EXPECT_FLOAT_EQ(own.gen.sampling.repeat_penalty, 1.0f);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // CUDA argmax and top-k selection against plain CPU references, with many
-// tied logits so that the id tie-break is exercised.
+// tied logits so that the id tie-break is exercised; the CUDA penalties
+// against the CPU sampler's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/sampling/sampler.h"
 #include "kernels/cuda/sampling.cuh"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"
@@ -127,6 +129,63 @@ TEST(CudaSampling, TopKRejectsBadArguments) {
                std::invalid_argument);
   EXPECT_THROW(cuda::top_k(x.get(), 100, 8, 1.0f, ids.get(), out.get(), out.get(), ws.get(), 8, nullptr),
                std::invalid_argument);
+}
+
+// The CPU sampler's penalty entries (a seeded prompt and output over a 128k
+// vocabulary, with a min_tokens ban) applied by the CUDA kernel and by the
+// CPU's apply_penalties give the same logits; the greedy token after them
+// (the device argmax) is the CPU sampler's.
+TEST(CudaSampling, PenaltiesMatchTheCpuSampler) {
+  BATON_REQUIRE_CUDA();
+  static_assert(sizeof(cuda::PenaltyEntry) == sizeof(PenaltyEntry));
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 2);
+  const int32_t n_vocab = 129280;
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    SamplerParams p;
+    p.temperature = 0;
+    p.repeat_penalty = round % 2 ? 1.3f : 0.7f;
+    p.repeat_last_n = round == 3 ? 4096 : 64;
+    p.presence_penalty = 0.25f * float(round) - 0.5f;
+    p.frequency_penalty = round == 2 ? -0.4f : 0.35f;
+    p.min_tokens = round == 1 ? 1000 : 3;
+    Sampler cpu(p, n_vocab);
+    std::vector<int32_t> prompt(3000);
+    for (auto& t : prompt) t = int32_t(rng() % 500);  // a small range: repeats
+    cpu.set_prompt(prompt);
+    const std::vector<int32_t> end{2, 128001, 77};
+    cpu.set_end_tokens(end);
+    for (int step = 0; step < 40; ++step) {
+      std::vector<float> x = test::random_floats(rng, size_t(n_vocab), 4.0f);
+      for (int32_t t = 0; t < 500; ++t) x[size_t(t)] += 6.0f;  // the repeated tokens lead
+      x[2] = 20.0f;                                            // and an end token most of all
+      const auto entries = cpu.penalty_entries();
+      std::vector<cuda::PenaltyEntry> dev_entries;
+      for (const PenaltyEntry& e : entries) dev_entries.push_back({e.id, e.generated, e.flags});
+      std::vector<float> want = x;
+      apply_penalties(want, entries, p.repeat_penalty, p.presence_penalty, p.frequency_penalty);
+      DeviceArray<float> dx(x);
+      DeviceArray<cuda::PenaltyEntry> de(dev_entries);
+      cuda::apply_penalties(dx.get(), n_vocab, de.get(), int64_t(dev_entries.size()), p.repeat_penalty,
+                            p.presence_penalty, p.frequency_penalty, nullptr);
+      DeviceArray<int32_t> id(static_cast<size_t>(1));
+      cuda::argmax(dx.get(), 1, n_vocab, n_vocab, id.get(), nullptr);
+      const std::vector<float> got = dx.download();
+      for (size_t i = 0; i < got.size(); ++i) {
+        // The kernel rounds every operation as the CPU does; only a host
+        // compiler's contracted multiply-add could leave one ulp.
+        if (std::isinf(want[i])) {
+          ASSERT_EQ(got[i], want[i]) << "id " << i << " step " << step;
+        } else {
+          ASSERT_NEAR(got[i], want[i], 4e-6f * std::max(1.0f, std::fabs(want[i]))) << "id " << i << " step " << step;
+        }
+      }
+      const int32_t cpu_id = cpu.sample(x);
+      ASSERT_EQ(id.download()[0], cpu_id) << "step " << step;
+    }
+  }
 }
 
 }  // namespace

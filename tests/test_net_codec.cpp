@@ -91,6 +91,13 @@ struct Gen {
     s.top_logprobs = below(kMaxTopLogprobs + 1);
     for (uint32_t i = below(3); i > 0; --i) s.logit_bias.push_back({int32_t(below(1 << 20)), real(-100, 100)});
     for (uint32_t i = below(3); i > 0; --i) s.allowed.push_back(u64());
+    s.repeat_penalty = real(0.5, 2);
+    s.repeat_last_n = int32_t(below(kMaxRepeatLastN + 1));
+    s.presence_penalty = real(-2, 2);
+    s.frequency_penalty = real(-2, 2);
+    s.min_tokens = int32_t(below(1000));
+    for (uint32_t i = below(4); i > 0; --i) s.prompt_tail.push_back(int32_t(below(1 << 20)));
+    for (uint32_t i = below(3); i > 0; --i) s.end_tokens.push_back(int32_t(below(1 << 20)));
     return s;
   }
 
@@ -488,6 +495,28 @@ TEST(NetCodec, InconsistentForwardIsRefusedOnBothSides) {
   EXPECT_EQ(Codec::validate(m), Errc::invalid_field);
   m.chunks[0].sampling.allowed.resize(kMaxAllowedWords);
   EXPECT_FALSE(Codec::validate(m));
+
+  // v7: the penalties are finite, the repetition penalty positive, the lists bounded.
+  auto refused = [](auto change) {
+    SamplingParams p;
+    change(p);
+    Forward f;
+    f.chunks.push_back(SeqChunk{1, 0, 1, true, p});
+    f.tokens = {1};
+    return Codec::validate(f) == Errc::invalid_field;
+  };
+  EXPECT_TRUE(refused([](SamplingParams& p) { p.repeat_penalty = 0; }));
+  EXPECT_TRUE(refused([](SamplingParams& p) { p.presence_penalty = std::numeric_limits<float>::infinity(); }));
+  EXPECT_TRUE(refused([](SamplingParams& p) { p.frequency_penalty = std::numeric_limits<float>::quiet_NaN(); }));
+  EXPECT_TRUE(refused([](SamplingParams& p) { p.repeat_last_n = -1; }));
+  EXPECT_TRUE(refused([](SamplingParams& p) { p.min_tokens = -1; }));
+  EXPECT_TRUE(refused([](SamplingParams& p) { p.prompt_tail.resize(kMaxRepeatLastN + 1); }));
+  EXPECT_TRUE(refused([](SamplingParams& p) { p.end_tokens.resize(kMaxEndTokens + 1); }));
+  EXPECT_FALSE(refused([](SamplingParams& p) {
+    p.repeat_penalty = 1.3f;
+    p.prompt_tail.resize(kMaxRepeatLastN);
+    p.end_tokens.resize(kMaxEndTokens);
+  }));
 }
 
 TEST(NetCodec, LargeActivationPayloadRoundTripsThroughTheStreamDecoder) {

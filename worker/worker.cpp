@@ -456,7 +456,15 @@ net::Result Worker::sample(const net::SeqChunk& c, std::span<const float> logits
     p.top_p = c.sampling.top_p;
     p.min_p = c.sampling.min_p;
     p.seed = c.sampling.seed;
+    p.repeat_penalty = c.sampling.repeat_penalty;
+    p.repeat_last_n = c.sampling.repeat_last_n;
+    p.presence_penalty = c.sampling.presence_penalty;
+    p.frequency_penalty = c.sampling.frequency_penalty;
+    p.min_tokens = c.sampling.min_tokens;
     it = samplers_.emplace(c.seq, Sampler(p, int32_t(logits.size()))).first;
+    // The output so far is the sampler's own; the prompt and the end tokens come with this chunk (v7).
+    it->second.set_prompt(c.sampling.prompt_tail);
+    it->second.set_end_tokens(c.sampling.end_tokens);
   }
   std::span<const float> dist = logits;
   if (!c.sampling.logit_bias.empty() || !c.sampling.allowed.empty()) {

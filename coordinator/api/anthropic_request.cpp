@@ -407,6 +407,7 @@ MessagesRequest parse_messages_request(std::string_view text, const ModelInfo& m
   s.top_p = float(number_param(body, "top_p", d.top_p.value_or(1.0), 0.0, 1.0));
   s.top_k = int(int_param(body, "top_k", d.top_k.value_or(0), 0, std::numeric_limits<int32_t>::max()));
   if (d.min_p) s.min_p = float(*d.min_p);
+  d.apply_penalties(s);  // no request fields: the server's penalties only
   if (d.seed) {
     s.seed = *d.seed;
   } else {

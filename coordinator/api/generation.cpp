@@ -160,6 +160,21 @@ bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& re
   return false;
 }
 
+std::vector<int32_t> end_tokens(const GenerationRequest& req, const ModelInfo& info) {
+  std::vector<int32_t> out = req.stop_tokens;
+  if (!req.ignore_eos) out.insert(out.end(), info.eog_tokens.begin(), info.eog_tokens.end());
+  return out;
+}
+
+Sampler make_sampler(const GenerationRequest& req, const ModelInfo& info) {
+  Sampler s(req.sampling, int32_t(info.n_vocab));
+  if (req.sampling.penalizes()) {
+    s.set_prompt(req.prompt);
+    s.set_end_tokens(end_tokens(req, info));
+  }
+  return s;
+}
+
 ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const std::string& id, int64_t n_ctx) {
   std::shared_ptr<Tokenizer> tok = Tokenizer::from_gguf(f);
   auto arch = Arch::from_gguf(f);

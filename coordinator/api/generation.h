@@ -233,6 +233,13 @@ void validate_request(GenerationRequest& request, const ModelInfo& info);
 bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
                             std::vector<uint64_t>& bits);
 
+// The tokens that would end a request's output: the model's
+// end-of-generation tokens (unless ignore_eos) and its stop tokens; the
+// sampler bans them until min_tokens are sampled.
+std::vector<int32_t> end_tokens(const GenerationRequest& req, const ModelInfo& info);
+// A request's sampler, its penalties primed with the prompt and the end tokens.
+Sampler make_sampler(const GenerationRequest& req, const ModelInfo& info);
+
 // Records one sampled token of a request: an end-of-generation token (unless
 // the request ignores them) or a stop token ends it (not returned); otherwise the token
 // (a control token's piece is empty unless show_tokens names it), its logprobs when asked

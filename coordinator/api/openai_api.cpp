@@ -339,6 +339,10 @@ json model_object(const ModelInfo& m, bool template_override, const SamplingDefa
   if (d.top_k) sampling["top_k"] = *d.top_k;
   if (d.min_p) sampling["min_p"] = *d.min_p;
   if (d.seed) sampling["seed"] = *d.seed;
+  if (d.repeat_penalty) sampling["repeat_penalty"] = *d.repeat_penalty;
+  if (d.repeat_last_n) sampling["repeat_last_n"] = *d.repeat_last_n;
+  if (d.presence_penalty) sampling["presence_penalty"] = *d.presence_penalty;
+  if (d.frequency_penalty) sampling["frequency_penalty"] = *d.frequency_penalty;
   return {{"id", m.id},
           {"object", "model"},
           {"created", m.created},

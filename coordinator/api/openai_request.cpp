@@ -27,16 +27,14 @@ constexpr int kMaxCompletionLogprobs = 5;  // the legacy completions API's limit
 constexpr size_t kMaxTools = 128;          // OpenAI's limit
 
 void refuse_unsupported(const json& body) {
-  // Sampling fields of OpenAI, llama-server and vLLM that the sampler does
-  // not implement: their neutral value is taken, any other refused by name,
-  // so that a client learns the field would have no effect.
+  // Sampling fields of llama-server and vLLM that the sampler does not
+  // implement: their neutral value is taken, any other refused by name, so
+  // that a client learns the field would have no effect.
   struct Neutral {
     const char* key;
     double value;
   };
-  for (const Neutral n : {Neutral{"presence_penalty", 0}, Neutral{"frequency_penalty", 0},
-                          Neutral{"repetition_penalty", 1}, Neutral{"repeat_penalty", 1}, Neutral{"min_tokens", 0},
-                          Neutral{"mirostat", 0}}) {
+  for (const Neutral n : {Neutral{"mirostat", 0}}) {
     const json* v = field(body, n.key);
     if (!v) continue;
     if (!v->is_number()) throw wrong_type(n.key, "a number", *v);
@@ -159,6 +157,24 @@ void parse_common(const json& body, ApiRequest& r, const ModelInfo& model, const
   } else {
     s.seed = d.seed ? *d.seed : random_seed();
   }
+
+  // Penalties (docs/SERVING.md): OpenAI's presence and frequency penalties
+  // over the output; the repetition penalty of llama.cpp (repeat_penalty)
+  // and vLLM/HF (repetition_penalty) over the last repeat_last_n tokens of
+  // prompt and output; vLLM's min_tokens.
+  d.apply_penalties(s);
+  s.presence_penalty = float(number(kPresencePenaltyRange, s.presence_penalty));
+  s.frequency_penalty = float(number(kFrequencyPenaltyRange, s.frequency_penalty));
+  const double rep = number(kRepeatPenaltyRange, s.repeat_penalty);
+  const double rep2 = number_param(body, "repeat_penalty", rep, kRepeatPenaltyRange.lo, kRepeatPenaltyRange.hi);
+  if (field(body, "repetition_penalty") && field(body, "repeat_penalty") && rep != rep2) {
+    throw invalid("'repetition_penalty' and 'repeat_penalty' name the same penalty; give one, or the same value.",
+                  "repeat_penalty");
+  }
+  s.repeat_penalty = float(rep2);
+  s.repeat_last_n = int32_t(int_param(body, kRepeatLastNRange.field, s.repeat_last_n, int64_t(kRepeatLastNRange.lo),
+                                      int64_t(kRepeatLastNRange.hi)));
+  s.min_tokens = int32_t(int_param(body, kMinTokensRange.field, 0, 0, int64_t(kMinTokensRange.hi)));
 
   if (const json* v = field(body, "stop")) {
     if (!v->is_string() && !v->is_array()) throw wrong_type("stop", "a string or an array of strings", *v);

@@ -34,11 +34,27 @@ inline int64_t max_json_values(int64_t n_ctx) { return 65536 + 2 * n_ctx; }
 // as null). A field the request names wins; one the operator did not set
 // keeps the API's own default (OpenAI: temperature 1, top_p 1; Anthropic:
 // the same), so that a plain `baton serve` answers as before.
+//
+// The penalties' defaults (--repeat-penalty, --repeat-last-n,
+// --presence-penalty, --frequency-penalty) apply on both APIs; only the
+// OpenAI routes have request fields for them (Anthropic's API has none).
 struct SamplingDefaults {
-  std::optional<double> temperature, top_p, min_p;
-  std::optional<int64_t> top_k;
-  std::optional<uint64_t> seed;  // else each request draws a random seed
-  bool empty() const { return !temperature && !top_p && !min_p && !top_k && !seed; }
+  std::optional<double> temperature{}, top_p{}, min_p{};
+  std::optional<int64_t> top_k{};
+  std::optional<uint64_t> seed{};  // else each request draws a random seed
+  std::optional<double> repeat_penalty{}, presence_penalty{}, frequency_penalty{};
+  std::optional<int64_t> repeat_last_n{};
+  bool empty() const {
+    return !temperature && !top_p && !min_p && !top_k && !seed && !repeat_penalty && !presence_penalty &&
+           !frequency_penalty && !repeat_last_n;
+  }
+  // The penalties' defaults into a request's sampler parameters.
+  void apply_penalties(SamplerParams& s) const {
+    s.repeat_penalty = float(repeat_penalty.value_or(1.0));
+    s.repeat_last_n = int32_t(repeat_last_n.value_or(64));
+    s.presence_penalty = float(presence_penalty.value_or(0.0));
+    s.frequency_penalty = float(frequency_penalty.value_or(0.0));
+  }
 };
 
 // The text of a JSON body: invalid UTF-8 in strings is replaced, never thrown on.

@@ -6,12 +6,16 @@
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <stdexcept>
 
 #include "engine/plan/node_plan.h"  // parse_size
+#include "engine/sampling/sampler.h"   // the sampling ranges
 #include "net/address.h"
 
 namespace baton {
@@ -75,7 +79,7 @@ ClusterConfig load_cluster_config(const std::string& path) {
                    std::string(e.description()));
   }
   const fs::path base = fs::absolute(path).parent_path();
-  only_keys(path, root, "the file", {"model", "cluster", "serving", "node"});
+  only_keys(path, root, "the file", {"model", "cluster", "serving", "sampling", "node"});
 
   if (const toml::table* m = root["model"].as_table()) {
     only_keys(path, *m, "[model]", {"path", "parts"});
@@ -137,6 +141,46 @@ ClusterConfig load_cluster_config(const std::string& path) {
     c.batch = get<int64_t>(path, *t, "serving", "batch", 0);
     c.prefix_cache = get<bool>(path, *t, "serving", "prefix_cache", true);
     if (c.ctx < 0 || c.parallel < 0 || c.batch < 0) fail(path, "serving values must be >= 0");
+  }
+
+  if (const toml::node* st = root.get("sampling")) {
+    const toml::table* t = st->as_table();
+    if (!t) fail(path, "sampling must be a table: [sampling]");
+    only_keys(path, *t, "[sampling]",
+              {"temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n",
+               "presence_penalty", "frequency_penalty"});
+    auto number = [&](const SamplingRange& r, const char* key) -> std::optional<double> {
+      const toml::node* n = t->get(key);
+      if (!n) return std::nullopt;
+      const std::optional<double> v = n->is_number() ? n->value<double>() : std::nullopt;
+      if (!v) fail(path, std::string("sampling.") + key + " must be a number");
+      if (!(std::isfinite(*v) && *v >= r.lo && *v <= r.hi)) {
+        fail(path, fmt::format("sampling.{} must be between {} and {}, got {}", key, r.lo, r.hi, *v));
+      }
+      return v;
+    };
+    auto integer = [&](const SamplingRange& r, const char* key) -> std::optional<int64_t> {
+      if (!t->get(key)) return std::nullopt;
+      const int64_t v = get<int64_t>(path, *t, "sampling", key, 0);
+      if (double(v) < r.lo || double(v) > r.hi) {
+        fail(path, fmt::format("sampling.{} must be between {} and {}, got {}", key, r.lo, r.hi, v));
+      }
+      return v;
+    };
+    ConfigSampling& d = c.sampling;
+    d.temperature = number(kTemperatureRange, "temperature");
+    d.top_p = number(kTopPRange, "top_p");
+    d.min_p = number(kMinPRange, "min_p");
+    d.repeat_penalty = number(kRepeatPenaltyRange, "repeat_penalty");
+    d.presence_penalty = number(kPresencePenaltyRange, "presence_penalty");
+    d.frequency_penalty = number(kFrequencyPenaltyRange, "frequency_penalty");
+    d.top_k = integer(kTopKRange, "top_k");
+    d.repeat_last_n = integer(kRepeatLastNRange, "repeat_last_n");
+    if (t->get("seed")) {
+      const int64_t seed = get<int64_t>(path, *t, "sampling", "seed", 0);
+      if (seed < -1) fail(path, "sampling.seed must be an integer >= 0, or -1 for a random seed per request");
+      if (seed >= 0) d.seed = uint64_t(seed);
+    }
   }
 
   if (const toml::node* nodes = root.get("node")) {

@@ -16,6 +16,16 @@
 
 namespace baton {
 
+// [sampling]: serve's defaults for requests that leave a field out, as its
+// flags --temp, --top-p, --top-k, --min-p, --seed, --repeat-penalty,
+// --repeat-last-n, --presence-penalty and --frequency-penalty set them (a
+// flag wins). Checked against the sampler's ranges (engine/sampling/sampler.h).
+struct ConfigSampling {
+  std::optional<double> temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+  std::optional<int64_t> top_k, repeat_last_n;
+  std::optional<uint64_t> seed;  // -1 in the file: a random seed per request (as if absent)
+};
+
 struct ClusterConfig {
   std::string file;                // the config's own path (for messages)
   std::string model;               // full GGUF, relative paths resolved against the file's folder
@@ -31,6 +41,7 @@ struct ClusterConfig {
   bool prefix_cache = true;            // false: as serve --no-prefix-cache
   int threads_per_worker = 0;          // local workers; 0: cores / workers
   std::string link = "auto";           // stage links: auto, tcp or nccl (net/link_choice.h)
+  ConfigSampling sampling;             // [sampling]
   std::vector<NodeSpec> nodes;      // [[node]]: for `baton plan`, and the reader
   // The backend every [[node]] names explicitly, when they all name the same
   // one: a local cluster's workers run on it unless --backend is given.

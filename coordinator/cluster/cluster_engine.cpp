@@ -316,6 +316,23 @@ void ClusterEngine::send_batches() {
       c.sampling.want_logprobs = s.req.top_logprobs >= 0;
       c.sampling.top_logprobs = uint32_t(std::max(0, s.req.top_logprobs));
       for (const auto& [id, bias] : s.req.logit_bias) c.sampling.logit_bias.push_back({id, bias});
+      const SamplerParams& sp = s.req.sampling;
+      c.sampling.repeat_penalty = sp.repeat_penalty;
+      c.sampling.repeat_last_n = sp.repeat_last_n;
+      c.sampling.presence_penalty = sp.presence_penalty;
+      c.sampling.frequency_penalty = sp.frequency_penalty;
+      c.sampling.min_tokens = sp.min_tokens;
+      if (pc.prefill && samples && sp.penalizes()) {
+        // The chunk that makes the last stage's sampler: what only the coordinator knows.
+        if (sp.repeat_penalty != 1.0f) {
+          const size_t n = std::min(s.req.prompt.size(), size_t(std::max(0, sp.repeat_last_n)));
+          c.sampling.prompt_tail.assign(s.req.prompt.end() - std::ptrdiff_t(n), s.req.prompt.end());
+        }
+        if (sp.min_tokens > 0) {
+          c.sampling.end_tokens = end_tokens(s.req, info_);
+          if (c.sampling.end_tokens.size() > net::kMaxEndTokens) c.sampling.end_tokens.resize(net::kMaxEndTokens);
+        }
+      }
       c.n_tokens = uint32_t(pc.n_tokens);
       c.begins = !s.begun;
       s.begun = true;

@@ -189,9 +189,10 @@ void LocalEngine::finish(Sequence& s, FinishReason reason, GenerationEvent ev, c
 
 namespace {
 
-// Greedy without bias or logprobs: the stage's own argmax is the sample.
+// Greedy without bias, logprobs or penalties: the stage's own argmax is the sample.
 bool greedy_only(const GenerationRequest& r) {
-  return r.sampling.temperature <= 0 && r.logit_bias.empty() && r.top_logprobs < 0 && !r.grammar;
+  return r.sampling.temperature <= 0 && r.logit_bias.empty() && r.top_logprobs < 0 && !r.grammar &&
+         !r.sampling.penalizes();
 }
 
 }  // namespace
@@ -243,6 +244,7 @@ bool LocalEngine::step() {
   const std::vector<SchedChunk> plan = plan_batch(views, config_.stage.max_batch, config_.prefill_chunk);
   if (plan.empty()) return false;
   ++steps_;
+  if (config_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_delay_ms));
   std::vector<BatchChunk> chunks;
   std::vector<int32_t> tokens;
   bool any_prefill = false;
@@ -367,7 +369,7 @@ void LocalEngine::scheduler() {
           return c.slot;
         }, [&](Sequence& seq) {
           seq.usage.queue_s = seconds_between(seq.submitted, Clock::now());
-          seq.sampler.emplace(seq.req.sampling, int32_t(info_.n_vocab));
+          seq.sampler.emplace(make_sampler(seq.req, info_));
           if (seq.req.grammar) seq.grammar.emplace(seq.req.grammar);
           seq.admitted = ++admitted_;
           ++active_;

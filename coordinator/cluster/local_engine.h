@@ -57,6 +57,8 @@ struct LocalEngineConfig {
   // The most memory the plan may use (serve --mem-limit; engine/runtime/backend.h's
   // memory_limit_problem); 0: on the CPU, what the machine has available.
   uint64_t mem_limit = 0;
+  // Each step sleeps this long first (a slow machine, for tests: chat --step-delay-ms).
+  int step_delay_ms = 0;
   // Called on the loading thread as the weights arrive (engine/model/loader.h).
   std::function<void(const LoadProgress&)> on_load_progress;
 };

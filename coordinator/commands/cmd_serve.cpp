@@ -78,7 +78,7 @@ struct ServeOptions {
   CorsPolicy cors;  // --cors: none unless given
   std::string model_id;
   std::string chat_template_file;  // --chat-template: replaces the model's template
-  SamplingDefaults sampling;       // --temp, --top-p, --top-k, --min-p, --seed
+  SamplingDefaults sampling;       // --temp, --top-p, --top-k, --min-p, --seed, the penalties; else [sampling]
   LocalEngineConfig engine;
   HttpServerConfig http;
   double request_timeout_s = 10, idle_timeout_s = 60, write_timeout_s = 30;
@@ -126,8 +126,8 @@ constexpr const char* kUsage =
     "serving resumes once the worker has loaded again. With --parts (files written\n"
     "by `baton split`) each worker loads one part, and the stages follow the parts.\n\n";
 
-// --temp, --top-p, --top-k, --min-p and --seed, checked against the ranges a
-// request's own fields are (engine/sampling/sampler.h).
+// --temp, --top-p, --top-k, --min-p, --seed and the penalties, checked
+// against the ranges a request's own fields are (engine/sampling/sampler.h).
 SamplingDefaults sampling_defaults(const po::variables_map& vm) {
   SamplingDefaults d;
   auto number = [&](const SamplingRange& range, const char* flag) -> std::optional<double> {
@@ -139,6 +139,16 @@ SamplingDefaults sampling_defaults(const po::variables_map& vm) {
   d.temperature = number(kTemperatureRange, "temp");
   d.top_p = number(kTopPRange, "top-p");
   d.min_p = number(kMinPRange, "min-p");
+  d.repeat_penalty = number(kRepeatPenaltyRange, "repeat-penalty");
+  d.presence_penalty = number(kPresencePenaltyRange, "presence-penalty");
+  d.frequency_penalty = number(kFrequencyPenaltyRange, "frequency-penalty");
+  if (vm.count("repeat-last-n")) {
+    const int64_t n = vm["repeat-last-n"].as<int64_t>();
+    if (std::string why = sampling_range_problem(kRepeatLastNRange, double(n)); !why.empty()) {
+      throw std::invalid_argument(why);
+    }
+    d.repeat_last_n = n;
+  }
   if (vm.count("top-k")) {
     const int64_t k = vm["top-k"].as<int64_t>();
     if (std::string why = sampling_range_problem(kTopKRange, double(k)); !why.empty()) {
@@ -182,6 +192,10 @@ std::string describe(const SamplingDefaults& d) {
   if (d.top_k) add("top_k", std::to_string(*d.top_k));
   if (d.min_p) add("min_p", num(*d.min_p));
   if (d.seed) add("seed", std::to_string(*d.seed));
+  if (d.repeat_penalty) add("repeat_penalty", num(*d.repeat_penalty));
+  if (d.repeat_last_n) add("repeat_last_n", std::to_string(*d.repeat_last_n));
+  if (d.presence_penalty) add("presence_penalty", num(*d.presence_penalty));
+  if (d.frequency_penalty) add("frequency_penalty", num(*d.frequency_penalty));
   return out;
 }
 
@@ -247,6 +261,12 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
       ("min-p", po::value<double>(),
        "default min_p of a request that names none (0..1; default: 0, off, on the OpenAI routes, 0.05 on the "
        "Messages API, which has no min_p field)")
+      ("repeat-penalty", po::value<double>(),
+       "default repetition penalty of a request that names none (0.01..10; 1 = off, the default): positive "
+       "logits of the last --repeat-last-n tokens divided by it, negative ones multiplied")
+      ("repeat-last-n", po::value<int64_t>(), "default window of the repetition penalty (0..65536 tokens; default 64)")
+      ("presence-penalty", po::value<double>(), "default presence_penalty (-2..2; default 0, off)")
+      ("frequency-penalty", po::value<double>(), "default frequency_penalty (-2..2; default 0, off)")
       ("seed", po::value<std::string>(),
        "default seed of a request that names none: the same request then gives the same text; -1 = a random "
        "seed per request (the default)")
@@ -357,6 +377,18 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
     }
     r.listen = c.listen;
     r.secret_file = c.secret_file;
+    // [sampling]: the file's defaults where no flag names one.
+    SamplingDefaults& d = r.sampling;
+    const ConfigSampling& cs = c.sampling;
+    if (!d.temperature) d.temperature = cs.temperature;
+    if (!d.top_p) d.top_p = cs.top_p;
+    if (!d.top_k) d.top_k = cs.top_k;
+    if (!d.min_p) d.min_p = cs.min_p;
+    if (!d.seed && !vm.count("seed")) d.seed = cs.seed;
+    if (!d.repeat_penalty) d.repeat_penalty = cs.repeat_penalty;
+    if (!d.repeat_last_n) d.repeat_last_n = cs.repeat_last_n;
+    if (!d.presence_penalty) d.presence_penalty = cs.presence_penalty;
+    if (!d.frequency_penalty) d.frequency_penalty = cs.frequency_penalty;
   }
   // After the config: --mem-limit wins over its [[node]] memory.
   if (!r.mem_limit.empty()) {

@@ -6,6 +6,7 @@
 namespace baton {
 int cmd_run(int argc, char** argv);     // cmd_run.cpp
 int cmd_serve(int argc, char** argv);   // cmd_serve.cpp
+int cmd_chat(int argc, char** argv);    // cmd_chat.cpp
 int cmd_plan(int argc, char** argv);    // cmd_plan.cpp
 int cmd_bench(int argc, char** argv);   // cmd_bench.cpp
 // `baton bench --serve` (cmd_bench_serve.cpp), reached through cmd_bench.

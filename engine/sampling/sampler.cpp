@@ -47,16 +47,104 @@ int32_t argmax(std::span<const float> logits) {
   return int32_t(best);
 }
 
+void apply_penalties(std::span<float> logits, std::span<const PenaltyEntry> entries, float repeat_penalty,
+                     float presence_penalty, float frequency_penalty) {
+  for (const PenaltyEntry& e : entries) {
+    if (e.id < 0 || size_t(e.id) >= logits.size()) continue;
+    float& x = logits[size_t(e.id)];
+    if ((e.flags & PenaltyEntry::kInWindow) && repeat_penalty != 1.0f) x = x > 0 ? x / repeat_penalty : x * repeat_penalty;
+    if (e.generated > 0) x -= presence_penalty + frequency_penalty * float(e.generated);
+    if (e.flags & PenaltyEntry::kBanned) x = -INFINITY;
+  }
+}
+
 Sampler::Sampler(const SamplerParams& params, int32_t n_vocab) : params_(params), rng_(params.seed) {
   if (n_vocab <= 0) throw std::invalid_argument("sampler: vocabulary size must be positive, got " + std::to_string(n_vocab));
   cand_.resize(size_t(n_vocab));
+  if (params_.penalizes()) {
+    if (params_.repeat_penalty != 1.0f && params_.repeat_last_n > 0) window_.resize(size_t(params_.repeat_last_n));
+    if (params_.presence_penalty != 0 || params_.frequency_penalty != 0) out_count_.assign(size_t(n_vocab), 0);
+    entry_of_.assign(size_t(n_vocab), -1);
+    entries_.reserve(window_.size() + 64);
+    work_.resize(size_t(n_vocab));
+  }
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  if (logits.size() != cand_.size()) {
-    throw std::invalid_argument("sampler: got " + std::to_string(logits.size()) + " logits for a vocabulary of " +
+void Sampler::remember(int32_t id, bool output) {
+  if (id < 0 || size_t(id) >= cand_.size()) return;
+  if (!window_.empty()) {
+    window_[(window_head_ + window_len_) % window_.size()] = id;
+    if (window_len_ < window_.size()) {
+      ++window_len_;
+    } else {
+      window_head_ = (window_head_ + 1) % window_.size();
+    }
+  }
+  if (output && !out_count_.empty() && out_count_[size_t(id)]++ == 0) out_ids_.push_back(id);
+}
+
+void Sampler::set_prompt(std::span<const int32_t> prompt) {
+  if (window_.empty()) return;
+  const size_t from = prompt.size() > window_.size() ? prompt.size() - window_.size() : 0;
+  for (size_t i = from; i < prompt.size(); ++i) remember(prompt[i], false);
+}
+
+void Sampler::set_end_tokens(std::span<const int32_t> ids) {
+  end_ids_.clear();
+  for (int32_t id : ids) {
+    if (id >= 0 && size_t(id) < cand_.size()) end_ids_.push_back(id);
+  }
+}
+
+void Sampler::build_entries(bool ban) {
+  entries_.clear();
+  if (entry_of_.empty()) return;
+  auto touch = [&](int32_t id) -> PenaltyEntry& {
+    int32_t& at = entry_of_[size_t(id)];
+    if (at < 0) {
+      at = int32_t(entries_.size());
+      entries_.push_back({id, 0, 0});
+    }
+    return entries_[size_t(at)];
+  };
+  for (size_t i = 0; i < window_len_; ++i) touch(window_[(window_head_ + i) % window_.size()]).flags |= PenaltyEntry::kInWindow;
+  for (int32_t id : out_ids_) touch(id).generated = out_count_[size_t(id)];
+  if (ban && n_sampled_ < params_.min_tokens) {
+    for (int32_t id : end_ids_) touch(id).flags |= PenaltyEntry::kBanned;
+  }
+  for (const PenaltyEntry& e : entries_) entry_of_[size_t(e.id)] = -1;
+}
+
+std::span<const PenaltyEntry> Sampler::penalty_entries() {
+  build_entries(true);
+  return entries_;
+}
+
+int32_t Sampler::sample(std::span<const float> in) {
+  if (in.size() != cand_.size()) {
+    throw std::invalid_argument("sampler: got " + std::to_string(in.size()) + " logits for a vocabulary of " +
                                 std::to_string(cand_.size()));
   }
+  std::span<const float> logits = in;
+  if (params_.penalizes()) {
+    std::copy(in.begin(), in.end(), work_.begin());
+    build_entries(true);
+    apply_penalties(work_, entries_, params_.repeat_penalty, params_.presence_penalty, params_.frequency_penalty);
+    if (work_[size_t(argmax(work_))] == -INFINITY) {
+      // The ban left nothing (a grammar admits only the end): it gives way.
+      std::copy(in.begin(), in.end(), work_.begin());
+      build_entries(false);
+      apply_penalties(work_, entries_, params_.repeat_penalty, params_.presence_penalty, params_.frequency_penalty);
+    }
+    logits = work_;
+  }
+  const int32_t id = draw(logits);
+  ++n_sampled_;
+  if (params_.penalizes()) remember(id, true);
+  return id;
+}
+
+int32_t Sampler::draw(std::span<const float> logits) {
   if (params_.temperature <= 0.0f) {
     int32_t id = argmax(logits);
     cand_[0] = {id, logits[size_t(id)], 1.0};
@@ -96,6 +184,9 @@ int32_t Sampler::sample(std::span<const float> logits) {
     while (i < keep && cand_[i].p >= floor) ++i;
     keep = i;
   }
+  // Tokens a mask or a ban set to -inf have p = 0: never drawn, not even
+  // as the last candidate that takes the rounding's remainder.
+  while (keep > 1 && cand_[keep - 1].p == 0) --keep;
   sum = 0;
   for (size_t i = 0; i < keep; ++i) sum += cand_[i].p;
   for (size_t i = 0; i < keep; ++i) cand_[i].p /= sum;
@@ -143,7 +234,12 @@ std::string sampling_range_problem(const SamplingRange& r, double x) {
 void check_sampling_flags(const SamplerParams& p) {
   for (const auto& [range, value] : {std::pair{kTemperatureRange, double(p.temperature)},
                                      std::pair{kTopPRange, double(p.top_p)}, std::pair{kMinPRange, double(p.min_p)},
-                                     std::pair{kTopKRange, double(p.top_k)}}) {
+                                     std::pair{kTopKRange, double(p.top_k)},
+                                     std::pair{kRepeatPenaltyRange, double(p.repeat_penalty)},
+                                     std::pair{kRepeatLastNRange, double(p.repeat_last_n)},
+                                     std::pair{kPresencePenaltyRange, double(p.presence_penalty)},
+                                     std::pair{kFrequencyPenaltyRange, double(p.frequency_penalty)},
+                                     std::pair{kMinTokensRange, double(p.min_tokens)}}) {
     if (std::string why = sampling_range_problem(range, value); !why.empty()) throw std::invalid_argument(why);
   }
 }

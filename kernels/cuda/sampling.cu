@@ -187,7 +187,33 @@ __global__ void __launch_bounds__(kTile)
 
 int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
 
+// One thread per entry; the entries name distinct ids.
+__global__ void apply_penalties_kernel(float* logits, int64_t n, const PenaltyEntry* entries, int64_t n_entries,
+                                       float repeat, float presence, float frequency) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_entries) return;
+  const PenaltyEntry e = entries[i];
+  if (e.id < 0 || e.id >= n) return;
+  float x = logits[e.id];
+  if ((e.flags & 1) && repeat != 1.0f) x = x > 0.0f ? __fdiv_rn(x, repeat) : __fmul_rn(x, repeat);
+  if (e.generated > 0) x = __fsub_rn(x, __fadd_rn(presence, __fmul_rn(frequency, float(e.generated))));
+  if (e.flags & 2) x = -INFINITY;
+  logits[e.id] = x;
+}
+
 }  // namespace
+
+void apply_penalties(float* logits, int64_t n, const PenaltyEntry* entries, int64_t n_entries, float repeat_penalty,
+                     float presence_penalty, float frequency_penalty, cudaStream_t stream) {
+  if (n <= 0 || n > INT32_MAX || n_entries < 0) throw std::invalid_argument("apply_penalties: bad row length or entry count");
+  if (!(repeat_penalty > 0.0f)) throw std::invalid_argument("apply_penalties: the repetition penalty must be positive");
+  if (n_entries == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks = (n_entries + kThreads - 1) / kThreads;
+  apply_penalties_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(logits, n, entries, n_entries, repeat_penalty,
+                                                                   presence_penalty, frequency_penalty);
+  check_launch("apply_penalties_kernel");
+}
 
 size_t argmax_workspace_bytes(int64_t n_rows) { return size_t(std::max<int64_t>(n_rows, 0)) * sizeof(ArgmaxSlot); }
 

@@ -6,6 +6,8 @@
 // logits divided by the temperature and the softmax over those k; the host
 // sampler finishes (top-p, min-p, the random draw) from these k candidates,
 // exactly as engine/sampling/sampler.cpp does after its own top-k cut.
+// apply_penalties() adjusts a row of logits for the repetition, presence and
+// frequency penalties and min_tokens' ban before either.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,5 +38,21 @@ size_t top_k_workspace_bytes(int64_t n, int k);
 // be NaN.
 void top_k(const float* logits, int64_t n, int k, float temperature, int32_t* ids, float* scaled_logits,
            float* probs, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// The penalties of engine/sampling/sampler.h's apply_penalties on one row of
+// n device logits, in place, entry by entry (the same layout as the engine's
+// PenaltyEntry: id, occurrences in the output, flags; each id once, so one
+// thread per entry needs no atomics): in the window (flags & 1) a positive
+// logit is divided by repeat_penalty and another multiplied, then
+// presence_penalty * (generated > 0) + frequency_penalty * generated is
+// subtracted, then a banned entry (flags & 2) becomes -inf. Rounded like
+// the CPU's (no contracted multiply-add). Ids outside [0, n) are skipped.
+struct PenaltyEntry {
+  int32_t id;
+  int32_t generated;
+  uint8_t flags;
+};
+void apply_penalties(float* logits, int64_t n, const PenaltyEntry* entries, int64_t n_entries, float repeat_penalty,
+                     float presence_penalty, float frequency_penalty, cudaStream_t stream);
 
 }  // namespace baton::cuda
