@@ -33,7 +33,7 @@ export BATON_SHARED="$(cd "$bin/shared" && pwd)"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee -a "$log"
 
 runs=${RUNS:-2}
-for t in test_cuda_tp test_cuda_stage test_cuda_ds4_stage test_cuda_ds4_tp; do
+for t in test_cuda_tp test_cuda_stage test_cuda_ds4_stage test_cuda_ds4_tp test_cuda_sampling; do
   [ "${TESTS:-1}" = 0 ] && break
   [ -x "$bin/tests/$t" ] || continue
   echo "-- $t" | tee -a "$log"
