@@ -9,7 +9,10 @@
 # /mnt/ram, so an H200). For each model, alternating, each its own process:
 #   whole:  baton bench MODEL            (the whole model's step on this GPU)
 #   rank0:  baton bench RANK0 --tp-alone (rank 0 of `baton split --tp 2` alone,
-#           its partial sums answered in place: docs/PERFORMANCE.md)
+#           its partial sums answered on the device, the step one graph:
+#           the rank's own compute; docs/PERFORMANCE.md)
+#   rank0host: the same with --tp-exchange host (each exchange through
+#           pinned memory and a synchronization, as a host group pays it)
 #   base:   BASE_DIR/baton bench MODEL   (when BASE_DIR is given: the build
 #           before, for the "nothing slower" check)
 # with the decode at ctx 512 (llama-8b) or 2048 (flash_q2). Then the TCP
@@ -67,10 +70,11 @@ for m in $models; do
   # (the tmpfs holds the model and one rank).
   rm -f "$ranks"/*.tp2-r1.gguf
   for r in $(seq 1 "$runs"); do
-    for v in whole rank0 base; do
+    for v in whole rank0 rank0host base; do
       case "$v" in
         whole) cmd=("$bin/baton" bench -m "$file") ;;
         rank0) cmd=("$bin/baton" bench -m "$rank0" --tp-alone) ;;
+        rank0host) cmd=("$bin/baton" bench -m "$rank0" --tp-alone --tp-exchange host) ;;
         base) [ -n "$base" ] || continue; cmd=("$base/baton" bench -m "$file") ;;
       esac
       if ! timeout 300 "${cmd[@]}" --backend cuda --csv "${bench[@]}" > "$work/run.csv" 2> "$work/run.err"; then
@@ -92,8 +96,9 @@ for model in dict.fromkeys(r["model"] for r in rows):
         x = [float(r[col]) for r in rows if r["model"] == model and r["variant"] == v]
         return statistics.median(x) if x else float("nan")
     whole, rank0, base = med("whole", "gen_tps"), med("rank0", "gen_tps"), med("base", "gen_tps")
+    host = med("rank0host", "gen_tps")
     print(f"{model}: decode tok/s whole {whole:.2f}, rank 0 alone {rank0:.2f}: "
-          f"rank step / whole step {whole / rank0:.4f}")
+          f"rank step / whole step {whole / rank0:.4f}; with host exchanges {host:.2f}: {whole / host:.4f}")
     if base == base:
         print(f"{model}: decode tok/s base {base:.2f}, this build {whole:.2f}: {whole / base:.4f}; "
               f"prefill {med('whole', 'prefill_tps') / med('base', 'prefill_tps'):.4f}")

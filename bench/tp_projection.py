@@ -58,10 +58,13 @@ def main():
     ap.add_argument("--link-gbps", type=float, default=25.0, help="200 Gb/s")
     ap.add_argument("--wire-us", type=float, default=10.0, help="added per call for the wire and the NICs")
     ap.add_argument("--scale-bytes", type=float, default=1.0)
+    ap.add_argument("--rank-variant", default="rank0host",
+                    help="rank0host: the rank's step with host exchanges (the TCP mesh's copies and syncs); "
+                         "rank0: its compute alone (exchanges queued on the device)")
     a = ap.parse_args()
 
     rows = [r for r in csv.DictReader(open(a.tp_csv)) if r["model"] == a.model]
-    whole_tps, rank_tps = median(rows, "whole", "gen_tps"), median(rows, "rank0", "gen_tps")
+    whole_tps, rank_tps = median(rows, "whole", "gen_tps"), median(rows, a.rank_variant, "gen_tps")
     copy = median(rows, "whole", "copy_gbps")
     wb, rb = median(rows, "whole", "weights_bytes_per_token"), median(rows, "rank0", "weights_bytes_per_token")
     scale = copy / a.spark_gbps * a.scale_bytes
@@ -78,8 +81,8 @@ def main():
     t_tp = t_rank + t_exch
     hop = (lat + a.wire_us) / 1e3 + a.n_embd * 4 * 4 / (a.link_gbps * 1e9) * 1e3  # 4 HC streams a row
     t_pp = t_whole + hop
-    print(f"model {a.model} x{a.scale_bytes:g} bytes: measured on the GPU: whole {1e3 / whole_tps:.3f} ms, "
-          f"rank 0 alone {1e3 / rank_tps:.3f} ms ({whole_tps / rank_tps:.3f} of the whole step; bytes "
+    print(f"model {a.model} x{a.scale_bytes:g} bytes, {a.rank_variant}: measured on the GPU: whole "
+          f"{1e3 / whole_tps:.3f} ms, rank 0 alone {1e3 / rank_tps:.3f} ms ({whole_tps / rank_tps:.3f} of the whole step; bytes "
           f"{rb / wb:.3f}); GPU copy rate {copy:.0f} GB/s")
     print(f"  a Spark: whole step {t_whole:.2f} ms, rank step {t_rank:.2f} ms (x{scale:.2f})")
     print(f"  exchanges a token: {calls} sums of {sum_kib} KiB at {lat:.1f} + {a.wire_us:.0f} us, a gather of "

@@ -31,6 +31,7 @@
 #include "engine/runtime/batch.h"
 #include "engine/runtime/stage.h"
 #include "engine/runtime/tp_comm.h"
+#include "engine/cuda/lone_rank.h"
 #include "engine/tp/slice.h"
 #include "gguf_split/split.h"
 #include "gguf_split/synth.h"
@@ -570,6 +571,36 @@ TEST(CudaTp, LoneRankMatchesTheCpuLoneRank) {
     const auto [begin, count] = tp_vocab_range(gpu.n_vocab(), 2, 1 - r);
     for (const auto& row : got.logits) {
       for (int64_t i = begin; i < begin + count; ++i) ASSERT_EQ(row[size_t(i)], 0.0f) << "the other rank's logit " << i;
+    }
+  }
+}
+
+// `--tp-alone`'s default on CUDA: the lone rank queued on the stage's
+// stream (engine/cuda/lone_rank.h), the decode step one graph. It gives the
+// host lone rank's logits bit for bit: the same kernels on the same rows,
+// only the exchanges stay on the device.
+TEST(CudaTp, LoneRankOnTheStreamMatchesTheHostLoneRank) {
+  BATON_REQUIRE_CUDA();
+  test::TempDir dir;
+  const std::string model = write_gqa(dir, DType::Q8_0, 11);
+  const std::vector<std::string> files = write_tp_ranks(model, 2, dir.path().string());
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const GgufFile f = GgufFile::open(files[size_t(r)]);
+    LoneTpRank host(r, 2);
+    std::unique_ptr<TpComm> device = make_cuda_lone_rank(r, 2);
+    ASSERT_TRUE(device->on_stream());
+    StageConfig c = config(8);
+    c.tp = &host;
+    CudaStage a(f, c);
+    c.tp = device.get();
+    CudaStage b(f, c);
+    const std::vector<int32_t> prompt = {1, 5, 9, 17};
+    const Decode want = decode(a, prompt, 12);
+    const Decode got = decode(b, prompt, 12);
+    EXPECT_EQ(got.tokens, want.tokens);
+    for (size_t i = 0; i < want.logits.size(); ++i) {
+      EXPECT_EQ(bit_difference(got.logits[i], want.logits[i]), "") << "step " << i;
     }
   }
 }

@@ -18,8 +18,12 @@
 // the aggregate decode rate per N goes to stderr.
 //
 // --tp-alone: MODEL is one rank file of `baton split --tp`, run alone as its
-// rank with a LoneTpRank (engine/runtime/tp_comm.h) answering the group's
-// sums and gather locally: one rank's step time on one device.
+// rank with a lone group answering its sums and gather locally: one rank's
+// step time on one device. On CUDA the lone group's calls are queued on the
+// stage's stream (engine/cuda/lone_rank.h: the rank's reads and kernels
+// alone) unless --tp-exchange host asks for the host groups' lone rank
+// (LoneTpRank: each exchange also copies through pinned memory and
+// synchronizes, as the TCP mesh makes it).
 #include <boost/program_options.hpp>
 
 #include <fmt/format.h>
@@ -53,6 +57,9 @@
 #include "engine/model/layer_range_text.h"
 #include "engine/runtime/tp_comm.h"
 #include "engine/tp/slice.h"
+#if BATON_HAVE_CUDA
+#include "engine/cuda/lone_rank.h"
+#endif
 
 namespace baton {
 
@@ -81,6 +88,7 @@ struct BenchOptions {
   bool no_pdl = false;
   bool profile = false;
   bool tp_alone = false;
+  std::string tp_exchange = "device";  // --tp-exchange: device or host
   std::vector<int64_t> parallel;  // sequence counts decoding together
 };
 
@@ -135,6 +143,10 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "MODEL is one rank file of baton split --tp: run that rank alone, each sum leaving its own partial rows and "
        "the gather filling the other ranks' logits with zeros, to time one rank's step (its compute and its "
        "exchange copies, no network); the tokens are not the model's")
+      ("tp-exchange", po::value<std::string>(&o.tp_exchange)->default_value("device"),
+       "with --tp-alone on cuda: device (the sums and the gather queued on the stage's stream, the decode step one "
+       "graph: the rank's own compute) or host (each exchange copied through pinned memory with a "
+       "synchronization, the graph cut there: what a host group such as the TCP mesh adds besides the network)")
       ("load-only", po::bool_switch(&o.load_only), "measure the ceilings and the load, then exit (no prefill or decode)")
       ("mem-limit", po::value<std::string>(&mem_limit),
        "most memory the stage's plan may use (device lines with --backend cuda), e.g. 128GB: refused before "
@@ -145,6 +157,9 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   if (!parse_command_line(argc, argv, {.options = desc, .positional = &positional})) return std::nullopt;
   if (o.model.empty()) throw std::invalid_argument("-m MODEL is required");
   std::string note;
+  if (o.tp_exchange != "device" && o.tp_exchange != "host") {
+    throw std::invalid_argument("--tp-exchange must be device or host, got '" + o.tp_exchange + "'");
+  }
   o.backend = resolve_backend(backend, &note);
   if (backend == "auto") std::fprintf(stderr, "baton bench: %s\n", note.c_str());
   if (o.ctx_start < 1 || o.ctx_max < o.ctx_start) throw std::invalid_argument("need 1 <= --ctx-start <= --ctx-max");
@@ -230,7 +245,7 @@ int bench(const BenchOptions& o) {
   sc.n_threads = o.n_threads;
   for (int64_t n : o.parallel) sc.n_seq = std::max(sc.n_seq, int(n));
   // A rank file runs only inside its group; --tp-alone gives it a group of its own.
-  std::unique_ptr<LoneTpRank> lone;
+  std::unique_ptr<TpComm> lone;
   if (file.has(tp_keys::kSize)) {
     const int64_t rank = file.get_int(tp_keys::kRank, 0), size = file.get_int(tp_keys::kSize, 0);
     if (!o.tp_alone) {
@@ -242,7 +257,13 @@ int bench(const BenchOptions& o) {
     if (size < 2 || size > kMaxTpRanks || rank < 0 || rank >= size) {
       throw std::invalid_argument(fmt::format("{}: tensor-parallel rank {} of {} is out of range", o.model, rank, size));
     }
-    lone = std::make_unique<LoneTpRank>(int(rank), int(size));
+    if (o.backend == Backend::Cuda && o.tp_exchange == "device") {
+#if BATON_HAVE_CUDA
+      lone = make_cuda_lone_rank(int(rank), int(size));
+#endif
+    } else {
+      lone = std::make_unique<LoneTpRank>(int(rank), int(size));
+    }
     sc.tp = lone.get();
     std::fprintf(stderr,
                  "baton bench: tensor-parallel rank %lld of %lld alone: each sum keeps this rank's partial rows and "

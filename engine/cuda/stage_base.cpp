@@ -168,6 +168,7 @@ void CudaStageBase::tp_sum(float* device, size_t n) {
   if (!config_.tp) throw std::logic_error("tp_sum: this stage is not a tensor-parallel rank");
   const SharedLayout& S = shared_;
   if (n > S.h_tp_floats) throw std::logic_error(fmt::format("tp_sum of {} floats: the plan holds {}", n, S.h_tp_floats));
+  if (config_.tp->on_stream()) return config_.tp->sum_on_stream(device, n, stream_.get());
   const bool host = !config_.tp->device_buffers();
   if (host) {
     BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + S.h_tp, device, n * sizeof(float), cudaMemcpyDeviceToHost,
@@ -188,6 +189,7 @@ void CudaStageBase::tp_gather(const float* mine, size_t n, float* all) {
     throw std::logic_error(fmt::format("tp_gather of {} x {} floats: the plan holds {} and {}", config_.tp->size(), n,
                                        S.h_tp_floats, S.h_tp_all_floats));
   }
+  if (config_.tp->on_stream()) return config_.tp->gather_on_stream(mine, n, all, stream_.get());
   const bool host = !config_.tp->device_buffers();
   if (host) {
     BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + S.h_tp, mine, n * sizeof(float), cudaMemcpyDeviceToHost,

@@ -44,6 +44,15 @@ class TpComm {
   // CUDA stage then hands over as it is instead of staging it through
   // pinned host memory (engine/cuda/stage_base.h).
   virtual bool device_buffers() const { return false; }
+  // A group whose calls a CUDA stage queues on its own stream, where a
+  // captured decode graph takes them in like any kernel: no host
+  // synchronisation and no cut of the graph at each exchange. `stream` is
+  // the stage's cudaStream_t (void* keeps CUDA out of this header); the
+  // buffers are device memory. The lone rank of `baton bench --tp-alone` on
+  // CUDA is one (engine/cuda/lone_rank.h).
+  virtual bool on_stream() const { return false; }
+  virtual void sum_on_stream(float* data, size_t n, void* stream);
+  virtual void gather_on_stream(const float* mine, size_t n, float* all, void* stream);
 };
 
 // A rank file (rank file_rank of file_size) runs only with its group's link
