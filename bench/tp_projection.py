@@ -66,7 +66,7 @@ def main():
     rows = [r for r in csv.DictReader(open(a.tp_csv)) if r["model"] == a.model]
     whole_tps, rank_tps = median(rows, "whole", "gen_tps"), median(rows, a.rank_variant, "gen_tps")
     copy = median(rows, "whole", "copy_gbps")
-    wb, rb = median(rows, "whole", "weights_bytes_per_token"), median(rows, "rank0", "weights_bytes_per_token")
+    wb, rb = median(rows, "whole", "weights_bytes_per_token"), median(rows, a.rank_variant, "weights_bytes_per_token")
     scale = copy / a.spark_gbps * a.scale_bytes
     t_whole = 1e3 / whole_tps * scale  # ms on a Spark
     t_rank = 1e3 / rank_tps * scale
