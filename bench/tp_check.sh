@@ -64,11 +64,9 @@ for m in $models; do
   esac
   [ -e "$file" ] || timeout 300 "$bin/baton" synth "${synth[@]}" --data alias -q -o "$file" >> "$log" 2>&1 || { status=1; continue; }
   rm -rf "$ranks"
-  timeout 300 "$bin/baton" split "$file" --tp 2 -o "$ranks" >> "$log" 2>&1 || { status=1; continue; }
+  # Rank 0's file alone (--rank 0): the tmpfs holds the model and one rank.
+  timeout 300 "$bin/baton" split "$file" --tp 2 --rank 0 -o "$ranks" >> "$log" 2>&1 || { status=1; continue; }
   rank0=$(ls "$ranks"/*.tp2-r0.gguf | head -n 1)
-  # A rank file needs only its own half: the other one goes before the runs
-  # (the tmpfs holds the model and one rank).
-  rm -f "$ranks"/*.tp2-r1.gguf
   for r in $(seq 1 "$runs"); do
     for v in whole rank0 rank0host base; do
       case "$v" in

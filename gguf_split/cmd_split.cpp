@@ -51,11 +51,13 @@ Progress progress_printer(const char* verb) {
 namespace {
 
 // `baton split --tp N`: stages x ranks files.
-int split_tp(const ModelFiles& files, const std::string& model, const std::string& layers, int tp,
+// rank >= 0: only that rank's files (of every stage).
+int split_tp(const ModelFiles& files, const std::string& model, const std::string& layers, int tp, int rank,
              const std::string& out_dir, bool dry) {
   const int n_layer = model_layer_count(files.meta());
   const std::string stem = std::filesystem::path(model).stem().string();
   TpSplitPlan plan = plan_tp_split(files, parse_layer_ranges(layers, n_layer), tp, out_dir.empty() ? "." : out_dir, stem);
+  if (rank >= 0) std::erase_if(plan.files, [&](const TpRankFile& f) { return f.rank != rank; });
   std::printf("source %s: %d layers, %zu tensors, %s, tensor-table hash %016llx; %d tensor-parallel ranks\n",
               model.c_str(), n_layer, files.tensors().size(), human_bytes(files.tensor_bytes()).c_str(),
               (unsigned long long)plan.stages.source_hash, tp);
@@ -91,7 +93,7 @@ int cmd_split(int argc, char** argv) {
       "family): each holds 1/N of every layer's heads and FFN and of the vocabulary\n"
       "head, and is itself a smaller model of the same architecture (docs/SPLIT.md).\n\noptions");
   std::string model, layers, out_dir;
-  int tp = 0;
+  int tp = 0, rank = -1;
   opts.add_options()("help,h", "show this help")
       ("model,m", po::value(&model), "the GGUF to split (or give it first, without -m)")
       ("layers", po::value(&layers), "ranges FIRST:LAST,... covering every layer in order; LAST may be "
@@ -99,6 +101,8 @@ int cmd_split(int argc, char** argv) {
                                      "the last the output head; tensors outside any layer go to every part")
       ("tp", po::value(&tp), "tensor-parallel ranks per stage (2 or more; must divide the KV heads and the FFN width); "
                              "without --layers, one stage of the whole model")
+      ("rank", po::value(&rank), "with --tp: write only rank R's files (of every stage), for a node that holds "
+                                 "only its own rank: a 153 GiB model's two rank files need not fit on one disk")
       ("output,o", po::value(&out_dir), "folder for the parts (created if missing)")
       ("dry-run", "print the plan and write nothing");
   po::positional_options_description pos;
@@ -114,11 +118,15 @@ int cmd_split(int argc, char** argv) {
     std::fprintf(stderr, "baton split: --tp must be 2 or more (got %d)\n", tp);
     return 1;
   }
+  if (vm->count("rank") && (tp < 2 || rank < 0 || rank >= tp)) {
+    std::fprintf(stderr, "baton split: --rank takes a rank of --tp N: 0..N-1 (got %d)\n", rank);
+    return 1;
+  }
   if (parse_only()) return 0;
   ModelFiles files = ModelFiles::open(model);
   const int n_layer = model_layer_count(files.meta());
   std::string stem = std::filesystem::path(model).stem().string();
-  if (tp > 0) return split_tp(files, model, layers.empty() ? "0:output" : layers, tp, out_dir, dry);
+  if (tp > 0) return split_tp(files, model, layers.empty() ? "0:output" : layers, tp, rank, out_dir, dry);
   SplitPlan plan = plan_split(files, parse_layer_ranges(layers, n_layer), out_dir.empty() ? "." : out_dir, stem);
   std::printf("source %s: %d layers, %zu tensors, %s, tensor-table hash %016llx\n", model.c_str(), n_layer,
               files.tensors().size(), human_bytes(files.tensor_bytes()).c_str(),

@@ -101,6 +101,17 @@ TEST(SplitTp, Stories260KRanksLoadAndMergeByteIdentical) {
   EXPECT_NE(twice.err.find("given twice"), std::string::npos) << twice.err;
   EXPECT_FALSE(fs::exists(tmp.file("m2.gguf")));
   EXPECT_FALSE(fs::exists(tmp.file("m3.gguf")));
+
+  // --rank writes one node's own file, the same bytes as in the full split.
+  CommandResult one = baton({"split", src, "--tp", "2", "--rank", "1", "-o", tmp.file("one")});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::vector<std::string> own = files_in(tmp.path() / "one");
+  ASSERT_EQ(own.size(), 1u);
+  EXPECT_EQ(fs::path(own[0]).filename(), "stories260K.tp2-r1.gguf");
+  EXPECT_TRUE(bytes_of(own[0]) == bytes_of(files[1]));
+  CommandResult bad = baton({"split", src, "--tp", "2", "--rank", "2", "-o", tmp.file("bad")});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--rank"), std::string::npos) << bad.err;
 }
 
 TEST(SplitTp, Stories260KStagesTimesRanksMergeByteIdentical) {
