@@ -6,8 +6,10 @@
 #
 # BIN_* as bench/pack_gpu.sh makes them (BIN_BEFORE needs only baton). RAM_DIR
 # (default /mnt/ram) holds the 80.76 GiB Q2 file (a tmpfs is mounted there when
-# it is not one). STEPS (default "tests ab profile"):
+# it is not one). STEPS (default "tests kernels ab profile"):
 #   tests    test_cuda_moe and test_cuda_ds4_stage of BIN_AFTER
+#   kernels  bench_cuda_kernels moe of BIN_AFTER: one layer's routed experts,
+#            per pair against grouped, 1 to 64 rows (kernels_moe.log)
 #   ab       baton bench --parallel 1,2,5,8,16,32 at ctx 128 with each build,
 #            before first: ab.csv (build, rows, aggregate tok/s, ms a step)
 #   profile  BIN_AFTER's bench --profile --parallel 1,2,5,8,16,32,64: the GPU
@@ -18,7 +20,7 @@ before=${1:?before binary folder}
 after=${2:?after binary folder}
 out=${3:?output folder}
 ram=${4:-/mnt/ram}
-steps=${5:-tests ab profile}
+steps=${5:-tests kernels ab profile}
 bin=$after
 work=/tmp/baton-ds4-grouped
 mkdir -p "$out" "$work" "$ram"
@@ -34,10 +36,24 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$log
 if has tests; then
   say "CUDA suites: routed experts and the deepseek4 stage"
   for t in test_cuda_moe test_cuda_ds4_stage; do
-    timeout 120 "$after/tests/$t" --gtest_brief=1 > "$work/$t.log" 2>&1 || { status=1; grep -E "Failure|FAILED|error|got" "$work/$t.log" | head -n 20 | tee -a "$log"; }
+    timeout 90 "$after/tests/$t" --gtest_brief=1 > "$work/$t.log" 2>&1 || { status=1; grep -E "Failure|FAILED|error|got" "$work/$t.log" | head -n 20 | tee -a "$log"; }
     echo "$t: $(grep -E '^\[  (PASSED|FAILED)  \]' "$work/$t.log" | tr '\n' ' ')" | tee -a "$log"
     grep -E "relative error|median" "$work/$t.log" | head -n 20 >> "$log"
+    cat "$work/$t.log" >> "$out/tests.log"
   done
+fi
+
+if has kernels && [ -x "$after/bench/bench_cuda_kernels" ]; then
+  say "kernel table: routed experts per pair and grouped"
+  timeout 120 "$after/bench/bench_cuda_kernels" moe 2>&1 | tee "$out/kernels_moe.log" | tee -a "$log" || status=1
+fi
+
+# The Q2 file needs about 83 GiB of device memory.
+mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+if [ "${mem_mib:-0}" -lt 100000 ] && { has ab || has profile; }; then
+  say "only ${mem_mib} MiB of device memory: the Flash Q2 file does not fit, ab and profile skipped"
+  steps=${steps//ab/}
+  steps=${steps//profile/}
 fi
 
 q2="$ram/flash-q2.gguf"
@@ -59,9 +75,10 @@ if has ab; then
     [ "$b" = after ] && dir=$after
     say "bench $b: --parallel 1,2,5,8,16,32 at ctx 128"
     timeout 150 "$dir/baton" bench "${bench_args[@]}" --parallel 1,2,5,8,16,32 > "$work/ab_$b.out" 2> "$work/ab_$b.err" || status=1
-    tr '\r' '\n' < "$work/ab_$b.err" | grep -E "^ctx |^parallel |loaded " | tee -a "$log"
+    tr '\r' '\n' < "$work/ab_$b.err" | grep -v ETA > "$out/ab_$b.log"
+    grep -E "^ctx |^parallel |loaded " "$out/ab_$b.log" | tee -a "$log"
     sed -nE "s/^parallel ([0-9]+) at ctx [0-9]+: decode ([0-9.]+) tok\/s aggregate .* ([0-9.]+) ms a step$/$b,\1,\2,\3/p" \
-      "$work/ab_$b.err" >> "$out/ab.csv"
+      "$out/ab_$b.log" >> "$out/ab.csv"
   done
 fi
 
