@@ -7,7 +7,8 @@
 // larger than the L2). Each line gives us per call, the distinct experts the
 // batch touches (mean over the four routings), their bytes over the time as
 // GB/s and the fraction of the device copy rate, and the largest difference
-// between the two paths' outputs relative to the largest output.
+// between the two paths' outputs relative to the largest output. Then the
+// grouped kernels' other splits (warps per 16-row tile in gate/up and down).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/moe_grouped.cuh"
+#include "kernels/cuda/moe_grouped_impl.cuh"
 #include "kernels/cuda/moe_xq.cuh"
 
 namespace baton::cuda {
@@ -106,6 +108,27 @@ void bench_moe_grouped(cudaStream_t s, const Ceilings& c) {
       std::printf("%-8s %5lld %8.1f %10.1f %10.1f %7.2fx %8.0f %6.1f%% %6.1f%% %9.2e\n", cs.name, (long long)n, touched,
                   tp * 1e3, tg * 1e3, tp / tg, bytes / (tg * 1e6), 100.0 * bytes / (tg * 1e6) / c.copy_gbs,
                   100.0 * bytes / (tp * 1e6) / c.copy_gbs, amax > 0 ? diff / amax : diff);
+    }
+    using Launch = void (*)(const MoeWeights&, const void*, int64_t, const int32_t*, const float*, int, float*,
+                            int64_t, void*, cudaStream_t);
+    const std::pair<const char*, Launch> splits[] = {{"1/1", &detail::launch_moe_grouped<1, 1>},
+                                                     {"2/2", &detail::launch_moe_grouped<2, 2>},
+                                                     {"4/2", &detail::launch_moe_grouped<4, 2>},
+                                                     {"2/4", &detail::launch_moe_grouped<2, 4>},
+                                                     {"4/4", &detail::launch_moe_grouped<4, 4>}};
+    std::printf("%s grouped, warps per tile gate|up/down, us per call:", cs.name);
+    for (const auto& sp : splits) std::printf(" %8s", sp.first);
+    std::printf("\n");
+    for (int64_t n : {1, 2, 5, 8, 16, 32, 64}) {
+      std::printf("%-8s %5lld", cs.name, (long long)n);
+      for (const auto& sp : splits) {
+        const double t = time_graph(s, 16, 5, [&](int i) {
+          sp.second(m, xq.p, n, ids.as<int32_t>() + (i % n_sets) * max_rows * K, wts.as<float>(), int(K),
+                    out_b.as<float>(), E, gws.p, s);
+        });
+        std::printf(" %8.1f", t * 1e3);
+      }
+      std::printf("\n");
     }
   }
 }
