@@ -8,6 +8,16 @@
 #include "kernels/cuda/moe_grouped_impl.cuh"
 
 namespace baton::cuda {
+namespace {
+
+// The widest weight load is 8 bytes (Q4_K's nibbles, at multiples of 8 in a
+// 144-byte block); whole GGUF rows keep every block at that alignment when
+// the matrix starts on 16 bytes.
+bool aligned(const MatrixView& w) {
+  return reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes == *dtype_bytes(w.type, uint64_t(w.cols));
+}
+
+}  // namespace
 
 bool moe_grouped_supported(const MoeWeights& m) {
   const int64_t ff = m.gate.rows_per_expert(), n_embd = m.gate.w.cols;
@@ -15,7 +25,7 @@ bool moe_grouped_supported(const MoeWeights& m) {
          m.up.w.type == m.gate.w.type && m.gate.w.data && m.up.w.data && m.down.w.data && m.up.w.row_bytes == m.gate.w.row_bytes && m.up.w.rows == m.gate.w.rows &&
          n_embd % 256 == 0 && ff % 256 == 0 && m.down.w.cols == ff && m.down.rows_per_expert() == n_embd &&
          m.gate.n_expert == m.down.n_expert && m.up.n_expert == m.gate.n_expert && m.gate.n_expert >= 1 &&
-         m.gate.n_expert <= detail::kMaxExperts && m.gate.w.row_bytes % 16 == 0 && m.down.w.row_bytes % 16 == 0 &&
+         m.gate.n_expert <= detail::kMaxExperts && aligned(m.gate.w) && aligned(m.up.w) && aligned(m.down.w) &&
          m.clamp > 0.0f;
 }
 
