@@ -74,6 +74,19 @@ void bench_moe_grouped(cudaStream_t s, const Ceilings& c) {
     const size_t pair_ws = xq_pairs ? moe_xq_workspace_bytes(m, max_rows, int(K))
                                     : moe_decode_workspace_bytes(m, max_rows, int(K));
     Buf pws(pair_ws), gws(moe_grouped_workspace_bytes(m, max_rows, int(K)));
+    // The largest |out_a - out_b| over n rows, relative to the largest |out_a|.
+    auto rel_diff = [&](int64_t n) {
+      BATON_CUDA_CHECK(cudaStreamSynchronize(s));
+      std::vector<float> a(size_t(n * E)), b(size_t(n * E));
+      BATON_CUDA_CHECK(cudaMemcpy(a.data(), out_a.p, a.size() * 4, cudaMemcpyDeviceToHost));
+      BATON_CUDA_CHECK(cudaMemcpy(b.data(), out_b.p, b.size() * 4, cudaMemcpyDeviceToHost));
+      double amax = 0, diff = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        amax = std::max(amax, double(std::fabs(a[i])));
+        diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+      }
+      return amax > 0 ? diff / amax : diff;
+    };
     for (int64_t n : {1, 2, 5, 8, 16, 32, 64}) {
       double touched = 0;
       for (int64_t set = 0; set < n_sets; ++set) {
@@ -93,22 +106,22 @@ void bench_moe_grouped(cudaStream_t s, const Ceilings& c) {
       };
       pairs(0, out_a.as<float>());
       grouped(0, out_b.as<float>());
-      BATON_CUDA_CHECK(cudaStreamSynchronize(s));
-      std::vector<float> a(size_t(n * E)), b(size_t(n * E));
-      BATON_CUDA_CHECK(cudaMemcpy(a.data(), out_a.p, a.size() * 4, cudaMemcpyDeviceToHost));
-      BATON_CUDA_CHECK(cudaMemcpy(b.data(), out_b.p, b.size() * 4, cudaMemcpyDeviceToHost));
-      double amax = 0, diff = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        amax = std::max(amax, double(std::fabs(a[i])));
-        diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-      }
+      const double rel = rel_diff(n);
       const double tp = time_graph(s, 16, 5, [&](int i) { pairs(i, out_a.as<float>()); });
       const double tg = time_graph(s, 16, 5, [&](int i) { grouped(i, out_b.as<float>()); });
       const double bytes = touched * expert_bytes;
       std::printf("%-8s %5lld %8.1f %10.1f %10.1f %7.2fx %8.0f %6.1f%% %6.1f%% %9.2e\n", cs.name, (long long)n, touched,
                   tp * 1e3, tg * 1e3, tp / tg, bytes / (tg * 1e6), 100.0 * bytes / (tg * 1e6) / c.copy_gbs,
-                  100.0 * bytes / (tp * 1e6) / c.copy_gbs, amax > 0 ? diff / amax : diff);
+                  100.0 * bytes / (tp * 1e6) / c.copy_gbs, rel);
     }
+    auto pairs_out = [&](int64_t n) {
+      if (xq_pairs) {
+        moe_decode_xq(m, xq.p, n, ids.as<int32_t>(), wts.as<float>(), int(K), out_a.as<float>(), E, pws.p, pair_ws, s);
+      } else {
+        moe_decode(m, x.as<float>(), n, E, ids.as<int32_t>(), wts.as<float>(), int(K), out_a.as<float>(), E, pws.p,
+                   pair_ws, s);
+      }
+    };
     using Launch = void (*)(const MoeWeights&, const void*, int64_t, const int32_t*, const float*, int, float*,
                             int64_t, void*, cudaStream_t);
     const std::pair<const char*, Launch> splits[] = {{"1/1", &detail::launch_moe_grouped<1, 1>},
@@ -116,17 +129,20 @@ void bench_moe_grouped(cudaStream_t s, const Ceilings& c) {
                                                      {"4/2", &detail::launch_moe_grouped<4, 2>},
                                                      {"2/4", &detail::launch_moe_grouped<2, 4>},
                                                      {"4/4", &detail::launch_moe_grouped<4, 4>}};
-    std::printf("%s grouped, warps per tile gate|up/down, us per call:", cs.name);
-    for (const auto& sp : splits) std::printf(" %8s", sp.first);
-    std::printf("\n");
+    std::printf("%s grouped, warps per tile gate|up/down, us per call (largest difference from the pairs' output):\n",
+                cs.name);
     for (int64_t n : {1, 2, 5, 8, 16, 32, 64}) {
       std::printf("%-8s %5lld", cs.name, (long long)n);
+      pairs_out(n);
       for (const auto& sp : splits) {
-        const double t = time_graph(s, 16, 5, [&](int i) {
+        auto run = [&](int i) {
           sp.second(m, xq.p, n, ids.as<int32_t>() + (i % n_sets) * max_rows * K, wts.as<float>(), int(K),
                     out_b.as<float>(), E, gws.p, s);
-        });
-        std::printf(" %8.1f", t * 1e3);
+        };
+        run(0);
+        const double diff = rel_diff(n);
+        const double t = time_graph(s, 16, 5, run);
+        std::printf("  %s %7.1f (%.1e)", sp.first, t * 1e3, diff);
       }
       std::printf("\n");
     }
