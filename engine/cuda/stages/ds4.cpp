@@ -265,7 +265,8 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
     if (cuda::moe_xq_supported(l.moe)) {
       L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_xq_workspace_bytes(l.moe, pair_rows, L.K));
     }
-    if (pair_rows >= 2 && pair_rows * L.K <= cuda::kGroupedMaxPairs && cuda::moe_grouped_supported(l.moe)) {
+    if (pair_rows >= kMoeGroupedMinRows && pair_rows * L.K <= cuda::kGroupedMaxPairs &&
+        !cuda::moe_xq_supported(l.moe) && cuda::moe_grouped_supported(l.moe)) {
       L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_grouped_workspace_bytes(l.moe, pair_rows, L.K));
     }
     if (L.B > cuda::kMatvecMaxTokens) {

@@ -517,10 +517,12 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
   }
   cuda::ds4_router(rp, router, n, ids, wts, st);
 
-  if (n >= 2 && n <= kMoePairRows && n * L.K <= cuda::kGroupedMaxPairs && cuda::moe_grouped_supported(w.moe) &&
-      L.moe_bytes >= cuda::moe_grouped_workspace_bytes(w.moe, n, int(L.K))) {
-    // A short batch: each touched expert once for all of its rows, on the
-    // tensor cores (the pairs grouped on the device, no host round trip).
+  const bool xq_pairs = cuda::moe_xq_supported(w.moe) && E % 32 == 0;
+  if (!xq_pairs && n >= kMoeGroupedMinRows && n <= kMoePairRows && n * L.K <= cuda::kGroupedMaxPairs &&
+      cuda::moe_grouped_supported(w.moe) && L.moe_bytes >= cuda::moe_grouped_workspace_bytes(w.moe, n, int(L.K))) {
+    // Each touched expert once for all of its rows, on the tensor cores (the
+    // pairs grouped on the device, no host round trip): faster than the float
+    // pair kernel from kMoeGroupedMinRows rows.
     mark(st, kRoute);
     const void* xe = xh;
     if (xe == nullptr) {
@@ -529,7 +531,7 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
     }
     cuda::moe_grouped(w.moe, xe, n, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
     mark(st, kExperts);
-  } else if (n <= kMoePairRows && cuda::moe_xq_supported(w.moe) && E % 32 == 0 &&
+  } else if (n <= kMoePairRows && xq_pairs &&
       L.moe_bytes >= cuda::moe_xq_workspace_bytes(w.moe, n, int(L.K))) {
     // Integer-dot experts on the quantized h (the shared expert's, when there is one).
     const void* xe = xh;
