@@ -84,10 +84,10 @@ fi
 
 if has profile; then
   say "bench after --profile: --parallel 1,2,5,8,16,32,64"
+  # stderr straight into OUT: what a run cut short printed still comes back.
   timeout 200 "$after/baton" bench "${bench_args[@]}" --gen-tokens 8 --profile --parallel 1,2,5,8,16,32,64 \
-    > "$work/profile.out" 2> "$work/profile.err" || status=1
-  tr '\r' '\n' < "$work/profile.err" | grep -v ETA > "$out/profile.log"
-  grep -E "^parallel |graph replay: median" "$out/profile.log" | tee -a "$log"
+    > "$work/profile.out" 2> "$out/profile.log" || status=1
+  tr '\r' '\n' < "$out/profile.log" | grep -E "^parallel |graph replay: median" | tee -a "$log"
   python3 "$here/ds4_phase_table.py" "$out/profile.log" --rows 1,2,5,8,16,32,64 | tee "$out/phases.csv" | tee -a "$log"
 fi
 say "done, status $status"
