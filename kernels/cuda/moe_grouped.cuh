@@ -26,6 +26,12 @@
 // from a third and fourth mma of the run's 4-bit minima against the same
 // integers. The result is the integer-dot decode's (moe_decode_xq) up to
 // the order of float additions.
+//
+// Speed (docs/DEEPSEEK4.md, "Short batches by the expert"): each lane decodes
+// 8 weights of a row per run, so the decode costs more per weight than
+// moe_decode_xq's; at decode batch sizes, where the pairs rarely share an
+// expert, the integer-dot pair kernel stays faster for IQ2_XXS / Q2_K, and
+// this one wins over the float pair kernel (Q4_K) from about 40 rows.
 #pragma once
 
 #include <cuda_runtime.h>
