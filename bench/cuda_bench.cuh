@@ -128,5 +128,7 @@ inline std::vector<float> random_floats(size_t n, uint64_t seed) {
 // The decode-step sections (bench/cuda_kernels_decode.cu).
 void bench_decode_ops(cudaStream_t s);
 void bench_ds4_ops(cudaStream_t s, const Ceilings& c);
+// The routed experts of a batch, per pair and grouped (bench/cuda_kernels_moe.cu).
+void bench_moe_grouped(cudaStream_t s, const Ceilings& c);
 
 }  // namespace baton::cuda

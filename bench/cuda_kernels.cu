@@ -6,7 +6,7 @@
 // as CUDA graph replays so launch gaps do not count. Prints a table.
 //
 //   bench_cuda_kernels            all sections
-//   bench_cuda_kernels matvec     one section (matvec, xq, decode, ds4, variants, matmul, attention, sampling)
+//   bench_cuda_kernels matvec     one section (matvec, xq, decode, ds4, moe, variants, matmul, attention, sampling)
 //   bench_cuda_kernels ds4 once   each kernel of the section once, untimed (for a profiler)
 //
 // The `variants` section times the matvec kernel's other configurations
@@ -451,6 +451,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "xq") bench_xq(s, c);
     if (only.empty() || only == "decode") bench_decode_ops(s);
     if (only.empty() || only == "ds4") bench_ds4_ops(s, c);
+    if (only.empty() || only == "moe") bench_moe_grouped(s, c);
     if (only.empty() || only == "variants") bench_matvec_variants(s, c);
     if (only.empty() || only == "matmul") bench_matmul(s);
     if (only.empty() || only == "attention") bench_attention(s, c);

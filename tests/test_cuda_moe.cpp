@@ -1,18 +1,21 @@
 // CUDA routed-expert products (kernels/cuda/moe.cuh) against a float64
 // reference built from the CPU dequantizer, on seeded random expert blocks
-// of the types DeepSeek V4 files use: decode (ids on the device) and the
-// grouped prefill (pairs grouped by expert, cuBLAS per expert).
+// of the types DeepSeek V4 files use: decode (ids on the device), the
+// grouped prefill (pairs grouped by expert, cuBLAS per expert) and the
+// grouped short batches (moe_grouped: tensor cores, one launch per product).
 #include <cublas_v2.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/moe_xq.cuh"
 #include "kernels/cuda/swiglu.cuh"
 #include "kernels/quant.h"
@@ -343,6 +346,106 @@ TEST(CudaMoe, GroupedPrefillMatchesReference) {
     expect_within(dout.download(), n_tokens, kEmbd, out_stride, want, name + " prefill");
   }
   cublasDestroy(handle);
+}
+
+// Routing with experts of every load: expert 0 in every token (up to 64 rows,
+// several work items), experts 1-6 and 7-13 spread, expert 14 in token 0
+// only, expert 15 in none; slots shuffled so that slot order and expert
+// order differ.
+constexpr int kGroupedExperts = 16;
+void skewed_routing(std::mt19937_64& rng, int64_t n_tokens, std::vector<int32_t>& ids, std::vector<float>& w) {
+  ids.resize(size_t(n_tokens * kUsed));
+  w.resize(size_t(n_tokens * kUsed));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    int32_t e[kUsed] = {0, int32_t(1 + rng() % 6), t == 0 ? 14 : int32_t(7 + rng() % 7)};
+    std::shuffle(e, e + kUsed, rng);
+    for (int j = 0; j < kUsed; ++j) {
+      ids[size_t(t * kUsed + j)] = e[j];
+      w[size_t(t * kUsed + j)] = 0.1f + float(rng() % 1000) / 1000.0f;
+    }
+  }
+}
+
+// The grouped short-batch experts (moe_grouped.cuh) for every type they take
+// in either position, 1 to 64 rows, against the float64 reference with the
+// integer-dot tolerance (x and the activations quantized to 16 bits, as
+// moe_decode_xq); two runs bit-identical (fixed summation order).
+TEST(CudaMoe, GroupedShortBatchMatchesReference) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 505);
+  const TypeCase cases[] = {{DType::IQ2_XXS, DType::Q2_K},
+                            {DType::Q4_K, DType::Q4_K},
+                            {DType::Q8_0, DType::Q8_0},
+                            {DType::Q2_K, DType::IQ2_XXS},
+                            {DType::Q8_0, DType::Q4_K}};
+  for (const TypeCase& tc : cases) {
+    const std::string name = std::string(dtype_name(tc.gate_up)) + "/" + dtype_name(tc.down);
+    SCOPED_TRACE(name);
+    const HostExperts gate = random_experts(tc.gate_up, kGroupedExperts, kFf, kEmbd, rng());
+    const HostExperts up = random_experts(tc.gate_up, kGroupedExperts, kFf, kEmbd, rng());
+    const HostExperts down = random_experts(tc.down, kGroupedExperts, kEmbd, kFf, rng());
+    DeviceArray<uint8_t> dg(gate.bytes), du(up.bytes), dd(down.bytes);
+    for (int64_t n_tokens : {1, 2, 5, 8, 16, 32, 64}) {
+      const int64_t out_stride = kEmbd + 4;
+      const std::vector<float> x = test::random_floats(rng, size_t(n_tokens * kEmbd));
+      std::vector<int32_t> ids;
+      std::vector<float> w;
+      skewed_routing(rng, n_tokens, ids, w);
+      cuda::MoeWeights m{view(gate, dg), view(up, du), view(down, dd), pick_clamp(up, x, ids)};
+      ASSERT_TRUE(cuda::moe_grouped_supported(m));
+      DeviceArray<float> dx(x), dw(w), dout(size_t(n_tokens * out_stride));
+      DeviceArray<int32_t> dids(ids);
+      DeviceArray<uint8_t> dxq(size_t(cuda::xq_row_bytes(kEmbd) * uint64_t(n_tokens)));
+      cuda::quantize_xq(dx.get(), kEmbd, n_tokens, kEmbd, dxq.get(), nullptr);
+      const size_t ws_bytes = cuda::moe_grouped_workspace_bytes(m, n_tokens, kUsed);
+      DeviceArray<uint8_t> ws(ws_bytes);
+      ws.poison();
+      dout.poison();
+      cuda::moe_grouped(m, dxq.get(), n_tokens, dids.get(), dw.get(), kUsed, dout.get(), out_stride, ws.get(),
+                        ws_bytes, nullptr);
+      const std::vector<float> got = dout.download();
+      std::vector<Expected> want;
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        want.push_back(reference(gate, up, down, x.data() + t * kEmbd, ids.data() + t * kUsed, w.data() + t * kUsed,
+                                 kUsed, m.clamp, 1e-4));
+      }
+      expect_within(got, n_tokens, kEmbd, out_stride, want, name + " grouped rows " + std::to_string(n_tokens));
+      for (int64_t t = 0; t < n_tokens; ++t) {  // the gaps between rows stay untouched
+        for (int64_t d = kEmbd; d < out_stride; ++d) ASSERT_TRUE(std::isnan(got[size_t(t * out_stride + d)]));
+      }
+      cuda::moe_grouped(m, dxq.get(), n_tokens, dids.get(), dw.get(), kUsed, dout.get(), out_stride, ws.get(),
+                        ws_bytes, nullptr);
+      const std::vector<float> again = dout.download();
+      ASSERT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << n_tokens << " rows";
+    }
+  }
+}
+
+TEST(CudaMoe, GroupedBadExpertIdGivesNaNForThatTokenOnly) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 606);
+  const HostExperts gate = random_experts(DType::IQ2_XXS, kExperts, kFf, kEmbd, rng());
+  const HostExperts down = random_experts(DType::Q2_K, kExperts, kEmbd, kFf, rng());
+  DeviceArray<uint8_t> dg(gate.bytes), dd(down.bytes);
+  cuda::MoeWeights m{view(gate, dg), view(gate, dg), view(down, dd), INFINITY};
+  const std::vector<float> x = test::random_floats(rng, size_t(3 * kEmbd));
+  const std::vector<int32_t> ids = {1, 2, 3, 4, kExperts, 5, -1, 2, 3};  // tokens 1 and 2 name a missing expert
+  const std::vector<float> w = {0.5f, 0.25f, 0.25f, 0.5f, 0.25f, 0.25f, 0.5f, 0.25f, 0.25f};
+  DeviceArray<float> dx(x), dw(w), dout(size_t(3 * kEmbd));
+  DeviceArray<int32_t> dids(ids);
+  DeviceArray<uint8_t> dxq(size_t(cuda::xq_row_bytes(kEmbd) * 3));
+  cuda::quantize_xq(dx.get(), kEmbd, 3, kEmbd, dxq.get(), nullptr);
+  const size_t ws_bytes = cuda::moe_grouped_workspace_bytes(m, 3, kUsed);
+  DeviceArray<uint8_t> ws(ws_bytes);
+  cuda::moe_grouped(m, dxq.get(), 3, dids.get(), dw.get(), kUsed, dout.get(), kEmbd, ws.get(), ws_bytes, nullptr);
+  const std::vector<float> got = dout.download();
+  const Expected want0 = reference(gate, gate, down, x.data(), ids.data(), w.data(), kUsed, INFINITY, 1e-4);
+  expect_within(got, 1, kEmbd, kEmbd, {want0}, "grouped token 0");
+  for (int64_t d = 0; d < 2 * kEmbd; ++d) ASSERT_TRUE(std::isnan(got[size_t(kEmbd + d)])) << d;
 }
 
 TEST(CudaMoe, SwigluClampedMatchesFormula) {

@@ -17,6 +17,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/matmul_small.cuh"
+#include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/moe_xq.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/sampling.cuh"
@@ -264,6 +265,10 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
     L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_decode_workspace_bytes(l.moe, pair_rows, L.K));
     if (cuda::moe_xq_supported(l.moe)) {
       L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_xq_workspace_bytes(l.moe, pair_rows, L.K));
+    }
+    if (pair_rows >= kMoeGroupedMinRows && pair_rows * L.K <= cuda::kGroupedMaxPairs &&
+        !cuda::moe_xq_supported(l.moe) && cuda::moe_grouped_supported(l.moe)) {
+      L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_grouped_workspace_bytes(l.moe, pair_rows, L.K));
     }
     if (L.B > cuda::kMatvecMaxTokens) {
       L.moe_bytes = std::max<uint64_t>(L.moe_bytes, cuda::moe_prefill_workspace_bytes(l.moe, L.B, L.K));

@@ -45,6 +45,7 @@
 #include "kernels/cuda/matmul_small.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/moe_xq.cuh"
 #include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/ops.cuh"
@@ -534,7 +535,21 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
   }
   cuda::ds4_router(rp, router, n, ids, wts, st);
 
-  if (n <= kMoePairRows && cuda::moe_xq_supported(w.moe) && E % 32 == 0 &&
+  const bool xq_pairs = cuda::moe_xq_supported(w.moe) && E % 32 == 0;
+  if (!xq_pairs && n >= kMoeGroupedMinRows && n <= kMoePairRows && n * L.K <= cuda::kGroupedMaxPairs &&
+      cuda::moe_grouped_supported(w.moe) && L.moe_bytes >= cuda::moe_grouped_workspace_bytes(w.moe, n, int(L.K))) {
+    // Each touched expert once for all of its rows, on the tensor cores (the
+    // pairs grouped on the device, no host round trip): faster than the float
+    // pair kernel from kMoeGroupedMinRows rows.
+    mark(st, kRoute);
+    const void* xe = xh;
+    if (xe == nullptr) {
+      cuda::quantize_xq(h, E, n, E, ws + L.xq, st);
+      xe = ws + L.xq;
+    }
+    cuda::moe_grouped(w.moe, xe, n, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
+    mark(st, kExperts);
+  } else if (n <= kMoePairRows && xq_pairs &&
       L.moe_bytes >= cuda::moe_xq_workspace_bytes(w.moe, n, int(L.K))) {
     // Integer-dot experts on the quantized h (the shared expert's, when there is one).
     const void* xe = xh;
@@ -542,9 +557,13 @@ const float* CudaDs4Stage::moe(int l, int64_t n) {
       cuda::quantize_xq(h, E, n, E, ws + L.xq, st);
       xe = ws + L.xq;
     }
+    mark(st, kRoute);
     cuda::moe_decode_xq(w.moe, xe, n, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
+    mark(st, kExperts);
   } else if (n <= kMoePairRows && L.moe_bytes >= cuda::moe_decode_workspace_bytes(w.moe, n, int(L.K))) {
+    mark(st, kRoute);
     cuda::moe_decode(w.moe, h, n, E, ids, wts, int(L.K), out, E, ws + L.moe, L.moe_bytes, st);
+    mark(st, kExperts);
   } else {
     // Grouped GEMMs: the group sizes come back to the host first.
     cuda::MoeGroups g;

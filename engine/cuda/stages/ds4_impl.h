@@ -26,6 +26,16 @@ struct CudaDs4Stage::Mat {
 // rows per expert costs far more than reading each pair's expert rows.
 inline constexpr int64_t kMoePairRows = 64;
 
+// Batches of at least this many rows run experts without an integer-dot pair
+// kernel (the Q4 files' Q4_K) by the expert (moe_grouped: each touched expert
+// once, int8 tensor cores). Measured on one Flash layer (H100,
+// bench/results/kernels_moe_grouped_h100.log): grouped 0.88x the float pair
+// kernel at 32 rows, 1.18x at 64; for the Q2 files' IQ2_XXS / Q2_K the
+// integer-dot pair kernel stays faster up to 64 rows (grouped 0.48x at 8,
+// 0.85x at 64), so they keep it (docs/DEEPSEEK4.md, "Short batches by the
+// expert").
+inline constexpr int64_t kMoeGroupedMinRows = 40;
+
 struct CudaDs4Stage::Weights {
   struct Layer {
     int ratio = 0;
