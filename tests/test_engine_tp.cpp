@@ -30,11 +30,12 @@
 #include "gguf_split/synth.h"
 #include "kernels/quant.h"
 #include "tests/test_util.h"
+#include "tests/tp_test_util.h"
 
 namespace baton {
 namespace {
 
-std::vector<float> as_vector(std::span<const float> s) { return {s.begin(), s.end()}; }
+using namespace tp_test;
 
 // Greedy decoding of one sequence: the logits of each step and the tokens.
 struct Decode {
@@ -166,24 +167,6 @@ TEST(TensorParallel, QuantizedGqaLlamaAtTwoRanksMatchesTheWholeModel) {
   const std::string model = dir.file("q8.gguf");
   write_synthetic_model(model, c);
   expect_ranks_match_whole(model, 2, {1, 7, 70, 140, 210}, 16);
-}
-
-// Runs fn(r) for r in [0, n) on n threads; rethrows the first failure here.
-void on_threads(int n, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 TEST(TensorParallel, TwoStagesOfTwoRanksMatchTheWholeModel) {

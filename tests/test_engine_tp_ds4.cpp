@@ -38,16 +38,17 @@
 #include "gguf_split/split.h"
 #include "gguf_split/synth.h"
 #include "tests/test_util.h"
+#include "tests/tp_test_util.h"
 
 namespace baton {
 namespace {
+
+using namespace tp_test;
 
 constexpr int kSeqs = 8;
 constexpr int kPrompt = 5;
 constexpr int kGen = 64;
 constexpr int64_t kCtx = 80;
-
-std::vector<float> as_vector(std::span<const float> s) { return {s.begin(), s.end()}; }
 
 int32_t argmax(const float* v, int64_t n) { return int32_t(std::max_element(v, v + n) - v); }
 
@@ -58,24 +59,6 @@ double max_rel_diff(const float* a, const float* b, int64_t n) {
     diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
   }
   return diff / std::max(scale, 1e-30);
-}
-
-// Runs fn(r) for r in [0, n) on n threads; rethrows the first failure here.
-void on_threads(int n, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 // One CPU thread a rank (two ranks fill two cores); the whole model takes two.
