@@ -42,14 +42,6 @@ TpComm& InProcessTpGroup::member(int r) {
   return *members_[size_t(r)];
 }
 
-void TpComm::sum_on_stream(float*, size_t, void*) {
-  throw std::logic_error("this tensor-parallel group cannot queue its calls on a CUDA stream");
-}
-
-void TpComm::gather_on_stream(const float*, size_t, float*, void*) {
-  throw std::logic_error("this tensor-parallel group cannot queue its calls on a CUDA stream");
-}
-
 LoneTpRank::LoneTpRank(int rank, int size) : rank_(rank), size_(size) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw std::invalid_argument("LoneTpRank: rank " + std::to_string(rank) + " of " + std::to_string(size));

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -50,9 +51,15 @@ class TpComm {
   // the stage's cudaStream_t (void* keeps CUDA out of this header); the
   // buffers are device memory. The lone rank of `baton bench --tp-alone` on
   // CUDA is one (engine/cuda/lone_rank.h).
+  // Inline, as the rest of this interface: net/ implements it without
+  // linking the engine.
   virtual bool on_stream() const { return false; }
-  virtual void sum_on_stream(float* data, size_t n, void* stream);
-  virtual void gather_on_stream(const float* mine, size_t n, float* all, void* stream);
+  virtual void sum_on_stream(float*, size_t, void*) {
+    throw std::logic_error("this tensor-parallel group cannot queue its calls on a CUDA stream");
+  }
+  virtual void gather_on_stream(const float*, size_t, float*, void*) {
+    throw std::logic_error("this tensor-parallel group cannot queue its calls on a CUDA stream");
+  }
 };
 
 // A rank file (rank file_rank of file_size) runs only with its group's link
