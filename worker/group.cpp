@@ -114,14 +114,7 @@ bool Worker::regroup(const net::Assign& a) {
   assign_.next_peer = next;
   if (!form_group(a)) return true;
   if (a.next_peer != next || a.next_link != kind) connect_next(a.next_peer, a.next_link);
-  net::Ready r;
-  const MemoryPlan& p = stage_->memory_plan();
-  r.weights_bytes = p.bytes(PlanLine::Weights);
-  r.kv_bytes = p.bytes(PlanLine::KvCache);
-  r.workspace_bytes = p.bytes(PlanLine::Workspace);
-  r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.boundary_width = a.has_output ? 0 : uint32_t(stage_->arch().boundary_elems_per_token());
-  coord_->send(r);
+  coord_->send(ready_message(t0));
   return true;
 }
 

@@ -312,13 +312,7 @@ void Worker::on_assign(const net::Assign& a) {
   assign_ = a;
   if (!form_group(a)) return;
   connect_next(a.next_peer, a.next_link);
-  net::Ready r;
-  const MemoryPlan& p = stage_->memory_plan();
-  r.weights_bytes = p.bytes(PlanLine::Weights);
-  r.kv_bytes = p.bytes(PlanLine::KvCache);
-  r.workspace_bytes = p.bytes(PlanLine::Workspace);
-  r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.boundary_width = a.has_output ? 0 : uint32_t(stage_->arch().boundary_elems_per_token());
+  const net::Ready r = ready_message(t0);
   // What the stage loaded and with which staging ring, at info level (run
   // keeps its workers to warnings unless -v; serve and worker show it).
   // Before READY, so that it is written when the coordinator says it is
@@ -331,6 +325,17 @@ void Worker::on_assign(const net::Assign& a) {
                  load.slots, static_cast<unsigned long long>(load.slot_bytes >> 20));
   }
   coord_->send(r);
+}
+
+net::Ready Worker::ready_message(std::chrono::steady_clock::time_point since) const {
+  net::Ready r;
+  const MemoryPlan& p = stage_->memory_plan();
+  r.weights_bytes = p.bytes(PlanLine::Weights);
+  r.kv_bytes = p.bytes(PlanLine::KvCache);
+  r.workspace_bytes = p.bytes(PlanLine::Workspace);
+  r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  r.boundary_width = assign_.has_output ? 0 : uint32_t(stage_->arch().boundary_elems_per_token());
+  return r;
 }
 
 void Worker::fail(net::WireError code, const std::string& text) {

@@ -144,6 +144,8 @@ class Worker {
   void handle(Inbound& in);
   void on_assign(const net::Assign& a);
   void fail(net::WireError code, const std::string& text);
+  // READY for the stage as assigned: its plan's lines, the time since `since`.
+  net::Ready ready_message(std::chrono::steady_clock::time_point since) const;
   void on_forward(const net::Forward& f, Upstream* from);
   net::Result sample(const net::SeqChunk& c, std::span<const float> logits, uint64_t request_id);
 
