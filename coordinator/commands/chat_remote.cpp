@@ -11,6 +11,7 @@
 #include <boost/beast/http.hpp>
 
 #include <cstdio>
+#include <limits>
 
 #include "engine/base/command_error.h"
 
@@ -141,7 +142,7 @@ RemoteChat::Exchange RemoteChat::request(const std::string& method, const std::s
   sock.non_blocking(true);
   beast::flat_buffer buffer;
   http::response_parser<http::buffer_body> parser;
-  parser.body_limit(boost::none);
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   char chunk[4096];
   for (;;) {
     if (interrupted_) {
