@@ -26,6 +26,10 @@ done
 # The engine's rooms: includes point down, folders and files stay small.
 echo "=== check_rooms"
 if ! python3 scripts/check_rooms.py; then failed+=("check_rooms"); fi
+# The Spark's CPU: an aarch64 cross build, its CPU suites under qemu-user
+# (skipped with a message only where the packages cannot be installed).
+echo "=== aarch64 (cross build, qemu-user)"
+if ! bash scripts/test_aarch64.sh; then failed+=("aarch64"); fi
 # The CUDA sources must also compile for sm_120 and sm_121 (no GPU needed).
 if ! bash scripts/cuda_arch_check.sh; then failed+=("cuda_arch_check"); fi
 # The quick form of the fuzzing (10 s per libFuzzer target; the long runs

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -30,6 +31,7 @@
 #include "chat/jinja_prompt.h"
 #include "chat/output/parser.h"
 #include "chat/templates/builtin.h"
+#include "coordinator/commands/chat_remote.h"
 #include "coordinator/api/metrics.h"
 #include "coordinator/api/openai_request.h"
 #include "coordinator/cluster/local_engine.h"
@@ -47,11 +49,14 @@ namespace po = boost::program_options;
 using json = nlohmann::json;
 
 const char* kUsage =
-    "usage: baton chat [[-m] MODEL] [--chat-template FILE|NAME] [--system TEXT] [sampling options]\n\n"
+    "usage: baton chat [[-m] MODEL] [--chat-template FILE|NAME] [--system TEXT] [sampling options]\n"
+    "       baton chat --url http://HOST:PORT [--api-key KEY] [-m MODEL] [--system TEXT] [sampling options]\n\n"
     "Chat with a model in the terminal. Each line you type is a user message; the model's\n"
     "answer streams as it is generated, rendered with the model's chat template (or\n"
     "--chat-template). Reasoning, for models that write it, is shown apart (dimmed on a\n"
-    "terminal, else between <thinking> lines).\n\n"
+    "terminal, else between <thinking> lines). With --url the model runs in a server\n"
+    "(`baton serve` or any OpenAI-compatible one): each turn is a streamed\n"
+    "POST /v1/chat/completions, and -m names the served model (default: its first).\n\n"
     "  /reset   forget the conversation (the --system message stays)\n"
     "  /exit    quit (so does Ctrl-D on an empty line)\n"
     "  Ctrl-C   stop the answer being written (at the prompt: drop the line)\n\n";
@@ -60,7 +65,7 @@ std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted = true; }
 
 struct ChatOptions {
-  std::string model, chat_template, system, backend = "auto";
+  std::string model, chat_template, system, backend = "auto", url, api_key;
   LocalEngineConfig engine;
   std::optional<int64_t> max_tokens;
   json sampling = json::object();  // request fields the options set
@@ -78,6 +83,8 @@ std::optional<ChatOptions> parse(int argc, char** argv) {
       ("chat-template", po::value<std::string>(&o.chat_template),
        ("Jinja chat template instead of the model's own: a file, or a built-in name: " +
         builtin_chat_template_names()).c_str())
+      ("url", po::value<std::string>(&o.url), "chat with the server at http://HOST:PORT instead of a model in this process")
+      ("api-key", po::value<std::string>(&o.api_key), "with --url: the server's API key (default: $BATON_API_KEY)")
       ("system", po::value<std::string>(&o.system), "a system message that opens the conversation")
       ("max-tokens,n", po::value<int64_t>(), "most tokens of one answer (default: the rest of the context)")
       ("temp", po::value<double>(), "temperature (default 0.8; 0 = greedy)")
@@ -131,6 +138,17 @@ std::optional<ChatOptions> parse(int argc, char** argv) {
   if (o.engine.step_delay_ms < 0) throw std::invalid_argument("--step-delay-ms must be >= 0");
   if (o.engine.stage.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
   if (o.engine.stage.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
+  if (!o.url.empty()) {
+    // The server renders with its own template and runs its own engine.
+    for (const char* local : {"chat-template", "threads", "backend"}) {
+      if (vm.count(local) && !vm[local].defaulted()) throw std::invalid_argument(std::string("--") + local + " is the server's with --url");
+    }
+    if (o.api_key.empty()) {
+      if (const char* k = std::getenv("BATON_API_KEY")) o.api_key = k;
+    }
+    return o;
+  }
+  if (!o.api_key.empty()) throw std::invalid_argument("--api-key goes with --url");
   if (!o.chat_template.empty() && !parse_only()) check_chat_template_choice(o.chat_template);
   if (o.model.empty()) o.model = default_model();
   if (o.model.empty()) throw std::invalid_argument("give the model with -m MODEL (see --help)");
@@ -164,7 +182,7 @@ std::optional<std::string> read_line() {
 class Chat {
  public:
   Chat(const ChatOptions& o, GenerationService& engine, std::shared_ptr<const JinjaTemplate> tmpl)
-      : opt_(o), engine_(engine), tmpl_(std::move(tmpl)), tty_(isatty(1)) {
+      : opt_(o), engine_(engine), tmpl_(std::move(tmpl)) {
     reset();
   }
 
@@ -198,6 +216,12 @@ class Chat {
       queue->events.push_back(std::move(ev));
       queue->cv.notify_one();
     });
+    ReplyPrinter out(isatty(1));
+    auto show = [&out](const ChatOutputDelta& d) {
+      out.reasoning(d.reasoning);
+      out.content(d.content);
+      for (const auto& call : d.tool_calls) out.tool_call(call.name, call.arguments);
+    };
     ChatOutputParser parser(req.output);
     bool cancelled = false, finished = false;
     std::string error;
@@ -221,7 +245,7 @@ class Chat {
       }
     }
     show(parser.finish());
-    end_reasoning();
+    out.end_reasoning();
     std::fputs("\n", stdout);
     if (cancelled) std::fputs("[interrupted]\n", stdout);
     std::fflush(stdout);
@@ -233,36 +257,65 @@ class Chat {
   }
 
  private:
-  void show(const ChatOutputDelta& d) {
-    if (!d.reasoning.empty()) {
-      if (!in_reasoning_) std::fputs(tty_ ? "\033[2m" : "<thinking>\n", stdout);
-      in_reasoning_ = true;
-      std::fputs(d.reasoning.c_str(), stdout);
-    }
-    if (!d.content.empty()) {
-      end_reasoning();
-      std::fputs(d.content.c_str(), stdout);
-    }
-    for (const auto& call : d.tool_calls) {
-      end_reasoning();
-      if (!call.name.empty()) std::fprintf(stdout, "[tool call %s] ", call.name.c_str());
-      std::fputs(call.arguments.c_str(), stdout);
-    }
-    std::fflush(stdout);
-  }
-  void end_reasoning() {
-    if (in_reasoning_) std::fputs(tty_ ? "\033[0m\n" : "\n</thinking>\n", stdout);
-    in_reasoning_ = false;
-  }
-
   const ChatOptions& opt_;
   GenerationService& engine_;
   std::shared_ptr<const JinjaTemplate> tmpl_;
-  bool tty_;
   json messages_;
   uint64_t turns_ = 0;
-  bool in_reasoning_ = false;
 };
+
+// Ctrl-C sets g_interrupted; no SA_RESTART, so that a read at the prompt returns EINTR.
+void catch_sigint() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// The prompt: lines, /reset, /exit, Ctrl-D; `chat` is a Chat or a RemoteChat.
+template <class AnyChat>
+void converse(AnyChat& chat) {
+  for (;;) {
+    std::fputs("> ", stdout);
+    std::fflush(stdout);
+    const std::optional<std::string> line = read_line();
+    if (!line) break;
+    if (g_interrupted) {
+      g_interrupted = false;
+      std::fputs("\n", stdout);
+      continue;
+    }
+    if (*line == "/exit" || *line == "/quit") break;
+    if (*line == "/reset") {
+      chat.reset();
+      std::fputs("[conversation reset]\n", stdout);
+      continue;
+    }
+    if (line->find_first_not_of(" \t\r") == std::string::npos) continue;
+    g_interrupted = false;
+    chat.turn(*line);
+    g_interrupted = false;
+  }
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+}
+
+int chat_remote(const ChatOptions& o) {
+  RemoteChatOptions r;
+  r.url = o.url;
+  r.api_key = o.api_key;
+  r.model = o.model;
+  r.system = o.system;
+  r.sampling = o.sampling;
+  r.max_tokens = o.max_tokens;
+  catch_sigint();
+  RemoteChat chat(std::move(r), g_interrupted);
+  std::fprintf(stderr, "baton chat: %s at %s. /reset starts over, /exit or Ctrl-D quits, Ctrl-C stops an answer.\n",
+               chat.model().empty() ? "the default model" : chat.model().c_str(), o.url.c_str());
+  converse(chat);
+  return 0;
+}
 
 int chat(ChatOptions opt) {
   std::shared_ptr<const JinjaTemplate> tmpl;
@@ -281,11 +334,7 @@ int chat(ChatOptions opt) {
   Metrics metrics;
   LocalEngine engine(opt.engine, &metrics);
   engine.wait_loaded();
-  struct sigaction sa {};
-  sa.sa_handler = on_sigint;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // no SA_RESTART: a read at the prompt returns EINTR
-  sigaction(SIGINT, &sa, nullptr);
+  catch_sigint();
   pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);  // a Ctrl-C during the load arrives now
   if (g_interrupted) {
     engine.shutdown();
@@ -300,27 +349,7 @@ int chat(ChatOptions opt) {
   std::fprintf(stderr, "baton chat: %s on the %s, context %lld. /reset starts over, /exit or Ctrl-D quits, Ctrl-C "
                "stops an answer.\n", m.id.c_str(), backend_name(opt.engine.backend), (long long)m.n_ctx);
   Chat chat(opt, engine, tmpl);
-  for (;;) {
-    std::fputs("> ", stdout);
-    std::fflush(stdout);
-    const std::optional<std::string> line = read_line();
-    if (!line) break;
-    if (g_interrupted) {
-      g_interrupted = false;
-      std::fputs("\n", stdout);
-      continue;
-    }
-    if (*line == "/exit" || *line == "/quit") break;
-    if (*line == "/reset") {
-      chat.reset();
-      std::fputs("[conversation reset]\n", stdout);
-      continue;
-    }
-    if (line->find_first_not_of(" \t\r") == std::string::npos) continue;
-    chat.turn(*line);
-  }
-  std::fputs("\n", stdout);
-  std::fflush(stdout);
+  converse(chat);
   engine.shutdown();
   return 0;
 }
@@ -330,6 +359,7 @@ int chat(ChatOptions opt) {
 int cmd_chat(int argc, char** argv) {
   auto opt = parse(argc, argv);
   if (!opt || parse_only()) return 0;
+  if (!opt->url.empty()) return chat_remote(*opt);
   return chat(std::move(*opt));
 }
 
