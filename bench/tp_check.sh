@@ -19,7 +19,8 @@
 # all-reduce's latency between two processes' worth of threads on this host
 # (allreduce_bench). First the tensor-parallel CUDA suites. RUNS (default 2)
 # rounds of the variants; TESTS=0 skips the suites and the all-reduce.
-# KEEP=1 leaves the Flash file on the tmpfs afterwards.
+# KEEP=1 leaves the Flash file on the tmpfs afterwards. FLASH_LAYERS=N
+# writes only Flash's first N layers (20: 37 GiB, for an 80 GB card).
 # OUT_DIR gets tp.csv (model, variant, run, then baton bench's columns),
 # summary.txt (medians and ratios), allreduce.txt and run.log.
 set -u -o pipefail
@@ -59,8 +60,8 @@ for m in $models; do
       mountpoint -q /mnt/ram || mount -t tmpfs -o size=125G tmpfs /mnt/ram || { status=1; continue; }
       # The model on the tmpfs, rank 0's file (45 GiB) on WORK_DIR's disk:
       # both on a 128 GiB machine's tmpfs would leave it no memory.
-      file=/mnt/ram/flash-q2.gguf; ranks="$work/ranks-flash"
-      synth=(--shape deepseek4-flash --type q2); bench=(--ctx-start 2048 --ctx-max 2048 --gen-tokens 64 --batch 2048) ;;
+      file=/mnt/ram/flash-q2${FLASH_LAYERS:+-L$FLASH_LAYERS}.gguf; ranks="$work/ranks-flash"
+      synth=(--shape deepseek4-flash --type q2 ${FLASH_LAYERS:+--layers $FLASH_LAYERS}); bench=(--ctx-start 2048 --ctx-max 2048 --gen-tokens 64 --batch 2048) ;;
     *)
       file="$work/llama-8b-$m.gguf"; ranks="$work/ranks-$m"
       synth=(--shape llama-8b --type "$m"); bench=(--ctx-start 512 --ctx-max 512 --gen-tokens 128 --batch 512) ;;

@@ -65,6 +65,7 @@ class Progress {
 int cmd_synth(int argc, char** argv) {
   std::string arch, shape, type, out, data = "random";
   uint64_t seed = 0x5eed;
+  int layers = 0;
   po::options_description opts(
       "usage: baton synth --shape NAME -o FILE [options]\n\n"
       "Writes a random-weight GGUF model of a named shape with a real tokenizer\n"
@@ -85,6 +86,8 @@ int cmd_synth(int argc, char** argv) {
                                  "pattern, type and shape share one repeated random tile (written at disk "
                                  "speed, full size on disk); sparse: header only, the data a sparse hole "
                                  "(reads as zeros; for planning)")
+      ("layers", po::value(&layers), "only the first N layers, each of the shape's own size (a shorter model "
+                                     "for a card that cannot hold the whole, e.g. 20 of Flash's 43 on an 80 GB card)")
       ("quiet,q", "no progress on stderr");
   const std::string help_tail = "\n" + shapes_help();
   const auto vm = parse_command_line(argc, argv, {.options = opts, .help_tail = help_tail});
@@ -105,6 +108,7 @@ int cmd_synth(int argc, char** argv) {
   o.type = type;
   o.seed = seed;
   o.data = *mode;
+  o.layers = layers;
   Progress progress(vm->count("quiet") > 0);
   o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
   remove_stale_temps_beside(out);

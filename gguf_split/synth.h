@@ -66,6 +66,9 @@ struct SynthOptions {
   std::string type;   // "" for the suffix or the shape's default; must agree with a suffix
   uint64_t seed = 0x5eed;
   SynthData data = SynthData::Random;
+  // 0: the shape's layers; else this many of them (1 to the shape's count),
+  // each the shape's own: a shorter model for a card that cannot hold all.
+  int layers = 0;
   // Called after each piece of tensor data is written (bytes done, total).
   std::function<void(uint64_t, uint64_t)> progress;
 };
