@@ -30,6 +30,9 @@ struct ChatModel {
   // refused (chat_template_refused says why); chat_family renders then.
   std::shared_ptr<const JinjaTemplate> chat_template;
   std::string chat_template_refused;
+  // The built-in the file's metadata selected when the file carries no
+  // usable template (chat/jinja_prompt.h, model_chat_template); "" otherwise.
+  std::string chat_template_builtin;
   std::vector<int32_t> chat_stop_tokens;       // the family's end-of-turn ids (EOS included)
   std::vector<std::string> chat_stop_strings;  // Plain family: text that ends a turn
 };

@@ -660,6 +660,15 @@ int serve(const ServeOptions& given) {
       std::fprintf(stderr, "baton serve: warning: the model's own chat template does not load (%s); %s replaces it\n",
                    model.chat_template_refused.c_str(), chat_template_source.c_str());
     }
+  } else if (model.chat_template && !model.chat_template_builtin.empty()) {
+    if (info) {
+      std::fprintf(stderr, "baton serve: chat prompts from the built-in template %s, which the model file's metadata "
+                   "selects\n", model.chat_template_builtin.c_str());
+    }
+    if (!model.chat_template_refused.empty()) {
+      std::fprintf(stderr, "baton serve: warning: the model's own chat template does not load (%s)\n",
+                   model.chat_template_refused.c_str());
+    }
   } else if (model.chat_template) {
     if (info) std::fprintf(stderr, "baton serve: chat prompts from the model's chat template\n");
   } else if (!model.chat_template_refused.empty()) {
