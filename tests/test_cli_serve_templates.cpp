@@ -112,7 +112,7 @@ TEST(ServeTemplates, BuiltinTemplateByNameRendersAsItsFile) {
   EXPECT_EQ(unknown.exit_code, 1);
   EXPECT_EQ(unknown.err,
             "baton serve: --chat-template 'qwen' is neither a file nor a built-in template; the built-in ones are "
-            "chatml, llama2, llama3, mistral, qwen2.5, deepseek-v3.1, deepseek-v4\n");
+            "chatml, llama2, llama3, mistral, qwen2.5, deepseek-v3.1, deepseek-v4, deepseek-v4-0731\n");
   const auto help = test::run_command({test::baton_binary(), "serve", "--help"});
   EXPECT_NE(help.out.find("deepseek-v4"), std::string::npos) << help.out;
 }
