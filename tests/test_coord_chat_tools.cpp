@@ -357,8 +357,9 @@ TEST(ChatTools, DeepSeekV40731EffortThroughTheRequest) {
       "MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\n"
       "Otherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool "
       "Schemas\n\n"
-      R"({"name": "get_weather", "description": "Weather of a city.", "parameters": {"type": "object", )"
-      R"("properties": {"city": {"type": "string"}}, "required": ["city"]}})"
+      // The body's keys in order: chat_body's json sorts them.
+      R"({"description": "Weather of a city.", "name": "get_weather", "parameters": {"properties": )"
+      R"({"city": {"type": "string"}}, "required": ["city"], "type": "object"}})"
       "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
   EXPECT_EQ(r.gen.prompt,
             tokens(bos + max + "\n\n" + tools_section + turn +

@@ -249,7 +249,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "answers OPTIONS preflights (default: no CORS headers)")
       ("chat-template", po::value<std::string>(&r.chat_template_file),
        ("Jinja chat template rendering chat prompts instead of the model's own (tokenizer.chat_template): a "
-        "file, or the name of a built-in published template: " + builtin_chat_template_names() +
+        "file, or the name of a built-in template: " + builtin_chat_template_names() +
         " (a file of that name wins; docs/CHAT_TEMPLATES.md gives their sources); refused at start when it "
         "uses what Baton's Jinja engine lacks")
            .c_str())
