@@ -55,13 +55,13 @@ std::string_view deepseek_v4_0731_template_text() {
 {%- endif -%}
 {%- set tools_section = '## Tools\n\nYou have access to a set of tools to help answer the user\'s question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="$TOOL_NAME">\n<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name="$TOOL_NAME2">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n' ~ (tools_text.schemas | join('\n')) ~ '\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n' -%}
 {%- set attach = with_tools or with_format -%}
-{%- set st = namespace(items=[]) -%}
+{%- set st = namespace(msgs=[]) -%}
 {%- if attach and not (messages and messages[0]['role'] == 'system') -%}
-  {%- set st.items = [{'role': 'system', 'msg': {'content': ''}, 'attached': true}] -%}
+  {%- set st.msgs = [{'role': 'system', 'msg': {'content': ''}, 'attached': true}] -%}
 {%- endif -%}
 {%- for m in messages -%}
   {%- set role = m['role'] -%}
-  {%- set last = st.items[-1] if st.items else none -%}
+  {%- set last = st.msgs[-1] if st.msgs else none -%}
   {%- if role == 'tool' or role == 'user' -%}
     {%- set text = m['content'] if m['content'] is string else '' -%}
     {%- if role == 'tool' -%}
@@ -70,34 +70,34 @@ std::string_view deepseek_v4_0731_template_text() {
       {%- set block = {'type': 'text', 'text': text} -%}
     {%- endif -%}
     {%- if last is not none and last['role'] == 'user' -%}
-      {%- set st.items = st.items[:-1] + [{'role': 'user', 'blocks': last['blocks'] + [block]}] -%}
+      {%- set st.msgs = st.msgs[:-1] + [{'role': 'user', 'blocks': last['blocks'] + [block]}] -%}
     {%- else -%}
-      {%- set st.items = st.items + [{'role': 'user', 'blocks': [block]}] -%}
+      {%- set st.msgs = st.msgs + [{'role': 'user', 'blocks': [block]}] -%}
     {%- endif -%}
   {%- else -%}
-    {%- set st.items = st.items + [{'role': role, 'msg': m, 'attached': attach and loop.first and role == 'system'}] -%}
+    {%- set st.msgs = st.msgs + [{'role': role, 'msg': m, 'attached': attach and loop.first and role == 'system'}] -%}
   {%- endif -%}
 {%- endfor -%}
 {%- set eff_drop = drop and not with_tools -%}
 {%- if think_on and eff_drop -%}
   {%- set lu = namespace(idx=-1, kept=[]) -%}
-  {%- for item in st.items -%}
+  {%- for item in st.msgs -%}
     {%- if item['role'] in ['user', 'developer'] -%}{%- set lu.idx = loop.index0 -%}{%- endif -%}
   {%- endfor -%}
-  {%- for item in st.items -%}
+  {%- for item in st.msgs -%}
     {%- if item['role'] in ['user', 'system', 'tool', 'latest_reminder', 'direct_search_results', 'assistant'] or loop.index0 >= lu.idx -%}
       {%- set lu.kept = lu.kept + [item] -%}
     {%- endif -%}
   {%- endfor -%}
-  {%- set st.items = lu.kept -%}
+  {%- set st.msgs = lu.kept -%}
 {%- endif -%}
 {%- set lu = namespace(idx=-1) -%}
-{%- for item in st.items -%}
+{%- for item in st.msgs -%}
   {%- if item['role'] in ['user', 'developer'] -%}{%- set lu.idx = loop.index0 -%}{%- endif -%}
 {%- endfor -%}
 {%- set rs = namespace(calls=[]) -%}
 {{- '<｜begin▁of▁sentence｜>' -}}
-{%- for item in st.items -%}
+{%- for item in st.msgs -%}
   {%- set i = loop.index0 -%}
   {%- set role = item['role'] -%}
   {%- if i == 0 and think_on -%}{{- effort_prompts[effort] -}}{%- endif -%}
@@ -177,7 +177,7 @@ std::string_view deepseek_v4_0731_template_text() {
   {%- else -%}
     {{- raise_exception('Unknown role: ' ~ (role | string)) -}}
   {%- endif -%}
-  {%- set next_role = st.items[i + 1]['role'] if i + 1 < st.items | length else none -%}
+  {%- set next_role = st.msgs[i + 1]['role'] if i + 1 < st.msgs | length else none -%}
   {%- if role in ['user', 'developer'] and (next_role in ['assistant', 'latest_reminder'] or (next_role is none and gen_prompt)) -%}
     {{- '<｜Assistant｜>' -}}
     {{- '<think>' if think_on and ((not eff_drop) or i >= lu.idx) else '</think>' -}}
