@@ -7,6 +7,8 @@
 // built-in without --chat-template is checked on written GGUF headers.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -222,6 +224,59 @@ TEST(DeepseekV40731, ToolCallAndResults) {
 
 TEST(DeepseekV40731, UnknownRoleIsRefused) {
   EXPECT_THROW(render(ojson::array({msg("narrator", "Once."), msg("user", "Hi!")})), jinja::RenderError);
+}
+
+// Baton's engine renders the built-in as Jinja2 does (transformers'
+// settings, tests/chat/render_oracle.py), on every case above and more.
+TEST(DeepseekV40731, RendersAsJinja2Does) {
+  const ojson calls = ojson::parse(R"([
+      {"id": "b", "type": "function", "function": {"name": "f", "arguments": {"x": [1, "é"], "y": null}}},
+      {"id": "a", "type": "function", "function": {"name": "g", "arguments": "raw text"}}])");
+  const ojson convs = ojson::array(
+      {kOneTurn,
+       ojson::array({msg("system", "S"), msg("user", "u1"), answer("a1", "r1"), msg("user", "u2"), answer("a2", "r2")}),
+       ojson::array({msg("developer", "D"), msg("user", "u"), msg("user", "v"),
+                     {{"role", "assistant"}, {"content", "c"}, {"reasoning_content", "r"}, {"tool_calls", calls}},
+                     {{"role", "tool"}, {"tool_call_id", "a"}, {"content", "A"}},
+                     {{"role", "tool"}, {"tool_call_id", "b"}, {"content", "B"}},
+                     {{"role", "tool"}, {"tool_call_id", "zz"}, {"content", "Z"}}, msg("user", "w")})});
+  const ojson kwargs = ojson::array({ojson::object(),
+                                     {{"thinking", true}},
+                                     {{"thinking", true}, {"reasoning_effort", "max"}},
+                                     {{"enable_thinking", true}, {"thinking_budget", 20000}},
+                                     {{"thinking", true}, {"drop_thinking", false}},
+                                     {{"thinking", true}, {"response_format", {{"type", "json_object"}}}}});
+  ojson cases = ojson::array();
+  std::vector<std::string> baton;
+  for (size_t c = 0; c < convs.size(); ++c) {
+    for (size_t k = 0; k < kwargs.size(); ++k) {
+      for (bool tools : {false, true}) {
+        ojson context = {{"messages", convs[c]},
+                         {"tools", tools ? ojson::array({kWeatherTool}) : ojson()},
+                         {"add_generation_prompt", true},
+                         {"bos_token", kBos},
+                         {"eos_token", kEos}};
+        for (const auto& [key, value] : kwargs[k].items()) context[key] = value;
+        cases.push_back({{"name", std::to_string(cases.size())}, {"context", context}});
+        baton.push_back(render(convs[c], kwargs[k], tools ? ojson::array({kWeatherTool}) : ojson()));
+      }
+    }
+  }
+  test::TempDir tmp;
+  std::filesystem::create_directories(tmp.path() / "templates");
+  std::ofstream(tmp.path() / "templates" / "deepseek-v4-0731.jinja", std::ios::binary)
+      << deepseek_v4_0731_template_text();
+  std::ofstream(tmp.file("spec.json")) << ojson({{"now", 0}, {"cases", cases}}).dump();
+  const auto run = test::run_command({"/usr/bin/env", "python3", test::source_path("tests/chat/render_oracle.py"),
+                                      (tmp.path() / "templates").string(), tmp.file("spec.json"), tmp.file("out.json")});
+  ASSERT_EQ(run.exit_code, 0) << "python3 with jinja2 is required (Debian python3-jinja2): " << run.err;
+  std::ifstream in(tmp.file("out.json"));
+  const ojson oracle = ojson::parse(in)["deepseek-v4-0731.jinja"];
+  for (size_t i = 0; i < baton.size(); ++i) {
+    SCOPED_TRACE(cases[i]["context"].dump());
+    ASSERT_TRUE(oracle[std::to_string(i)].contains("output")) << oracle[std::to_string(i)].dump();
+    EXPECT_EQ(baton[i], oracle[std::to_string(i)]["output"].get<std::string>());
+  }
 }
 
 // A GGUF header with the given string keys (no tensors).
