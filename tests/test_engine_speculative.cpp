@@ -1,0 +1,412 @@
+// Speculative decoding, the target side, on a synthetic deepseek4-tiny
+// (layers: sliding, sliding, ratio 4 with the indexer, ratio 128, ratio 4;
+// window 32): greedy output with drafts equals plain greedy output token for
+// token in the forced-acceptance, forced-rejection and random-prefix modes
+// for draft lengths 1..5, with positions past 128 (a ratio-128 row) and far
+// past the window; a verify cut back then continued equals a fresh run, KV
+// state and logits, bit for bit; cuts that are not allowed are refused; the
+// captured hidden rows equal the layer outputs of a split stage; stops inside
+// an accepted block; the sampled rule keeps the target's distribution.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/arch/deepseek4.h"
+#include "engine/gguf/file.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/kv_cache.h"
+#include "engine/runtime/stage.h"
+#include "engine/sampling/sampler.h"
+#include "engine/spec/forced_draft.h"
+#include "engine/spec/speculative.h"
+#include "gguf_split/synth.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+constexpr int kGen = 128;       // tokens generated per prompt
+constexpr int kPrompts = 20;
+constexpr int kMaxDraft = 5;
+constexpr int64_t kCtx = 320;
+const std::vector<int> kCapture = {2, 3, 4};  // the tiny model's last three layers
+
+StageConfig spec_config() {
+  StageConfig c;
+  c.n_ctx = kCtx;
+  c.n_seq = 2;
+  c.max_batch = 64;
+  c.n_threads = 2;
+  c.verify_rows = kMaxDraft + 1;
+  c.capture_layers = kCapture;
+  return c;
+}
+
+class Speculative : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    SynthOptions o;
+    o.arch = "deepseek4";
+    o.shape = "deepseek4-tiny";
+    o.type = "q4";
+    o.seed = 0x5bec;
+    path_ = new std::string(dir_->file("tiny.gguf"));
+    write_synth_model(*path_, o);
+    file_ = new GgufFile(GgufFile::open(*path_));
+    runner_ = make_stage_runner(Backend::Cpu, *file_, spec_config()).release();
+  }
+  static void TearDownTestSuite() {
+    delete runner_;
+    delete file_;
+    delete path_;
+    delete dir_;
+  }
+
+  static StageRunner& stage() { return *runner_; }
+  static int32_t n_vocab() { return int32_t(runner_->n_vocab()); }
+
+  // A prompt of random ids; lengths 3..99 so that the 128 generated
+  // tokens cross position 127 (the ratio-128 layer's first row) in every run.
+  static std::vector<int32_t> prompt(int i) {
+    std::mt19937 rng(uint32_t(1000 + i));
+    std::vector<int32_t> p(size_t(3 + (i * 37) % 97));
+    for (auto& t : p) t = int32_t(rng() % uint32_t(n_vocab()));
+    return p;
+  }
+
+  // Plain greedy decoding written out here: the prompt in chunks, then one
+  // token per forward, each the argmax of the last logits.
+  static std::vector<int32_t> plain_greedy(int seq, const std::vector<int32_t>& p, int n) {
+    StageRunner& s = stage();
+    s.reset(seq);
+    std::span<const float> logits;
+    for (size_t at = 0; at < p.size(); at += 64) {
+      logits = s.forward(seq, std::span<const int32_t>(p.data() + at, std::min<size_t>(64, p.size() - at)));
+    }
+    std::vector<int32_t> out;
+    for (int k = 0; k < n; ++k) {
+      out.push_back(argmax(logits));
+      if (k + 1 < n) logits = s.forward(seq, std::span<const int32_t>(&out.back(), 1));
+    }
+    return out;
+  }
+
+  static SpecResult spec_greedy(int seq, const std::vector<int32_t>& p, DraftSource& d, int max_draft, int n,
+                                bool capture = false) {
+    stage().reset(seq);
+    SamplerParams sp;
+    sp.temperature = 0;
+    Sampler sampler(sp, n_vocab());
+    SpecOptions o;
+    o.max_draft = max_draft;
+    o.n_predict = n;
+    o.capture = capture;
+    return speculative_generate(stage(), seq, p, sampler, d, o);
+  }
+
+  static test::TempDir* dir_;
+  static std::string* path_;
+  static GgufFile* file_;
+  static StageRunner* runner_;
+};
+
+test::TempDir* Speculative::dir_ = nullptr;
+std::string* Speculative::path_ = nullptr;
+GgufFile* Speculative::file_ = nullptr;
+StageRunner* Speculative::runner_ = nullptr;
+
+using Mode = ForcedDraft::Mode;
+
+TEST_F(Speculative, GreedyEqualsPlainInEveryForcedMode) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t verifies = 0, accepted = 0, drafted = 0;
+  for (int i = 0; i < kPrompts; ++i) {
+    const std::vector<int32_t> p = prompt(i);
+    const std::vector<int32_t> want = plain_greedy(0, p, kGen);
+    for (Mode mode : {Mode::Accept, Mode::Reject, Mode::Prefix}) {
+      for (int L = 1; L <= kMaxDraft; ++L) {
+        // Prefix runs (cuts at random depths) for the longest drafts only.
+        if (mode == Mode::Prefix && L < kMaxDraft) continue;
+        ForcedDraft d(mode, int64_t(p.size()), want, n_vocab(), uint64_t(i * 10 + L));
+        const SpecResult r = spec_greedy(0, p, d, L, kGen);
+        ASSERT_EQ(r.tokens, want) << "prompt " << i << " (" << p.size() << " tokens), mode " << int(mode)
+                                  << ", drafts of " << L;
+        EXPECT_EQ(r.stop, "length");
+        // Plain decoding leaves the prompt and every token but the last.
+        EXPECT_EQ(stage().position(0), int64_t(p.size()) + kGen - 1);
+        EXPECT_EQ(d.committed_positions(), stage().position(0));
+        if (mode == Mode::Accept) {
+          EXPECT_EQ(r.stats.accepted, r.stats.drafted);
+        }
+        if (mode == Mode::Reject) {
+          EXPECT_EQ(r.stats.accepted, 0);
+          EXPECT_EQ(r.stats.verifies, kGen - 1);
+        }
+        verifies += r.stats.verifies;
+        accepted += r.stats.accepted;
+        drafted += r.stats.drafted;
+      }
+    }
+  }
+  std::printf("[ info ] %d prompts x %d tokens: %lld verifies, %lld of %lld guesses kept, %.1f s\n", kPrompts, kGen,
+              (long long)verifies, (long long)accepted, (long long)drafted,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// Runs `head` into seq 0, a checkpointed forward of `block`, cuts back to
+// keep tokens of it, then `tail`; seq 1 runs head + block[0, keep) + tail
+// fresh. Every KV stream of both must agree (the compressed and index rows
+// up to the last complete one), and so must every logit row of the tail.
+void cut_equals_fresh(Stage& s, const std::vector<int32_t>& head, const std::vector<int32_t>& block, int64_t keep,
+                      const std::vector<int32_t>& tail) {
+  SCOPED_TRACE(testing::Message() << "head " << head.size() << ", block " << block.size() << ", keep " << keep);
+  s.reset(0);
+  s.reset(1);
+  auto feed = [&](int seq, const std::vector<int32_t>& t) {
+    std::vector<float> all;
+    for (size_t at = 0; at < t.size(); at += 16) {
+      const auto chunk = std::span<const int32_t>(t).subspan(at, std::min<size_t>(16, t.size() - at));
+      ForwardOptions o;
+      o.all_logits = chunk.size() <= size_t(kMaxDraft + 1);
+      const ForwardRows r = s.forward_rows(seq, chunk, o);
+      all.insert(all.end(), r.out.begin(), r.out.end());
+    }
+    return all;
+  };
+  feed(0, head);
+  ForwardOptions verify;
+  verify.all_logits = verify.checkpoint = true;
+  s.forward_rows(0, block, verify);
+  s.truncate_seq(0, int64_t(head.size()) + keep);
+  ASSERT_EQ(s.position(0), int64_t(head.size()) + keep);
+  std::vector<int32_t> fresh = head;
+  fresh.insert(fresh.end(), block.begin(), block.begin() + keep);
+  feed(1, fresh);
+  const KvCache& kv = s.kv();
+  const auto& shape = dynamic_cast<const Deepseek4Arch&>(s.arch()).shape();
+  const int64_t n = s.position(0);
+  for (int l = 0; l < shape.n_layer; ++l) {
+    for (int st = 0; st < kv.n_streams(l); ++st) {
+      const KvStreamShape& sh = kv.stream_shape(l, st);
+      int64_t rows = sh.rows;
+      const int r = shape.compress_ratio(l);
+      // Rows of complete windows only: the rest are rewritten before they are read.
+      if (st == Deepseek4Arch::kCompRows || st == Deepseek4Arch::kIdxRows) rows = n / r;
+      ASSERT_EQ(std::memcmp(kv.stream(l, 0, st), kv.stream(l, 1, st), size_t(rows * sh.width) * sizeof(float)), 0)
+          << "layer " << l << " stream " << st;
+    }
+  }
+  const std::vector<float> a = feed(0, tail), b = feed(1, tail);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST_F(Speculative, CutBackThenContinueEqualsFreshRun) {
+  Stage s(*file_, spec_config());  // a Stage of its own: the test reads its KV
+  std::mt19937 rng(7);
+  auto tokens = [&](size_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = int32_t(rng() % uint32_t(n_vocab()));
+    return t;
+  };
+  const std::vector<int32_t> tail = tokens(9);
+  // Heads whose blocks straddle a ratio-4 window end (every 4), the
+  // ratio-128 row at 127 and 255, and the window ring's wrap (32, 64...).
+  for (int64_t head : {1, 29, 30, 60, 123, 125, 126, 127, 128, 190, 251, 253}) {
+    const std::vector<int32_t> h = tokens(size_t(head)), block = tokens(size_t(kMaxDraft + 1));
+    for (int64_t keep = 0; keep <= kMaxDraft + 1; ++keep) cut_equals_fresh(s, h, block, keep, tail);
+  }
+}
+
+TEST_F(Speculative, RefusesCutsItCannotMake) {
+  StageRunner& s = stage();
+  s.reset(0);
+  s.reset(1);
+  const std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  s.forward(0, std::span<const int32_t>(t.data(), 10));
+  // No checkpointed forward: only the end or 0.
+  EXPECT_THROW(s.truncate_seq(0, 5), std::invalid_argument);
+  EXPECT_THROW(s.truncate(0, 5), std::invalid_argument);  // the plain cut refuses too
+  EXPECT_THROW(s.truncate_seq(0, 11), std::out_of_range);
+  s.truncate_seq(0, 10);  // nothing to do
+  ForwardOptions v;
+  v.all_logits = v.checkpoint = true;
+  s.forward_rows(0, std::span<const int32_t>(t.data(), 4), v);  // positions 10..13
+  EXPECT_THROW(s.truncate_seq(0, 9), std::invalid_argument);    // before the checkpoint
+  s.forward(1, std::span<const int32_t>(t.data(), 3));
+  EXPECT_THROW(s.truncate_seq(1, 1), std::invalid_argument);    // the checkpoint is seq 0's
+  s.truncate_seq(0, 12);
+  s.truncate_seq(0, 11);  // further back inside the same checkpoint
+  s.forward(0, std::span<const int32_t>(t.data(), 1));          // moves past it
+  try {
+    s.truncate_seq(0, 11);
+    ADD_FAILURE() << "a cut after a later forward was allowed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("can keep 12 or 0"), std::string::npos) << e.what();
+  }
+  s.truncate_seq(0, 0);
+  EXPECT_EQ(s.position(0), 0);
+  // Checkpoints and all-row logits only within the planned verify rows.
+  ForwardOptions big = v;
+  EXPECT_THROW(s.forward_rows(0, std::span<const int32_t>(t.data(), 7), big), std::invalid_argument);
+  // More verify rows than the ratio-4 state ring (8) holds are refused at planning.
+  StageConfig c = spec_config();
+  c.verify_rows = 9;
+  EXPECT_THROW(Stage::plan(*file_, c), std::invalid_argument);
+  c.verify_rows = 8;
+  EXPECT_NO_THROW(Stage::plan(*file_, c));
+  c.capture_layers = {5};
+  EXPECT_THROW(Stage::plan(*file_, c), std::invalid_argument);
+}
+
+TEST_F(Speculative, CapturedRowsAreTheLayerOutputsForEveryCommittedPosition) {
+  const std::vector<int32_t> p = prompt(3);
+  const std::vector<int32_t> want = plain_greedy(0, p, 40);
+  ForcedDraft d(Mode::Prefix, int64_t(p.size()), want, n_vocab(), 5);
+  const SpecResult r = spec_greedy(0, p, d, kMaxDraft, 40, /*capture=*/true);
+  ASSERT_EQ(r.tokens, want);
+  const int64_t E = 256, rows = stage().position(0);
+  ASSERT_EQ(d.hidden_rows(), rows);
+  ASSERT_EQ(int64_t(d.hidden().size()), rows * int64_t(kCapture.size()) * E);
+  // The same rows from stages that end at each captured layer: their
+  // boundary output is the layer's hyper-connection state; its stream mean
+  // is the capture.
+  std::vector<int32_t> all = p;
+  all.insert(all.end(), want.begin(), want.begin() + (rows - int64_t(p.size())));
+  for (size_t i = 0; i < kCapture.size(); ++i) {
+    StageConfig c;
+    c.n_ctx = kCtx;
+    c.last_layer = kCapture[i];
+    c.head = false;
+    c.max_batch = 64;
+    Stage part(*file_, c);
+    for (size_t at = 0; at < all.size(); at += 64) {
+      const size_t n = std::min<size_t>(64, all.size() - at);
+      const std::span<const float> x = part.forward(0, std::span<const int32_t>(all.data() + at, n));
+      for (size_t t = 0; t < n; ++t) {
+        const float* got = d.hidden().data() + ((at + t) * kCapture.size() + i) * size_t(E);
+        for (int64_t e = 0; e < E; ++e) {
+          float mean = 0;
+          for (int k = 0; k < 4; ++k) mean += x[t * 4 * size_t(E) + size_t(k * E + e)];
+          ASSERT_NEAR(got[e], mean / 4, 1e-5f * std::max(1.0f, std::fabs(mean))) << "row " << at + t << " layer "
+                                                                                   << kCapture[i];
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Speculative, StopsInsideAnAcceptedBlock) {
+  const std::vector<int32_t> p = prompt(5);
+  const std::vector<int32_t> want = plain_greedy(0, p, 30);
+  SamplerParams sp;
+  sp.temperature = 0;
+  // n_predict inside a block: exactly that many, the KV as plain leaves it.
+  for (int n : {1, 2, 7, 11}) {
+    ForcedDraft d(Mode::Accept, int64_t(p.size()), want, n_vocab());
+    const SpecResult r = spec_greedy(0, p, d, kMaxDraft, n);
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(want.begin(), want.begin() + n));
+    EXPECT_EQ(stage().position(0), int64_t(p.size()) + n - 1);
+  }
+  // A stop token at output index 9 (the middle of the second block).
+  // The stop is an output token not seen before it (from index 7 on: the second block).
+  int k = 7;
+  while (k < 30 && std::find(want.begin(), want.begin() + k, want[size_t(k)]) != want.begin() + k) ++k;
+  if (k == 30) GTEST_SKIP() << "the continuation repeats itself: no fresh token to stop at";
+  {
+    stage().reset(0);
+    Sampler sampler(sp, n_vocab());
+    ForcedDraft d(Mode::Accept, int64_t(p.size()), want, n_vocab());
+    SpecOptions o;
+    o.n_predict = 30;
+    o.stop_tokens = {want[size_t(k)]};
+    const SpecResult r = speculative_generate(stage(), 0, p, sampler, d, o);
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(want.begin(), want.begin() + k));
+    EXPECT_EQ(r.stop, "stop token");
+    EXPECT_EQ(stage().position(0), int64_t(p.size()) + k);
+  }
+  {
+    // A stop string: each token's text is "<id>;"; stop at the text of output 9.
+    stage().reset(0);
+    Sampler sampler(sp, n_vocab());
+    ForcedDraft d(Mode::Accept, int64_t(p.size()), want, n_vocab());
+    SpecOptions o;
+    o.n_predict = 30;
+    o.piece = [](int32_t id) { return "<" + std::to_string(id) + ">;"; };
+    o.stop_strings = {"<" + std::to_string(want[size_t(k)]) + ">"};
+    const SpecResult r = speculative_generate(stage(), 0, p, sampler, d, o);
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(want.begin(), want.begin() + k + 1));
+    EXPECT_EQ(r.stop, "stop string");
+    std::string text;
+    for (int i = 0; i < k; ++i) text += o.piece(want[size_t(i)]);
+    EXPECT_EQ(r.text, text);
+  }
+}
+
+TEST_F(Speculative, SampledWithoutDraftsEqualsPlainSampling) {
+  const std::vector<int32_t> p = prompt(7);
+  SamplerParams sp;
+  sp.temperature = 0.9f;
+  sp.seed = 42;
+  sp.top_k = 0;
+  sp.top_p = 1;
+  sp.min_p = 0;
+  Sampler plain(sp, n_vocab());
+  stage().reset(0);
+  std::span<const float> logits = stage().forward(0, p);
+  std::vector<int32_t> want;
+  for (int k = 0; k < 24; ++k) {
+    want.push_back(plain.sample(logits));
+    if (k + 1 < 24) logits = stage().forward(0, std::span<const int32_t>(&want.back(), 1));
+  }
+  Sampler s(sp, n_vocab());
+  ForcedDraft d(Mode::Reject, int64_t(p.size()), want, n_vocab());
+  SpecOptions o;
+  o.max_draft = 0;
+  o.n_predict = 24;
+  stage().reset(0);
+  EXPECT_EQ(speculative_generate(stage(), 0, p, s, d, o).tokens, want);
+}
+
+// The sampled rule keeps the target's distribution: over many draws with a
+// draft distribution q unlike p, the token the rule gives follows p.
+TEST(SpeculativeRule, SampledVerifyFollowsTheTarget) {
+  const std::vector<Sampler::Candidate> p = {{2, 0, 0.5}, {0, 0, 0.3}, {3, 0, 0.15}, {1, 0, 0.05}};
+  const float q[4] = {0.1f, 0.6f, 0.1f, 0.2f};
+  Rng rng(99);
+  const int n = 200000;
+  std::vector<int> count(4);
+  int kept = 0;
+  for (int i = 0; i < n; ++i) {
+    // The guess drawn from q, as a drafter would.
+    const double u = rng.uniform();
+    const int32_t guess = u < 0.1 ? 0 : u < 0.7 ? 1 : u < 0.8 ? 2 : 3;
+    bool k = false;
+    ++count[size_t(verify_sampled(p, guess, q[guess], q, rng.uniform(), rng.uniform(), &k))];
+    kept += k;
+  }
+  const double want[4] = {0.3, 0.05, 0.5, 0.15};
+  for (int t = 0; t < 4; ++t) EXPECT_NEAR(count[size_t(t)] / double(n), want[t], 0.005) << "token " << t;
+  // Kept share: sum min(p, q) = 0.1 + 0.05 + 0.1 + 0.15.
+  EXPECT_NEAR(kept / double(n), 0.4, 0.005);
+  // A deterministic guess (no draft distribution): kept with p(guess), else
+  // the target without it.
+  bool k = false;
+  EXPECT_EQ(verify_sampled(p, 1, 1.0, nullptr, 0.01, 0.0, &k), 1);
+  EXPECT_TRUE(k);
+  EXPECT_EQ(verify_sampled(p, 2, 1.0, nullptr, 0.6, 0.0, &k), 0);
+  EXPECT_FALSE(k);
+}
+
+}  // namespace
+}  // namespace baton
