@@ -45,35 +45,48 @@ StageConfig spec_config() {
   c.n_ctx = kCtx;
   c.n_seq = 2;
   c.max_batch = 64;
-  c.n_threads = 2;
+  c.n_threads = 1;
   c.verify_rows = kMaxDraft + 1;
   c.capture_layers = kCapture;
   return c;
 }
 
-class Speculative : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir();
+// A synthetic model and a stage over it, made once per shape for the process.
+struct SpecModel {
+  explicit SpecModel(const std::string& shape) {
     SynthOptions o;
     o.arch = "deepseek4";
-    o.shape = "deepseek4-tiny";
-    o.type = "q4";
+    o.shape = shape;
     o.seed = 0x5bec;
-    path_ = new std::string(dir_->file("tiny.gguf"));
-    write_synth_model(*path_, o);
-    file_ = new GgufFile(GgufFile::open(*path_));
-    runner_ = make_stage_runner(Backend::Cpu, *file_, spec_config()).release();
+    path = dir.file(shape + ".gguf");
+    write_synth_model(path, o);
+    file = std::make_unique<GgufFile>(GgufFile::open(path));
+    runner = make_stage_runner(Backend::Cpu, *file, spec_config());
   }
-  static void TearDownTestSuite() {
-    delete runner_;
-    delete file_;
-    delete path_;
-    delete dir_;
-  }
+  test::TempDir dir;
+  std::string path;
+  std::unique_ptr<GgufFile> file;
+  std::unique_ptr<StageRunner> runner;
+};
 
-  static StageRunner& stage() { return *runner_; }
-  static int32_t n_vocab() { return int32_t(runner_->n_vocab()); }
+class Speculative : public ::testing::Test {
+ protected:
+  // deepseek4-micro: every layer kind of the tiny shape at n_embd 64 (window 16).
+  static SpecModel& micro() {
+    static SpecModel m("deepseek4-micro-f32");
+    return m;
+  }
+  static SpecModel& tiny() {
+    static SpecModel m("deepseek4-tiny-q4");
+    return m;
+  }
+  static SpecModel* model_;  // the model the helpers below use
+  void SetUp() override { model_ = &micro(); }
+
+  static StageRunner& stage() { return *model_->runner; }
+  static const GgufFile& file() { return *model_->file; }
+  static int32_t n_vocab() { return int32_t(stage().n_vocab()); }
+  static int64_t n_embd() { return stage().arch().dims().n_embd; }
 
   // A prompt of random ids; lengths 3..99 so that the 128 generated
   // tokens cross position 127 (the ratio-128 layer's first row) in every run.
@@ -84,19 +97,24 @@ class Speculative : public ::testing::Test {
     return p;
   }
 
-  // Plain greedy decoding written out here: the prompt in chunks, then one
-  // token per forward, each the argmax of the last logits.
-  static std::vector<int32_t> plain_greedy(int seq, const std::vector<int32_t>& p, int n) {
+  static std::span<const float> prefill(int seq, const std::vector<int32_t>& p) {
     StageRunner& s = stage();
     s.reset(seq);
     std::span<const float> logits;
     for (size_t at = 0; at < p.size(); at += 64) {
       logits = s.forward(seq, std::span<const int32_t>(p.data() + at, std::min<size_t>(64, p.size() - at)));
     }
+    return logits;
+  }
+
+  // Plain greedy decoding written out here: the prompt in chunks, then one
+  // token per forward, each the argmax of the last logits.
+  static std::vector<int32_t> plain_greedy(int seq, const std::vector<int32_t>& p, int n) {
+    std::span<const float> logits = prefill(seq, p);
     std::vector<int32_t> out;
     for (int k = 0; k < n; ++k) {
       out.push_back(argmax(logits));
-      if (k + 1 < n) logits = s.forward(seq, std::span<const int32_t>(&out.back(), 1));
+      if (k + 1 < n) logits = stage().forward(seq, std::span<const int32_t>(&out.back(), 1));
     }
     return out;
   }
@@ -114,53 +132,62 @@ class Speculative : public ::testing::Test {
     return speculative_generate(stage(), seq, p, sampler, d, o);
   }
 
-  static test::TempDir* dir_;
-  static std::string* path_;
-  static GgufFile* file_;
-  static StageRunner* runner_;
+  // Each prompt's plain greedy continuation against the drafted runs of
+  // `modes` for each draft length (Prefix: the longest only).
+  static void greedy_equals_plain(const std::vector<int>& prompts, int n_gen, const std::vector<ForcedDraft::Mode>& modes,
+                                  const std::vector<int>& lengths) {
+    using Mode = ForcedDraft::Mode;
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t verifies = 0, accepted = 0, drafted = 0;
+    for (int i : prompts) {
+      const std::vector<int32_t> p = prompt(i);
+      const std::vector<int32_t> want = plain_greedy(0, p, n_gen);
+      for (Mode mode : modes) {
+        for (int L : lengths) {
+          if (mode == Mode::Prefix && L != lengths.back()) continue;
+          ForcedDraft d(mode, int64_t(p.size()), want, n_vocab(), uint64_t(i * 10 + L));
+          const SpecResult r = spec_greedy(0, p, d, L, n_gen);
+          ASSERT_EQ(r.tokens, want) << "prompt " << i << " (" << p.size() << " tokens), mode " << int(mode)
+                                    << ", drafts of " << L;
+          EXPECT_EQ(r.stop, "length");
+          // Plain decoding leaves the prompt and every token but the last.
+          EXPECT_EQ(stage().position(0), int64_t(p.size()) + n_gen - 1);
+          EXPECT_EQ(d.committed_positions(), stage().position(0));
+          if (mode == Mode::Accept) {
+            EXPECT_EQ(r.stats.accepted, r.stats.drafted);
+          }
+          if (mode == Mode::Reject) {
+            EXPECT_EQ(r.stats.accepted, 0);
+            EXPECT_EQ(r.stats.verifies, n_gen - 1);
+          }
+          verifies += r.stats.verifies;
+          accepted += r.stats.accepted;
+          drafted += r.stats.drafted;
+        }
+      }
+    }
+    std::printf("[   info   ] %zu prompts x %d tokens: %lld verifies, %lld of %lld guesses kept, %.1f s\n",
+                prompts.size(), n_gen, (long long)verifies, (long long)accepted, (long long)drafted,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
 };
 
-test::TempDir* Speculative::dir_ = nullptr;
-std::string* Speculative::path_ = nullptr;
-GgufFile* Speculative::file_ = nullptr;
-StageRunner* Speculative::runner_ = nullptr;
+SpecModel* Speculative::model_ = nullptr;
 
 using Mode = ForcedDraft::Mode;
 
 TEST_F(Speculative, GreedyEqualsPlainInEveryForcedMode) {
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t verifies = 0, accepted = 0, drafted = 0;
-  for (int i = 0; i < kPrompts; ++i) {
-    const std::vector<int32_t> p = prompt(i);
-    const std::vector<int32_t> want = plain_greedy(0, p, kGen);
-    for (Mode mode : {Mode::Accept, Mode::Reject, Mode::Prefix}) {
-      for (int L = 1; L <= kMaxDraft; ++L) {
-        // Prefix runs (cuts at random depths) for the longest drafts only.
-        if (mode == Mode::Prefix && L < kMaxDraft) continue;
-        ForcedDraft d(mode, int64_t(p.size()), want, n_vocab(), uint64_t(i * 10 + L));
-        const SpecResult r = spec_greedy(0, p, d, L, kGen);
-        ASSERT_EQ(r.tokens, want) << "prompt " << i << " (" << p.size() << " tokens), mode " << int(mode)
-                                  << ", drafts of " << L;
-        EXPECT_EQ(r.stop, "length");
-        // Plain decoding leaves the prompt and every token but the last.
-        EXPECT_EQ(stage().position(0), int64_t(p.size()) + kGen - 1);
-        EXPECT_EQ(d.committed_positions(), stage().position(0));
-        if (mode == Mode::Accept) {
-          EXPECT_EQ(r.stats.accepted, r.stats.drafted);
-        }
-        if (mode == Mode::Reject) {
-          EXPECT_EQ(r.stats.accepted, 0);
-          EXPECT_EQ(r.stats.verifies, kGen - 1);
-        }
-        verifies += r.stats.verifies;
-        accepted += r.stats.accepted;
-        drafted += r.stats.drafted;
-      }
-    }
-  }
-  std::printf("[ info ] %d prompts x %d tokens: %lld verifies, %lld of %lld guesses kept, %.1f s\n", kPrompts, kGen,
-              (long long)verifies, (long long)accepted, (long long)drafted,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::vector<int> prompts(kPrompts);
+  for (int i = 0; i < kPrompts; ++i) prompts[size_t(i)] = i;
+  greedy_equals_plain(prompts, kGen, {Mode::Accept, Mode::Reject, Mode::Prefix}, {1, 2, 3, 4, 5});
+}
+
+// The same on deepseek4-tiny (n_embd 256, window 32, Q4_K experts; each
+// token costs some 30 times the micro model's, so fewer runs): a prompt of
+// 91 tokens and 40 generated ones, past position 127, drafts of 1, 3 and 5.
+TEST_F(Speculative, GreedyEqualsPlainOnTiny) {
+  model_ = &tiny();
+  greedy_equals_plain({5}, 40, {Mode::Accept, Mode::Reject}, {1, 3, 5});
 }
 
 // Runs `head` into seq 0, a checkpointed forward of `block`, cuts back to
@@ -195,16 +222,29 @@ void cut_equals_fresh(Stage& s, const std::vector<int32_t>& head, const std::vec
   const KvCache& kv = s.kv();
   const auto& shape = dynamic_cast<const Deepseek4Arch&>(s.arch()).shape();
   const int64_t n = s.position(0);
+  // Rings: the slots of the last positions (slots never written hold
+  // whatever the allocation held). Compressed and index rows: the complete ones.
+  auto same_rows = [&](int l, int st, int64_t first, int64_t count) {
+    const KvStreamShape& sh = kv.stream_shape(l, st);
+    const size_t bytes = size_t(count * sh.width) * sizeof(float);
+    ASSERT_EQ(std::memcmp(kv.stream(l, 0, st) + first * sh.width, kv.stream(l, 1, st) + first * sh.width, bytes), 0)
+        << "layer " << l << " stream " << st << " rows " << first << "+" << count;
+  };
+  auto same_ring = [&](int l, int st, int64_t slots, int64_t offset) {
+    for (int64_t p = std::max<int64_t>(0, n - slots); p < n; ++p) same_rows(l, st, offset + p % slots, 1);
+  };
   for (int l = 0; l < shape.n_layer; ++l) {
-    for (int st = 0; st < kv.n_streams(l); ++st) {
-      const KvStreamShape& sh = kv.stream_shape(l, st);
-      int64_t rows = sh.rows;
-      const int r = shape.compress_ratio(l);
-      // Rows of complete windows only: the rest are rewritten before they are read.
-      if (st == Deepseek4Arch::kCompRows || st == Deepseek4Arch::kIdxRows) rows = n / r;
-      ASSERT_EQ(std::memcmp(kv.stream(l, 0, st), kv.stream(l, 1, st), size_t(rows * sh.width) * sizeof(float)), 0)
-          << "layer " << l << " stream " << st;
-    }
+    same_ring(l, Deepseek4Arch::kWindow, kv.stream_shape(l, Deepseek4Arch::kWindow).rows, 0);
+    const int r = shape.compress_ratio(l);
+    if (r == 0) continue;
+    const int64_t slots = kv.stream_shape(l, Deepseek4Arch::kCompState).rows / 2;  // kv ring, then gate ring
+    same_rows(l, Deepseek4Arch::kCompRows, 0, n / r);
+    same_ring(l, Deepseek4Arch::kCompState, slots, 0);
+    same_ring(l, Deepseek4Arch::kCompState, slots, slots);
+    if (!shape.has_indexer(l)) continue;
+    same_rows(l, Deepseek4Arch::kIdxRows, 0, n / r);
+    same_ring(l, Deepseek4Arch::kIdxState, slots, 0);
+    same_ring(l, Deepseek4Arch::kIdxState, slots, slots);
   }
   const std::vector<float> a = feed(0, tail), b = feed(1, tail);
   ASSERT_EQ(a.size(), b.size());
@@ -212,7 +252,7 @@ void cut_equals_fresh(Stage& s, const std::vector<int32_t>& head, const std::vec
 }
 
 TEST_F(Speculative, CutBackThenContinueEqualsFreshRun) {
-  Stage s(*file_, spec_config());  // a Stage of its own: the test reads its KV
+  Stage s(file(), spec_config());  // a Stage of its own: the test reads its KV
   std::mt19937 rng(7);
   auto tokens = [&](size_t n) {
     std::vector<int32_t> t(n);
@@ -222,7 +262,7 @@ TEST_F(Speculative, CutBackThenContinueEqualsFreshRun) {
   const std::vector<int32_t> tail = tokens(9);
   // Heads whose blocks straddle a ratio-4 window end (every 4), the
   // ratio-128 row at 127 and 255, and the window ring's wrap (32, 64...).
-  for (int64_t head : {1, 29, 30, 60, 123, 125, 126, 127, 128, 190, 251, 253}) {
+  for (int64_t head : {1, 13, 14, 29, 60, 123, 125, 126, 127, 128, 190, 251, 253}) {
     const std::vector<int32_t> h = tokens(size_t(head)), block = tokens(size_t(kMaxDraft + 1));
     for (int64_t keep = 0; keep <= kMaxDraft + 1; ++keep) cut_equals_fresh(s, h, block, keep, tail);
   }
@@ -262,11 +302,11 @@ TEST_F(Speculative, RefusesCutsItCannotMake) {
   // More verify rows than the ratio-4 state ring (8) holds are refused at planning.
   StageConfig c = spec_config();
   c.verify_rows = 9;
-  EXPECT_THROW(Stage::plan(*file_, c), std::invalid_argument);
+  EXPECT_THROW(Stage::plan(file(), c), std::invalid_argument);
   c.verify_rows = 8;
-  EXPECT_NO_THROW(Stage::plan(*file_, c));
+  EXPECT_NO_THROW(Stage::plan(file(), c));
   c.capture_layers = {5};
-  EXPECT_THROW(Stage::plan(*file_, c), std::invalid_argument);
+  EXPECT_THROW(Stage::plan(file(), c), std::invalid_argument);
 }
 
 TEST_F(Speculative, CapturedRowsAreTheLayerOutputsForEveryCommittedPosition) {
@@ -275,7 +315,7 @@ TEST_F(Speculative, CapturedRowsAreTheLayerOutputsForEveryCommittedPosition) {
   ForcedDraft d(Mode::Prefix, int64_t(p.size()), want, n_vocab(), 5);
   const SpecResult r = spec_greedy(0, p, d, kMaxDraft, 40, /*capture=*/true);
   ASSERT_EQ(r.tokens, want);
-  const int64_t E = 256, rows = stage().position(0);
+  const int64_t E = n_embd(), rows = stage().position(0);
   ASSERT_EQ(d.hidden_rows(), rows);
   ASSERT_EQ(int64_t(d.hidden().size()), rows * int64_t(kCapture.size()) * E);
   // The same rows from stages that end at each captured layer: their
@@ -289,7 +329,7 @@ TEST_F(Speculative, CapturedRowsAreTheLayerOutputsForEveryCommittedPosition) {
     c.last_layer = kCapture[i];
     c.head = false;
     c.max_batch = 64;
-    Stage part(*file_, c);
+    Stage part(file(), c);
     for (size_t at = 0; at < all.size(); at += 64) {
       const size_t n = std::min<size_t>(64, all.size() - at);
       const std::span<const float> x = part.forward(0, std::span<const int32_t>(all.data() + at, n));
@@ -362,8 +402,7 @@ TEST_F(Speculative, SampledWithoutDraftsEqualsPlainSampling) {
   sp.top_p = 1;
   sp.min_p = 0;
   Sampler plain(sp, n_vocab());
-  stage().reset(0);
-  std::span<const float> logits = stage().forward(0, p);
+  std::span<const float> logits = prefill(0, p);
   std::vector<int32_t> want;
   for (int k = 0; k < 24; ++k) {
     want.push_back(plain.sample(logits));

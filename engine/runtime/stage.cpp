@@ -112,8 +112,10 @@ Stage::Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& lo
         return layout;
       }(), load, &load_stats_),
       kv_(*arch_, {config_.first_layer, config_.last_layer}, config_.n_seq, config_.n_ctx),
-      workspace_(workspace_line(*arch_, config_, &capture_at_, &rollback_at_)),
-      pool_(config_.n_threads) {}
+      workspace_(workspace_line(*arch_, config_)),
+      pool_(config_.n_threads) {
+  workspace_line(*arch_, config_, &capture_at_, &rollback_at_);
+}
 
 std::span<const float> Stage::forward(int seq, std::span<const int32_t> tokens) {
   if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");

@@ -142,7 +142,7 @@ class Stage {
   KvCache kv_;
   AlignedBuffer workspace_;
   ThreadPool pool_;
-  uint64_t capture_at_ = 0, rollback_at_ = 0;  // offsets in workspace_
+  uint64_t capture_at_ = 0, rollback_at_ = 0;  // offsets in workspace_ (set in the constructor's body)
   Checkpoint checkpoint_;
 };
 
