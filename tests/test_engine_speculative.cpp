@@ -53,15 +53,16 @@ StageConfig spec_config() {
 
 // A synthetic model and a stage over it, made once per shape for the process.
 struct SpecModel {
-  explicit SpecModel(const std::string& shape) {
+  explicit SpecModel(const std::string& shape, bool capture = true) {
     SynthOptions o;
-    o.arch = "deepseek4";
     o.shape = shape;
     o.seed = 0x5bec;
     path = dir.file(shape + ".gguf");
     write_synth_model(path, o);
     file = std::make_unique<GgufFile>(GgufFile::open(path));
-    runner = make_stage_runner(Backend::Cpu, *file, spec_config());
+    StageConfig c = spec_config();
+    if (!capture) c.capture_layers.clear();
+    runner = make_stage_runner(Backend::Cpu, *file, c);
   }
   test::TempDir dir;
   std::string path;
@@ -78,6 +79,11 @@ class Speculative : public ::testing::Test {
   }
   static SpecModel& tiny() {
     static SpecModel m("deepseek4-tiny-q4");
+    return m;
+  }
+  // A llama: its KV rows are cut like any (no checkpoint needed), no capture.
+  static SpecModel& llama() {
+    static SpecModel m("llama-tiny", false);
     return m;
   }
   static SpecModel* model_;  // the model the helpers below use
@@ -188,6 +194,13 @@ TEST_F(Speculative, GreedyEqualsPlainInEveryForcedMode) {
 TEST_F(Speculative, GreedyEqualsPlainOnTiny) {
   model_ = &tiny();
   greedy_equals_plain({5}, 40, {Mode::Accept, Mode::Reject}, {1, 3, 5});
+}
+
+// The loop is the architecture's business only through truncate_seq: a
+// llama's cut is a plain one.
+TEST_F(Speculative, GreedyEqualsPlainOnLlama) {
+  model_ = &llama();
+  greedy_equals_plain({1, 2}, 32, {Mode::Accept, Mode::Reject, Mode::Prefix}, {3});
 }
 
 // Runs `head` into seq 0, a checkpointed forward of `block`, cuts back to

@@ -118,7 +118,6 @@ SpecResult speculative_generate(StageRunner& stage, int seq, std::span<const int
   std::vector<int32_t> rows;
   std::vector<float> q;  // the draft's distribution of one guess
   ForwardOptions verify;
-  verify.all_logits = verify.checkpoint = true;
   verify.capture = o.capture;
   for (;;) {
     const int64_t n = stage.position(seq);
@@ -139,6 +138,8 @@ SpecResult speculative_generate(StageRunner& stage, int seq, std::span<const int
     }
     rows.assign(1, bonus);
     rows.insert(rows.end(), d.tokens.begin(), d.tokens.end());
+    // Without guesses the step is a plain decode step: one row, nothing to cut.
+    verify.all_logits = verify.checkpoint = L > 0;
     const ForwardRows res = stage.forward_rows(seq, rows, verify);
     ++r.stats.verifies;
     r.stats.drafted += int64_t(L);
