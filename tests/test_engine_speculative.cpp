@@ -1,12 +1,14 @@
-// Speculative decoding, the target side, on a synthetic deepseek4-tiny
-// (layers: sliding, sliding, ratio 4 with the indexer, ratio 128, ratio 4;
-// window 32): greedy output with drafts equals plain greedy output token for
-// token in the forced-acceptance, forced-rejection and random-prefix modes
-// for draft lengths 1..5, with positions past 128 (a ratio-128 row) and far
-// past the window; a verify cut back then continued equals a fresh run, KV
-// state and logits, bit for bit; cuts that are not allowed are refused; the
-// captured hidden rows equal the layer outputs of a split stage; stops inside
-// an accepted block; the sampled rule keeps the target's distribution.
+// Speculative decoding, the target side, on synthetic deepseek4 models
+// (`deepseek4-micro`: the layer kinds of `deepseek4-tiny` - sliding, sliding,
+// ratio 4 with the indexer, ratio 128, ratio 4 - at n_embd 64 with a window
+// of 16; and `deepseek4-tiny` itself, window 32) and a llama: greedy output
+// with drafts equals plain greedy output token for token in the
+// forced-acceptance, forced-rejection and random-prefix modes for draft
+// lengths 1..5, with positions past 127 (a ratio-128 row) and far past the
+// window; a verify cut back then continued equals a fresh run, KV state and
+// logits, bit for bit; cuts that are not allowed are refused; the captured
+// hidden rows equal the layer outputs of a split stage; stops inside an
+// accepted block; the sampled rule keeps the target's distribution.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -274,8 +276,8 @@ TEST_F(Speculative, CutBackThenContinueEqualsFreshRun) {
   };
   const std::vector<int32_t> tail = tokens(9);
   // Heads whose blocks straddle a ratio-4 window end (every 4), the
-  // ratio-128 row at 127 and 255, and the window ring's wrap (32, 64...).
-  for (int64_t head : {1, 13, 14, 29, 60, 123, 125, 126, 127, 128, 190, 251, 253}) {
+  // ratio-128 row at 127 and 255, and the window ring's wraps (every 16).
+  for (int64_t head : {1, 14, 29, 125, 126, 127, 253}) {
     const std::vector<int32_t> h = tokens(size_t(head)), block = tokens(size_t(kMaxDraft + 1));
     for (int64_t keep = 0; keep <= kMaxDraft + 1; ++keep) cut_equals_fresh(s, h, block, keep, tail);
   }
