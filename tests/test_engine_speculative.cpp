@@ -40,7 +40,7 @@ constexpr int kGen = 128;       // tokens generated per prompt
 constexpr int kPrompts = 20;
 constexpr int kMaxDraft = 5;
 constexpr int64_t kCtx = 320;
-const std::vector<int> kCapture = {2, 3, 4};  // the tiny model's last three layers
+const std::vector<int> kCapture = {2, 3, 4};  // the last three layers (drafter_capture_layers' default)
 
 StageConfig spec_config() {
   StageConfig c;
@@ -430,6 +430,26 @@ TEST_F(Speculative, SampledWithoutDraftsEqualsPlainSampling) {
   o.n_predict = 24;
   stage().reset(0);
   EXPECT_EQ(speculative_generate(stage(), 0, p, s, d, o).tokens, want);
+}
+
+TEST_F(Speculative, DrafterLayersComeFromTheFileElseTheLastThree) {
+  EXPECT_EQ(drafter_capture_layers(&file(), 5), kCapture);
+  EXPECT_EQ(drafter_capture_layers(nullptr, 43), (std::vector<int>{40, 41, 42}));
+  EXPECT_EQ(drafter_capture_layers(nullptr, 2), (std::vector<int>{0, 1}));
+  auto with_ids = [&](const char* key, std::vector<int32_t> ids) {
+    GgufWriter w;
+    std::vector<GgufValue> items;
+    for (int32_t i : ids) items.push_back(GgufValue::of_i32(i));
+    w.set(key, GgufValue::of_array(GgufType::INT32, std::move(items)));
+    const std::string path = model_->dir.file(std::string(key) + ".gguf");
+    w.write(path);
+    return GgufFile::open(path);
+  };
+  const GgufFile a = with_ids("dspark.target_layer_ids", {1, 3, 4});
+  EXPECT_EQ(drafter_capture_layers(&a, 5), (std::vector<int>{1, 3, 4}));
+  const GgufFile b = with_ids("deepseek4.dspark.target_layer_ids", {40, 41, 42});
+  EXPECT_EQ(drafter_capture_layers(&b, 43), (std::vector<int>{40, 41, 42}));
+  EXPECT_THROW(drafter_capture_layers(&b, 5), std::runtime_error);
 }
 
 // The sampled rule keeps the target's distribution: over many draws with a

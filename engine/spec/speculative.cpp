@@ -6,7 +6,30 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "engine/gguf/file.h"
+
 namespace baton {
+
+std::vector<int> drafter_capture_layers(const GgufFile* f, int n_layer) {
+  std::vector<int> out;
+  const GgufValue* ids = nullptr;
+  for (const char* key : {"dspark.target_layer_ids", "deepseek4.dspark.target_layer_ids"}) {
+    if (f && !ids) ids = f->find(key);
+  }
+  if (ids) {
+    if (ids->type != GgufType::ARRAY) throw std::runtime_error("dspark.target_layer_ids is not an array");
+    for (const GgufValue& v : ids->items) {
+      const int64_t l = v.as_int();
+      if (l < 0 || l >= n_layer) {
+        throw std::runtime_error(fmt::format("dspark.target_layer_ids names layer {}; the model has {}", l, n_layer));
+      }
+      out.push_back(int(l));
+    }
+    return out;
+  }
+  for (int l = std::max(0, n_layer - 3); l < n_layer; ++l) out.push_back(l);
+  return out;
+}
 
 int32_t verify_sampled(std::span<const Sampler::Candidate> p, int32_t guess, double q_d, const float* q,
                        double u_accept, double u_draw, bool* kept) {

@@ -19,6 +19,15 @@
 
 namespace baton {
 
+class GgufFile;
+
+// The target layers whose outputs a DSpark drafter reads (their stream means,
+// concatenated: StageConfig::capture_layers): the file's
+// `dspark.target_layer_ids` (also read as `deepseek4.dspark.target_layer_ids`;
+// the drafter's file or the model's), else the last three of the model's
+// n_layer layers. Throws std::runtime_error for an id outside the model.
+std::vector<int> drafter_capture_layers(const GgufFile* f, int n_layer);
+
 // A draft of L tokens; `logits` (L x n_vocab, optional) are the draft's
 // scores each token was drawn from: the sampled verify rule takes
 // q = softmax(logits / T) from them. Without them each token counts as the
