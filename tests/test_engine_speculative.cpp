@@ -221,7 +221,7 @@ TEST_F(Speculative, GreedyEqualsPlainOnTiny) {
 // llama's cut is a plain one.
 TEST_F(Speculative, GreedyEqualsPlainOnLlama) {
   model_ = &llama();
-  greedy_equals_plain({1, 2}, 32, {Mode::Accept, Mode::Reject, Mode::Prefix}, {3});
+  greedy_equals_plain({1}, 32, {Mode::Accept, Mode::Reject, Mode::Prefix}, {3});
 }
 
 // Runs `t` into seq at its next positions, in chunks; every row's logits
