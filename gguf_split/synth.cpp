@@ -496,6 +496,37 @@ std::vector<TensorPlan> llama_tensors(const LlamaDims& d, DType type, int64_t n_
   return t;
 }
 
+// deepseek4-micro: the tiny model's layer kinds (sliding, ratio 4 with the
+// indexer, ratio 128; hash layers) at n_embd 64 with float matrices, far
+// cheaper per token: for tests that run thousands of forwards.
+Deepseek4Shape ds4_micro() {
+  Deepseek4Shape s = Deepseek4Shape::tiny();
+  s.n_embd = 64;
+  s.n_head = 2;
+  s.head_dim = 32;
+  s.rope_dim = 16;
+  s.q_lora_rank = 32;
+  s.o_lora_rank = 16;
+  s.o_groups = 2;
+  s.n_expert = 4;
+  s.n_expert_used = 2;
+  s.n_ff_exp = 32;
+  s.sliding_window = 16;
+  s.idx_n_head = 4;
+  s.idx_head_dim = 32;
+  s.idx_top_k = 4;
+  s.yarn_orig_ctx = 256;
+  return s;
+}
+
+// Every matrix in one float type.
+Ds4Types ds4_float_types(DType type) {
+  Ds4Types t;
+  t.embedding = t.output = t.hc_fn = t.attn = t.router = t.expert_gate_up = t.expert_down = t.shared_expert =
+      t.compressor = t.indexer = type;
+  return t;
+}
+
 std::vector<TensorPlan> ds4_tensors(const Deepseek4Shape& s, const Ds4Types& types) {
   std::vector<TensorPlan> t;
   auto add = [&](const Ds4TensorSpec& spec) {
@@ -549,6 +580,8 @@ const std::vector<SynthShapeInfo>& synth_shapes() {
        "Llama 3.1 8B dims: 32 layers, n_embd 4096, n_ff 14336, 32/8 heads, vocab 128256"},
       {"deepseek4-tiny", "deepseek4", "q2", {"q2", "q4"},
        "5 layers (sliding, ratio 4 + indexer, ratio 128; 3 hash layers), n_embd 256, 8 experts"},
+      {"deepseek4-micro", "deepseek4", "f32", {"f32", "f16"},
+       "deepseek4-tiny's 5 layer kinds at n_embd 64, 4 experts, window 16, float matrices (quick tests)"},
       {"deepseek4-flash", "deepseek4", "q2", {"q2", "q4"},
        "DeepSeek V4 Flash: 43 layers, 256 experts; q2 80.76 GiB, q4 ~153 GiB of tensors"},
   };
@@ -631,7 +664,9 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
     w.set("tokenizer.ggml.add_bos_token", GgufValue::of_bool(true));
     tensors = llama_tensors(d, dtype, result.n_vocab);
   } else {
-    Deepseek4Shape shape = info->name == "deepseek4-flash" ? Deepseek4Shape::flash() : Deepseek4Shape::tiny();
+    Deepseek4Shape shape = info->name == "deepseek4-flash"   ? Deepseek4Shape::flash()
+                           : info->name == "deepseek4-micro" ? ds4_micro()
+                                                             : Deepseek4Shape::tiny();
     shape.n_layer = layers_of(shape.n_layer);
     shape.compress_ratios.resize(size_t(shape.n_layer));
     shape.swiglu_clamp.resize(size_t(shape.n_layer));
@@ -646,7 +681,10 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
     w.set("tokenizer.ggml.padding_token_id", GgufValue::of_u32(2));
     w.set("tokenizer.ggml.add_bos_token", GgufValue::of_bool(true));
     w.set("tokenizer.ggml.add_eos_token", GgufValue::of_bool(false));
-    tensors = ds4_tensors(shape, type == "q4" ? Ds4Types::q4() : Ds4Types::q2());
+    tensors = ds4_tensors(shape, type == "f32"   ? ds4_float_types(DType::F32)
+                                 : type == "f16" ? ds4_float_types(DType::F16)
+                                 : type == "q4"  ? Ds4Types::q4()
+                                                 : Ds4Types::q2());
   }
   w.set("general.name", GgufValue::of_str(fmt::format("baton-synth {}-{}", info->name, type)));
   if (o.layers > 0) w.set("baton.synth.layers", GgufValue::of_u32(uint32_t(o.layers)));

@@ -309,3 +309,51 @@ TEST(CliRun, StatsStartTheirOwnLineWhenBothStreamsShareAPipe) {
 
 }  // namespace
 }  // namespace baton
+
+namespace baton {
+namespace {
+
+// --draft (docs/SPECULATIVE.md): with each test draft source the output is
+// the plain greedy output, token for token, on a deepseek4 written here;
+// the guesses kept say which source ran.
+TEST(CliRun, DraftedGreedyOutputEqualsPlain) {
+  test::TempDir dir;
+  const std::string model = dir.file("micro.gguf");
+  auto s = test::run_command({test::baton_binary(), "synth", "--quiet", "--shape", "deepseek4-micro", "-o", model});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  const std::vector<std::string> common = {"-m", model, "-p", "Once upon a time", "-n", "40", "--temp", "0",
+                                           "--ignore-eos", "--json", "--threads", "1"};
+  auto plain = baton_run(common);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const auto want = nlohmann::json::parse(plain.out)["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(want.size(), 40u);
+  for (const char* mode : {"forced-accept", "forced-reject", "forced-prefix"}) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), {"--draft", mode, "--draft-max", "3"});
+    auto r = baton_run(args);
+    ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want) << mode;
+    EXPECT_EQ(j["text"], nlohmann::json::parse(plain.out)["text"]) << mode;
+    const auto& d = j["draft"];
+    if (std::string(mode) == "forced-accept") {
+      EXPECT_EQ(d["accepted"], d["drafted"]);
+    } else if (std::string(mode) == "forced-reject") {
+      EXPECT_EQ(d["verifies"], 39);
+      EXPECT_EQ(d["accepted"], 0);
+    }
+  }
+  // Refused before loading: sampling, an unknown source, the length.
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--draft", "forced-accept", "--temp", "0.8"},
+                                              std::vector<std::string>{"--draft", "guess"},
+                                              std::vector<std::string>{"--draft", "forced-accept", "--draft-max", "8"}}) {
+    std::vector<std::string> args = {"-m", model, "-n", "4"};
+    args.insert(args.end(), bad.begin(), bad.end());
+    auto r = baton_run(args);
+    EXPECT_NE(r.exit_code, 0) << bad[1];
+    EXPECT_NE(r.err.find("--draft"), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace baton

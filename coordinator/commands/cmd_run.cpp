@@ -37,6 +37,8 @@
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
 #include "engine/runtime/stage.h"
+#include "engine/spec/forced_draft.h"
+#include "engine/spec/speculative.h"
 #include "engine/text/tokenizer.h"
 #include "net/log.h"
 #include "net/log_options.h"
@@ -77,6 +79,8 @@ struct RunOptions {
   std::string link = "auto";  // stage links with --workers: auto, tcp, nccl
   uint64_t mem_limit = 0;           // --mem-limit: the stage's (or each worker's) cap; 0 none
   std::vector<uint64_t> worker_mem_limits;  // from a config's [[node]] memory, one per worker
+  std::string draft = "none";  // --draft: speculative decoding with a test draft source
+  int draft_max = 5;           // --draft-max: guesses per verify
 };
 
 // Loading progress is worth a line on stderr for real models, or when asked.
@@ -160,6 +164,13 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "with --workers: inject a fault into every worker, for tests (baton worker --fault)")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
+      ("draft", po::value<std::string>(&r.draft)->default_value("none"),
+       "speculative decoding with a test draft source (docs/SPECULATIVE.md), CPU, one process, --temp 0: "
+       "forced-accept (guesses the model's own greedy output, from a plain run first), forced-reject "
+       "(guesses it never picks) or forced-prefix (right for a random number of guesses); the text is the "
+       "plain run's; none = plain decoding")
+      ("draft-max", po::value<int>(&r.draft_max)->default_value(5),
+       "with --draft: tokens guessed per verify forward, 1..7")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -225,7 +236,20 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
   if (r.threads_per_worker < 0) throw std::invalid_argument("--threads-per-worker must be >= 0");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  if (r.draft != "none") {
+    if (r.draft != "forced-accept" && r.draft != "forced-reject" && r.draft != "forced-prefix") {
+      throw std::invalid_argument("--draft must be none, forced-accept, forced-reject or forced-prefix, got '" +
+                                  r.draft + "'");
+    }
+    if (r.draft_max < 1 || r.draft_max > 7) throw std::invalid_argument("--draft-max must be in 1..7");
+    if (r.sampling.temperature != 0) throw std::invalid_argument("--draft checks the greedy output: give --temp 0");
+    if (r.workers > 0) throw std::invalid_argument("--draft runs in one process (no --workers)");
+    if (vm["backend"].defaulted()) backend = "cpu";
+  }
   r.backend = resolve_backend(backend, &r.backend_note);
+  if (r.draft != "none" && r.backend != Backend::Cpu) {
+    throw CommandError("--draft runs on the CPU backend only (--backend cpu)", kExitRefused);
+  }
   return r;
 }
 
@@ -274,6 +298,56 @@ Generated generate(const RunOptions& opt, const Tokenizer& tok, int32_t first,
     ++g.decode_steps;
   }
   g.decode_s = seconds_since(t0);
+  return g;
+}
+
+// --draft: the plain greedy output first (the test draft sources guess from
+// it), then the same prompt again with drafts, streamed; the drafted run's
+// output, which equals the plain one token for token.
+Generated generate_drafted(const RunOptions& opt, const Tokenizer& tok, StageRunner& stage,
+                           const std::vector<int32_t>& prompt, SpecStats* stats) {
+  struct NoDraft final : DraftSource {
+    Draft propose(int32_t, int64_t, int) override { return {}; }
+    void committed(std::span<const int32_t>, int64_t, std::span<const float>) override {}
+  };
+  const int32_t n_vocab = int32_t(stage.n_vocab());
+  SpecOptions o;
+  o.n_predict = opt.n_predict;
+  if (!opt.ignore_eos) {
+    for (int32_t id = 0; id < n_vocab; ++id) {
+      if (tok.is_eog(id)) o.stop_tokens.push_back(id);
+    }
+  }
+  o.max_draft = 0;
+  NoDraft none;
+  Sampler plain(opt.sampling, n_vocab);
+  stage.reset(0);
+  const std::vector<int32_t> reference = speculative_generate(stage, 0, prompt, plain, none, o).tokens;
+  stage.reset(0);
+  using Mode = ForcedDraft::Mode;
+  const Mode mode = opt.draft == "forced-accept" ? Mode::Accept : opt.draft == "forced-reject" ? Mode::Reject : Mode::Prefix;
+  ForcedDraft draft(mode, int64_t(prompt.size()), reference, n_vocab, opt.sampling.seed);
+  Generated g;
+  // Decode time runs from the first token (sampled after the prefill), as
+  // in generate(); the rate counts the tokens after it.
+  std::optional<std::chrono::steady_clock::time_point> first;
+  o.max_draft = opt.draft_max;
+  o.on_token = [&](int32_t id) {
+    if (!first) first = std::chrono::steady_clock::now();
+    const std::string piece = tok.token_to_piece(id);
+    g.text += piece;
+    if (!opt.json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  };
+  Sampler sampler(opt.sampling, n_vocab);
+  const SpecResult r = speculative_generate(stage, 0, prompt, sampler, draft, o);
+  g.decode_s = first ? seconds_since(*first) : 0.0;
+  g.decode_steps = int(std::max<size_t>(r.tokens.size(), 1) - 1);
+  g.tokens = r.tokens;
+  g.stop = r.stop == "stop token" ? "end of generation" : r.stop;
+  *stats = r.stats;
   return g;
 }
 
@@ -489,6 +563,7 @@ int run(const RunOptions& opt) {
   sc.n_ctx = opt.n_ctx;
   sc.n_threads = opt.n_threads;
   sc.max_batch = opt.batch;
+  if (opt.draft != "none") sc.verify_rows = opt.draft_max + 1;
   LoadOptions load;
   load.slot_bytes = opt.staging_mb << 20;
   // The dry-run plan checks the architecture and every tensor before the
@@ -533,13 +608,19 @@ int run(const RunOptions& opt) {
   for (size_t i = 0; i < n_top; ++i) top.push_back({order[i], logits[size_t(order[i])]});
 
   Sampler sampler(opt.sampling, int32_t(stage.n_vocab()));
-  const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;
-  const Generated gen = generate(
-      opt, *tokenizer, first, [&] { return stage.position(0) >= stage.n_ctx(); },
-      [&](int32_t in) {
-        logits = stage.forward(0, std::span<const int32_t>(&in, 1));
-        return sampler.sample(logits);
-      });
+  SpecStats spec;
+  Generated gen;
+  if (opt.draft != "none") {
+    gen = generate_drafted(opt, *tokenizer, stage, prompt, &spec);
+  } else {
+    const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;
+    gen = generate(
+        opt, *tokenizer, first, [&] { return stage.position(0) >= stage.n_ctx(); },
+        [&](int32_t in) {
+          logits = stage.forward(0, std::span<const int32_t>(&in, 1));
+          return sampler.sample(logits);
+        });
+  }
   report_run(
       opt, {model_path, stage.arch().name(), stage.n_ctx(), prompt, prefill_s, gen},
       [&](nlohmann::json& j) {
@@ -548,8 +629,18 @@ int run(const RunOptions& opt) {
         j["threads"] = opt.n_threads;
         j["top_logits"] = top;
         j["memory_plan"] = plan;
+        if (opt.draft != "none") {
+          j["draft"] = {{"mode", opt.draft},
+                        {"max", opt.draft_max},
+                        {"verifies", spec.verifies},
+                        {"drafted", spec.drafted},
+                        {"accepted", spec.accepted}};
+        }
       },
-      "");
+      opt.draft == "none" ? std::string()
+                          : "; " + opt.draft + ": " + std::to_string(spec.verifies) + " verifies, " +
+                                std::to_string(spec.accepted) + " of " + std::to_string(spec.drafted) +
+                                " guesses kept");
   return 0;
 }
 

@@ -406,6 +406,12 @@ const float* Deepseek4Arch::forward(const ForwardArgs& a) const {
       }
     }
   }
+  for (int l : a.capture_layers) {
+    if (a.capture && !a.layers.contains(l)) {
+      throw std::invalid_argument(fmt::format("deepseek4: capture of layer {}, outside the forward's layers {}..{}", l,
+                                              a.layers.first, a.layers.last));
+    }
+  }
   for (int l = a.layers.first; l <= a.layers.last; ++l) {
     if (s_.is_hash_layer(l) && !a.tokens) {
       throw std::invalid_argument(fmt::format(
@@ -439,6 +445,7 @@ const float* Deepseek4Arch::forward(const ForwardArgs& a) const {
     moe(r, l);
     if (a.tp) a.tp->sum(r.ws(L.h_out), size_t(B * E));
     hc_post(r);
+    if (a.capture) capture(r, l);
   }
   if (!a.head) return x;
   float* logits = r.ws(L.logits);

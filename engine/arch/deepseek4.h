@@ -102,6 +102,18 @@ class Deepseek4Arch : public Arch {
   // The window ring overwrites old raw rows and the compressors pool rows
   // as they arrive: no earlier position's state survives.
   bool kv_truncatable() const override { return false; }
+  // Rollback (deepseek4_spec.cpp): per layer, the window ring's slots and
+  // the compressors' state slots (kv and gate rows; the indexer's too) of the
+  // forward's positions. Compressed and index rows need nothing: a row is
+  // read only once its window is complete, and a window completed by a
+  // rejected token is pooled again when the kept tokens complete it.
+  uint64_t rollback_floats(LayerRange layers, int64_t n_ctx, int64_t rows) const override;
+  int64_t rollback_max_rows(LayerRange layers, int64_t n_ctx) const override;
+  void save_rollback(const KvCache& kv, int seq, LayerRange layers, int64_t pos0, int64_t n,
+                     float* out) const override;
+  void restore_rollback(KvCache& kv, int seq, LayerRange layers, int64_t pos0, int64_t n, int64_t keep,
+                        const float* saved) const override;
+  bool can_capture() const override { return true; }
   int64_t boundary_elems_per_token() const override { return s_.boundary_elems_per_token(); }
   uint64_t workspace_bytes(const WorkspaceShape& shape) const override;
   const float* forward(const ForwardArgs& args) const override;
@@ -133,6 +145,11 @@ class Deepseek4Arch : public Arch {
   void select_rows(const Run& r, int layer) const;        // indexer top-k -> itop
   void moe(const Run& r, int layer) const;                // h -> h_out
   void head(const Run& r, float* logits) const;
+  void capture(const Run& r, int layer) const;            // mean of x's streams -> ForwardArgs::capture
+  // (save) copies the ring slots of the forward's positions to `buf`, or
+  // (restore) puts back those of positions pos0 + keep and later.
+  void rollback_copy(KvCache& kv, int seq, LayerRange layers, int64_t pos0, int64_t n, int64_t keep, float* buf,
+                     bool restore) const;
 
   int tp_rank_ = 0;  // a rank file's rank (baton.tp.rank); its size is s_.tp_size
   std::string name_ = "deepseek4";

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,13 @@ struct ForwardArgs {
   // Tensor parallelism: the ranks of the group sum their partial results
   // and gather the head's vocabulary slices through it (null: one rank).
   TpComm* tp = nullptr;
+  // Hidden-state capture (speculative decoding's drafter input,
+  // docs/SPECULATIVE.md): when `capture` is set, token t's row of
+  // capture_layers.size() x n_embd floats gets, for each listed layer (in
+  // list order, each inside `layers`), that layer's output averaged over the
+  // residual streams. Only where Arch::can_capture().
+  std::span<const int> capture_layers;
+  float* capture = nullptr;
 };
 
 // The checks every architecture's forward makes first: the token count, the
@@ -137,6 +145,33 @@ class Arch {
   // (deepseek4's window ring and compressor pooling): such a sequence can
   // only be continued from its end or reset (the prefix cache, docs/MEMORY.md).
   virtual bool kv_truncatable() const { return true; }
+  // Rolling back a forward (speculative verify, docs/SPECULATIVE.md). For
+  // an architecture whose KV cannot be cut anywhere, the state rows that a
+  // forward of n tokens at pos0 overwrites and that the sequence needs when
+  // only its first `keep` tokens are kept are saved before it runs
+  // (save_rollback) and put back after (restore_rollback): then the state is
+  // the state of a forward of those `keep` tokens alone. Floats saved for
+  // `rows` tokens (0: nothing needed); the most rows one save covers (the
+  // shortest ring of the range, whose slots must stay distinct).
+  virtual uint64_t rollback_floats(LayerRange layers, int64_t n_ctx, int64_t rows) const {
+    (void)layers, (void)n_ctx, (void)rows;
+    return 0;
+  }
+  virtual int64_t rollback_max_rows(LayerRange layers, int64_t n_ctx) const {
+    (void)layers;
+    return n_ctx;
+  }
+  virtual void save_rollback(const KvCache& kv, int seq, LayerRange layers, int64_t pos0, int64_t n,
+                             float* out) const {
+    (void)kv, (void)seq, (void)layers, (void)pos0, (void)n, (void)out;
+  }
+  virtual void restore_rollback(KvCache& kv, int seq, LayerRange layers, int64_t pos0, int64_t n, int64_t keep,
+                                const float* saved) const {
+    (void)kv, (void)seq, (void)layers, (void)pos0, (void)n, (void)keep, (void)saved;
+  }
+  // True when forward fills ForwardArgs::capture.
+  virtual bool can_capture() const { return false; }
+
   // Floats per token that cross a stage boundary (llama: one hidden vector).
   virtual int64_t boundary_elems_per_token() const = 0;
 

@@ -54,6 +54,14 @@ void StageRunner::truncate(int seq, int64_t n) {
   set_position(seq, n);
 }
 
+ForwardRows StageRunner::forward_rows(int, std::span<const int32_t>, const ForwardOptions&) {
+  throw std::logic_error(fmt::format("verify forwards are not supported on this backend ({})", backend_name(backend())));
+}
+
+void StageRunner::truncate_seq(int, int64_t) {
+  throw std::logic_error(fmt::format("rollback is not supported on this backend ({})", backend_name(backend())));
+}
+
 int64_t StageRunner::check_batch(std::span<const BatchChunk> chunks) const {
   return baton::check_batch(chunks, config().n_seq, config().max_batch, config().n_ctx,
                             [this](int seq) { return position(seq); });
@@ -149,6 +157,10 @@ class CpuStageRunner final : public StageRunner {
   std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens) override {
     return stage_.forward(seq, activations, n_tokens);
   }
+  ForwardRows forward_rows(int seq, std::span<const int32_t> tokens, const ForwardOptions& options) override {
+    return stage_.forward_rows(seq, tokens, options);
+  }
+  void truncate_seq(int seq, int64_t n) override { stage_.truncate_seq(seq, n); }
   int64_t position(int seq) const override { return stage_.position(seq); }
   void reset(int seq) override { stage_.reset(seq); }
   void set_position(int seq, int64_t n) override { stage_.truncate(seq, n); }

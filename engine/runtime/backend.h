@@ -138,6 +138,14 @@ class StageRunner {
   // std::invalid_argument with the reason otherwise.
   void truncate(int seq, int64_t n);
 
+  // Speculative decoding (docs/SPECULATIVE.md), as Stage::forward_rows and
+  // Stage::truncate_seq: a verify forward with every row's logits, a
+  // checkpoint and the drafter's hidden rows, and the cut back to the
+  // accepted position. The defaults throw std::logic_error ("not supported
+  // on this backend"); the CPU runner has both.
+  virtual ForwardRows forward_rows(int seq, std::span<const int32_t> tokens, const ForwardOptions& options);
+  virtual void truncate_seq(int seq, int64_t n);
+
   virtual const Arch& arch() const = 0;
   virtual const StageConfig& config() const = 0;  // resolved (Stage::resolve)
   int64_t n_ctx() const { return config().n_ctx; }

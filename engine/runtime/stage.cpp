@@ -24,6 +24,22 @@ StageConfig Stage::resolve(const Arch& arch, StageConfig c) {
   if (c.n_threads < 1) throw std::invalid_argument(fmt::format("thread count must be >= 1, got {}", c.n_threads));
   // A batch holds at most one chunk per sequence, each within the context.
   c.max_batch = std::min(c.max_batch, c.n_ctx * c.n_seq);
+  if (c.verify_rows < 0 || c.verify_rows > c.max_batch) {
+    throw std::invalid_argument(
+        fmt::format("verify rows must be in 0..{} (the batch), got {}", c.max_batch, c.verify_rows));
+  }
+  const LayerRange range{c.first_layer, c.last_layer};
+  if (c.verify_rows > 0 && !arch.kv_truncatable() && c.verify_rows > arch.rollback_max_rows(range, c.n_ctx)) {
+    throw std::invalid_argument(fmt::format("{}: a verify forward can be rolled back over at most {} tokens, got {}",
+                                            arch.name(), arch.rollback_max_rows(range, c.n_ctx), c.verify_rows));
+  }
+  for (int l : c.capture_layers) {
+    if (!arch.can_capture()) throw std::invalid_argument(arch.name() + ": no hidden-state capture");
+    if (!range.contains(l)) {
+      throw std::invalid_argument(fmt::format("capture of layer {}: outside the stage's layers {}",
+                                              l, layer_range_text(c.first_layer, c.last_layer)));
+    }
+  }
   return c;
 }
 
@@ -34,15 +50,26 @@ WorkspaceShape Stage::workspace_shape(const StageConfig& c) {
   s.n_threads = c.n_threads;
   s.embedding = c.embedding;
   s.head = c.head;
-  s.max_logit_rows = c.all_logits ? c.max_batch : 1;
+  s.max_logit_rows = c.all_logits ? c.max_batch : std::max<int64_t>(1, c.verify_rows);
   s.layers = {c.first_layer, c.last_layer};
   return s;
+}
+
+uint64_t Stage::workspace_line(const Arch& arch, const StageConfig& c, uint64_t* capture_at, uint64_t* rollback_at) {
+  uint64_t at = arch.workspace_bytes(workspace_shape(c));
+  const uint64_t capture = uint64_t(c.max_batch) * c.capture_layers.size() * uint64_t(arch.dims().n_embd) * sizeof(float);
+  const uint64_t rollback = arch.rollback_floats({c.first_layer, c.last_layer}, c.n_ctx, c.verify_rows) * sizeof(float);
+  if (capture + rollback > 0) at = align_up(at);  // the architecture's figure stays exact without them
+  if (capture_at) *capture_at = at;
+  at += align_up(capture);
+  if (rollback_at) *rollback_at = at;
+  return at + rollback;
 }
 
 namespace {
 
 MemoryPlan make_plan(const Arch& arch, const StageConfig& c, const WeightLayout& layout,
-                     const WorkspaceShape& ws) {
+                     const WorkspaceShape& ws, uint64_t ws_bytes) {
   LayerRange range{c.first_layer, c.last_layer};
   MemoryPlan plan;
   plan.add(PlanLine::Weights, layout.bytes,
@@ -54,9 +81,11 @@ MemoryPlan make_plan(const Arch& arch, const StageConfig& c, const WeightLayout&
                                     : fmt::format(" x {} B", arch.kv_bytes_per_token_per_layer());
   plan.add(PlanLine::KvCache, KvCache::bytes_needed(arch, range, c.n_seq, c.n_ctx),
            fmt::format("{} layers x {} seq x {} ctx{}", range.count(), c.n_seq, c.n_ctx, per_token));
-  plan.add(PlanLine::Workspace, arch.workspace_bytes(ws),
-           fmt::format("batch {}, {} threads{}", ws.max_batch, ws.n_threads,
-                       c.head ? fmt::format(", {} logit rows", ws.max_logit_rows) : ""));
+  plan.add(PlanLine::Workspace, ws_bytes,
+           fmt::format("batch {}, {} threads{}{}{}", ws.max_batch, ws.n_threads,
+                       c.head ? fmt::format(", {} logit rows", ws.max_logit_rows) : "",
+                       c.verify_rows ? fmt::format(", verify {} rows", c.verify_rows) : "",
+                       c.capture_layers.empty() ? "" : fmt::format(", capture {} layers", c.capture_layers.size())));
   return plan;
 }
 
@@ -66,7 +95,7 @@ MemoryPlan Stage::plan(const GgufFile& f, const StageConfig& config) {
   auto arch = Arch::from_gguf(f);
   StageConfig c = resolve(*arch, config);
   WeightLayout layout = Model::plan(f, *arch, {{c.first_layer, c.last_layer}, c.embedding, c.head});
-  return make_plan(*arch, c, layout, workspace_shape(c));
+  return make_plan(*arch, c, layout, workspace_shape(c), workspace_line(*arch, c));
 }
 
 Stage::Stage(const GgufFile& f, const StageConfig& config) : Stage(f, config, LoadOptions{}) {}
@@ -79,16 +108,23 @@ Stage::Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& lo
       model_(f, [&] {
         WeightLayout layout = Model::plan(f, *arch_, {{config_.first_layer, config_.last_layer}, config_.embedding,
                                                       config_.head});
-        plan_ = make_plan(*arch_, config_, layout, workspace_shape(config_));
+        plan_ = make_plan(*arch_, config_, layout, workspace_shape(config_), workspace_line(*arch_, config_));
         return layout;
       }(), load, &load_stats_),
       kv_(*arch_, {config_.first_layer, config_.last_layer}, config_.n_seq, config_.n_ctx),
-      workspace_(arch_->workspace_bytes(workspace_shape(config_))),
-      pool_(config_.n_threads) {}
+      workspace_(workspace_line(*arch_, config_)),
+      pool_(config_.n_threads) {
+  workspace_line(*arch_, config_, &capture_at_, &rollback_at_);
+}
 
 std::span<const float> Stage::forward(int seq, std::span<const int32_t> tokens) {
   if (!config_.embedding) throw std::logic_error("this stage has no embedding: give it boundary activations");
-  return run(seq, tokens.data(), nullptr, int64_t(tokens.size()));
+  return run(seq, tokens.data(), nullptr, int64_t(tokens.size()), {}).out;
+}
+
+ForwardRows Stage::forward_rows(int seq, std::span<const int32_t> tokens, const ForwardOptions& options) {
+  if (!config_.embedding) throw std::logic_error("forward_rows: this stage has no embedding");
+  return run(seq, tokens.data(), nullptr, int64_t(tokens.size()), options);
 }
 
 std::span<const float> Stage::forward(int seq, std::span<const float> activations, int64_t n_tokens) {
@@ -97,7 +133,12 @@ std::span<const float> Stage::forward(int seq, std::span<const float> activation
     throw std::invalid_argument(fmt::format("stage input: {} floats for {} tokens of width {}", activations.size(),
                                             n_tokens, boundary_width()));
   }
-  return run(seq, nullptr, activations.data(), n_tokens);
+  return run(seq, nullptr, activations.data(), n_tokens, {}).out;
+}
+
+void Stage::reset(int seq) {
+  kv_.clear(seq);
+  if (checkpoint_.seq == seq) checkpoint_.seq = -1;
 }
 
 void Stage::truncate(int seq, int64_t n) {
@@ -105,9 +146,32 @@ void Stage::truncate(int seq, int64_t n) {
     throw std::out_of_range(fmt::format("sequence {} holds {} positions; cannot keep {}", seq, kv_.length(seq), n));
   }
   kv_.set_length(seq, n);
+  if (checkpoint_.seq == seq) checkpoint_.seq = -1;
 }
 
-std::span<const float> Stage::run(int seq, const int32_t* tokens, const float* input, int64_t n_tokens) {
+void Stage::truncate_seq(int seq, int64_t n) {
+  const int64_t have = kv_.length(seq);  // also checks seq
+  if (n < 0 || n > have) {
+    throw std::out_of_range(fmt::format("sequence {} holds {} positions; cannot keep {}", seq, have, n));
+  }
+  if (n == have) return;
+  if (n == 0) return reset(seq);
+  if (arch_->kv_truncatable()) return truncate(seq, n);
+  const Checkpoint& c = checkpoint_;
+  if (c.seq != seq || n < c.pos0) {
+    const std::string can = c.seq == seq ? fmt::format("{}..{} (its last verify forward) or 0", c.pos0, have)
+                                         : fmt::format("{} or 0 (no checkpointed forward)", have);
+    throw std::invalid_argument(fmt::format("{}: sequence {} holds {} positions and can keep {}, not {}",
+                                            arch_->name(), seq, have, can, n));
+  }
+  arch_->restore_rollback(kv_, seq, layers(), c.pos0, c.n, n - c.pos0,
+                          reinterpret_cast<const float*>(workspace_.data() + rollback_at_));
+  // The saved rows stay valid: a later cut inside [pos0, n] restores a
+  // superset of these slots with the same values.
+  kv_.set_length(seq, n);
+}
+
+ForwardRows Stage::run(int seq, const int32_t* tokens, const float* input, int64_t n_tokens, const ForwardOptions& o) {
   const int64_t pos0 = kv_.length(seq);  // also checks seq
   if (n_tokens < 1 || n_tokens > config_.max_batch) {
     throw std::invalid_argument(
@@ -128,15 +192,39 @@ std::span<const float> Stage::run(int seq, const int32_t* tokens, const float* i
   a.n_tokens = n_tokens;
   a.tokens = tokens;
   a.input = input;
-  a.logit_rows = config_.all_logits ? n_tokens : 1;
+  a.logit_rows = config_.all_logits || o.all_logits ? n_tokens : 1;
+  if (a.head && a.logit_rows > std::max<int64_t>(1, config_.all_logits ? config_.max_batch : config_.verify_rows)) {
+    throw std::invalid_argument(fmt::format("logits for {} rows: the stage was planned for {} (verify rows)", n_tokens,
+                                            config_.verify_rows));
+  }
+  if (o.checkpoint && n_tokens > config_.verify_rows) {
+    throw std::invalid_argument(fmt::format("a checkpointed forward takes 1..{} tokens (the verify rows), got {}",
+                                            config_.verify_rows, n_tokens));
+  }
+  if (o.capture && config_.capture_layers.empty()) {
+    throw std::invalid_argument("capture: the stage was planned without capture layers");
+  }
+  float* hidden = reinterpret_cast<float*>(workspace_.data() + capture_at_);
+  if (o.capture) {
+    a.capture_layers = config_.capture_layers;
+    a.capture = hidden;
+  }
   a.workspace = workspace_.data();
   a.shape = workspace_shape(config_);
   a.pool = &pool_;
   a.tp = config_.tp;
+  // Any forward on seq moves it past what an earlier checkpoint describes.
+  if (checkpoint_.seq == seq) checkpoint_.seq = -1;
+  if (o.checkpoint) {
+    arch_->save_rollback(kv_, seq, layers(), pos0, n_tokens,
+                         reinterpret_cast<float*>(workspace_.data() + rollback_at_));
+  }
   const float* out = arch_->forward(a);
   kv_.set_length(seq, pos0 + n_tokens);
+  if (o.checkpoint) checkpoint_ = {seq, pos0, n_tokens};
   const int64_t rows = config_.head ? a.logit_rows : n_tokens;
-  return {out, size_t(rows * output_width())};
+  const size_t n_hidden = o.capture ? size_t(n_tokens) * config_.capture_layers.size() * size_t(arch_->dims().n_embd) : 0;
+  return {{out, size_t(rows * output_width())}, {hidden, n_hidden}};
 }
 
 }  // namespace baton

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/model/arch.h"
 #include "engine/runtime/kv_cache.h"
@@ -36,8 +37,30 @@ struct StageConfig {
   // A tensor-parallel rank's link to the other ranks of its group (a rank
   // file of `baton split --tp`); null for a whole model. Not owned.
   TpComm* tp = nullptr;
+  // Speculative decoding (docs/SPECULATIVE.md). verify_rows: the most tokens
+  // of a verify forward (ForwardOptions: logits for every row, and a
+  // checkpoint that truncate_seq cuts back into); 0: none. At most
+  // max_batch, and where the KV cannot be cut anywhere at most what one
+  // rollback covers (Arch::rollback_max_rows). capture_layers: the layers
+  // whose output a forward can capture for a drafter, each inside the range
+  // (Arch::can_capture). Both are planned in the workspace line.
+  int64_t verify_rows = 0;
+  std::vector<int> capture_layers = {};
 
   static constexpr int64_t kDefaultMaxCtx = 4096;
+};
+
+// Per-call choices of Stage::forward_rows.
+struct ForwardOptions {
+  bool all_logits = false;  // logits for every token (at most verify_rows, or any with all_logits)
+  bool checkpoint = false;  // keep what truncate_seq needs to cut back into this forward (<= verify_rows tokens)
+  bool capture = false;     // the hidden rows of StageConfig::capture_layers, one per token
+};
+
+// What forward_rows returns; both spans stay valid until the next forward.
+struct ForwardRows {
+  std::span<const float> out;     // logits (last stage) or boundary activations, as forward()
+  std::span<const float> hidden;  // capture: n_tokens x capture_layers.size() x n_embd; else empty
 };
 
 class Stage {
@@ -60,14 +83,27 @@ class Stage {
   std::span<const float> forward(int seq, std::span<const int32_t> tokens);
   std::span<const float> forward(int seq, std::span<const float> activations, int64_t n_tokens);
 
+  // forward() with per-call options (speculative verify: every row's
+  // logits, a checkpoint, the hidden rows a drafter reads).
+  ForwardRows forward_rows(int seq, std::span<const int32_t> tokens, const ForwardOptions& options);
+
   // Positions of seq already in the KV cache; reset() forgets them.
   int64_t position(int seq) const { return kv_.length(seq); }
-  void reset(int seq) { kv_.clear(seq); }
+  void reset(int seq);
   // Keeps the first n positions (n <= position(seq)); the caller checks that
   // the architecture allows it (StageRunner::truncate).
   void truncate(int seq, int64_t n);
+  // Keeps the first n positions of seq, leaving exactly the state of a
+  // sequence that ran only those: anywhere where the architecture's KV can
+  // be cut (Arch::kv_truncatable); otherwise 0, position(seq), or a position
+  // inside the sequence's last forward when that forward was checkpointed
+  // and nothing ran on seq since (a verify's accepted tokens). Throws
+  // std::out_of_range (beyond the positions) or std::invalid_argument
+  // (outside the checkpoint) otherwise, saying what could be kept.
+  void truncate_seq(int seq, int64_t n);
 
   const Arch& arch() const { return *arch_; }
+  const KvCache& kv() const { return kv_; }  // for tests and diagnostics
   const StageConfig& config() const { return config_; }
   LayerRange layers() const { return {config_.first_layer, config_.last_layer}; }
   int64_t n_ctx() const { return config_.n_ctx; }
@@ -84,7 +120,19 @@ class Stage {
 
  private:
   static WorkspaceShape workspace_shape(const StageConfig& c);
-  std::span<const float> run(int seq, const int32_t* tokens, const float* input, int64_t n_tokens);
+  // Bytes of the workspace line: the architecture's workspace, then the
+  // capture rows, then the rollback rows (offsets in *capture_at, *rollback_at).
+  static uint64_t workspace_line(const Arch& arch, const StageConfig& c, uint64_t* capture_at = nullptr,
+                                 uint64_t* rollback_at = nullptr);
+  ForwardRows run(int seq, const int32_t* tokens, const float* input, int64_t n_tokens, const ForwardOptions& o);
+
+  // The last checkpointed forward (seq -1: none): truncate_seq may cut seq
+  // back to any position in [pos0, pos0 + n] while it stays valid.
+  struct Checkpoint {
+    int seq = -1;
+    int64_t pos0 = 0;
+    int64_t n = 0;
+  };
 
   std::unique_ptr<Arch> arch_;
   StageConfig config_;
@@ -94,6 +142,8 @@ class Stage {
   KvCache kv_;
   AlignedBuffer workspace_;
   ThreadPool pool_;
+  uint64_t capture_at_ = 0, rollback_at_ = 0;  // offsets in workspace_ (set in the constructor's body)
+  Checkpoint checkpoint_;
 };
 
 }  // namespace baton

@@ -120,36 +120,61 @@ std::span<const PenaltyEntry> Sampler::penalty_entries() {
   return entries_;
 }
 
-int32_t Sampler::sample(std::span<const float> in) {
+std::span<const float> Sampler::penalized(std::span<const float> in) {
   if (in.size() != cand_.size()) {
     throw std::invalid_argument("sampler: got " + std::to_string(in.size()) + " logits for a vocabulary of " +
                                 std::to_string(cand_.size()));
   }
-  std::span<const float> logits = in;
-  if (params_.penalizes()) {
+  if (!params_.penalizes()) return in;
+  std::copy(in.begin(), in.end(), work_.begin());
+  build_entries(true);
+  apply_penalties(work_, entries_, params_.repeat_penalty, params_.presence_penalty, params_.frequency_penalty);
+  if (work_[size_t(argmax(work_))] == -INFINITY) {
+    // The ban left nothing (a grammar admits only the end): it gives way.
     std::copy(in.begin(), in.end(), work_.begin());
-    build_entries(true);
+    build_entries(false);
     apply_penalties(work_, entries_, params_.repeat_penalty, params_.presence_penalty, params_.frequency_penalty);
-    if (work_[size_t(argmax(work_))] == -INFINITY) {
-      // The ban left nothing (a grammar admits only the end): it gives way.
-      std::copy(in.begin(), in.end(), work_.begin());
-      build_entries(false);
-      apply_penalties(work_, entries_, params_.repeat_penalty, params_.presence_penalty, params_.frequency_penalty);
-    }
-    logits = work_;
   }
-  const int32_t id = draw(logits);
+  return work_;
+}
+
+int32_t Sampler::sample(std::span<const float> in) {
+  const int32_t id = draw(penalized(in));
   ++n_sampled_;
   if (params_.penalizes()) remember(id, true);
   return id;
 }
 
+std::span<const Sampler::Candidate> Sampler::distribution(std::span<const float> logits) {
+  filter(penalized(logits));
+  return last_candidates();
+}
+
+void Sampler::accept(int32_t id) {
+  ++n_sampled_;
+  if (params_.penalizes()) remember(id, true);
+}
+
 int32_t Sampler::draw(std::span<const float> logits) {
+  filter(logits);
+  if (params_.temperature <= 0.0f) return cand_[0].id;
+  // Inverse CDF; the last candidate takes whatever rounding leaves over.
+  const size_t keep = n_cand_;
+  const double u = rng_.uniform();
+  double acc = 0;
+  for (size_t i = 0; i + 1 < keep; ++i) {
+    acc += cand_[i].p;
+    if (u < acc) return cand_[i].id;
+  }
+  return cand_[keep - 1].id;
+}
+
+void Sampler::filter(std::span<const float> logits) {
   if (params_.temperature <= 0.0f) {
     int32_t id = argmax(logits);
     cand_[0] = {id, logits[size_t(id)], 1.0};
     n_cand_ = 1;
-    return id;
+    return;
   }
   const size_t n = logits.size();
   for (size_t i = 0; i < n; ++i) cand_[i] = {int32_t(i), logits[i] / params_.temperature, 0.0};
@@ -191,14 +216,6 @@ int32_t Sampler::draw(std::span<const float> logits) {
   for (size_t i = 0; i < keep; ++i) sum += cand_[i].p;
   for (size_t i = 0; i < keep; ++i) cand_[i].p /= sum;
   n_cand_ = keep;
-  // Inverse CDF; the last candidate takes whatever rounding leaves over.
-  const double u = rng_.uniform();
-  double acc = 0;
-  for (size_t i = 0; i + 1 < keep; ++i) {
-    acc += cand_[i].p;
-    if (u < acc) return cand_[i].id;
-  }
-  return cand_[keep - 1].id;
 }
 
 float token_logprobs(std::span<const float> logits, int32_t chosen, int top_n, std::vector<TokenLogprobEntry>* top) {

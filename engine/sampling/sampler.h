@@ -139,6 +139,17 @@ class Sampler {
   };
   std::span<const Candidate> last_candidates() const { return {cand_.data(), n_cand_}; }
 
+  // For speculative decoding's sampled verify (docs/SPECULATIVE.md): the
+  // distribution sample() would draw from for these logits now (penalties,
+  // the min_tokens ban, temperature and filters; greedy: the argmax with p
+  // 1), most likely first, without drawing or touching the output. Valid
+  // until the next call.
+  std::span<const Candidate> distribution(std::span<const float> logits);
+  // Adds id to the output as if sample() had drawn it.
+  void accept(int32_t id);
+  // A number in [0, 1) from the sampler's generator (53 bits).
+  double uniform() { return rng_.uniform(); }
+
   const SamplerParams& params() const { return params_; }
 
  private:
@@ -158,6 +169,8 @@ class Sampler {
   std::vector<float> work_;  // the penalized logits
 
   int32_t draw(std::span<const float> logits);
+  std::span<const float> penalized(std::span<const float> in);  // the logits after the penalties
+  void filter(std::span<const float> logits);                   // cand_[0, n_cand_): the distribution
   void remember(int32_t id, bool output);
   void build_entries(bool ban);
 };
