@@ -1,0 +1,113 @@
+#include "engine/dspark/dspark_weights.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "engine/gguf/file.h"
+
+namespace baton {
+
+namespace {
+
+bool needs_f32(Ds4Role r) {
+  return r == Ds4Role::Norm || r == Ds4Role::HcParam || r == Ds4Role::Sinks || r == Ds4Role::RouterBias;
+}
+
+}  // namespace
+
+std::optional<DsparkShape> dspark_shape_of(const GgufFile& model, const GgufFile* sidecar,
+                                           const Deepseek4Shape& target) {
+  if (sidecar) {
+    const std::string arch = sidecar->get_str("general.architecture", "");
+    if (arch != kDsparkArch && arch != "deepseek4") {
+      throw std::runtime_error(fmt::format("{}: general.architecture is '{}', not {} (a DSpark drafter file)",
+                                           sidecar->path(), arch, kDsparkArch));
+    }
+    auto d = DsparkShape::from_gguf(*sidecar, target);
+    if (!d) throw std::runtime_error(fmt::format("{}: no dspark.* keys: not a DSpark drafter file", sidecar->path()));
+    return d;
+  }
+  auto d = DsparkShape::from_gguf(model, target);
+  if (!d && model.find_tensor("mtp.0.main_proj.weight")) {
+    throw std::runtime_error(fmt::format("{}: holds mtp.* drafter tensors but no dspark.* keys", model.path()));
+  }
+  return d;
+}
+
+DsparkWeights::DsparkWeights(const GgufFile& f, const DsparkShape& shape, const std::vector<std::string>& extra)
+    : shape_(shape) {
+  shape_.validate();
+  struct Item {
+    const GgufTensorInfo* info;
+    uint64_t offset;
+  };
+  std::vector<Item> items;
+  uint64_t bytes = 0;
+  std::vector<std::string> missing;
+  auto place = [&](const GgufTensorInfo* t) {
+    items.push_back({t, bytes});
+    bytes += align_up(t->nbytes);
+  };
+  for (const Ds4TensorSpec& s : shape_.tensors()) {
+    const GgufTensorInfo* t = f.find_tensor(s.name);
+    known_[s.name] = t != nullptr;
+    if (!t) {
+      if (!s.optional) missing.push_back(s.name);
+      continue;
+    }
+    if (t->n_dims != s.shape.size() || !std::equal(s.shape.begin(), s.shape.end(), t->ne)) {
+      throw std::runtime_error(fmt::format("{}: drafter tensor {} has shape {}, expected {} ({})", f.path(), s.name,
+                                           tensor_shape_text(t->ne, t->n_dims),
+                                           tensor_shape_text(s.shape.data(), s.shape.size()), shape_.describe()));
+    }
+    if (needs_f32(s.role) ? t->type != DType::F32 : !dtype_info(t->type).compute) {
+      throw std::runtime_error(fmt::format("{}: drafter tensor {} has type {}, expected {}", f.path(), s.name,
+                                           dtype_name(t->type), needs_f32(s.role) ? "F32" : "a computable type"));
+    }
+    place(t);
+  }
+  if (!missing.empty()) {
+    throw std::runtime_error(fmt::format("{}: the drafter is missing {} tensor(s): {}{}", f.path(), missing.size(),
+                                         fmt::join(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 8), ", "),
+                                         missing.size() > 8 ? ", ..." : ""));
+  }
+  for (const std::string& name : extra) {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    if (!t) throw std::runtime_error(fmt::format("{}: missing tensor {}", f.path(), name));
+    known_[name] = true;
+    place(t);
+  }
+  buf_ = AlignedBuffer(bytes);
+  for (const Item& it : items) {
+    const GgufTensorInfo& t = *it.info;
+    f.read_tensor(t, buf_.data() + it.offset);
+    Tensor x;
+    x.name = t.name;
+    x.type = t.type;
+    std::copy(t.ne, t.ne + 4, x.ne);
+    x.data = buf_.data() + it.offset;
+    x.nbytes = t.nbytes;
+    x.row_bytes = t.row_bytes();
+    tensors_.emplace(t.name, x);
+  }
+}
+
+const Tensor* DsparkWeights::find(const std::string& name) const {
+  if (!known_.count(name)) throw std::logic_error("dspark: no drafter tensor " + name);
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+const Tensor& DsparkWeights::get(const std::string& name) const {
+  const Tensor* t = find(name);
+  if (!t) throw std::logic_error("dspark: optional tensor " + name + " asked for as required");
+  return *t;
+}
+
+const Tensor& DsparkWeights::stage(int k, const char* rest) const { return get(fmt::format("mtp.{}.{}", k, rest)); }
+
+const Tensor* DsparkWeights::stage_opt(int k, const char* rest) const { return find(fmt::format("mtp.{}.{}", k, rest)); }
+
+}  // namespace baton
