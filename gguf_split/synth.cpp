@@ -679,6 +679,7 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
 uint64_t write_dspark_file(const std::string& path, const DsparkShape& d, const Ds4Types& types, uint64_t seed,
                            bool with_target_io, SynthData mode) {
   GgufWriter w;
+  if (with_target_io) d.target.write_keys(w);  // the target's dims, for a reader of this file alone
   w.set("general.architecture", GgufValue::of_str(kDsparkArch));
   w.set("general.name", GgufValue::of_str("baton-synth DSpark drafter"));
   d.write_keys(w, false);

@@ -91,8 +91,9 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& optio
 
 // Writes a DSpark drafter sidecar of `shape` with random weights whose dtypes
 // come from `types` by role. With `with_target_io` it also holds the target's
-// token_embd.weight and output.weight (types.embedding, types.output): a
-// self-contained file for the draft network's tests. Returns the tensor bytes.
+// token_embd.weight and output.weight (types.embedding, types.output) and
+// the target's deepseek4.* keys: a self-contained file for the draft
+// network's tests. Returns the tensor bytes.
 struct DsparkShape;
 struct Ds4Types;
 uint64_t write_dspark_file(const std::string& path, const DsparkShape& shape, const Ds4Types& types, uint64_t seed,
