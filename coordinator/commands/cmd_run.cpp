@@ -37,6 +37,7 @@
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
 #include "engine/runtime/stage.h"
+#include "engine/dspark/dspark_weights.h"
 #include "engine/text/tokenizer.h"
 #include "net/log.h"
 #include "net/log_options.h"
@@ -65,6 +66,7 @@ struct RunOptions {
   Backend backend = Backend::Cpu;
   std::string backend_note;  // with --backend auto: which one, and why
   uint64_t staging_mb = 64;
+  std::string draft;  // --draft: the DSpark drafter's sidecar
   bool progress = false;
   int workers = 0;  // > 0: run through a local cluster of this many worker processes
   int tp = 1;       // > 1: each of the `workers` stages on this many ranks (rank files made for the run)
@@ -131,6 +133,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "refused with exit status 2 when the build has no CUDA or no GPU is present)")
       ("staging-mb", po::value<uint64_t>(&r.staging_mb)->default_value(64),
        "MiB of each of the loader's 4 staging buffers (pinned host memory with --backend cuda)")
+      ("draft", po::value<std::string>(&r.draft),
+       "DeepSeek V4: the DSpark drafter's sidecar GGUF (general.architecture deepseek4-dspark); checked "
+       "before loading, every tensor by name and shape (default: the model file's own mtp.* drafter, if any)")
       ("progress", po::bool_switch(&r.progress),
        "show loading progress on stderr (always shown for models of 256 MiB or more)")
       ("workers", po::value<int>(&r.workers)->default_value(0),
@@ -225,6 +230,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
   if (r.threads_per_worker < 0) throw std::invalid_argument("--threads-per-worker must be >= 0");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  if (!r.draft.empty() && (r.workers > 0 || !r.parts.empty())) {
+    throw std::invalid_argument("--draft runs with the whole model in this process (no --workers or --parts)");
+  }
   r.backend = resolve_backend(backend, &r.backend_note);
   return r;
 }
@@ -489,6 +497,7 @@ int run(const RunOptions& opt) {
   sc.n_ctx = opt.n_ctx;
   sc.n_threads = opt.n_threads;
   sc.max_batch = opt.batch;
+  sc.draft_path = opt.draft;
   LoadOptions load;
   load.slot_bytes = opt.staging_mb << 20;
   // The dry-run plan checks the architecture and every tensor before the
@@ -496,6 +505,10 @@ int run(const RunOptions& opt) {
   const MemoryPlan dry = about_file(model_path, [&] { return plan_stage_runner(opt.backend, file, sc, load); });
   if (std::string why = memory_limit_problem(opt.backend, dry, opt.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
+  }
+  if (auto d = dspark_find(file, sc.draft_path); d && net::log_enabled(net::LogLevel::info)) {
+    std::fprintf(stderr, "baton run: %s (%s)\n", d->describe().c_str(),
+                 sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str());
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());

@@ -280,6 +280,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "the name /v1/models reports and clients pass as \"model\" (default: the file name without .gguf, and a split part's without its part suffix)")
       ("ctx", po::value<int64_t>(&r.engine.stage.n_ctx)->default_value(0),
        "context per sequence in tokens (prompt + completion); 0 = the model's, at most 4096")
+      ("draft", po::value<std::string>(&r.engine.stage.draft_path),
+       "DeepSeek V4: the DSpark drafter's sidecar GGUF (general.architecture deepseek4-dspark); checked at "
+       "startup, every tensor by name and shape (default: the model file's own mtp.* drafter, if any)")
       ("parallel", po::value<int>(&r.engine.stage.n_seq)->default_value(4),
        "sequences generated concurrently (each holds a KV cache slot of --ctx tokens)")
       ("no-prefix-cache", po::bool_switch(), "never reuse the KV of a finished request: every prompt is computed whole")

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "engine/gguf/file.h"
@@ -36,23 +37,12 @@ std::optional<DsparkShape> dspark_shape_of(const GgufFile& model, const GgufFile
   return d;
 }
 
-DsparkWeights::DsparkWeights(const GgufFile& f, const DsparkShape& shape, const std::vector<std::string>& extra)
-    : shape_(shape) {
-  shape_.validate();
-  struct Item {
-    const GgufTensorInfo* info;
-    uint64_t offset;
-  };
-  std::vector<Item> items;
-  uint64_t bytes = 0;
+std::vector<const GgufTensorInfo*> dspark_check_tensors(const GgufFile& f, const DsparkShape& shape) {
+  shape.validate();
+  std::vector<const GgufTensorInfo*> found;
   std::vector<std::string> missing;
-  auto place = [&](const GgufTensorInfo* t) {
-    items.push_back({t, bytes});
-    bytes += align_up(t->nbytes);
-  };
-  for (const Ds4TensorSpec& s : shape_.tensors()) {
+  for (const Ds4TensorSpec& s : shape.tensors()) {
     const GgufTensorInfo* t = f.find_tensor(s.name);
-    known_[s.name] = t != nullptr;
     if (!t) {
       if (!s.optional) missing.push_back(s.name);
       continue;
@@ -60,18 +50,55 @@ DsparkWeights::DsparkWeights(const GgufFile& f, const DsparkShape& shape, const 
     if (t->n_dims != s.shape.size() || !std::equal(s.shape.begin(), s.shape.end(), t->ne)) {
       throw std::runtime_error(fmt::format("{}: drafter tensor {} has shape {}, expected {} ({})", f.path(), s.name,
                                            tensor_shape_text(t->ne, t->n_dims),
-                                           tensor_shape_text(s.shape.data(), s.shape.size()), shape_.describe()));
+                                           tensor_shape_text(s.shape.data(), s.shape.size()), shape.describe()));
     }
     if (needs_f32(s.role) ? t->type != DType::F32 : !dtype_info(t->type).compute) {
       throw std::runtime_error(fmt::format("{}: drafter tensor {} has type {}, expected {}", f.path(), s.name,
                                            dtype_name(t->type), needs_f32(s.role) ? "F32" : "a computable type"));
     }
-    place(t);
+    found.push_back(t);
   }
   if (!missing.empty()) {
     throw std::runtime_error(fmt::format("{}: the drafter is missing {} tensor(s): {}{}", f.path(), missing.size(),
                                          fmt::join(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 8), ", "),
                                          missing.size() > 8 ? ", ..." : ""));
+  }
+  return found;
+}
+
+std::optional<DsparkShape> dspark_find(const GgufFile& model, const std::string& sidecar_path) {
+  const bool ds4 = model.get_str("general.architecture", "") == "deepseek4";
+  if (!ds4) {
+    if (!sidecar_path.empty()) {
+      throw std::runtime_error(fmt::format("--draft {}: a DSpark drafter needs a deepseek4 model, and {} is not one",
+                                           sidecar_path, model.path()));
+    }
+    return std::nullopt;
+  }
+  const Deepseek4Shape target = Deepseek4Shape::from_gguf(model);
+  std::optional<GgufFile> side;
+  if (!sidecar_path.empty()) side.emplace(GgufFile::open(sidecar_path));
+  auto shape = dspark_shape_of(model, side ? &*side : nullptr, target);
+  if (shape) dspark_check_tensors(side ? *side : model, *shape);
+  return shape;
+}
+
+DsparkWeights::DsparkWeights(const GgufFile& f, const DsparkShape& shape, const std::vector<std::string>& extra)
+    : shape_(shape) {
+  struct Item {
+    const GgufTensorInfo* info;
+    uint64_t offset;
+  };
+  std::vector<Item> items;
+  uint64_t bytes = 0;
+  auto place = [&](const GgufTensorInfo* t) {
+    items.push_back({t, bytes});
+    bytes += align_up(t->nbytes);
+  };
+  for (const Ds4TensorSpec& s : shape_.tensors()) known_[s.name] = false;
+  for (const GgufTensorInfo* t : dspark_check_tensors(f, shape_)) {
+    known_[t->name] = true;
+    place(t);
   }
   for (const std::string& name : extra) {
     const GgufTensorInfo* t = f.find_tensor(name);

@@ -18,12 +18,23 @@
 namespace baton {
 
 class GgufFile;
+struct GgufTensorInfo;
 
 // Where the drafter comes from: a sidecar (`--draft FILE`) when given, else
 // the model file's own keys and tensors. Returns nullopt when neither holds
 // a drafter. Throws std::runtime_error naming the file and the problem.
 std::optional<DsparkShape> dspark_shape_of(const GgufFile& model, const GgufFile* sidecar,
                                            const Deepseek4Shape& target);
+
+// Checks every tensor of `shape` in `f` (no data read): returns them in
+// table order (an absent optional one left out); throws std::runtime_error
+// naming the file, the tensor and expected versus actual.
+std::vector<const GgufTensorInfo*> dspark_check_tensors(const GgufFile& f, const DsparkShape& shape);
+
+// The drafter a run uses: the sidecar at `sidecar_path` when not empty (which
+// must be one, for a deepseek4 model), else the model file's own, every tensor
+// checked. nullopt when there is none.
+std::optional<DsparkShape> dspark_find(const GgufFile& model, const std::string& sidecar_path);
 
 class DsparkWeights {
  public:

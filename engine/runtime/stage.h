@@ -36,6 +36,10 @@ struct StageConfig {
   // A tensor-parallel rank's link to the other ranks of its group (a rank
   // file of `baton split --tp`); null for a whole model. Not owned.
   TpComm* tp = nullptr;
+  // The DSpark drafter's sidecar file (`--draft`, engine/dspark/); "": the
+  // model file's own drafter, if it has one. Checked at startup; the forward
+  // does not draft yet.
+  std::string draft_path;
 
   static constexpr int64_t kDefaultMaxCtx = 4096;
 };
