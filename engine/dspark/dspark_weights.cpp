@@ -83,6 +83,25 @@ std::optional<DsparkShape> dspark_find(const GgufFile& model, const std::string&
   return shape;
 }
 
+std::optional<DsparkPlan> dspark_plan(const GgufFile& model, const std::string& sidecar_path) {
+  auto shape = dspark_find(model, sidecar_path);
+  if (!shape) return std::nullopt;
+  std::optional<GgufFile> side;
+  if (!sidecar_path.empty()) side.emplace(GgufFile::open(sidecar_path));
+  DsparkPlan p;
+  p.shape = *shape;
+  for (const GgufTensorInfo* t : dspark_check_tensors(side ? *side : model, *shape)) {
+    p.weights += align_up(t->nbytes);
+    p.n_tensors++;
+  }
+  p.kv = shape->kv_bytes();
+  p.detail = fmt::format("DSpark, {}: {} tensors {:.2f} GiB + KV {} stages x {} rows x {} floats ({:.0f} KiB)",
+                         sidecar_path.empty() ? "in the model file" : "sidecar " + sidecar_path, p.n_tensors,
+                         double(p.weights) / double(1ull << 30), shape->n_stages, shape->kv_rows(),
+                         shape->target.head_dim, double(p.kv) / 1024.0);
+  return p;
+}
+
 DsparkWeights::DsparkWeights(const GgufFile& f, const DsparkShape& shape, const std::vector<std::string>& extra)
     : shape_(shape) {
   struct Item {

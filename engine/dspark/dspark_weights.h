@@ -36,6 +36,17 @@ std::vector<const GgufTensorInfo*> dspark_check_tensors(const GgufFile& f, const
 // checked. nullopt when there is none.
 std::optional<DsparkShape> dspark_find(const GgufFile& model, const std::string& sidecar_path);
 
+// The drafter's plan line (docs/MEMORY.md): its tensors as the loader lays
+// them out, and its context windows (DsparkShape::kv_bytes()).
+struct DsparkPlan {
+  DsparkShape shape;
+  uint64_t weights = 0, kv = 0, n_tensors = 0;
+  std::string detail;  // for the printed plan
+  uint64_t total() const { return weights + kv; }
+};
+// dspark_find's drafter, planned; nullopt when there is none.
+std::optional<DsparkPlan> dspark_plan(const GgufFile& model, const std::string& sidecar_path);
+
 class DsparkWeights {
  public:
   // Checks every tensor of `shape` (and of `extra`: other tensors of the same
