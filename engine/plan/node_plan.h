@@ -105,7 +105,7 @@ struct StageRequest {
   // A speculative drafter (engine/dspark/dspark_plan.h): its weights and KV,
   // counted on the stage with the head (the drafter shares the output head).
   uint64_t drafter_bytes = 0;
-  std::string drafter_detail;
+  std::string drafter_detail{};
 
   // Rows a forward holds: max(micro_batch, prefill_chunk), at most n_ctx.
   int64_t rows() const;
