@@ -39,7 +39,7 @@ struct StageConfig {
   // The DSpark drafter's sidecar file (`--draft`, engine/dspark/); "": the
   // model file's own drafter, if it has one. Checked at startup; the forward
   // does not draft yet.
-  std::string draft_path;
+  std::string draft_path{};
 
   static constexpr int64_t kDefaultMaxCtx = 4096;
 };

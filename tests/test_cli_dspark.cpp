@@ -1,0 +1,49 @@
+// The DSpark drafter through the command line: synth --dspark (in the model
+// file or a sidecar), plan's "drafter" line, and run --draft checking the
+// sidecar before loading.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/convert_test_util.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+using test::baton;
+
+TEST(CliDspark, SynthPlanAndRunDraft) {
+  test::TempDir dir;
+  auto r = baton({"synth", "--shape", "deepseek4-tiny", "--dspark", "-o", dir.file("m.gguf"), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = baton({"synth", "--shape", "deepseek4-tiny", "--dspark", "--draft-out", dir.file("side.gguf"), "-o",
+             dir.file("plain.gguf"), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("DSpark drafter"), std::string::npos) << r.out;
+  r = baton({"synth", "--shape", "llama-tiny", "--dspark", "-o", dir.file("l.gguf"), "-q"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--dspark needs a deepseek4 shape"), std::string::npos) << r.err;
+
+  // The drafter is its own line of the head's stage, in the model file or named.
+  r = baton({"plan", dir.file("m.gguf"), "--nodes", "8GB", "--ctx", "256"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("drafter"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DSpark, in the model file: 81 tensors"), std::string::npos) << r.out;
+  r = baton({"plan", dir.file("plain.gguf"), "--nodes", "8GB", "--ctx", "256"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("drafter"), std::string::npos) << r.out;
+  r = baton({"plan", dir.file("plain.gguf"), "--nodes", "8GB", "--ctx", "256", "--draft", dir.file("side.gguf")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("DSpark, sidecar"), std::string::npos) << r.out;
+
+  // run --draft: a file that is no drafter is refused before loading; a sidecar runs.
+  r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("plain.gguf"), "-n", "2", "-p", "hi"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no dspark.* keys"), std::string::npos) << r.err;
+  r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "-n", "2", "-p", "hi", "-t", "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+}  // namespace
+}  // namespace baton
