@@ -422,6 +422,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
   if (port < 0 || port > 65535) throw std::invalid_argument("--port must be in 0..65535");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  if (!r.engine.stage.draft_path.empty() && (r.workers > 0 || r.remote)) {
+    throw std::invalid_argument("--draft serves the whole model in this process (no --workers, --parts or remote workers)");
+  }
   r.engine.staging_slot_bytes = r.staging_mb << 20;
   r.http.port = uint16_t(port);
   if (r.engine.stage.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");
