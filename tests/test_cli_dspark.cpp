@@ -43,6 +43,13 @@ TEST(CliDspark, SynthPlanAndRunDraft) {
   EXPECT_NE(r.err.find("no dspark.* keys"), std::string::npos) << r.err;
   r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "-n", "2", "-p", "hi", "-t", "2"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  // The drafter runs beside the whole model: not with workers.
+  r = baton({"serve", dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "--workers", "2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--draft serves the whole model in this process"), std::string::npos) << r.err;
+  r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "--workers", "2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--draft runs with the whole model"), std::string::npos) << r.err;
 }
 
 }  // namespace
