@@ -3,7 +3,10 @@
 // sidecar before loading.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
+
+#include "engine/gguf/file.h"
 
 #include "tests/convert_test_util.h"
 #include "tests/test_util.h"
@@ -36,6 +39,20 @@ TEST(CliDspark, SynthPlanAndRunDraft) {
   r = baton({"plan", dir.file("plain.gguf"), "--nodes", "8GB", "--ctx", "256", "--draft", dir.file("side.gguf")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("DSpark, sidecar"), std::string::npos) << r.out;
+
+  // split: the drafter goes with the head.
+  r = baton({"split", dir.file("m.gguf"), "--layers", "0:2,3:output", "-o", dir.file("parts")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  int with_mtp = 0, parts = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("parts"))) {
+    const GgufFile part = GgufFile::open(e.path().string());
+    ++parts;
+    if (!part.find_tensor("mtp.0.main_proj.weight")) continue;
+    ++with_mtp;
+    EXPECT_NE(part.find_tensor("output.weight"), nullptr) << e.path();
+  }
+  EXPECT_EQ(parts, 2);
+  EXPECT_EQ(with_mtp, 1);
 
   // run --draft: a file that is no drafter is refused before loading; a sidecar runs.
   r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("plain.gguf"), "-n", "2", "-p", "hi"});
