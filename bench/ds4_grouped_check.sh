@@ -56,13 +56,14 @@ if [ "${mem_mib:-0}" -lt 100000 ] && { has ab || has profile; }; then
   steps=${steps//profile/}
 fi
 
-q2="$ram/flash-q2.gguf"
+# FLASH_LAYERS=N: only Flash's first N layers (20: 37 GiB, for an 80 GB card).
+q2="$ram/flash-q2${FLASH_LAYERS:+-L$FLASH_LAYERS}.gguf"
 if has ab || has profile; then
   if [ ! -s "$q2" ]; then
     if ! mountpoint -q "$ram"; then mount -t tmpfs -o size=100G tmpfs "$ram" || echo "no tmpfs at $ram" | tee -a "$log"; fi
     say "synth deepseek4-flash q2 (alias data) into $ram"
     t0=$SECONDS
-    timeout 200 "$after/baton" synth --shape deepseek4-flash --type q2 --data alias -q -o "$q2" 2>&1 | tail -n 2 | tee -a "$log" || status=1
+    timeout 200 "$after/baton" synth --shape deepseek4-flash --type q2 ${FLASH_LAYERS:+--layers $FLASH_LAYERS} --data alias -q -o "$q2" 2>&1 | tail -n 2 | tee -a "$log" || status=1
     echo "written in $((SECONDS - t0)) s" | tee -a "$log"
   fi
 fi

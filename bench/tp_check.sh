@@ -19,6 +19,8 @@
 # all-reduce's latency between two processes' worth of threads on this host
 # (allreduce_bench). First the tensor-parallel CUDA suites. RUNS (default 2)
 # rounds of the variants; TESTS=0 skips the suites and the all-reduce.
+# KEEP=1 leaves the Flash file on the tmpfs afterwards. FLASH_LAYERS=N
+# writes only Flash's first N layers (20: 37 GiB, for an 80 GB card).
 # OUT_DIR gets tp.csv (model, variant, run, then baton bench's columns),
 # summary.txt (medians and ratios), allreduce.txt and run.log.
 set -u -o pipefail
@@ -56,15 +58,17 @@ for m in $models; do
     flash_q2)
       mkdir -p /mnt/ram
       mountpoint -q /mnt/ram || mount -t tmpfs -o size=125G tmpfs /mnt/ram || { status=1; continue; }
-      file=/mnt/ram/flash-q2.gguf; ranks=/mnt/ram/ranks
-      synth=(--shape deepseek4-flash --type q2); bench=(--ctx-start 2048 --ctx-max 2048 --gen-tokens 64 --batch 2048) ;;
+      # The model on the tmpfs, rank 0's file (45 GiB) on WORK_DIR's disk:
+      # both on a 128 GiB machine's tmpfs would leave it no memory.
+      file=/mnt/ram/flash-q2${FLASH_LAYERS:+-L$FLASH_LAYERS}.gguf; ranks="$work/ranks-flash"
+      synth=(--shape deepseek4-flash --type q2 ${FLASH_LAYERS:+--layers $FLASH_LAYERS}); bench=(--ctx-start 2048 --ctx-max 2048 --gen-tokens 64 --batch 2048) ;;
     *)
       file="$work/llama-8b-$m.gguf"; ranks="$work/ranks-$m"
       synth=(--shape llama-8b --type "$m"); bench=(--ctx-start 512 --ctx-max 512 --gen-tokens 128 --batch 512) ;;
   esac
   [ -e "$file" ] || timeout 300 "$bin/baton" synth "${synth[@]}" --data alias -q -o "$file" >> "$log" 2>&1 || { status=1; continue; }
   rm -rf "$ranks"
-  # Rank 0's file alone (--rank 0): the tmpfs holds the model and one rank.
+  # Rank 0's file alone (--rank 0).
   timeout 300 "$bin/baton" split "$file" --tp 2 --rank 0 -o "$ranks" >> "$log" 2>&1 || { status=1; continue; }
   rank0=$(ls "$ranks"/*.tp2-r0.gguf | head -n 1)
   for r in $(seq 1 "$runs"); do
@@ -83,7 +87,8 @@ for m in $models; do
     done
   done
   rm -rf "$ranks"
-  [ "$m" = flash_q2 ] && rm -f "$file"
+  # KEEP=1 leaves Flash on the tmpfs for a next script (ds4_grouped_check.sh).
+  [ "$m" = flash_q2 ] && [ "${KEEP:-0}" != 1 ] && rm -f "$file"
 done
 
 python3 - "$csv" <<'EOF' | tee "$out/summary.txt"

@@ -18,6 +18,7 @@ namespace baton {
 
 class GgufFile;
 class Tokenizer;
+struct BuiltinChatTemplate;
 
 // What a template sees. The request's JSON goes in unchanged (ordered_json
 // keeps the key order, which tojson writes out).
@@ -53,6 +54,22 @@ std::string render_chat(const JinjaTemplate& t, const ChatTemplateInput& in, std
 // The file's `tokenizer.chat_template`; nullptr when it has none (or it is
 // not a string). Throws jinja::TemplateError for one the engine cannot run.
 std::shared_ptr<const JinjaTemplate> gguf_chat_template(const GgufFile& f);
+// The built-in template a model file's metadata selects for a file without a
+// usable template of its own: deepseek-v4-0731 for a deepseek4 file that
+// names DeepSeek V4 Flash 0731 (docs/CHAT_TEMPLATES.md, "Which files get
+// deepseek-v4-0731"); nullptr for any other file.
+const BuiltinChatTemplate* gguf_builtin_chat_template(const GgufFile& f);
+
+// What a model file's chats render with when serve is given no template:
+// the file's own, else the built-in its metadata selects, else none (the
+// family format of chat/family.h).
+struct ModelChatTemplate {
+  std::shared_ptr<const JinjaTemplate> tmpl;
+  std::string builtin;  // the built-in's name when tmpl is one
+  std::string refused;  // why the file's own template is not used ("": it is, or there is none)
+};
+ModelChatTemplate model_chat_template(const GgufFile& f);
+
 // A template file (--chat-template). Throws std::runtime_error when it cannot
 // be read, jinja::TemplateError when it cannot run.
 std::shared_ptr<const JinjaTemplate> load_chat_template_file(const std::string& path);

@@ -25,11 +25,15 @@ struct ChatModel {
   int64_t max_token_bytes = 0;
   ChatFamily chat_family = ChatFamily::Plain;
   // The model's own chat template (GGUF tokenizer.chat_template) when the
-  // Jinja engine runs it: chat prompts are rendered with it, and chat_family
-  // only gives the end-of-turn tokens. Null without one, or when it was
-  // refused (chat_template_refused says why); chat_family renders then.
+  // Jinja engine runs it, else the built-in its metadata selects
+  // (chat_template_builtin names it; chat/jinja_prompt.h,
+  // model_chat_template): chat prompts are rendered with it, and chat_family
+  // only gives the end-of-turn tokens. Null when there is neither (the
+  // file's own may have been refused: chat_template_refused says why);
+  // chat_family renders then.
   std::shared_ptr<const JinjaTemplate> chat_template;
   std::string chat_template_refused;
+  std::string chat_template_builtin;  // "" unless chat_template is a built-in
   std::vector<int32_t> chat_stop_tokens;       // the family's end-of-turn ids (EOS included)
   std::vector<std::string> chat_stop_strings;  // Plain family: text that ends a turn
 };

@@ -65,6 +65,7 @@ class Progress {
 int cmd_synth(int argc, char** argv) {
   std::string arch, shape, type, out, draft_out, data = "random";
   uint64_t seed = 0x5eed;
+  int layers = 0;
   po::options_description opts(
       "usage: baton synth --shape NAME -o FILE [options]\n\n"
       "Writes a random-weight GGUF model of a named shape with a real tokenizer\n"
@@ -89,6 +90,8 @@ int cmd_synth(int argc, char** argv) {
                  "layers as target layers) to the model file, keys deepseek4.dspark.*, tensors mtp.*")
       ("draft-out", po::value(&draft_out), "with --dspark: write the drafter to this sidecar file instead "
                                            "(general.architecture deepseek4-dspark, keys dspark.*), for --draft")
+      ("layers", po::value(&layers), "only the first N layers, each of the shape's own size (a shorter model "
+                                     "for a card that cannot hold the whole, e.g. 20 of Flash's 43 on an 80 GB card)")
       ("quiet,q", "no progress on stderr");
   const std::string help_tail = "\n" + shapes_help();
   const auto vm = parse_command_line(argc, argv, {.options = opts, .help_tail = help_tail});
@@ -115,6 +118,7 @@ int cmd_synth(int argc, char** argv) {
     std::fprintf(stderr, "baton synth: --draft-out needs --dspark\n");
     return 1;
   }
+  o.layers = layers;
   Progress progress(vm->count("quiet") > 0);
   o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
   remove_stale_temps_beside(out);

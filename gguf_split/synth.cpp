@@ -597,11 +597,22 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
   if (o.dspark && info->arch != "deepseek4") {
     throw std::invalid_argument("synth: --dspark needs a deepseek4 shape");
   }
+  // --layers: the first N layers of the shape, each as it is in the whole.
+  const auto layers_of = [&](int n_layer) {
+    if (o.layers == 0) return n_layer;
+    if (o.layers < 1 || o.layers > n_layer) {
+      throw std::invalid_argument(
+          fmt::format("synth: --layers must be 1 to {} for {} (got {})", n_layer, info->name, o.layers));
+    }
+    return o.layers;
+  };
+
   GgufWriter w;
   std::vector<TensorPlan> tensors;
   SynthResult result{info->name, type};
   if (info->arch == "llama") {
-    const LlamaDims d = llama_dims(info->name);
+    LlamaDims d = llama_dims(info->name);
+    d.n_layer = layers_of(d.n_layer);
     const DType dtype = *dtype_from_name([&] {
       std::string u = type;
       for (char& c : u) c = char(std::toupper(static_cast<unsigned char>(c)));
@@ -633,6 +644,10 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
     tensors = llama_tensors(d, dtype, result.n_vocab);
   } else {
     Deepseek4Shape shape = info->name == "deepseek4-flash" ? Deepseek4Shape::flash() : Deepseek4Shape::tiny();
+    shape.n_layer = layers_of(shape.n_layer);
+    shape.compress_ratios.resize(size_t(shape.n_layer));
+    shape.swiglu_clamp.resize(size_t(shape.n_layer));
+    shape.n_hash_layers = std::min(shape.n_hash_layers, shape.n_layer);
     VocabOut vocab = deepseek_vocab(shape.n_vocab);
     shape.n_vocab = vocab.size();
     result.n_vocab = vocab.size();
@@ -656,6 +671,7 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
     }
   }
   w.set("general.name", GgufValue::of_str(fmt::format("baton-synth {}-{}", info->name, type)));
+  if (o.layers > 0) w.set("baton.synth.layers", GgufValue::of_u32(uint32_t(o.layers)));
   w.set("baton.synth.shape", GgufValue::of_str(info->name + "-" + type));
   w.set("baton.synth.data", GgufValue::of_str(synth_data_name(o.data)));
   w.set("baton.synth.seed", GgufValue::of_u64(o.seed));

@@ -71,6 +71,9 @@ struct SynthOptions {
   // to a sidecar file of its own (general.architecture deepseek4-dspark).
   bool dspark = false;
   std::string draft_out;
+  // 0: the shape's layers; else this many of them (1 to the shape's count),
+  // each the shape's own: a shorter model for a card that cannot hold all.
+  int layers = 0;
   // Called after each piece of tensor data is written (bytes done, total).
   std::function<void(uint64_t, uint64_t)> progress;
 };

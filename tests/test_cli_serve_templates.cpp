@@ -3,7 +3,8 @@
 // template that runs long answers within --template-timeout while /health
 // keeps answering, and SIGTERM stops the server within a second even while a
 // render is in progress. The engine's own limits (depth, work, bytes) are
-// tested in test_chat_jinja. And the built-in templates by name.
+// tested in test_chat_jinja. And the built-in templates by name, and the one
+// a DeepSeek V4 Flash 0731 file gets without a name.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "engine/gguf/file.h"
+#include "gguf_split/synth.h"
 #include "tests/serve_client.h"
 #include "tests/test_util.h"
 
@@ -112,9 +115,68 @@ TEST(ServeTemplates, BuiltinTemplateByNameRendersAsItsFile) {
   EXPECT_EQ(unknown.exit_code, 1);
   EXPECT_EQ(unknown.err,
             "baton serve: --chat-template 'qwen' is neither a file nor a built-in template; the built-in ones are "
-            "chatml, llama2, llama3, mistral, qwen2.5, deepseek-v3.1, deepseek-v4\n");
+            "chatml, llama2, llama3, mistral, qwen2.5, deepseek-v3.1, deepseek-v4, deepseek-v4-0731\n");
   const auto help = test::run_command({test::baton_binary(), "serve", "--help"});
   EXPECT_NE(help.out.find("deepseek-v4"), std::string::npos) << help.out;
+}
+
+// A synthetic deepseek4-tiny whose general.name is `name`.
+std::string deepseek4_tiny(const test::TempDir& dir, const std::string& name) {
+  SynthOptions o;
+  o.arch = "deepseek4";
+  o.shape = "deepseek4-tiny";
+  o.seed = 7;
+  const std::string synth = dir.file("synth.gguf");
+  write_synth_model(synth, o);
+  const GgufFile f = GgufFile::open(synth);
+  GgufWriter w;
+  for (const auto& [key, value] : f.metadata()) w.set(key, value);
+  w.set("general.name", GgufValue::of_str(name));
+  for (const GgufTensorInfo& t : f.tensors()) {
+    w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims),
+                 [&f, &t](uint8_t* dst, uint64_t) { f.read_tensor(t, dst); });
+  }
+  const std::string path = dir.file(name + ".gguf");
+  w.write(path);
+  return path;
+}
+
+// A deepseek4 file named for 0731 and carrying no template is served with
+// deepseek-v4-0731: the log says so, and a chat with reasoning_effort max
+// gets 0731's max prompt after BOS (the tokens of the text written out);
+// the same file under the preview's name keeps the deepseek4 format.
+TEST(ServeTemplates, DeepSeekV40731FileGetsItsEncoding) {
+  test::TempDir dir;
+  const std::string bos = "<｜begin▁of▁sentence｜>";
+  const std::string max =
+      "Reasoning Effort: Beyond maximum \xE2\x80\x94 exhaustive, relentless, and uncompromising.\nYou MUST reason "
+      "with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem "
+      "into its most fundamental components, trace every causal chain to its root, and resolve the underlying cause "
+      "rather than any surface symptom.\nDo not stop reasoning until you have independently verified the solution "
+      "from multiple angles and are certain that no assumption remains unchecked and no error remains "
+      "undiscovered.\n\n";
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  const std::string want = bos + max + "<｜User｜>Hi<｜Assistant｜><think>";
+  ServeProcess flash({"-m", deepseek4_tiny(dir, "DeepSeek-V4-Flash-0731-tiny"), "--model-id", "ds4"});
+  const Response got = post(flash.port(), "/tokenize", json{{"messages", messages}, {"reasoning_effort", "max"}});
+  const Response text = post(flash.port(), "/tokenize", json{{"content", want}});
+  ASSERT_EQ(got.status, 200) << got.body;
+  ASSERT_EQ(text.status, 200) << text.body;
+  EXPECT_EQ(got.j()["tokens"], text.j()["tokens"]);
+  flash.stop();
+  EXPECT_NE(flash.stderr_text().find("baton serve: chat prompts from the built-in template deepseek-v4-0731, which "
+                                     "the model file's metadata selects\n"),
+            std::string::npos)
+      << flash.stderr_text();
+
+  ServeProcess preview({"-m", deepseek4_tiny(dir, "DeepSeek-V4-Flash-tiny"), "--model-id", "ds4"});
+  const Response family = post(preview.port(), "/tokenize", json{{"messages", messages}, {"reasoning_effort", "max"}});
+  const Response family_text =
+      post(preview.port(), "/tokenize", json{{"content", bos + "<｜User｜>Hi<｜Assistant｜><think>"}});
+  ASSERT_EQ(family.status, 200) << family.body;
+  EXPECT_EQ(family.j()["tokens"], family_text.j()["tokens"]);
+  preview.stop();
+  EXPECT_EQ(preview.stderr_text().find("deepseek-v4-0731"), std::string::npos) << preview.stderr_text();
 }
 
 }  // namespace

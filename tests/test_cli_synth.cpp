@@ -249,6 +249,42 @@ TEST(CliSynth, SparseFullSizeShapes) {
   EXPECT_NEAR(double(tensor_bytes(f)) / kGiB, 4.2, 0.3);
 }
 
+// --layers N: the first N layers, each as big as in the whole shape; the
+// model loads and plans as an N-layer model of the same kind.
+TEST(CliSynth, LayersWritesTheFirstLayersAtFullSize) {
+  test::TempDir dir;
+  const std::string whole = dir.file("whole.gguf"), part = dir.file("20.gguf");
+  ASSERT_EQ(synth({"--shape", "deepseek4-flash-q2", "--data", "sparse", "-o", whole}).exit_code, 0);
+  auto r = synth({"--shape", "deepseek4-flash-q2", "--data", "sparse", "--layers", "20", "-o", part});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const GgufFile a = GgufFile::open(whole), b = GgufFile::open(part);
+  EXPECT_EQ(b.get_int("deepseek4.block_count"), 20);
+  EXPECT_EQ(b.get_int("baton.synth.layers"), 20);
+  EXPECT_EQ(b.find_tensor("blk.20.attn_q_a.weight"), nullptr);
+  for (const char* name : {"blk.19.ffn_gate_exps.weight", "blk.19.attn_compressor_kv.weight", "blk.2.indexer.proj.weight",
+                           "token_embd.weight", "output.weight"}) {
+    SCOPED_TRACE(name);
+    ASSERT_NE(b.find_tensor(name), nullptr);
+    EXPECT_EQ(b.find_tensor(name)->nbytes, a.find_tensor(name)->nbytes);
+  }
+  const Deepseek4Shape s = Deepseek4Shape::from_gguf(b);
+  EXPECT_EQ(s.n_layer, 20);
+  EXPECT_EQ(s.compress_ratios.size(), 20u);
+  // 23 layers fewer, each about 1.85 GiB (Flash's are all alike in size but
+  // for the three hash layers' tables and the two sliding-only layers).
+  const double per_layer = double(tensor_bytes(a) - tensor_bytes(b)) / 23.0;
+  EXPECT_GT(per_layer, 1.7 * kGiB);
+  EXPECT_LT(per_layer, 2.0 * kGiB);
+  EXPECT_LT(double(tensor_bytes(b)) / kGiB, 40.0);
+
+  r = synth({"--shape", "llama-tiny", "--layers", "1", "-o", dir.file("t1.gguf")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(GgufFile::open(dir.file("t1.gguf")).get_int("llama.block_count"), 1);
+  auto run = test::run_command({test::baton_binary(), "run", "-m", dir.file("t1.gguf"), "-p", "a", "-n", "4",
+                                "--backend", "cpu"});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+}
+
 TEST(CliSynth, Refusals) {
   test::TempDir dir;
   const std::string out = dir.file("x.gguf");
@@ -264,6 +300,8 @@ TEST(CliSynth, Refusals) {
   expect_refused({"--shape", "llama-8b", "--type", "q2"}, "no type");
   expect_refused({"--shape", "deepseek4-tiny", "--arch", "llama"}, "deepseek4");
   expect_refused({"--shape", "llama-tiny", "--data", "zeros"}, "--data");
+  expect_refused({"--shape", "llama-tiny", "--layers", "3"}, "--layers must be 1 to 2");
+  expect_refused({"--shape", "deepseek4-tiny", "--layers", "-1"}, "--layers");
   EXPECT_EQ(synth({"--shape", "llama-tiny"}).exit_code, 1);  // no -o
   EXPECT_FALSE(std::filesystem::exists(out));
 }

@@ -157,6 +157,41 @@ TEST(AnthropicRequest, SamePromptAsTheOpenAiRoute) {
 // serve --temp and the other sampling defaults: a body without the field
 // gets the server's, one with it keeps its own; min_p and seed, which
 // Anthropic's API lacks, come from the server when it sets them.
+// Anthropic's thinking with the deepseek-v4-0731 built-in: enabled turns
+// thinking on, and its budget picks the reasoning effort (< 8192 low,
+// < 24576 high, else max); disabled leaves it off.
+TEST(AnthropicRequest, ThinkingBudgetPicksDeepSeekV40731Effort) {
+  const ModelInfo m = test::stories_model_info(65536);
+  const auto tmpl = load_chat_template("deepseek-v4-0731").tmpl;
+  auto prompt_of = [&](const std::string& thinking) {
+    const std::string body = R"({"model":"stories260K","max_tokens":40000,"messages":[{"role":"user","content":"Hi"}])" +
+                             (thinking.empty() ? std::string() : ",\"thinking\":" + thinking) + "}";
+    return parse_messages_request(body, m, tmpl.get()).gen.prompt;
+  };
+  auto tokens = [&](const std::string& text) { return m.tokenizer->encode(text, false, true); };
+  const std::string bos = "<｜begin▁of▁sentence｜>";
+  const std::string turn = "<｜User｜>Hi<｜Assistant｜>";
+  const std::string high =
+      "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking "
+      "and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic "
+      "against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire "
+      "deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis "
+      "to ensure absolutely no assumption is left unchecked.\n\n";
+  const std::string max =
+      "Reasoning Effort: Beyond maximum \xE2\x80\x94 exhaustive, relentless, and uncompromising.\nYou MUST reason "
+      "with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem "
+      "into its most fundamental components, trace every causal chain to its root, and resolve the underlying cause "
+      "rather than any surface symptom.\nDo not stop reasoning until you have independently verified the solution "
+      "from multiple angles and are certain that no assumption remains unchecked and no error remains "
+      "undiscovered.\n\n";
+  EXPECT_EQ(prompt_of(""), tokens(bos + turn + "</think>"));
+  EXPECT_EQ(prompt_of(R"({"type":"disabled"})"), tokens(bos + turn + "</think>"));
+  EXPECT_EQ(prompt_of(R"({"type":"adaptive"})"), tokens(bos + turn + "<think>"));
+  EXPECT_EQ(prompt_of(R"({"type":"enabled","budget_tokens":4000})"), tokens(bos + turn + "<think>"));
+  EXPECT_EQ(prompt_of(R"({"type":"enabled","budget_tokens":10000})"), tokens(bos + high + turn + "<think>"));
+  EXPECT_EQ(prompt_of(R"({"type":"enabled","budget_tokens":31999})"), tokens(bos + max + turn + "<think>"));
+}
+
 TEST(AnthropicRequest, ServerSamplingDefaultsFillWhatARequestLeavesOut) {
   ModelInfo m = stories_info();
   SamplingDefaults d;

@@ -291,6 +291,85 @@ TEST(ChatTools, ReasoningEffortTurnsThinkingOn) {
   EXPECT_EQ(off.output.tools, ToolCallFormat::none);
 }
 
+// The deepseek-v4-0731 built-in through the request: reasoning_effort picks
+// DeepSeek V4 Flash 0731's prompt after BOS (max: its new text; high: the
+// text the preview gave max; low, none: none), and a tool call with its
+// result renders as DSML and a <tool_result> user turn.
+TEST(ChatTools, DeepSeekV40731EffortThroughTheRequest) {
+  ModelInfo m = stories_info();
+  m.chat_template = load_chat_template("deepseek-v4-0731").tmpl;
+  const Tokenizer& tok = *m.tokenizer;
+  auto tokens = [&](const std::string& text) { return tok.encode(text, false, true); };
+  const std::string bos = "<｜begin▁of▁sentence｜>";
+  const std::string turn = "<｜User｜>Weather in Paris?<｜Assistant｜>";
+  const std::string high =
+      "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking "
+      "and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic "
+      "against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire "
+      "deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis "
+      "to ensure absolutely no assumption is left unchecked.\n\n";
+  const std::string max =
+      "Reasoning Effort: Beyond maximum \xE2\x80\x94 exhaustive, relentless, and uncompromising.\nYou MUST reason "
+      "with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem "
+      "into its most fundamental components, trace every causal chain to its root, and resolve the underlying cause "
+      "rather than any surface symptom.\nDo not stop reasoning until you have independently verified the solution "
+      "from multiple angles and are certain that no assumption remains unchecked and no error remains "
+      "undiscovered.\n\n";
+  const ApiRequest r_max = parse_chat_request(chat_body({{"reasoning_effort", "max"}}).dump(), m);
+  EXPECT_EQ(r_max.gen.prompt, tokens(bos + max + turn + "<think>"));
+  EXPECT_TRUE(r_max.output.reasoning_open);
+  EXPECT_EQ(parse_chat_request(chat_body({{"reasoning_effort", "high"}}).dump(), m).gen.prompt,
+            tokens(bos + high + turn + "<think>"));
+  EXPECT_EQ(parse_chat_request(chat_body({{"reasoning_effort", "low"}}).dump(), m).gen.prompt,
+            tokens(bos + turn + "<think>"));
+  const ApiRequest r_none = parse_chat_request(chat_body({{"reasoning_effort", "none"}}).dump(), m);
+  EXPECT_EQ(r_none.gen.prompt, tokens(bos + turn + "</think>"));
+  EXPECT_FALSE(r_none.output.reasoning_open);
+  EXPECT_EQ(parse_chat_request(chat_body().dump(), m).gen.prompt, tokens(bos + turn + "</think>"));
+  // The kwargs name the effort too, and decide thinking.
+  EXPECT_EQ(
+      parse_chat_request(chat_body({{"chat_template_kwargs", {{"thinking", true}, {"reasoning_effort", "max"}}}}).dump(),
+                         m)
+          .gen.prompt,
+      r_max.gen.prompt);
+  expect_refused(m, chat_body({{"chat_template_kwargs", {{"thinking", true}, {"reasoning_effort", "extreme"}}}}),
+                 "messages", "invalid_value");
+
+  // A tool call in OpenAI's shape and its result, with the tools offered:
+  // the tools section in an empty system message at the front, reasoning
+  // kept (empty), the call in DSML, the result as a user turn.
+  const json call = {{"id", "call_1"},
+                     {"type", "function"},
+                     {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}}}};
+  json body = chat_body({{"tools", {kWeatherTool}}, {"reasoning_effort", "max"}});
+  body["messages"].push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}});
+  body["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}});
+  const ApiRequest r = parse_chat_request(body.dump(), m);
+  EXPECT_EQ(r.output.tools, ToolCallFormat::deepseek_dsml);
+  const std::string tools_section =
+      "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
+      "writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke "
+      "name=\"$TOOL_NAME\">\n<｜DSML｜parameter name=\"$PARAMETER_NAME\" "
+      "string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke "
+      "name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be "
+      "specified as is and set `string=\"true\"`. For all other types (numbers, booleans, arrays, objects), pass the "
+      "value in JSON format and set `string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by <think>), you "
+      "MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\n"
+      "Otherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool "
+      "Schemas\n\n"
+      // The body's keys in order: chat_body's json sorts them.
+      R"({"description": "Weather of a city.", "name": "get_weather", "parameters": {"properties": )"
+      R"({"city": {"type": "string"}}, "required": ["city"], "type": "object"}})"
+      "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
+  EXPECT_EQ(r.gen.prompt,
+            tokens(bos + max + "\n\n" + tools_section + turn +
+                   "<think></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                   "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+                   "</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>sunny</tool_result>"
+                   "<｜Assistant｜><think>"))
+      << tok.decode(r.gen.prompt);
+}
+
 // A conversation with tool calls in OpenAI's shape (arguments as JSON text,
 // tool results with tool_call_id), sent through parse_chat_request, renders
 // what Jinja2 renders for the Hugging Face shape (arguments as objects) with

@@ -5,6 +5,8 @@
 // text is what renders the prompts the model was trained on.
 // tests/test_chat_builtin_templates.cpp compares each with the published
 // file, or with chat/family.h's renderer for the two kept no file of.
+// deepseek-v4-0731, for a model that publishes no template, is in
+// deepseek_v4_0731.cpp.
 #include "chat/templates/builtin.h"
 
 #include <algorithm>
@@ -491,7 +493,7 @@ constexpr std::string_view kDeepseekV4 = R"jinja({%- if not add_generation_promp
 {%- endif -%}
 )jinja";
 
-constexpr BuiltinChatTemplate kBuiltins[] = {
+const BuiltinChatTemplate kBuiltins[] = {
     {"chatml", "ChatML", kChatml},
     {"llama2", "meta-llama/Llama-2-7b-chat-hf", kLlama2},
     {"llama3", "meta-llama/Llama-3.1-8B-Instruct", kLlama3},
@@ -499,6 +501,7 @@ constexpr BuiltinChatTemplate kBuiltins[] = {
     {"qwen2.5", "Qwen/Qwen2.5-7B-Instruct", kQwen25},
     {"deepseek-v3.1", "deepseek-ai/DeepSeek-V3.1", kDeepseekV31},
     {"deepseek-v4", "deepseek-ai/DeepSeek-V4", kDeepseekV4},
+    {"deepseek-v4-0731", "deepseek-ai/DeepSeek-V4-Flash-0731", deepseek_v4_0731_template_text()},
 };
 
 }  // namespace

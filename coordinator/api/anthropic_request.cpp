@@ -340,6 +340,9 @@ MessagesConversation messages_conversation(const json& body, const ojson& ordere
   // templates that switch it (Qwen 3's enable_thinking, DeepSeek's thinking).
   conv.chat.kwargs["enable_thinking"] = conv.thinking;
   conv.chat.kwargs["thinking"] = conv.thinking;
+  // The budget as the templates that read one take it (Seed-OSS's
+  // thinking_budget; deepseek-v4-0731 maps it to a reasoning effort).
+  if (conv.thinking_budget > 0) conv.chat.kwargs["thinking_budget"] = conv.thinking_budget;
   return conv;
 }
 

@@ -187,11 +187,10 @@ ModelInfo model_info_from_gguf(const GgufFile& f, const std::string& path, const
   info.n_vocab = tok->n_vocab();
   info.created = int64_t(std::time(nullptr));
   info.chat_family = detect_chat_family(f);
-  try {
-    info.chat_template = gguf_chat_template(f);
-  } catch (const std::exception& e) {
-    info.chat_template_refused = e.what();
-  }
+  ModelChatTemplate chat_template = model_chat_template(f);
+  info.chat_template = std::move(chat_template.tmpl);
+  info.chat_template_refused = std::move(chat_template.refused);
+  info.chat_template_builtin = std::move(chat_template.builtin);
   info.chat_stop_tokens = chat_stop_tokens(info.chat_family, *tok);
   if (info.chat_family == ChatFamily::Plain) info.chat_stop_strings = chat_stop_strings(info.chat_family);
   for (int32_t t = 0; t < tok->n_vocab(); ++t) {

@@ -249,7 +249,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "answers OPTIONS preflights (default: no CORS headers)")
       ("chat-template", po::value<std::string>(&r.chat_template_file),
        ("Jinja chat template rendering chat prompts instead of the model's own (tokenizer.chat_template): a "
-        "file, or the name of a built-in published template: " + builtin_chat_template_names() +
+        "file, or the name of a built-in template: " + builtin_chat_template_names() +
         " (a file of that name wins; docs/CHAT_TEMPLATES.md gives their sources); refused at start when it "
         "uses what Baton's Jinja engine lacks")
            .c_str())
@@ -665,6 +665,15 @@ int serve(const ServeOptions& given) {
     if (!model.chat_template_refused.empty()) {
       std::fprintf(stderr, "baton serve: warning: the model's own chat template does not load (%s); %s replaces it\n",
                    model.chat_template_refused.c_str(), chat_template_source.c_str());
+    }
+  } else if (model.chat_template && !model.chat_template_builtin.empty()) {
+    if (info) {
+      std::fprintf(stderr, "baton serve: chat prompts from the built-in template %s, which the model file's metadata "
+                   "selects\n", model.chat_template_builtin.c_str());
+    }
+    if (!model.chat_template_refused.empty()) {
+      std::fprintf(stderr, "baton serve: warning: the model's own chat template does not load (%s)\n",
+                   model.chat_template_refused.c_str());
     }
   } else if (model.chat_template) {
     if (info) std::fprintf(stderr, "baton serve: chat prompts from the model's chat template\n");
