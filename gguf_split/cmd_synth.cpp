@@ -63,7 +63,7 @@ class Progress {
 }  // namespace
 
 int cmd_synth(int argc, char** argv) {
-  std::string arch, shape, type, out, data = "random";
+  std::string arch, shape, type, out, draft_out, data = "random";
   uint64_t seed = 0x5eed;
   int layers = 0;
   po::options_description opts(
@@ -86,6 +86,10 @@ int cmd_synth(int argc, char** argv) {
                                  "pattern, type and shape share one repeated random tile (written at disk "
                                  "speed, full size on disk); sparse: header only, the data a sparse hole "
                                  "(reads as zeros; for planning)")
+      ("dspark", "deepseek4: add the DSpark drafter (random weights of its real shapes; tiny: the last three "
+                 "layers as target layers) to the model file, keys deepseek4.dspark.*, tensors mtp.*")
+      ("draft-out", po::value(&draft_out), "with --dspark: write the drafter to this sidecar file instead "
+                                           "(general.architecture deepseek4-dspark, keys dspark.*), for --draft")
       ("layers", po::value(&layers), "only the first N layers, each of the shape's own size (a shorter model "
                                      "for a card that cannot hold the whole, e.g. 20 of Flash's 43 on an 80 GB card)")
       ("quiet,q", "no progress on stderr");
@@ -108,6 +112,12 @@ int cmd_synth(int argc, char** argv) {
   o.type = type;
   o.seed = seed;
   o.data = *mode;
+  o.dspark = vm->count("dspark") > 0;
+  o.draft_out = draft_out;
+  if (!draft_out.empty() && !o.dspark) {
+    std::fprintf(stderr, "baton synth: --draft-out needs --dspark\n");
+    return 1;
+  }
   o.layers = layers;
   Progress progress(vm->count("quiet") > 0);
   o.progress = [&](uint64_t done, uint64_t total) { progress(done, total); };
@@ -119,6 +129,9 @@ int cmd_synth(int argc, char** argv) {
               out.c_str(), r.shape.c_str(), r.type.c_str(), static_cast<unsigned long long>(r.n_tensors),
               gib(r.tensor_bytes), synth_data_name(*mode), static_cast<long long>(r.n_vocab),
               static_cast<unsigned long long>(seed), s);
+  if (!draft_out.empty()) {
+    std::printf("wrote %s: DSpark drafter, %.2f GiB of tensor data\n", draft_out.c_str(), gib(r.draft_bytes));
+  }
   return 0;
 }
 

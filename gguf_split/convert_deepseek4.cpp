@@ -23,6 +23,7 @@
 #include "engine/gguf/file.h"
 #include "engine/gguf/safetensors.h"
 #include "gguf_split/checkpoint_config.h"
+#include "gguf_split/convert_dspark.h"
 #include "gguf_split/convert_rows.h"
 #include "gguf_split/convert_tokenizer.h"
 
@@ -40,6 +41,7 @@ constexpr int64_t kMaxDim = int64_t(1) << 24;
 
 struct Hparams {
   Deepseek4Shape s;
+  std::optional<DsparkShape> dspark;  // config.json's dspark_* fields: the mtp.* drafter is converted
   bool tied = false;
   int64_t bos = -1, eos = -1;
 };
@@ -469,13 +471,13 @@ class Planner {
     for (const auto& [name, e] : ckpt.tensors()) {
       std::string_view n = name;
       if (n.starts_with("model.")) n.remove_prefix(6);
-      if (n.starts_with("mtp.")) {
+      if (n.starts_with("mtp.") && !h.dspark) {
         ++skipped_mtp_;
         continue;
       }
       if (n.ends_with("inv_freq")) continue;  // rotary buffers of old exports
       int expert = -1;
-      const std::string gguf = deepseek4_gguf_name(name, &expert);
+      const std::string gguf = n.starts_with("mtp.") ? dspark_gguf_name(name, &expert) : deepseek4_gguf_name(name, &expert);
       if (gguf.empty()) {
         throw std::runtime_error("tensor '" + name + "' is not part of a deepseek_v4 checkpoint (an option this "
                                  "converter does not support, or another architecture)");
@@ -666,7 +668,8 @@ std::string deepseek4_gguf_name(std::string_view n, int* expert) {
 
 ConvertResult convert_hf_deepseek4(const ConvertOptions& o, std::optional<DType> expert_type) {
   const CheckpointConfig config(o.from_dir);
-  const Hparams h = read_config(config);
+  Hparams h = read_config(config);
+  h.dspark = read_dspark_config(config, h.s);
   const Deepseek4Shape& s = h.s;
   for (const auto& t : {o.type, expert_type}) {
     if (t && !dtype_info(*t).quantize) {
@@ -684,6 +687,9 @@ ConvertResult convert_hf_deepseek4(const ConvertOptions& o, std::optional<DType>
     for (const auto& t : s.layer_tensors(l)) planner.add(t);
   }
   for (const auto& t : s.head_tensors()) planner.add(t);
+  if (h.dspark) {
+    for (const auto& t : h.dspark->tensors()) planner.add(t);
+  }
   for (const auto& [gguf, src] : planner.sources()) {
     if (planner.used().count(gguf)) continue;
     if (gguf == "output.weight" && h.tied) continue;  // a stored copy of the tied embedding
@@ -696,6 +702,7 @@ ConvertResult convert_hf_deepseek4(const ConvertOptions& o, std::optional<DType>
 
   GgufWriter w;
   s.write_keys(w);
+  if (h.dspark) h.dspark->write_keys(w, true);
   w.set("general.name", GgufValue::of_str(fs::path(o.from_dir).lexically_normal().filename().string()));
   ConvertResult r;
   r.arch = "deepseek4";

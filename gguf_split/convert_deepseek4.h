@@ -12,7 +12,8 @@
 // attention's kv_norm as `attn.norm`). Every HF matrix is [out, in] row-major,
 // which is GGUF's [in, out]: rows are copied in order; stacked experts are
 // gathered expert by expert. Multi-token-prediction tensors (`mtp.*`) are
-// skipped.
+// skipped, unless config.json describes a DSpark drafter (`dspark_*` fields):
+// then they become the drafter's tensors (gguf_split/convert_dspark.h).
 //
 // Dtypes by role: norms, hyper-connection scales and biases, sinks and the
 // router bias are F32; tid2eid is I32. Matrices keep their own float dtype, or

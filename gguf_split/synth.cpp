@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "engine/dspark/dspark_shape.h"
 #include "engine/model/deepseek4_shape.h"
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
@@ -527,18 +528,26 @@ Ds4Types ds4_float_types(DType type) {
   return t;
 }
 
+TensorPlan ds4_plan(const Ds4TensorSpec& spec, const Ds4Types& types, int n_expert) {
+  TensorPlan p{spec.name, types.of(spec.role), spec.shape};
+  switch (spec.role) {
+    case Ds4Role::Norm: p.content = Content::Norm; break;
+    case Ds4Role::HcParam: case Ds4Role::Sinks: case Ds4Role::RouterBias: p.content = Content::Param; break;
+    case Ds4Role::HashTable: p.content = Content::ExpertIds; p.id_range = n_expert; break;
+    default: break;
+  }
+  return p;
+}
+
+std::vector<TensorPlan> dspark_tensors(const DsparkShape& d, const Ds4Types& types) {
+  std::vector<TensorPlan> t;
+  for (const auto& spec : d.tensors()) t.push_back(ds4_plan(spec, types, d.target.n_expert));
+  return t;
+}
+
 std::vector<TensorPlan> ds4_tensors(const Deepseek4Shape& s, const Ds4Types& types) {
   std::vector<TensorPlan> t;
-  auto add = [&](const Ds4TensorSpec& spec) {
-    TensorPlan p{spec.name, types.of(spec.role), spec.shape};
-    switch (spec.role) {
-      case Ds4Role::Norm: p.content = Content::Norm; break;
-      case Ds4Role::HcParam: case Ds4Role::Sinks: case Ds4Role::RouterBias: p.content = Content::Param; break;
-      case Ds4Role::HashTable: p.content = Content::ExpertIds; p.id_range = s.n_expert; break;
-      default: break;
-    }
-    t.push_back(std::move(p));
-  };
+  auto add = [&](const Ds4TensorSpec& spec) { t.push_back(ds4_plan(spec, types, s.n_expert)); };
   for (const auto& spec : s.embedding_tensors()) add(spec);
   for (int l = 0; l < s.n_layer; ++l) {
     for (const auto& spec : s.layer_tensors(l)) add(spec);
@@ -618,6 +627,9 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
                                             fmt::join(info->types, ", ")));
   }
 
+  if (o.dspark && info->arch != "deepseek4") {
+    throw std::invalid_argument("synth: --dspark needs a deepseek4 shape");
+  }
   // --layers: the first N layers of the shape, each as it is in the whole.
   const auto layers_of = [&](int n_layer) {
     if (o.layers == 0) return n_layer;
@@ -681,10 +693,20 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
     w.set("tokenizer.ggml.padding_token_id", GgufValue::of_u32(2));
     w.set("tokenizer.ggml.add_bos_token", GgufValue::of_bool(true));
     w.set("tokenizer.ggml.add_eos_token", GgufValue::of_bool(false));
-    tensors = ds4_tensors(shape, type == "f32"   ? ds4_float_types(DType::F32)
-                                 : type == "f16" ? ds4_float_types(DType::F16)
-                                 : type == "q4"  ? Ds4Types::q4()
-                                                 : Ds4Types::q2());
+    const Ds4Types types = type == "f32"   ? ds4_float_types(DType::F32)
+                           : type == "f16" ? ds4_float_types(DType::F16)
+                           : type == "q4"  ? Ds4Types::q4()
+                                           : Ds4Types::q2();
+    tensors = ds4_tensors(shape, types);
+    if (o.dspark) {
+      const DsparkShape d = DsparkShape::for_target(shape);
+      if (o.draft_out.empty()) {
+        d.write_keys(w, true);
+        for (TensorPlan& t : dspark_tensors(d, types)) tensors.push_back(std::move(t));
+      } else {
+        result.draft_bytes = write_dspark_file(o.draft_out, d, types, o.seed ^ 0xd5a7c0ffeeull, false, o.data);
+      }
+    }
   }
   w.set("general.name", GgufValue::of_str(fmt::format("baton-synth {}-{}", info->name, type)));
   if (o.layers > 0) w.set("baton.synth.layers", GgufValue::of_u32(uint32_t(o.layers)));
@@ -706,6 +728,39 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
     w.write(path);
   }
   return result;
+}
+
+uint64_t write_dspark_file(const std::string& path, const DsparkShape& d, const Ds4Types& types, uint64_t seed,
+                           bool with_target_io, SynthData mode) {
+  GgufWriter w;
+  if (with_target_io) d.target.write_keys(w);  // the target's dims, for a reader of this file alone
+  w.set("general.architecture", GgufValue::of_str(kDsparkArch));
+  w.set("general.name", GgufValue::of_str("baton-synth DSpark drafter"));
+  d.write_keys(w, false);
+  std::vector<TensorPlan> tensors = dspark_tensors(d, types);
+  if (with_target_io) {
+    for (const auto& spec : d.target.embedding_tensors()) tensors.push_back(ds4_plan(spec, types, d.target.n_expert));
+    for (const auto& spec : d.target.head_tensors()) {
+      if (spec.role == Ds4Role::Output) tensors.push_back(ds4_plan(spec, types, d.target.n_expert));
+    }
+  }
+  uint64_t bytes = 0;
+  for (const TensorPlan& t : tensors) {
+    uint64_t elems = 1;
+    for (int64_t n : t.ne) elems *= uint64_t(n);
+    bytes += *dtype_bytes(t.type, elems);
+  }
+  SynthOptions o;
+  o.seed = seed;
+  o.data = mode;
+  DataWriter data(o, bytes);
+  for (const TensorPlan& t : tensors) data.add(w, t);
+  if (mode == SynthData::Sparse) {
+    w.write_sparse(path);
+  } else {
+    w.write(path);
+  }
+  return bytes;
 }
 
 }  // namespace baton

@@ -66,6 +66,11 @@ struct SynthOptions {
   std::string type;   // "" for the suffix or the shape's default; must agree with a suffix
   uint64_t seed = 0x5eed;
   SynthData data = SynthData::Random;
+  // deepseek4 only: add the DSpark drafter (engine/dspark/dspark_shape.h,
+  // random weights of its real shapes) to the model file, or with draft_out
+  // to a sidecar file of its own (general.architecture deepseek4-dspark).
+  bool dspark = false;
+  std::string draft_out;
   // 0: the shape's layers; else this many of them (1 to the shape's count),
   // each the shape's own: a shorter model for a card that cannot hold all.
   int layers = 0;
@@ -79,11 +84,22 @@ struct SynthResult {
   uint64_t n_tensors = 0;
   uint64_t tensor_bytes = 0;
   int64_t n_vocab = 0;
+  uint64_t draft_bytes = 0;  // tensor data of a drafter sidecar (SynthOptions::draft_out)
 };
 
 // Writes the model as GGUF v3 (through a temporary name beside path, renamed when complete).
 // Throws std::invalid_argument for an unknown shape, type or arch mismatch.
 // Memory stays bounded by a few MiB per thread whatever the model size.
 SynthResult write_synth_model(const std::string& path, const SynthOptions& options);
+
+// Writes a DSpark drafter sidecar of `shape` with random weights whose dtypes
+// come from `types` by role. With `with_target_io` it also holds the target's
+// token_embd.weight and output.weight (types.embedding, types.output) and
+// the target's deepseek4.* keys: a self-contained file for the draft
+// network's tests. Returns the tensor bytes.
+struct DsparkShape;
+struct Ds4Types;
+uint64_t write_dspark_file(const std::string& path, const DsparkShape& shape, const Ds4Types& types, uint64_t seed,
+                           bool with_target_io = false, SynthData data = SynthData::Random);
 
 }  // namespace baton

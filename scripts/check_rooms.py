@@ -17,7 +17,7 @@ import sys
 # Bottom to top: a room may include the rooms before it.
 ROOMS = [
     "engine/base", "engine/gguf", "engine/text", "engine/sampling", "engine/model", "engine/tp",
-    "engine/plan", "engine/runtime", "engine/arch", "engine/spec", "engine/cuda", "engine/cuda/stages",
+    "engine/plan", "engine/runtime", "engine/arch", "engine/spec", "engine/dspark", "engine/cuda", "engine/cuda/stages",
     "engine",  # engine/registry.cpp: the list of architectures, above every room
     "chat/jinja", "chat/output", "chat/templates", "chat",
 ]

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/dspark/dspark_weights.h"
 #include "engine/model/deepseek4_shape.h"
 #include "engine/gguf/file.h"
 #include "gguf_split/convert_deepseek4.h"
@@ -212,10 +213,9 @@ Ds4Model ds4_model(const Deepseek4Shape& s, uint64_t seed) {
 // Writes the model as a checkpoint in DeepSeek's spelling (per-expert
 // matrices, one file) or transformers' (fused gate_up stacks, two shards).
 void write_ds4_checkpoint(const std::string& dir, const Deepseek4Shape& s, const Ds4Model& m, bool transformers,
-                          const json& config) {
+                          const json& config, StTensors t = {}) {
   std::filesystem::create_directories(dir);
   write_text(dir + "/config.json", config.dump(2));
-  StTensors t;
   auto leaf = [&](const std::string& gguf_leaf) -> const Ds4Name& {
     for (const Ds4Name& n : ds4_names()) {
       if (gguf_leaf == n.gguf) return n;
@@ -379,6 +379,79 @@ TEST(CliConvertDeepseek4, BothSpellingsGiveThePublishedLayoutAndThePipelineAgree
   for (int64_t v = 0; v < s.n_vocab; ++v) mass += std::exp(double(one[size_t(v)]));
   EXPECT_LE(max_diff, 1e-5);
   EXPECT_NEAR(mass, 1.0, 1e-5);  // rows are log-probabilities
+}
+
+// A DSpark drafter in DeepSeek's spelling (per-expert matrices) is converted
+// to the mtp.* tensors of engine/dspark/dspark_shape.h when config.json has
+// the dspark_* fields, byte for byte, and loads as the model's drafter.
+TEST(CliConvertDeepseek4, DsparkDrafterIsConvertedWhenTheConfigDescribesIt) {
+  const Deepseek4Shape s = ds4_shape();
+  const Ds4Model m = ds4_model(s, 9);
+  json config = ds4_config();
+  config["dspark_block_size"] = 4;
+  config["dspark_markov_rank"] = 8;
+  config["dspark_noise_token_id"] = 5;
+  config["dspark_target_layer_ids"] = {2, 3, 4};
+  config["n_mtp_layers"] = 2;
+  DsparkShape d = DsparkShape::for_target(s);
+  d.block_size = 4;
+  d.markov_rank = 8;
+  d.noise_token_id = 5;
+  d.n_stages = 2;
+  std::mt19937_64 rng(10);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  StTensors mtp;
+  std::map<std::string, std::vector<float>> want;
+  const std::map<std::string, std::string> own = {
+      {"hc_head_fn.weight", "hc_head_fn"}, {"hc_head_base.weight", "hc_head_base"},
+      {"hc_head_scale.weight", "hc_head_scale"}};
+  for (const Ds4TensorSpec& spec : d.tensors()) {
+    const size_t dot = spec.name.find('.', 4);
+    const std::string stage = spec.name.substr(4, dot - 4), gleaf = spec.name.substr(dot + 1);
+    int64_t n = 1;
+    for (int64_t x : spec.shape) n *= x;
+    auto& v = want[spec.name];
+    for (int64_t i = 0; i < n; ++i) v.push_back(u(rng));
+    if (spec.role == Ds4Role::ExpertGateUp || spec.role == Ds4Role::ExpertDown) {
+      const int64_t E = spec.shape[2], rows = spec.shape[1], cols = spec.shape[0];
+      const char* w = gleaf == "ffn_down_exps.weight" ? "w2" : gleaf == "ffn_up_exps.weight" ? "w3" : "w1";
+      for (int64_t e = 0; e < E; ++e) {
+        mtp["mtp." + stage + ".ffn.experts." + std::to_string(e) + "." + w + ".weight"] =
+            {{rows, cols}, std::vector<float>(v.begin() + e * rows * cols, v.begin() + (e + 1) * rows * cols), {}};
+      }
+      continue;
+    }
+    std::string hf = gleaf;  // main_proj, norms, markov and confidence heads keep their names
+    if (own.count(gleaf)) hf = own.at(gleaf);
+    for (const Ds4Name& x : ds4_names()) {
+      if (gleaf == x.gguf) hf = x.deepseek;
+    }
+    mtp["mtp." + stage + "." + hf] = {std::vector<int64_t>(spec.shape.rbegin(), spec.shape.rend()), v, {}};
+  }
+  test::TempDir dir;
+  write_ds4_checkpoint(dir.file("ds"), s, m, false, config, mtp);
+  auto r = baton({"convert", "--from", dir.file("ds"), "-o", dir.file("d.gguf"), "--quiet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const GgufFile g = GgufFile::open(dir.file("d.gguf"));
+  auto found = dspark_find(g, "");
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->n_stages, 2);
+  EXPECT_EQ(found->target_layer_ids, (std::vector<int>{2, 3, 4}));
+  EXPECT_EQ(g.tensors().size(), ds4_specs(s).size() + d.tensors().size());
+  for (const auto& [name, v] : want) {
+    SCOPED_TRACE(name);
+    const GgufTensorInfo* t = g.find_tensor(name);
+    ASSERT_NE(t, nullptr);
+    const auto bytes = tensor_bytes(g, *t);
+    ASSERT_EQ(bytes.size(), v.size() * 4);
+    EXPECT_EQ(std::memcmp(bytes.data(), v.data(), bytes.size()), 0);
+  }
+  // Without the dspark_* fields the drafter is skipped, as before.
+  write_ds4_checkpoint(dir.file("plain"), s, m, false, ds4_config(), mtp);
+  r = baton({"convert", "--from", dir.file("plain"), "-o", dir.file("p.gguf")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("skipped"), std::string::npos) << r.err;
+  EXPECT_FALSE(dspark_find(GgufFile::open(dir.file("p.gguf")), ""));
 }
 
 TEST(CliConvertDeepseek4, TypesFollowTheRolesAndBadConfigsAreRefusedByField) {

@@ -313,7 +313,7 @@ TEST(CliRun, StatsStartTheirOwnLineWhenBothStreamsShareAPipe) {
 namespace baton {
 namespace {
 
-// --draft (docs/SPECULATIVE.md): with each test draft source the output is
+// --draft-test (docs/SPECULATIVE.md): with each test draft source the output is
 // the plain greedy output, token for token, on a deepseek4 written here;
 // the guesses kept say which source ran.
 TEST(CliRun, DraftedGreedyOutputEqualsPlain) {
@@ -329,7 +329,7 @@ TEST(CliRun, DraftedGreedyOutputEqualsPlain) {
   ASSERT_EQ(want.size(), 40u);
   for (const char* mode : {"forced-accept", "forced-reject", "forced-prefix"}) {
     std::vector<std::string> args = common;
-    args.insert(args.end(), {"--draft", mode, "--draft-max", "3"});
+    args.insert(args.end(), {"--draft-test", mode, "--draft-max", "3"});
     auto r = baton_run(args);
     ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.err;
     const auto j = nlohmann::json::parse(r.out);
@@ -344,14 +344,14 @@ TEST(CliRun, DraftedGreedyOutputEqualsPlain) {
     }
   }
   // Refused before loading: sampling, an unknown source, the length.
-  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--draft", "forced-accept", "--temp", "0.8"},
-                                              std::vector<std::string>{"--draft", "guess"},
-                                              std::vector<std::string>{"--draft", "forced-accept", "--draft-max", "8"}}) {
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--draft-test", "forced-accept", "--temp", "0.8"},
+                                              std::vector<std::string>{"--draft-test", "guess"},
+                                              std::vector<std::string>{"--draft-test", "forced-accept", "--draft-max", "8"}}) {
     std::vector<std::string> args = {"-m", model, "-n", "4"};
     args.insert(args.end(), bad.begin(), bad.end());
     auto r = baton_run(args);
     EXPECT_NE(r.exit_code, 0) << bad[1];
-    EXPECT_NE(r.err.find("--draft"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--draft-test"), std::string::npos) << r.err;
   }
 }
 

@@ -1,3 +1,4 @@
+#include "engine/dspark/dspark_weights.h"
 #include "coordinator/cluster/local_engine.h"
 
 #include <fmt/format.h>
@@ -70,6 +71,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   LoadOptions staging;  // the plan counts the ring the load will use
   staging.slot_bytes = config_.staging_slot_bytes;
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
+  // A drafter that is named or present must be whole (every tensor by name
+  // and shape), so that a broken one fails here and not as poor drafts.
+  dspark_find(file_, config_.stage.draft_path);
   if (std::string why = memory_limit_problem(config_.backend, plan_, config_.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
   }

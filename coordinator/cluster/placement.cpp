@@ -212,6 +212,8 @@ StageRequest PlacementRequest::stage(LayerRange layers, bool embedding, bool hea
   s.optional_caches = optional_caches;
   s.ds4_kv = ds4_kv;
   s.staging_slot_bytes = staging_slot_bytes;
+  s.drafter_bytes = drafter_bytes;
+  s.drafter_detail = drafter_detail;
   return s;
 }
 

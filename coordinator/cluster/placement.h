@@ -40,6 +40,8 @@ struct PlacementRequest {
   uint64_t optional_caches = 0;  // per stage
   Ds4KvStorage ds4_kv = Ds4KvStorage::F32;
   uint64_t staging_slot_bytes = uint64_t(64) << 20;  // each loader staging buffer (--staging-mb)
+  uint64_t drafter_bytes = 0;  // the head stage's drafter line (StageRequest::drafter_bytes)
+  std::string drafter_detail{};
 
   StageRequest stage(LayerRange layers, bool embedding, bool head, Backend backend, int64_t n_ctx) const;
 };

@@ -19,6 +19,7 @@
 #include <system_error>
 #include <vector>
 
+#include "engine/dspark/dspark_weights.h"
 #include "coordinator/commands/commands.h"
 #include "coordinator/cluster/placement.h"
 #include "coordinator/commands/plan_deploy.h"
@@ -200,7 +201,7 @@ void print_ranks(const std::vector<MemoryPlan>& plans, uint64_t usable) {
 }  // namespace
 
 int cmd_plan(int argc, char** argv) {
-  std::string model, nodes_text, reserve_text, caches_text = "0", kv = "f32", split_dir = "parts";
+  std::string model, nodes_text, reserve_text, caches_text = "0", kv = "f32", split_dir = "parts", draft;
   PlacementRequest req;
   uint64_t staging_mb = req.staging_slot_bytes >> 20;
   int tp = 1;
@@ -231,6 +232,9 @@ int cmd_plan(int argc, char** argv) {
        "the folder the printed split command writes the parts to, and the config names them in")
       ("tp", po::value(&tp)->default_value(tp),
        "tensor-parallel ranks per stage: each node is one rank's device; plans every rank (see below)")
+      ("draft", po::value(&draft),
+       "deepseek4: the DSpark drafter's sidecar GGUF, planned as the head stage's \"drafter\" line (default: "
+       "the model file's own mtp.* drafter, if any)")
       ("json", "print one JSON object instead of tables");
   po::positional_options_description positional;
   positional.add("model", 1);
@@ -266,6 +270,10 @@ int cmd_plan(int argc, char** argv) {
   if (parse_only()) return 0;
   // One file or a llama.cpp shard set.
   const ModelFiles files = about_file(model, [&] { return ModelFiles::open(model); });
+  if (auto d = about_file(model, [&] { return dspark_plan(files.meta(), draft); })) {
+    req.drafter_bytes = d->total();
+    req.drafter_detail = d->detail;
+  }
   std::unique_ptr<RankHeaders> ranks;
   if (tp > 1) ranks = std::make_unique<RankHeaders>(files, tp);
   std::unique_ptr<ModelPlanner> whole;

@@ -37,6 +37,7 @@
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
 #include "engine/runtime/stage.h"
+#include "engine/dspark/dspark_weights.h"
 #include "engine/spec/forced_draft.h"
 #include "engine/spec/speculative.h"
 #include "engine/text/tokenizer.h"
@@ -67,6 +68,7 @@ struct RunOptions {
   Backend backend = Backend::Cpu;
   std::string backend_note;  // with --backend auto: which one, and why
   uint64_t staging_mb = 64;
+  std::string draft;  // --draft: the DSpark drafter's sidecar
   bool progress = false;
   int workers = 0;  // > 0: run through a local cluster of this many worker processes
   int tp = 1;       // > 1: each of the `workers` stages on this many ranks (rank files made for the run)
@@ -79,8 +81,8 @@ struct RunOptions {
   std::string link = "auto";  // stage links with --workers: auto, tcp, nccl
   uint64_t mem_limit = 0;           // --mem-limit: the stage's (or each worker's) cap; 0 none
   std::vector<uint64_t> worker_mem_limits;  // from a config's [[node]] memory, one per worker
-  std::string draft = "none";  // --draft: speculative decoding with a test draft source
-  int draft_max = 5;           // --draft-max: guesses per verify
+  std::string draft_test = "none";  // --draft-test: speculative decoding with a test draft source
+  int draft_max = 5;                // --draft-max: guesses per verify
 };
 
 // Loading progress is worth a line on stderr for real models, or when asked.
@@ -135,6 +137,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "refused with exit status 2 when the build has no CUDA or no GPU is present)")
       ("staging-mb", po::value<uint64_t>(&r.staging_mb)->default_value(64),
        "MiB of each of the loader's 4 staging buffers (pinned host memory with --backend cuda)")
+      ("draft", po::value<std::string>(&r.draft),
+       "DeepSeek V4: the DSpark drafter's sidecar GGUF (general.architecture deepseek4-dspark); checked "
+       "before loading, every tensor by name and shape (default: the model file's own mtp.* drafter, if any)")
       ("progress", po::bool_switch(&r.progress),
        "show loading progress on stderr (always shown for models of 256 MiB or more)")
       ("workers", po::value<int>(&r.workers)->default_value(0),
@@ -164,13 +169,13 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "with --workers: inject a fault into every worker, for tests (baton worker --fault)")
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
-      ("draft", po::value<std::string>(&r.draft)->default_value("none"),
+      ("draft-test", po::value<std::string>(&r.draft_test)->default_value("none"),
        "speculative decoding with a test draft source (docs/SPECULATIVE.md), CPU, one process, --temp 0: "
        "forced-accept (guesses the model's own greedy output, from a plain run first), forced-reject "
        "(guesses it never picks) or forced-prefix (right for a random number of guesses); the text is the "
        "plain run's; none = plain decoding")
       ("draft-max", po::value<int>(&r.draft_max)->default_value(5),
-       "with --draft: tokens guessed per verify forward, 1..7")
+       "with --draft-test: tokens guessed per verify forward, 1..7")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -236,19 +241,24 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (r.worker_delay_ms < 0) throw std::invalid_argument("--worker-delay-ms must be >= 0");
   if (r.threads_per_worker < 0) throw std::invalid_argument("--threads-per-worker must be >= 0");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
-  if (r.draft != "none") {
-    if (r.draft != "forced-accept" && r.draft != "forced-reject" && r.draft != "forced-prefix") {
-      throw std::invalid_argument("--draft must be none, forced-accept, forced-reject or forced-prefix, got '" +
-                                  r.draft + "'");
+  if (r.draft_test != "none") {
+    if (r.draft_test != "forced-accept" && r.draft_test != "forced-reject" && r.draft_test != "forced-prefix") {
+      throw std::invalid_argument("--draft-test must be none, forced-accept, forced-reject or forced-prefix, got '" +
+                                  r.draft_test + "'");
     }
     if (r.draft_max < 1 || r.draft_max > 7) throw std::invalid_argument("--draft-max must be in 1..7");
-    if (r.sampling.temperature != 0) throw std::invalid_argument("--draft checks the greedy output: give --temp 0");
-    if (r.workers > 0) throw std::invalid_argument("--draft runs in one process (no --workers)");
+    if (r.sampling.temperature != 0) {
+      throw std::invalid_argument("--draft-test checks the greedy output: give --temp 0");
+    }
+    if (r.workers > 0) throw std::invalid_argument("--draft-test runs in one process (no --workers)");
     if (vm["backend"].defaulted()) backend = "cpu";
   }
+  if (!r.draft.empty() && (r.workers > 0 || !r.parts.empty())) {
+    throw std::invalid_argument("--draft runs with the whole model in this process (no --workers or --parts)");
+  }
   r.backend = resolve_backend(backend, &r.backend_note);
-  if (r.draft != "none" && r.backend != Backend::Cpu) {
-    throw CommandError("--draft runs on the CPU backend only (--backend cpu)", kExitRefused);
+  if (r.draft_test != "none" && r.backend != Backend::Cpu) {
+    throw CommandError("--draft-test runs on the CPU backend only (--backend cpu)", kExitRefused);
   }
   return r;
 }
@@ -325,7 +335,9 @@ Generated generate_drafted(const RunOptions& opt, const Tokenizer& tok, StageRun
   const std::vector<int32_t> reference = speculative_generate(stage, 0, prompt, plain, none, o).tokens;
   stage.reset(0);
   using Mode = ForcedDraft::Mode;
-  const Mode mode = opt.draft == "forced-accept" ? Mode::Accept : opt.draft == "forced-reject" ? Mode::Reject : Mode::Prefix;
+  const Mode mode = opt.draft_test == "forced-accept"   ? Mode::Accept
+                    : opt.draft_test == "forced-reject" ? Mode::Reject
+                                                        : Mode::Prefix;
   ForcedDraft draft(mode, int64_t(prompt.size()), reference, n_vocab, opt.sampling.seed);
   Generated g;
   // Decode time runs from the first token (sampled after the prefill), as
@@ -563,7 +575,8 @@ int run(const RunOptions& opt) {
   sc.n_ctx = opt.n_ctx;
   sc.n_threads = opt.n_threads;
   sc.max_batch = opt.batch;
-  if (opt.draft != "none") sc.verify_rows = opt.draft_max + 1;
+  if (opt.draft_test != "none") sc.verify_rows = opt.draft_max + 1;
+  sc.draft_path = opt.draft;
   LoadOptions load;
   load.slot_bytes = opt.staging_mb << 20;
   // The dry-run plan checks the architecture and every tensor before the
@@ -571,6 +584,10 @@ int run(const RunOptions& opt) {
   const MemoryPlan dry = about_file(model_path, [&] { return plan_stage_runner(opt.backend, file, sc, load); });
   if (std::string why = memory_limit_problem(opt.backend, dry, opt.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
+  }
+  if (auto d = dspark_find(file, sc.draft_path); d && net::log_enabled(net::LogLevel::info)) {
+    std::fprintf(stderr, "baton run: %s (%s)\n", d->describe().c_str(),
+                 sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str());
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
@@ -610,7 +627,7 @@ int run(const RunOptions& opt) {
   Sampler sampler(opt.sampling, int32_t(stage.n_vocab()));
   SpecStats spec;
   Generated gen;
-  if (opt.draft != "none") {
+  if (opt.draft_test != "none") {
     gen = generate_drafted(opt, *tokenizer, stage, prompt, &spec);
   } else {
     const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;
@@ -629,16 +646,16 @@ int run(const RunOptions& opt) {
         j["threads"] = opt.n_threads;
         j["top_logits"] = top;
         j["memory_plan"] = plan;
-        if (opt.draft != "none") {
-          j["draft"] = {{"mode", opt.draft},
+        if (opt.draft_test != "none") {
+          j["draft"] = {{"mode", opt.draft_test},
                         {"max", opt.draft_max},
                         {"verifies", spec.verifies},
                         {"drafted", spec.drafted},
                         {"accepted", spec.accepted}};
         }
       },
-      opt.draft == "none" ? std::string()
-                          : "; " + opt.draft + ": " + std::to_string(spec.verifies) + " verifies, " +
+      opt.draft_test == "none" ? std::string()
+                               : "; " + opt.draft_test + ": " + std::to_string(spec.verifies) + " verifies, " +
                                 std::to_string(spec.accepted) + " of " + std::to_string(spec.drafted) +
                                 " guesses kept");
   return 0;

@@ -280,6 +280,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "the name /v1/models reports and clients pass as \"model\" (default: the file name without .gguf, and a split part's without its part suffix)")
       ("ctx", po::value<int64_t>(&r.engine.stage.n_ctx)->default_value(0),
        "context per sequence in tokens (prompt + completion); 0 = the model's, at most 4096")
+      ("draft", po::value<std::string>(&r.engine.stage.draft_path),
+       "DeepSeek V4: the DSpark drafter's sidecar GGUF (general.architecture deepseek4-dspark); checked at "
+       "startup, every tensor by name and shape (default: the model file's own mtp.* drafter, if any)")
       ("parallel", po::value<int>(&r.engine.stage.n_seq)->default_value(4),
        "sequences generated concurrently (each holds a KV cache slot of --ctx tokens)")
       ("no-prefix-cache", po::bool_switch(), "never reuse the KV of a finished request: every prompt is computed whole")
@@ -419,6 +422,9 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   if (!net::link_mode_from_name(r.link)) throw std::invalid_argument("--link must be auto, tcp or nccl, got '" + r.link + "'");
   if (port < 0 || port > 65535) throw std::invalid_argument("--port must be in 0..65535");
   if (r.staging_mb < 1 || r.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
+  if (!r.engine.stage.draft_path.empty() && (r.workers > 0 || r.remote)) {
+    throw std::invalid_argument("--draft serves the whole model in this process (no --workers, --parts or remote workers)");
+  }
   r.engine.staging_slot_bytes = r.staging_mb << 20;
   r.http.port = uint16_t(port);
   if (r.engine.stage.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");

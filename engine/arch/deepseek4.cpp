@@ -153,6 +153,8 @@ std::vector<float> ds4_rope_freqs(int dim, double base, double factor, double be
   return f;
 }
 
+void ds4_hc_collapse(const float* w, const float* x, int n, int64_t E, float* out) { hc_collapse(w, x, n, E, out); }
+
 // ------------------------------------------------------------------ the arch
 
 Deepseek4Arch::Deepseek4Arch(const GgufFile& f) : s_(Deepseek4Shape::from_gguf(f)) {

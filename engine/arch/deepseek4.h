@@ -53,6 +53,10 @@ void ds4_hc_weights(float* mix, int n_hc, const float* scale, const float* base,
 void ds4_route(float* scores, int n_expert, const float* bias, const int32_t* hash_ids, int n_used, bool norm,
                float scale, int32_t* ids, float* weights);
 
+// One token's n streams (n rows of E) weighted into one row:
+// out[d] = sum_s w[s] * x[s][d], summed in stream order.
+void ds4_hc_collapse(const float* w, const float* x, int n, int64_t E, float* out);
+
 // YaRN inverse frequencies (transformers' formula; factor <= 1 or orig_ctx <= 0:
 // plain base^(-2i/dim)) for rot_dim rotated dims.
 std::vector<float> ds4_rope_freqs(int rot_dim, double base, double factor, double beta_fast, double beta_slow,

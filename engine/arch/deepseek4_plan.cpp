@@ -100,6 +100,7 @@ class Deepseek4Planner final : public ArchPlanner {
   void count_tensors(const std::vector<const GgufTensorInfo*>& tensors) {
     layers_.assign(size_t(shape_.n_layer), Owned{});
     for (const GgufTensorInfo* t : tensors) {
+      if (t->name.starts_with("mtp.")) continue;  // the DSpark drafter: its own plan line (engine/dspark/)
       const TensorPlace place = tensor_place(t->name);
       switch (place.kind) {
         case TensorPlace::kLayer:

@@ -17,6 +17,7 @@ const char* plan_line_name(PlanLine line) {
     case PlanLine::LoadStaging: return "load staging";
     case PlanLine::PinnedIo: return "pinned io";
     case PlanLine::OptionalCaches: return "optional caches";
+    case PlanLine::Drafter: return "drafter";
   }
   return "?";
 }

@@ -28,6 +28,7 @@ enum class PlanLine {
   LoadStaging,     // the loader's pinned ring, while loading
   PinnedIo,        // a CUDA stage's pinned step parameters and outputs
   OptionalCaches,
+  Drafter,         // a speculative drafter's weights and context windows (DSpark), on the head's stage
 };
 // The printed name ("kv cache", "load staging"...), also the JSON name.
 const char* plan_line_name(PlanLine line);

@@ -81,6 +81,7 @@ TensorPlace tensor_place(std::string_view name) {
   }
   if (name.starts_with("token_embd.")) return {TensorPlace::kEmbedding};
   if (name.starts_with("output")) return {TensorPlace::kOutput};
+  if (name.starts_with("mtp.")) return {TensorPlace::kOutput};  // a drafter (DSpark): beside the output head
   return {TensorPlace::kShared};
 }
 

@@ -44,8 +44,9 @@ class ModelFiles {
 
 // Where a tensor belongs by the GGUF naming convention: one layer ("blk.N."),
 // the embedding ("token_embd."), the output head ("output*": output,
-// output_norm, output_hc_*), or shared by every stage (anything else, e.g.
-// rope frequency tables).
+// output_norm, output_hc_*; and a DSpark drafter's "mtp.*", which drafts
+// through the head), or shared by every stage (anything else, e.g. rope
+// frequency tables).
 struct TensorPlace {
   enum Kind { kLayer, kEmbedding, kOutput, kShared } kind;
   int layer = -1;

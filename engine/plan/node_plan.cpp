@@ -167,6 +167,7 @@ ModelPlanner::StageBytes ModelPlanner::bytes(const StageRequest& r) const {
     b.staging = r.staging_slot_bytes * uint64_t(LoadOptions{}.slots);
   }
   b.optional = r.optional_caches;
+  b.drafter = r.head ? r.drafter_bytes : 0;
   return b;
 }
 
@@ -189,6 +190,7 @@ MemoryPlan ModelPlanner::plan(const StageRequest& r) const {
            b.staging ? "pinned ring while loading, in the node's shared memory"
                      : (r.backend == Backend::Cuda ? "host memory beside the device" : "cpu: reads in place"));
   plan.add(PlanLine::OptionalCaches, b.optional, b.optional ? "requested" : "none requested");
+  if (b.drafter) plan.add(PlanLine::Drafter, b.drafter, r.drafter_detail);
   return plan;
 }
 

@@ -102,6 +102,10 @@ struct StageRequest {
   uint64_t optional_caches = 0;  // bytes asked for (repacked or dequantized weights...)
   Ds4KvStorage ds4_kv = Ds4KvStorage::F32;
   uint64_t staging_slot_bytes = uint64_t(64) << 20;  // each loader staging buffer (LoadOptions::slot_bytes)
+  // A speculative drafter (engine/dspark/dspark_plan.h): its weights and KV,
+  // counted on the stage with the head (the drafter shares the output head).
+  uint64_t drafter_bytes = 0;
+  std::string drafter_detail{};
 
   // Rows a forward holds: max(micro_batch, prefill_chunk), at most n_ctx.
   int64_t rows() const;
@@ -139,7 +143,8 @@ class ModelPlanner {
   // times); plan() is made from these.
   struct StageBytes {
     uint64_t weights = 0, kv = 0, workspace = 0, link = 0, backend = 0, staging = 0, optional = 0;
-    uint64_t total() const { return weights + kv + workspace + link + backend + staging + optional; }
+    uint64_t drafter = 0;
+    uint64_t total() const { return weights + kv + workspace + link + backend + staging + optional + drafter; }
   };
   StageBytes bytes(const StageRequest& r) const;
 

@@ -46,6 +46,10 @@ struct StageConfig {
   // (Arch::can_capture). Both are planned in the workspace line.
   int64_t verify_rows = 0;
   std::vector<int> capture_layers = {};
+  // The DSpark drafter's sidecar file (`--draft`, engine/dspark/); "": the
+  // model file's own drafter, if it has one. Checked at startup; the forward
+  // does not draft yet.
+  std::string draft_path{};
 
   static constexpr int64_t kDefaultMaxCtx = 4096;
 };

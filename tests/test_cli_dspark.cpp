@@ -1,0 +1,73 @@
+// The DSpark drafter through the command line: synth --dspark (in the model
+// file or a sidecar), plan's "drafter" line, and run --draft checking the
+// sidecar before loading.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "engine/gguf/file.h"
+
+#include "tests/convert_test_util.h"
+#include "tests/test_util.h"
+
+namespace baton {
+namespace {
+
+using test::baton;
+
+TEST(CliDspark, SynthPlanAndRunDraft) {
+  test::TempDir dir;
+  auto r = baton({"synth", "--shape", "deepseek4-tiny", "--dspark", "-o", dir.file("m.gguf"), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = baton({"synth", "--shape", "deepseek4-tiny", "--dspark", "--draft-out", dir.file("side.gguf"), "-o",
+             dir.file("plain.gguf"), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("DSpark drafter"), std::string::npos) << r.out;
+  r = baton({"synth", "--shape", "llama-tiny", "--dspark", "-o", dir.file("l.gguf"), "-q"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--dspark needs a deepseek4 shape"), std::string::npos) << r.err;
+
+  // The drafter is its own line of the head's stage, in the model file or named.
+  r = baton({"plan", dir.file("m.gguf"), "--nodes", "8GB", "--ctx", "256"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("drafter"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DSpark, in the model file: 81 tensors"), std::string::npos) << r.out;
+  r = baton({"plan", dir.file("plain.gguf"), "--nodes", "8GB", "--ctx", "256"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("drafter"), std::string::npos) << r.out;
+  r = baton({"plan", dir.file("plain.gguf"), "--nodes", "8GB", "--ctx", "256", "--draft", dir.file("side.gguf")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("DSpark, sidecar"), std::string::npos) << r.out;
+
+  // split: the drafter goes with the head.
+  r = baton({"split", dir.file("m.gguf"), "--layers", "0:2,3:output", "-o", dir.file("parts")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  int with_mtp = 0, parts = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("parts"))) {
+    const GgufFile part = GgufFile::open(e.path().string());
+    ++parts;
+    if (!part.find_tensor("mtp.0.main_proj.weight")) continue;
+    ++with_mtp;
+    EXPECT_NE(part.find_tensor("output.weight"), nullptr) << e.path();
+  }
+  EXPECT_EQ(parts, 2);
+  EXPECT_EQ(with_mtp, 1);
+
+  // run --draft: a file that is no drafter is refused before loading; a sidecar runs.
+  r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("plain.gguf"), "-n", "2", "-p", "hi"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no dspark.* keys"), std::string::npos) << r.err;
+  r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "-n", "2", "-p", "hi", "-t", "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // The drafter runs beside the whole model: not with workers.
+  r = baton({"serve", dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "--workers", "2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--draft serves the whole model in this process"), std::string::npos) << r.err;
+  r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "--workers", "2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--draft runs with the whole model"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace baton
