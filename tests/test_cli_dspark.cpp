@@ -5,6 +5,9 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/gguf/file.h"
 
@@ -67,6 +70,52 @@ TEST(CliDspark, SynthPlanAndRunDraft) {
   r = baton({"run", dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "--workers", "2"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--draft runs with the whole model"), std::string::npos) << r.err;
+}
+
+// With the drafter on (the default where the model file or --draft has one),
+// greedy output is the plain greedy output token for token; the drafter's
+// guesses go through the verify loop (docs/SPECULATIVE.md).
+TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
+  test::TempDir dir;
+  auto r = baton({"synth", "--shape", "deepseek4-tiny", "--dspark", "-o", dir.file("m.gguf"), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = baton({"synth", "--shape", "deepseek4-tiny", "--dspark", "--draft-out", dir.file("side.gguf"), "-o",
+             dir.file("plain.gguf"), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "24", "--temp", "0", "--ignore-eos",
+                                           "--json", "-t", "2", "--backend", "cpu"};
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "run");
+    args.insert(args.end(), common.begin(), common.end());
+    auto out = baton(args);
+    EXPECT_EQ(out.exit_code, 0) << out.err;
+    return out.exit_code == 0 ? nlohmann::json::parse(out.out) : nlohmann::json();
+  };
+  const auto plain = run({dir.file("m.gguf"), "--no-draft"});
+  ASSERT_TRUE(plain.contains("tokens"));
+  EXPECT_FALSE(plain.contains("draft"));
+  const auto drafted = run({dir.file("m.gguf")});
+  ASSERT_TRUE(drafted.contains("draft"));
+  EXPECT_EQ(drafted["tokens"], plain["tokens"]);
+  EXPECT_EQ(drafted["draft"]["mode"], "dspark");
+  EXPECT_GT(drafted["draft"]["verifies"].get<int>(), 0);
+  EXPECT_GT(drafted["draft"]["drafted"].get<int>(), 0);
+  EXPECT_LE(drafted["draft"]["accepted"].get<int>(), drafted["draft"]["drafted"].get<int>());
+  // The drafter from a sidecar beside a model file without one.
+  const auto side_plain = run({dir.file("plain.gguf")});
+  EXPECT_FALSE(side_plain.contains("draft"));
+  const auto side = run({dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "--draft-max", "3",
+                         "--draft-threshold", "0"});
+  ASSERT_TRUE(side.contains("draft"));
+  EXPECT_EQ(side["tokens"], side_plain["tokens"]);
+  // Threshold 0 never stops a draft early: every verify carries 3 guesses
+  // but the last few, which the token limit cuts.
+  const int verifies = side["draft"]["verifies"].get<int>(), guesses = side["draft"]["drafted"].get<int>();
+  EXPECT_LE(guesses, 3 * verifies);
+  EXPECT_GE(guesses, 3 * (verifies - 3));
+  r = baton({"run", dir.file("m.gguf"), "-n", "2", "--draft-threshold", "2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--draft-threshold must be in 0..1"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -1,4 +1,3 @@
-#include "engine/dspark/dspark_weights.h"
 #include "coordinator/cluster/local_engine.h"
 
 #include <fmt/format.h>
@@ -14,7 +13,9 @@
 #include "coordinator/api/metrics.h"
 #include "coordinator/cluster/batch_scheduler.h"
 #include "chat/family.h"
+#include "engine/dspark/dspark_weights.h"
 #include "engine/text/tokenizer.h"
+#include "net/log.h"
 
 namespace baton {
 
@@ -73,7 +74,10 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
   // A drafter that is named or present must be whole (every tensor by name
   // and shape), so that a broken one fails here and not as poor drafts.
-  dspark_find(file_, config_.stage.draft_path);
+  if (auto d = dspark_find(file_, config_.stage.draft_path)) {
+    net::log(net::LogLevel::info, d->describe() + ": checked; serve decodes without it for now (baton run drafts "
+                                                  "with it on the CPU backend, docs/DSPARK.md)");
+  }
   if (std::string why = memory_limit_problem(config_.backend, plan_, config_.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
   }

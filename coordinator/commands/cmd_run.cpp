@@ -37,6 +37,7 @@
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
 #include "engine/runtime/stage.h"
+#include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/spec/forced_draft.h"
 #include "engine/spec/speculative.h"
@@ -83,6 +84,8 @@ struct RunOptions {
   std::vector<uint64_t> worker_mem_limits;  // from a config's [[node]] memory, one per worker
   std::string draft_test = "none";  // --draft-test: speculative decoding with a test draft source
   int draft_max = 5;                // --draft-max: guesses per verify
+  bool no_draft = false;            // --no-draft: the model's drafter stays off
+  float draft_threshold = 0.8f;     // --draft-threshold: the drafter's confidence stop
 };
 
 // Loading progress is worth a line on stderr for real models, or when asked.
@@ -175,7 +178,12 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "(guesses it never picks) or forced-prefix (right for a random number of guesses); the text is the "
        "plain run's; none = plain decoding")
       ("draft-max", po::value<int>(&r.draft_max)->default_value(5),
-       "with --draft-test: tokens guessed per verify forward, 1..7")
+       "tokens guessed per verify forward, 1..7 (the DSpark drafter guesses at most its block size, 5)")
+      ("draft-threshold", po::value<float>(&r.draft_threshold)->default_value(0.8f),
+       "the DSpark drafter stops guessing at the first token whose confidence is below this (0..1)")
+      ("no-draft", po::bool_switch(&r.no_draft),
+       "decode without the model's DSpark drafter (it is on by default on the CPU backend when the model file "
+       "or --draft has one)")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -246,12 +254,15 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       throw std::invalid_argument("--draft-test must be none, forced-accept, forced-reject or forced-prefix, got '" +
                                   r.draft_test + "'");
     }
-    if (r.draft_max < 1 || r.draft_max > 7) throw std::invalid_argument("--draft-max must be in 1..7");
     if (r.sampling.temperature != 0) {
       throw std::invalid_argument("--draft-test checks the greedy output: give --temp 0");
     }
     if (r.workers > 0) throw std::invalid_argument("--draft-test runs in one process (no --workers)");
     if (vm["backend"].defaulted()) backend = "cpu";
+  }
+  if (r.draft_max < 1 || r.draft_max > 7) throw std::invalid_argument("--draft-max must be in 1..7");
+  if (!(r.draft_threshold >= 0 && r.draft_threshold <= 1)) {
+    throw std::invalid_argument("--draft-threshold must be in 0..1");
   }
   if (!r.draft.empty() && (r.workers > 0 || !r.parts.empty())) {
     throw std::invalid_argument("--draft runs with the whole model in this process (no --workers or --parts)");
@@ -311,11 +322,51 @@ Generated generate(const RunOptions& opt, const Tokenizer& tok, int32_t first,
   return g;
 }
 
-// --draft: the plain greedy output first (the test draft sources guess from
-// it), then the same prompt again with drafts, streamed; the drafted run's
-// output, which equals the plain one token for token.
-Generated generate_drafted(const RunOptions& opt, const Tokenizer& tok, StageRunner& stage,
-                           const std::vector<int32_t>& prompt, SpecStats* stats) {
+// The prompt again from an empty sequence, decoded with `draft`'s guesses
+// and streamed (docs/SPECULATIVE.md); `capture` hands the stage's captured
+// rows to the source (a DSpark drafter reads them).
+Generated generate_speculative(const RunOptions& opt, const Tokenizer& tok, StageRunner& stage,
+                               const std::vector<int32_t>& prompt, DraftSource& draft, bool capture,
+                               SpecStats* stats) {
+  const int32_t n_vocab = int32_t(stage.n_vocab());
+  SpecOptions o;
+  o.n_predict = opt.n_predict;
+  o.max_draft = opt.draft_max;
+  o.capture = capture;
+  if (!opt.ignore_eos) {
+    for (int32_t id = 0; id < n_vocab; ++id) {
+      if (tok.is_eog(id)) o.stop_tokens.push_back(id);
+    }
+  }
+  Generated g;
+  // Decode time runs from the first token (sampled after the prefill), as
+  // in generate(); the rate counts the tokens after it.
+  std::optional<std::chrono::steady_clock::time_point> first;
+  o.on_token = [&](int32_t id) {
+    if (!first) first = std::chrono::steady_clock::now();
+    const std::string piece = tok.token_to_piece(id);
+    g.text += piece;
+    if (!opt.json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  };
+  stage.reset(0);
+  Sampler sampler(opt.sampling, n_vocab);
+  const SpecResult r = speculative_generate(stage, 0, prompt, sampler, draft, o);
+  g.decode_s = first ? seconds_since(*first) : 0.0;
+  g.decode_steps = int(std::max<size_t>(r.tokens.size(), 1) - 1);
+  g.tokens = r.tokens;
+  g.stop = r.stop == "stop token" ? "end of generation" : r.stop;
+  *stats = r.stats;
+  return g;
+}
+
+// --draft-test: the plain greedy output first (the test draft sources guess
+// from it), then the same prompt again with drafts, streamed; the drafted
+// run's output, which equals the plain one token for token.
+Generated generate_draft_test(const RunOptions& opt, const Tokenizer& tok, StageRunner& stage,
+                              const std::vector<int32_t>& prompt, SpecStats* stats) {
   struct NoDraft final : DraftSource {
     Draft propose(int32_t, int64_t, int) override { return {}; }
     void committed(std::span<const int32_t>, int64_t, std::span<const float>) override {}
@@ -333,34 +384,12 @@ Generated generate_drafted(const RunOptions& opt, const Tokenizer& tok, StageRun
   Sampler plain(opt.sampling, n_vocab);
   stage.reset(0);
   const std::vector<int32_t> reference = speculative_generate(stage, 0, prompt, plain, none, o).tokens;
-  stage.reset(0);
   using Mode = ForcedDraft::Mode;
   const Mode mode = opt.draft_test == "forced-accept"   ? Mode::Accept
                     : opt.draft_test == "forced-reject" ? Mode::Reject
                                                         : Mode::Prefix;
   ForcedDraft draft(mode, int64_t(prompt.size()), reference, n_vocab, opt.sampling.seed);
-  Generated g;
-  // Decode time runs from the first token (sampled after the prefill), as
-  // in generate(); the rate counts the tokens after it.
-  std::optional<std::chrono::steady_clock::time_point> first;
-  o.max_draft = opt.draft_max;
-  o.on_token = [&](int32_t id) {
-    if (!first) first = std::chrono::steady_clock::now();
-    const std::string piece = tok.token_to_piece(id);
-    g.text += piece;
-    if (!opt.json) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    }
-  };
-  Sampler sampler(opt.sampling, n_vocab);
-  const SpecResult r = speculative_generate(stage, 0, prompt, sampler, draft, o);
-  g.decode_s = first ? seconds_since(*first) : 0.0;
-  g.decode_steps = int(std::max<size_t>(r.tokens.size(), 1) - 1);
-  g.tokens = r.tokens;
-  g.stop = r.stop == "stop token" ? "end of generation" : r.stop;
-  *stats = r.stats;
-  return g;
+  return generate_speculative(opt, tok, stage, prompt, draft, false, stats);
 }
 
 // The prompt's tokens, refused when there are none or more than the context
@@ -577,6 +606,14 @@ int run(const RunOptions& opt) {
   sc.max_batch = opt.batch;
   if (opt.draft_test != "none") sc.verify_rows = opt.draft_max + 1;
   sc.draft_path = opt.draft;
+  // The DSpark drafter (docs/DSPARK.md): on by default for this one user on
+  // the CPU backend; its stage captures the layers it reads.
+  const std::optional<DsparkShape> drafter = dspark_find(file, sc.draft_path);
+  const bool drafting = drafter && !opt.no_draft && opt.draft_test == "none" && opt.backend == Backend::Cpu;
+  if (drafting) {
+    sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.draft_max) + 1);
+    sc.capture_layers = drafter->target_layer_ids;
+  }
   LoadOptions load;
   load.slot_bytes = opt.staging_mb << 20;
   // The dry-run plan checks the architecture and every tensor before the
@@ -585,9 +622,13 @@ int run(const RunOptions& opt) {
   if (std::string why = memory_limit_problem(opt.backend, dry, opt.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
   }
-  if (auto d = dspark_find(file, sc.draft_path); d && net::log_enabled(net::LogLevel::info)) {
-    std::fprintf(stderr, "baton run: %s (%s)\n", d->describe().c_str(),
-                 sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str());
+  if (drafter && net::log_enabled(net::LogLevel::info)) {
+    std::fprintf(stderr, "baton run: %s (%s)%s\n", drafter->describe().c_str(),
+                 sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str(),
+                 drafting              ? ""
+                 : opt.no_draft        ? "; off (--no-draft)"
+                 : opt.draft_test != "none" ? "; off (--draft-test)"
+                                        : "; off: it drafts on the CPU backend only");
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
@@ -628,7 +669,13 @@ int run(const RunOptions& opt) {
   SpecStats spec;
   Generated gen;
   if (opt.draft_test != "none") {
-    gen = generate_drafted(opt, *tokenizer, stage, prompt, &spec);
+    gen = generate_draft_test(opt, *tokenizer, stage, prompt, &spec);
+  } else if (drafting) {
+    const std::optional<GgufFile> sidecar =
+        sc.draft_path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(sc.draft_path));
+    DsparkDraftSource source(sidecar ? *sidecar : file, *drafter, *stage.host_model(), opt.n_threads,
+                             opt.draft_threshold);
+    gen = generate_speculative(opt, *tokenizer, stage, prompt, source, true, &spec);
   } else {
     const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;
     gen = generate(
@@ -646,16 +693,17 @@ int run(const RunOptions& opt) {
         j["threads"] = opt.n_threads;
         j["top_logits"] = top;
         j["memory_plan"] = plan;
-        if (opt.draft_test != "none") {
-          j["draft"] = {{"mode", opt.draft_test},
+        if (opt.draft_test != "none" || drafting) {
+          j["draft"] = {{"mode", drafting ? std::string("dspark") : opt.draft_test},
                         {"max", opt.draft_max},
                         {"verifies", spec.verifies},
                         {"drafted", spec.drafted},
                         {"accepted", spec.accepted}};
         }
       },
-      opt.draft_test == "none" ? std::string()
-                               : "; " + opt.draft_test + ": " + std::to_string(spec.verifies) + " verifies, " +
+      opt.draft_test == "none" && !drafting
+          ? std::string()
+          : "; " + (drafting ? std::string("drafter") : opt.draft_test) + ": " + std::to_string(spec.verifies) + " verifies, " +
                                 std::to_string(spec.accepted) + " of " + std::to_string(spec.drafted) +
                                 " guesses kept");
   return 0;

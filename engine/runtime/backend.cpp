@@ -169,6 +169,7 @@ class CpuStageRunner final : public StageRunner {
   const MemoryPlan& memory_plan() const override { return stage_.memory_plan(); }
   const LoadStats& load_stats() const override { return stage_.load_stats(); }
   uint64_t weight_bytes_per_token() const override { return per_token_; }
+  const Model* host_model() const override { return &stage_.model(); }
 
  private:
   Stage stage_;

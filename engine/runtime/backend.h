@@ -24,6 +24,8 @@
 
 namespace baton {
 
+class Model;
+
 class Arch;
 class GgufFile;
 struct WeightLayout;
@@ -88,6 +90,10 @@ class StageRunner {
   virtual std::span<const float> forward_batch_device_input(std::span<const BatchChunk> chunks);
   // True when forward_batch reads the weights once for the whole batch.
   virtual bool batches() const { return false; }
+  // The stage's weights where they sit in host memory (the CPU backend), for
+  // what shares them (a drafter reads the target's embedding and head);
+  // nullptr where they live on a device.
+  virtual const Model* host_model() const { return nullptr; }
 
   // Device-resident boundary rows, for stage links that move activations GPU
   // to GPU (NCCL, net/nccl_link.h). The defaults say "none": such a link then

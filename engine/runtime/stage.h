@@ -47,8 +47,8 @@ struct StageConfig {
   int64_t verify_rows = 0;
   std::vector<int> capture_layers = {};
   // The DSpark drafter's sidecar file (`--draft`, engine/dspark/); "": the
-  // model file's own drafter, if it has one. Checked at startup; the forward
-  // does not draft yet.
+  // model file's own drafter, if it has one. Checked at startup; `baton run`
+  // drafts with it (docs/DSPARK.md).
   std::string draft_path{};
 
   static constexpr int64_t kDefaultMaxCtx = 4096;
@@ -116,6 +116,8 @@ class Stage {
   int64_t output_width() const { return config_.head ? n_vocab() : boundary_width(); }
   const MemoryPlan& memory_plan() const { return plan_; }
   const LoadStats& load_stats() const { return load_stats_; }
+  // The weights in host memory (a drafter shares the embedding and the head).
+  const Model& model() const { return model_; }
   ThreadPool& pool() { return pool_; }
 
   // Fills the defaults (last layer, context) and checks the config; every

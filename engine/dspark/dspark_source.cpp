@@ -1,0 +1,51 @@
+#include "engine/dspark/dspark_source.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/arch/deepseek4.h"
+#include "engine/model/model.h"
+
+namespace baton {
+
+namespace {
+
+const Tensor& target_tensor(const Tensor* t, const char* name) {
+  if (!t) throw std::runtime_error(fmt::format("the DSpark drafter needs the target's {}: the stage has none", name));
+  return *t;
+}
+
+}  // namespace
+
+DsparkDraftSource::DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, const Model& target,
+                                     int n_threads, float threshold)
+    : weights_(drafter_file, shape), pool_(n_threads < 1 ? 1 : n_threads), threshold_(threshold) {
+  drafter_ = std::make_unique<DsparkDrafter>(
+      weights_, target_tensor(target.embedding(Deepseek4Arch::kTokenEmbd), "token_embd.weight"),
+      target_tensor(target.head(Deepseek4Arch::kOutput), "output.weight"), pool_);
+}
+
+Draft DsparkDraftSource::propose(int32_t bonus, int64_t position, int max_tokens) {
+  // The drafter needs a context row before the bonus token (position >= 1).
+  if (position < 1 || position != drafter_->n_context()) return {};
+  DsparkDraft d = drafter_->draft(bonus, position, threshold_, max_tokens);
+  return {std::move(d.tokens), std::move(d.logits)};
+}
+
+void DsparkDraftSource::committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) {
+  const int64_t n = int64_t(tokens.size()), w = drafter_->feature_width();
+  if (int64_t(hidden.size()) != n * w) {
+    throw std::logic_error(fmt::format("DSpark: {} committed rows came with {} captured floats, not {} x {}", n,
+                                       hidden.size(), n, w));
+  }
+  // Rows beyond what the target kept (a cut back) are forgotten first.
+  if (position < drafter_->n_context()) drafter_->truncate(position);
+  std::vector<int64_t> positions(static_cast<size_t>(n));
+  std::iota(positions.begin(), positions.end(), position);
+  drafter_->append_context(hidden.data(), positions.data(), n);
+}
+
+}  // namespace baton

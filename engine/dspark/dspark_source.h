@@ -1,0 +1,39 @@
+// The DSpark drafter as the speculative loop's draft source (engine/spec/,
+// docs/SPECULATIVE.md): the loop's committed rows become the drafter's
+// context rows, and each proposal is one draft round.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "engine/dspark/dspark_drafter.h"
+#include "engine/spec/speculative.h"
+
+namespace baton {
+
+class Model;
+
+class DsparkDraftSource final : public DraftSource {
+ public:
+  // Loads the drafter `shape` describes from `drafter_file` (its sidecar or
+  // the model file itself) and shares the target's token embedding and head
+  // from `target`, a whole deepseek4 model in host memory, which outlives
+  // this source. The stage must capture the drafter's target layers
+  // (StageConfig::capture_layers = drafter_capture_layers of the same file).
+  DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, const Model& target, int n_threads,
+                    float threshold);
+
+  Draft propose(int32_t bonus, int64_t position, int max_tokens) override;
+  void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) override;
+
+  const DsparkDrafter& drafter() const { return *drafter_; }
+
+ private:
+  DsparkWeights weights_;
+  ThreadPool pool_;
+  std::unique_ptr<DsparkDrafter> drafter_;
+  float threshold_;
+};
+
+}  // namespace baton
