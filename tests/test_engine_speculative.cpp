@@ -11,6 +11,8 @@
 // accepted block; the sampled rule keeps the target's distribution.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <chrono>
 #include <algorithm>
 #include <cmath>
@@ -211,9 +213,18 @@ TEST_F(Speculative, GreedyEqualsPlainInEveryForcedMode) {
 // The same on deepseek4-tiny (n_embd 256, window 32, Q4_K experts; each
 // token costs some 30 times the micro model's, so fewer runs): a prompt of
 // 91 tokens and 40 generated ones, past position 127, drafts of 1, 3 and 5.
+// BATON_SPEC_FULL=1 runs the whole matrix on tiny instead (20 prompts x 128
+// tokens, every mode and draft length: minutes, so not in CI).
 TEST_F(Speculative, GreedyEqualsPlainOnTiny) {
-  if (kSanitized) GTEST_SKIP() << "some 75 ms a token under the sanitizers: the regular build runs it";
+  const char* full = std::getenv("BATON_SPEC_FULL");
   model_ = &tiny();
+  if (full && std::string(full) == "1") {
+    std::vector<int> prompts;
+    for (int i = 0; i < kPrompts; ++i) prompts.push_back(i);
+    greedy_equals_plain(prompts, kGen, {Mode::Accept, Mode::Reject, Mode::Prefix}, {1, 2, 3, 4, 5});
+    return;
+  }
+  if (kSanitized) GTEST_SKIP() << "some 75 ms a token under the sanitizers: the regular build runs it";
   greedy_equals_plain({5}, 40, {Mode::Accept, Mode::Reject}, {1, 3, 5});
 }
 

@@ -8,7 +8,9 @@
 // Signals: SIGINT sets a flag (no SA_RESTART, so a read of the next line
 // returns EINTR). While a reply streams, the flag cancels it; at the prompt
 // it drops the line typed so far. The engine's threads start with SIGINT
-// blocked, so the signal always reaches the main thread.
+// blocked, and the prompt also looks at the flag every 100 ms, so a signal
+// that another thread took still drops the line.
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -167,6 +169,12 @@ struct EventQueue {
 std::optional<std::string> read_line() {
   std::string line;
   for (;;) {
+    if (g_interrupted) return std::string();
+    // A thread the engine started after the mask was set could take the
+    // signal, leaving this read asleep: wait for input in short slices.
+    pollfd in{0, POLLIN, 0};
+    const int ready = poll(&in, 1, 100);
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
     char c = 0;
     const ssize_t n = read(0, &c, 1);
     if (n < 0 && errno == EINTR) {
