@@ -82,7 +82,7 @@ TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
   r = baton({"synth", "--shape", "deepseek4-tiny", "--dspark", "--draft-out", dir.file("side.gguf"), "-o",
              dir.file("plain.gguf"), "-q"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "24", "--temp", "0", "--ignore-eos",
+  const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "12", "--temp", "0", "--ignore-eos",
                                            "--json", "-t", "2", "--backend", "cpu"};
   auto run = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "run");
