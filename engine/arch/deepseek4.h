@@ -32,6 +32,7 @@
 
 #include "engine/model/arch.h"
 #include "engine/model/deepseek4_shape.h"
+#include "engine/model/model.h"
 #include "kernels/cpu_ops.h"
 
 namespace baton {
@@ -52,6 +53,10 @@ void ds4_hc_weights(float* mix, int n_hc, const float* scale, const float* base,
 // picked experts, normalised to sum 1 when `norm`, times `scale`.
 void ds4_route(float* scores, int n_expert, const float* bias, const int32_t* hash_ids, int n_used, bool norm,
                float scale, int32_t* ids, float* weights);
+
+// Expert e of a stacked expert tensor ([in, rows, n_expert]): its rows
+// [e * rows, (e + 1) * rows) as one matrix.
+WeightView ds4_expert(const Tensor& t, int e);
 
 // One token's n streams (n rows of E) weighted into one row:
 // out[d] = sum_s w[s] * x[s][d], summed in stream order.

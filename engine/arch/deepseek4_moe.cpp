@@ -15,17 +15,12 @@
 
 namespace baton {
 
-namespace {
-
-// Rows [e * rows, (e + 1) * rows) of a stacked expert tensor.
-WeightView expert(const Tensor& t, int e) {
+WeightView ds4_expert(const Tensor& t, int e) {
   WeightView v = t.view();
   v.rows = t.ne[1];
   v.data = t.view().row(int64_t(e) * t.ne[1]);
   return v;
 }
-
-}  // namespace
 
 void ds4_route(float* scores, int n_expert, const float* bias, const int32_t* hash_ids, int n_used, bool norm,
                float scale, int32_t* ids, float* weights) {
@@ -93,10 +88,10 @@ void Deepseek4Arch::moe(const Run& r, int l) const {
       const int e = ids[t * K + k];
       float* g = gate + (t * K + k) * 2 * FF;
       float* u = g + FF;
-      matmul(h + t * E, 1, E, expert(*w(kGateExps), e), g, FF, pool);
-      matmul(h + t * E, 1, E, expert(*w(kUpExps), e), u, FF, pool);
+      matmul(h + t * E, 1, E, ds4_expert(*w(kGateExps), e), g, FF, pool);
+      matmul(h + t * E, 1, E, ds4_expert(*w(kUpExps), e), u, FF, pool);
       swiglu_clamped(g, u, g, FF, limit);
-      matmul(g, 1, FF, expert(*w(kDownExps), e), out + t * E, E, pool);
+      matmul(g, 1, FF, ds4_expert(*w(kDownExps), e), out + t * E, E, pool);
       const float wk = wts[t * K + k];
       for (int64_t d = 0; d < E; ++d) h_out[t * E + d] += wk * out[t * E + d];
     }

@@ -34,14 +34,6 @@ double round_e4m3(double v) {
   return std::copysign(std::min(r, kFp8Max), v);
 }
 
-// Rows [e * rows, (e + 1) * rows) of a stacked expert tensor.
-WeightView expert(const Tensor& t, int e) {
-  WeightView v = t.view();
-  v.rows = t.ne[1];
-  v.data = t.view().row(int64_t(e) * t.ne[1]);
-  return v;
-}
-
 }  // namespace
 
 void dspark_fp8_round(float* x, int64_t n, int64_t block) {
@@ -250,10 +242,10 @@ void DsparkDrafter::moe(int k) {
     ds4_route(router_.data(), NE, bias ? bias->f32() : nullptr, nullptr, K, b_.expert_weights_norm,
               float(b_.expert_weights_scale), ids_.data(), wts_.data());
     for (int j = 0; j < K; ++j) {
-      matmul(h, 1, E, expert(t("ffn_gate_exps.weight"), ids_[size_t(j)]), g, FF, pool_);
-      matmul(h, 1, E, expert(t("ffn_up_exps.weight"), ids_[size_t(j)]), u, FF, pool_);
+      matmul(h, 1, E, ds4_expert(t("ffn_gate_exps.weight"), ids_[size_t(j)]), g, FF, pool_);
+      matmul(h, 1, E, ds4_expert(t("ffn_up_exps.weight"), ids_[size_t(j)]), u, FF, pool_);
       swiglu_clamped(g, u, g, FF, c);
-      matmul(g, 1, FF, expert(t("ffn_down_exps.weight"), ids_[size_t(j)]), out, E, pool_);
+      matmul(g, 1, FF, ds4_expert(t("ffn_down_exps.weight"), ids_[size_t(j)]), out, E, pool_);
       for (int64_t i = 0; i < E; ++i) y_[size_t(r * E + i)] += wts_[size_t(j)] * out[i];
     }
   }
