@@ -17,6 +17,7 @@
 #include "chat/jinja_prompt.h"
 #include "chat/templates/builtin.h"
 #include "engine/gguf/file.h"
+#include "tests/deepseek_v4_0731_text.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -24,26 +25,14 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-const std::string kBos = "<｜begin▁of▁sentence｜>";
+const std::string& kBos = test::kDs4Bos;
 const std::string kEos = "<｜end▁of▁sentence｜>";
 const std::string kUser = "<｜User｜>";
 const std::string kAsst = "<｜Assistant｜>";
 
 // REASONING_EFFORT_PROMPTS of the 0731 encoder: "low" is empty.
-const std::string kHigh =
-    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
-    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root "
-    "cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial "
-    "scenarios.\n"
-    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
-    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
-const std::string kMax =
-    "Reasoning Effort: Beyond maximum \xE2\x80\x94 exhaustive, relentless, and uncompromising.\n"
-    "You MUST reason with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose "
-    "the problem into its most fundamental components, trace every causal chain to its root, and resolve the "
-    "underlying cause rather than any surface symptom.\n"
-    "Do not stop reasoning until you have independently verified the solution from multiple angles and are "
-    "certain that no assumption remains unchecked and no error remains undiscovered.\n\n";
+const std::string& kHigh = test::kDs4EffortHigh;
+const std::string& kMax = test::kDs4EffortMax;
 
 // TOOLS_TEMPLATE with the DSML and thinking tokens filled in, around the
 // schemas (json.dumps of each tool's "function", one a line).

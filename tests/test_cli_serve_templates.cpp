@@ -16,6 +16,7 @@
 
 #include "engine/gguf/file.h"
 #include "gguf_split/synth.h"
+#include "tests/deepseek_v4_0731_text.h"
 #include "tests/serve_client.h"
 #include "tests/test_util.h"
 
@@ -147,14 +148,8 @@ std::string deepseek4_tiny(const test::TempDir& dir, const std::string& name) {
 // the same file under the preview's name keeps the deepseek4 format.
 TEST(ServeTemplates, DeepSeekV40731FileGetsItsEncoding) {
   test::TempDir dir;
-  const std::string bos = "<｜begin▁of▁sentence｜>";
-  const std::string max =
-      "Reasoning Effort: Beyond maximum \xE2\x80\x94 exhaustive, relentless, and uncompromising.\nYou MUST reason "
-      "with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem "
-      "into its most fundamental components, trace every causal chain to its root, and resolve the underlying cause "
-      "rather than any surface symptom.\nDo not stop reasoning until you have independently verified the solution "
-      "from multiple angles and are certain that no assumption remains unchecked and no error remains "
-      "undiscovered.\n\n";
+  const std::string& bos = test::kDs4Bos;
+  const std::string& max = test::kDs4EffortMax;
   const json messages = {{{"role", "user"}, {"content", "Hi"}}};
   const std::string want = bos + max + "<｜User｜>Hi<｜Assistant｜><think>";
   ServeProcess flash({"-m", deepseek4_tiny(dir, "DeepSeek-V4-Flash-0731-tiny"), "--model-id", "ds4"});

@@ -18,6 +18,7 @@
 #include "engine/sampling/grammar.h"
 #include "engine/gguf/file.h"
 #include "engine/text/tokenizer.h"
+#include "tests/deepseek_v4_0731_text.h"
 #include "tests/test_model_info.h"
 #include "tests/test_util.h"
 
@@ -169,21 +170,10 @@ TEST(AnthropicRequest, ThinkingBudgetPicksDeepSeekV40731Effort) {
     return parse_messages_request(body, m, tmpl.get()).gen.prompt;
   };
   auto tokens = [&](const std::string& text) { return m.tokenizer->encode(text, false, true); };
-  const std::string bos = "<｜begin▁of▁sentence｜>";
+  const std::string& bos = test::kDs4Bos;
   const std::string turn = "<｜User｜>Hi<｜Assistant｜>";
-  const std::string high =
-      "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking "
-      "and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic "
-      "against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire "
-      "deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis "
-      "to ensure absolutely no assumption is left unchecked.\n\n";
-  const std::string max =
-      "Reasoning Effort: Beyond maximum \xE2\x80\x94 exhaustive, relentless, and uncompromising.\nYou MUST reason "
-      "with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem "
-      "into its most fundamental components, trace every causal chain to its root, and resolve the underlying cause "
-      "rather than any surface symptom.\nDo not stop reasoning until you have independently verified the solution "
-      "from multiple angles and are certain that no assumption remains unchecked and no error remains "
-      "undiscovered.\n\n";
+  const std::string& high = test::kDs4EffortHigh;
+  const std::string& max = test::kDs4EffortMax;
   EXPECT_EQ(prompt_of(""), tokens(bos + turn + "</think>"));
   EXPECT_EQ(prompt_of(R"({"type":"disabled"})"), tokens(bos + turn + "</think>"));
   EXPECT_EQ(prompt_of(R"({"type":"adaptive"})"), tokens(bos + turn + "<think>"));

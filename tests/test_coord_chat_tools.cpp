@@ -19,6 +19,7 @@
 #include "engine/gguf/file.h"
 #include "chat/jinja/template.h"
 #include "engine/text/tokenizer.h"
+#include "tests/deepseek_v4_0731_text.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -300,21 +301,10 @@ TEST(ChatTools, DeepSeekV40731EffortThroughTheRequest) {
   m.chat_template = load_chat_template("deepseek-v4-0731").tmpl;
   const Tokenizer& tok = *m.tokenizer;
   auto tokens = [&](const std::string& text) { return tok.encode(text, false, true); };
-  const std::string bos = "<｜begin▁of▁sentence｜>";
+  const std::string& bos = test::kDs4Bos;
   const std::string turn = "<｜User｜>Weather in Paris?<｜Assistant｜>";
-  const std::string high =
-      "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking "
-      "and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic "
-      "against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire "
-      "deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis "
-      "to ensure absolutely no assumption is left unchecked.\n\n";
-  const std::string max =
-      "Reasoning Effort: Beyond maximum \xE2\x80\x94 exhaustive, relentless, and uncompromising.\nYou MUST reason "
-      "with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem "
-      "into its most fundamental components, trace every causal chain to its root, and resolve the underlying cause "
-      "rather than any surface symptom.\nDo not stop reasoning until you have independently verified the solution "
-      "from multiple angles and are certain that no assumption remains unchecked and no error remains "
-      "undiscovered.\n\n";
+  const std::string& high = test::kDs4EffortHigh;
+  const std::string& max = test::kDs4EffortMax;
   const ApiRequest r_max = parse_chat_request(chat_body({{"reasoning_effort", "max"}}).dump(), m);
   EXPECT_EQ(r_max.gen.prompt, tokens(bos + max + turn + "<think>"));
   EXPECT_TRUE(r_max.output.reasoning_open);
