@@ -18,7 +18,8 @@ std::string shape_str(const std::vector<int64_t>& s);
 // equal; else through float32 in tmp, which grows to n).
 void convert_row(DType from, const uint8_t* src, DType to, uint8_t* dst, int64_t n, std::vector<float>& tmp);
 
-// The GGUF bytes of a converter's tensor plan (entries with ne and type).
+// The GGUF bytes of a tensor plan (entries with ne and type): the
+// converters' and synth's.
 template <class Planned>
 uint64_t planned_tensor_bytes(const std::vector<Planned>& plan) {
   uint64_t bytes = 0;

@@ -22,6 +22,7 @@
 #include "engine/model/deepseek4_shape.h"
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
+#include "gguf_split/convert_rows.h"
 #include "kernels/cpu_ops.h"
 
 namespace baton {
@@ -714,11 +715,7 @@ SynthResult write_synth_model(const std::string& path, const SynthOptions& o) {
   w.set("baton.synth.data", GgufValue::of_str(synth_data_name(o.data)));
   w.set("baton.synth.seed", GgufValue::of_u64(o.seed));
 
-  for (const TensorPlan& t : tensors) {
-    uint64_t elems = 1;
-    for (int64_t d : t.ne) elems *= uint64_t(d);
-    result.tensor_bytes += *dtype_bytes(t.type, elems);
-  }
+  result.tensor_bytes = planned_tensor_bytes(tensors);
   result.n_tensors = tensors.size();
   DataWriter data(o, result.tensor_bytes);
   for (const TensorPlan& t : tensors) data.add(w, t);
@@ -744,12 +741,7 @@ uint64_t write_dspark_file(const std::string& path, const DsparkShape& d, const 
       if (spec.role == Ds4Role::Output) tensors.push_back(ds4_plan(spec, types, d.target.n_expert));
     }
   }
-  uint64_t bytes = 0;
-  for (const TensorPlan& t : tensors) {
-    uint64_t elems = 1;
-    for (int64_t n : t.ne) elems *= uint64_t(n);
-    bytes += *dtype_bytes(t.type, elems);
-  }
+  const uint64_t bytes = planned_tensor_bytes(tensors);
   SynthOptions o;
   o.seed = seed;
   o.data = mode;
