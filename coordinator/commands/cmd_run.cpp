@@ -325,19 +325,25 @@ Generated generate(const RunOptions& opt, const Tokenizer& tok, int32_t first,
 // The prompt again from an empty sequence, decoded with `draft`'s guesses
 // and streamed (docs/SPECULATIVE.md); `capture` hands the stage's captured
 // rows to the source (a DSpark drafter reads them).
-Generated generate_speculative(const RunOptions& opt, const Tokenizer& tok, StageRunner& stage,
-                               const std::vector<int32_t>& prompt, DraftSource& draft, bool capture,
-                               SpecStats* stats) {
-  const int32_t n_vocab = int32_t(stage.n_vocab());
+// The run's length and end-of-generation tokens for the speculative loop.
+SpecOptions spec_options(const RunOptions& opt, const Tokenizer& tok, int32_t n_vocab) {
   SpecOptions o;
   o.n_predict = opt.n_predict;
-  o.max_draft = opt.draft_max;
-  o.capture = capture;
   if (!opt.ignore_eos) {
     for (int32_t id = 0; id < n_vocab; ++id) {
       if (tok.is_eog(id)) o.stop_tokens.push_back(id);
     }
   }
+  return o;
+}
+
+Generated generate_speculative(const RunOptions& opt, const Tokenizer& tok, StageRunner& stage,
+                               const std::vector<int32_t>& prompt, DraftSource& draft, bool capture,
+                               SpecStats* stats) {
+  const int32_t n_vocab = int32_t(stage.n_vocab());
+  SpecOptions o = spec_options(opt, tok, n_vocab);
+  o.max_draft = opt.draft_max;
+  o.capture = capture;
   Generated g;
   // Decode time runs from the first token (sampled after the prefill), as
   // in generate(); the rate counts the tokens after it.
@@ -372,13 +378,7 @@ Generated generate_draft_test(const RunOptions& opt, const Tokenizer& tok, Stage
     void committed(std::span<const int32_t>, int64_t, std::span<const float>) override {}
   };
   const int32_t n_vocab = int32_t(stage.n_vocab());
-  SpecOptions o;
-  o.n_predict = opt.n_predict;
-  if (!opt.ignore_eos) {
-    for (int32_t id = 0; id < n_vocab; ++id) {
-      if (tok.is_eog(id)) o.stop_tokens.push_back(id);
-    }
-  }
+  SpecOptions o = spec_options(opt, tok, n_vocab);
   o.max_draft = 0;
   NoDraft none;
   Sampler plain(opt.sampling, n_vocab);
