@@ -24,6 +24,7 @@
 #include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/moe_grouped_impl.cuh"
 #include "kernels/cuda/moe_xq.cuh"
+#include "kernels/cuda/moe_xq_impl.cuh"
 
 namespace baton::cuda {
 
@@ -124,6 +125,37 @@ void bench_moe_grouped(cudaStream_t s, const Ceilings& c) {
     };
     using Launch = void (*)(const MoeWeights&, const void*, int64_t, const int32_t*, const float*, int, float*,
                             int64_t, void*, cudaStream_t);
+    if (xq_pairs) {
+      // The pair kernel's register bounds and down rows per block (occupancy:
+      // ncu has gate/up at 76 registers, 3 blocks of 256 threads per SM, and
+      // down at 127, 2 blocks of 192).
+      const std::pair<const char*, Launch> pair_variants[] = {
+          {"gu8x4 d4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>>},
+          {"gu8x4/4 d4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 4>},
+          {"gu16x2/2 d4", &detail::launch_moe_decode_xq<16, 2, detail::Iq2Lookup<true, false>, 2>},
+          {"gu8x4 d4/3", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 4, 3>},
+          {"gu8x4 d4/4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 4, 4>},
+          {"gu8x4 d2/4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 2, 4>},
+          {"gu8x4 d2/6", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 2, 6>},
+          {"gu8x4/4 d2/4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 4, 2, 4>}};
+      std::printf("%s pairs, variants (gate/up warps x rows / min blocks, down rows / min blocks), us per call:\n",
+                  cs.name);
+      for (int64_t n : {1, 2, 5, 8, 16, 32, 64}) {
+        std::printf("%-8s %5lld", cs.name, (long long)n);
+        pairs_out(n);
+        for (const auto& v : pair_variants) {
+          auto run = [&](int i) {
+            v.second(m, xq.p, n, ids.as<int32_t>() + (i % n_sets) * max_rows * K, wts.as<float>(), int(K),
+                     out_b.as<float>(), E, pws.p, s);
+          };
+          run(0);
+          const double diff = rel_diff(n);
+          const double t = time_graph(s, 16, 5, run);
+          std::printf("  %s %7.1f (%.1e)", v.first, t * 1e3, diff);
+        }
+        std::printf("\n");
+      }
+    }
     const std::pair<const char*, Launch> splits[] = {{"1/1", &detail::launch_moe_grouped<1, 1>},
                                                      {"2/2", &detail::launch_moe_grouped<2, 2>},
                                                      {"4/2", &detail::launch_moe_grouped<4, 2>},

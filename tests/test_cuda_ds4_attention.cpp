@@ -243,9 +243,11 @@ TEST(CudaDs4Attention, WindowStoreKeepsTheLastRows) {
   }
 }
 
-// The grouped output projection of one token: row r of G groups of k rows
-// against quantized slice r / k only. Against matvec_xq of each group's rows
-// on its own slice (the same integer arithmetic) and a float64 host loop.
+// The grouped output projection of 1-11 tokens: row r of G groups of k rows
+// against quantized slice r / k of each token only (token t's slices are
+// rows t * G .. t * G + G - 1). Against matvec_xq of each group's rows on its
+// own slice (the same integer arithmetic) and a float64 host loop; 11
+// tokens take two launches.
 TEST(CudaDs4Attention, GroupedMatvecXqReadsEachGroupsSlice) {
   BATON_REQUIRE_CUDA();
   const uint64_t seed = test::test_seed();
@@ -253,15 +255,17 @@ TEST(CudaDs4Attention, GroupedMatvecXqReadsEachGroupsSlice) {
   std::mt19937_64 rng(seed + 14);
   struct Case {
     DType type;
-    int64_t groups, k, cols;
+    int64_t groups, k, cols, tokens;
   };
   // 4096 Q8_0 columns: several steps of the pipelined loop per thread. The
   // per-group reference matvec_xq wants 16-byte aligned slices: k * row_bytes
   // is a multiple of 16 in each case.
-  for (const Case c : {Case{DType::Q8_0, 3, 6, 4096}, Case{DType::Q8_0, 4, 8, 64}, Case{DType::Q4_K, 4, 4, 512}}) {
+  for (const Case c : {Case{DType::Q8_0, 3, 6, 4096, 1}, Case{DType::Q8_0, 3, 6, 4096, 8},
+                       Case{DType::Q8_0, 4, 8, 64, 3}, Case{DType::Q4_K, 4, 4, 512, 1},
+                       Case{DType::Q4_K, 4, 4, 512, 11}}) {
     SCOPED_TRACE(std::string(dtype_name(c.type)) + " groups " + std::to_string(c.groups) + " cols " +
-                 std::to_string(c.cols));
-    const int64_t rows = c.groups * c.k;
+                 std::to_string(c.cols) + " tokens " + std::to_string(c.tokens));
+    const int64_t rows = c.groups * c.k, n = c.tokens;
     const int64_t qk = c.type == DType::Q8_0 ? 32 : 256;
     const uint64_t row_bytes = *dtype_bytes(c.type, uint64_t(c.cols));
     std::vector<uint8_t> wb(size_t(row_bytes * uint64_t(rows)));
@@ -270,32 +274,41 @@ TEST(CudaDs4Attention, GroupedMatvecXqReadsEachGroupsSlice) {
       random_blocks(c.type, wb.data() + uint64_t(r) * row_bytes, c.cols / qk, rng());
       dequantize_row(c.type, wb.data() + uint64_t(r) * row_bytes, wf.data() + r * c.cols, c.cols);
     }
-    const std::vector<float> x = test::random_floats(rng, size_t(c.groups * c.cols));
+    const std::vector<float> x = test::random_floats(rng, size_t(n * c.groups * c.cols));
     DeviceArray<uint8_t> dw(wb);
-    DeviceArray<float> dx(x), out{size_t(rows)}, ref{size_t(rows)};
-    DeviceArray<uint8_t> xq(size_t(cuda::xq_row_bytes(c.cols) * uint64_t(c.groups)));
-    cuda::quantize_xq(dx.get(), c.cols, c.groups, c.cols, xq.get(), nullptr);
+    const int64_t stride = rows + 5;  // the output rows of a token, with a gap
+    DeviceArray<float> dx(x), out{size_t(n * stride)}, ref{size_t(n * stride)};
+    const uint64_t xrow = cuda::xq_row_bytes(c.cols);
+    DeviceArray<uint8_t> xq(size_t(xrow * uint64_t(n * c.groups)));
+    cuda::quantize_xq(dx.get(), c.cols, n * c.groups, c.cols, xq.get(), nullptr);
     const cuda::MatrixView wv{c.type, dw.get(), rows, c.cols, row_bytes};
     ASSERT_TRUE(cuda::ds4_grouped_matvec_xq_supported(wv, c.groups));
     out.poison();
     ref.poison();
-    cuda::ds4_grouped_matvec_xq(wv, c.groups, xq.get(), out.get(), nullptr);
-    for (int64_t g = 0; g < c.groups; ++g) {
-      const cuda::MatrixView part{c.type, dw.get() + uint64_t(g * c.k) * row_bytes, c.k, c.cols, row_bytes};
-      cuda::matvec_xq(part, xq.get() + uint64_t(g) * cuda::xq_row_bytes(c.cols), 1, ref.get() + g * c.k, c.k,
-                      nullptr);
+    cuda::ds4_grouped_matvec_xq(wv, c.groups, xq.get(), n, out.get(), stride, nullptr);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t g = 0; g < c.groups; ++g) {
+        const cuda::MatrixView part{c.type, dw.get() + uint64_t(g * c.k) * row_bytes, c.k, c.cols, row_bytes};
+        cuda::matvec_xq(part, xq.get() + uint64_t(t * c.groups + g) * xrow, 1, ref.get() + t * stride + g * c.k, c.k,
+                        nullptr);
+      }
     }
     const std::vector<float> got = out.download(), want = ref.download();
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t g = r / c.k;
-      double acc = 0, mag = 0;
-      for (int64_t i = 0; i < c.cols; ++i) {
-        const double p = double(wf[size_t(r * c.cols + i)]) * x[size_t(g * c.cols + i)];
-        acc += p, mag += std::fabs(p);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t g = r / c.k;
+        const float* xs = x.data() + (t * c.groups + g) * c.cols;
+        double acc = 0, mag = 0;
+        for (int64_t i = 0; i < c.cols; ++i) {
+          const double p = double(wf[size_t(r * c.cols + i)]) * xs[i];
+          acc += p, mag += std::fabs(p);
+        }
+        const size_t o = size_t(t * stride + r);
+        ASSERT_FALSE(is_poison(got[o])) << t << " " << r;
+        ASSERT_NEAR(got[o], want[o], 1e-5 * mag + 1e-6) << t << " " << r;
+        ASSERT_NEAR(got[o], acc, 1e-4 * mag + 1e-6) << t << " " << r;
       }
-      ASSERT_FALSE(is_poison(got[size_t(r)])) << r;
-      ASSERT_NEAR(got[size_t(r)], want[size_t(r)], 1e-5 * mag + 1e-6) << r;
-      ASSERT_NEAR(got[size_t(r)], acc, 1e-4 * mag + 1e-6) << r;
+      for (int64_t r = rows; r < stride; ++r) ASSERT_TRUE(is_poison(got[size_t(t * stride + r)])) << "gap " << t;
     }
   }
   // An odd number of rows per group is refused.

@@ -422,7 +422,8 @@ std::span<const float> CudaStageBase::run_batch(std::span<const BatchChunk> chun
     std::memcpy(io_.data() + S.h_in, activations, uint64_t(n * S.row_width) * sizeof(float));
     if (!S.input_in_forward) enqueue_input_rows(n);
   }
-  if (decode && S.batch_graphs) {
+  // Profiling (stage_profiling) times the phases of a queued forward.
+  if (decode && n <= S.batch_graph_rows && !stage_profiling()) {
     auto it = batch_graphs_.find(n);
     if (it == batch_graphs_.end()) {
       it = batch_graphs_.emplace(n, capture([&] { enqueue_batch(n, n, /*graph=*/true); })).first;

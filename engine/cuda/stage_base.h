@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <span>
@@ -134,10 +135,11 @@ class CudaStageBase : public StageRunner {
     // out_rows[B], and n_pos (1 + the largest position of the batch);
     // 0: the stage runs one sequence per forward.
     int64_t batch_params = 0;
-    // A decode batch (single tokens that all ask for output) replays a graph
-    // captured per batch size; false: the forward is queued every step (a
-    // stage whose kernels take each sequence's cache by host pointer).
-    bool batch_graphs = true;
+    // A decode batch (single tokens that all ask for output) of up to this
+    // many rows replays a graph captured per batch size; a longer one (or
+    // any, at 0) is queued every step (a forward that needs the host
+    // between its kernels cannot be captured).
+    int64_t batch_graph_rows = std::numeric_limits<int64_t>::max();
     // A tensor-parallel rank's pinned exchange rooms (floats): h_tp holds
     // the rank's rows of one exchange (a sum in place, or its slice of a
     // gather), h_tp_all every rank's slices of a gather; 0 without a group.

@@ -223,7 +223,7 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   L.freqs_main = take(uint64_t(s.rope_dim / 2) * f);
   L.freqs_comp = take(uint64_t(s.rope_dim / 2) * f);
   L.xq_bytes = std::max({uint64_t(small) * cuda::xq_row_bytes(align_up(std::max({L.E, L.QR, L.G * L.OR, L.SF}), 32)),
-                         uint64_t(L.G) * cuda::xq_row_bytes(align_up(L.HD / L.G, 32)),
+                         uint64_t(small * L.G) * cuda::xq_row_bytes(align_up(L.HD / L.G, 32)),
                          uint64_t(pair_rows) * cuda::xq_row_bytes(align_up(L.E, 32))});  // the experts' input
   L.xq = take(L.xq_bytes);
   // Attention and MoE phases share one region (each is done before the next
@@ -453,7 +453,10 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
   shared.negated_positions = true;  // for the inverse rotation of V (ds4_attention's rope_pos)
   shared.input_in_forward = true;
   shared.batch_params = layout_->batch_params;
-  shared.batch_graphs = false;  // the per-sequence kernels take their streams by host pointer
+  // Decode batches read each row's sequence and position from the device
+  // (cuda::Ds4Rows), so one graph per batch size serves them; past
+  // kMoePairRows the routed experts need the host between kernels.
+  shared.batch_graph_rows = kMoePairRows;
   open_device(f, wl, shared, load);
   side_ = make_stage_stream();
   fork_ = make_stage_event();

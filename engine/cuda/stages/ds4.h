@@ -77,7 +77,16 @@ class CudaDs4Stage final : public CudaStageBase {
   // The forward of n rows made of `chunks`; batch: the head computes the
   // logits of the n_out rows the step parameters name (out_rows).
   void run_forward(const std::vector<Chunk>& chunks, int64_t n, int64_t n_out, bool batch, bool graph);
-  void attention(const std::vector<Chunk>& chunks, int layer, int64_t n, bool graph);
+  // A run of rows the per-sequence kernels take together: one prompt chunk,
+  // or adjacent single tokens of several sequences (rows: c.seq unused,
+  // c.pos0 the largest position), which read each row's sequence and
+  // position from the device (cuda::Ds4Rows).
+  struct Span {
+    Chunk c;
+    bool rows = false;
+  };
+  static std::vector<Span> spans_of(const std::vector<Chunk>& chunks);
+  void attention(const std::vector<Span>& spans, int layer, int64_t n, bool graph);
   // Returns the shared expert's output when it is left for the HC-post to add.
   const float* moe(int layer, int64_t n);
   void head(int64_t n, int64_t n_out, bool batch);

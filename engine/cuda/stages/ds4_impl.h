@@ -35,6 +35,10 @@ inline constexpr int64_t kMoePairRows = 64;
 // 0.85x at 64), so they keep it (docs/DEEPSEEK4.md, "Short batches by the
 // expert").
 inline constexpr int64_t kMoeGroupedMinRows = 40;
+// Rows up to which the attention's grouped output_a runs on the integer-dot
+// kernel, 8 rows per read of the weights (ds4_grouped_matvec_xq); longer
+// batches take the per-group projections (tensor cores).
+inline constexpr int64_t kOutAXqMaxRows = 64;
 
 struct CudaDs4Stage::Weights {
   struct Layer {
