@@ -38,11 +38,18 @@ void moe_decode_xq(const MoeWeights& m, const void* xq, int64_t n_tokens, const 
     throw std::invalid_argument(std::string(who) + ": workspace too small or misaligned");
   }
   // Gate/up: 8 warps of 4 rows, the grid from shared memory and the sign
-  // masks by arithmetic, the fastest of the variants bench_cuda_kernels ds4
-  // compares (a shared sign table too, the grid through the cache; figures
-  // in bench/results/kernels_ds4_moe_h200.log).
-  detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>>(m, xq, n_tokens, ids, weights, k, out, out_stride,
-                                                                      workspace, stream);
+  // masks by arithmetic (the fastest lookups of those bench_cuda_kernels ds4
+  // compares, bench/results/kernels_ds4_moe_h200.log), the block's rows
+  // first copied into shared memory where they fit (bench_cuda_kernels moe
+  // compares it with the register-fed kernel).
+  using L = detail::Iq2Lookup<true, false>;
+  const size_t smem = detail::gate_up_smem_bytes(m.gate.w.row_bytes) + sizeof(detail::Iq2Tables) + 1024;
+  if (smem <= max_shared_per_block() && reinterpret_cast<uintptr_t>(m.gate.w.data) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(m.up.w.data) % 16 == 0) {
+    detail::launch_moe_decode_xq_smem<L>(m, xq, n_tokens, ids, weights, k, out, out_stride, workspace, stream);
+  } else {
+    detail::launch_moe_decode_xq<8, 4, L>(m, xq, n_tokens, ids, weights, k, out, out_stride, workspace, stream);
+  }
 }
 
 }  // namespace baton::cuda

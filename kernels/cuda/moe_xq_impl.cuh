@@ -167,6 +167,127 @@ __global__ void __launch_bounds__(kGuWarps * 32, kMinBlocks)
   }
 }
 
+// 16 bytes from global to shared memory without passing through registers
+// (cp.async, sm_80+): the copies of a whole tile are in flight at once.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// run_dot's loads from a shared-memory copy of the rows (4-byte aligned
+// words realigned with funnel shifts; a super-block starts on 2 bytes).
+__device__ __forceinline__ void lds_words2_a2(const uint8_t* p, uint32_t (&out)[2]) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
+  const unsigned shift = unsigned(a & 2u) * 8u;
+  const uint32_t w0 = w[0], w1 = w[1], w2 = shift ? w[2] : 0u;
+  out[0] = __funnelshift_r(w0, w1, shift);
+  out[1] = __funnelshift_r(w1, w2, shift);
+}
+
+// As iq2xxs_run_dot, the row in shared memory.
+template <class L>
+__device__ __forceinline__ float iq2xxs_run_dot_smem(const Iq2Tables& tb, const uint8_t* row, int r,
+                                                     const uint32_t (&hi)[8], const uint32_t (&lo)[8]) {
+  const uint8_t* sb = row + (r >> 3) * 66;
+  uint32_t grp[2];
+  lds_words2_a2(sb + 2 + 8 * (r & 7), grp);
+  const uint32_t aux = grp[1];
+  int sh = 0, sl = 0;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint2 g = L::grid(tb, (grp[0] >> (8 * q)) & 0xffu);
+    const uint2 m = L::signs(tb, (aux >> (7 * q)) & 127u);
+    const int v0 = apply_signs(g.x, m.x), v1 = apply_signs(g.y, m.y);
+    sh = __dp4a(v0, int(hi[2 * q]), sh);
+    sh = __dp4a(v1, int(hi[2 * q + 1]), sh);
+    sl = __dp4a(v0, int(lo[2 * q]), sl);
+    sl = __dp4a(v1, int(lo[2 * q + 1]), sl);
+  }
+  const float db = half_bits_to_float(*reinterpret_cast<const uint16_t*>(sb)) * (0.5f + float(aux >> 28)) * 0.25f;
+  return db * float(sh * 256 + sl);
+}
+
+// xq_gate_up_kernel with the block's 32 gate rows and 32 up rows (one
+// contiguous range of each matrix, 16-byte aligned: 32 IQ2_XXS rows are 2112
+// bytes per 256 columns) first copied into shared memory with cp.async, all
+// copies in flight at once, then decoded from there: the loads no longer
+// wait run by run behind the decode, which left the register-bound kernel
+// at a fraction of the memory's rate. Dynamic shared memory: 64 rows.
+template <class L>
+__global__ void __launch_bounds__(256)
+    xq_gate_up_smem_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, uint64_t row_bytes,
+                           int64_t ff, int64_t cols, int64_t n_expert, const uint8_t* __restrict__ xq,
+                           uint64_t xq_bytes, const int32_t* __restrict__ ids, int k, float clamp,
+                           uint8_t* __restrict__ act, uint64_t act_bytes) {
+  constexpr int kWarps = 8, kRows = 4;
+  extern __shared__ __align__(16) uint8_t tile[];  // 32 gate rows, then 32 up rows
+  __shared__ float acts[kWarps * kRows];
+  __shared__ Iq2Tables tb;
+  if constexpr (L::kNeedsTables) build_iq2_tables(tb);  // constants: before the wait
+  pdl_trigger();
+  pdl_wait();  // ids and x come from the kernels before
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t pair = blockIdx.y;
+  const int32_t e = ids[pair];
+  const bool bad = e < 0 || int64_t(e) >= n_expert;  // uniform over the block
+  const uint64_t tile_bytes = 32 * row_bytes;
+  if (!bad) {
+    const uint64_t first = (uint64_t(e) * uint64_t(ff) + uint64_t(blockIdx.x) * 32) * row_bytes;
+    const uint64_t chunks = tile_bytes / 16;
+    for (uint64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      cp_async16(tile + 16 * c, gate + first + 16 * c);
+      cp_async16(tile + tile_bytes + 16 * c, up + first + 16 * c);
+    }
+    cp_async_wait_all();
+  }
+  __syncthreads();  // the tile and the tables
+  if (!bad) {
+    const XqRow x = xq_row(xq + uint64_t(pair / k) * xq_bytes, cols);
+    const uint8_t* g_rows = tile + uint64_t(warp * kRows) * row_bytes;
+    const uint8_t* u_rows = g_rows + tile_bytes;
+    float acc[2 * kRows] = {};
+    const int runs = int(cols / 32);
+#pragma unroll 2
+    for (int r = lane; r < runs; r += 32) {
+      uint32_t hi[8], lo[8];
+      const uint4* h4 = reinterpret_cast<const uint4*>(x.hi + 32 * r);
+      const uint4* l4 = reinterpret_cast<const uint4*>(x.lo + 32 * r);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint4 a = __ldg(h4 + i), b = __ldg(l4 + i);
+        hi[4 * i] = a.x, hi[4 * i + 1] = a.y, hi[4 * i + 2] = a.z, hi[4 * i + 3] = a.w;
+        lo[4 * i] = b.x, lo[4 * i + 1] = b.y, lo[4 * i + 2] = b.z, lo[4 * i + 3] = b.w;
+      }
+      const float dx = __ldg(&x.ds[r].x);
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        acc[j] += dx * iq2xxs_run_dot_smem<L>(tb, g_rows + j * row_bytes, r, hi, lo);
+        acc[kRows + j] += dx * iq2xxs_run_dot_smem<L>(tb, u_rows + j * row_bytes, r, hi, lo);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2 * kRows; ++j) acc[j] = warp_sum(acc[j]);
+    if (lane < kRows) {
+      float g = acc[0], u = acc[kRows];
+#pragma unroll
+      for (int j = 1; j < kRows; ++j) {
+        if (lane == j) g = acc[j], u = acc[kRows + j];
+      }
+      acts[warp * kRows + lane] = swiglu_act<true>(g, u, clamp);
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const float v = bad ? 0.0f : acts[lane];
+    xq_store_run(v, lane, act + uint64_t(pair) * act_bytes, ff, blockIdx.x);
+  }
+}
+
+// Shared memory of xq_gate_up_smem_kernel for rows of row_bytes.
+inline size_t gate_up_smem_bytes(uint64_t row_bytes) { return size_t(64 * row_bytes); }
+
 // Block (x: kRows rows of n_embd, y: token t): out[t][r] = sum_j w_j *
 // (Q2_K down row r of expert ids[t*k + j]) . act[t*k + j], in slot order.
 // Warp w takes slots w, w + 8, ...: the experts' loads are in flight together
@@ -283,6 +404,29 @@ void launch_moe_decode_xq(const MoeWeights& m, const void* xq, int64_t n_tokens,
              static_cast<const uint8_t*>(m.gate.w.data), static_cast<const uint8_t*>(m.up.w.data),
              m.gate.w.row_bytes, ff, n_embd, m.gate.n_expert, static_cast<const uint8_t*>(xq),
              xq_row_bytes(n_embd), ids, k, m.clamp, act, act_bytes);
+  launch_pdl("xq_down_kernel", xq_down_kernel<kDownRowsT, kDownMinBlocks>,
+             dim3(unsigned(n_embd / kDownRowsT), unsigned(n_tokens)),
+             dim3(unsigned(std::min(k, kDownWarps) * 32)), 0, stream, static_cast<const uint8_t*>(m.down.w.data),
+             m.down.w.row_bytes, n_embd, ff, m.down.n_expert, static_cast<const uint8_t*>(act), act_bytes, ids,
+             weights, k, out, out_stride);
+}
+
+// moe_decode_xq with the shared-memory gate/up kernel (the checks are
+// moe_decode_xq's, and gate_up_smem_bytes(row_bytes) must fit a block).
+template <class L, int kDownRowsT = kDownRows, int kDownMinBlocks = 1>
+void launch_moe_decode_xq_smem(const MoeWeights& m, const void* xq, int64_t n_tokens, const int32_t* ids,
+                               const float* weights, int k, float* out, int64_t out_stride, void* workspace,
+                               cudaStream_t stream) {
+  const int64_t ff = m.gate.rows_per_expert(), n_embd = m.gate.w.cols;
+  auto* act = static_cast<uint8_t*>(workspace);
+  const uint64_t act_bytes = xq_row_bytes(ff);
+  const size_t smem = gate_up_smem_bytes(m.gate.w.row_bytes);
+  BATON_CUDA_CHECK(cudaFuncSetAttribute(xq_gate_up_smem_kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem)));
+  launch_pdl("xq_gate_up_smem_kernel", xq_gate_up_smem_kernel<L>, dim3(unsigned(ff / 32), unsigned(n_tokens * k)),
+             dim3(256), smem, stream, static_cast<const uint8_t*>(m.gate.w.data),
+             static_cast<const uint8_t*>(m.up.w.data), m.gate.w.row_bytes, ff, n_embd, m.gate.n_expert,
+             static_cast<const uint8_t*>(xq), xq_row_bytes(n_embd), ids, k, m.clamp, act, act_bytes);
   launch_pdl("xq_down_kernel", xq_down_kernel<kDownRowsT, kDownMinBlocks>,
              dim3(unsigned(n_embd / kDownRowsT), unsigned(n_tokens)),
              dim3(unsigned(std::min(k, kDownWarps) * 32)), 0, stream, static_cast<const uint8_t*>(m.down.w.data),
