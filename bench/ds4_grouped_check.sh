@@ -11,7 +11,9 @@
 #   kernels  bench_cuda_kernels moe of BIN_AFTER: one layer's routed experts,
 #            per pair against grouped, 1 to 64 rows (kernels_moe.log)
 #   ab       baton bench --parallel 1,2,5,8,16,32 at ctx 128 with each build,
-#            before first: ab.csv (build, rows, aggregate tok/s, ms a step)
+#            before first: ab.csv (build, rows, aggregate tok/s, ms a step);
+#            the after build also --verify 2,3,4,5,6,8 (one sequence's
+#            forwards of K tokens against its one-token step)
 #   profile  BIN_AFTER's bench --profile --parallel 1,2,5,8,16,32,64: the GPU
 #            time per phase of each batch forward (profile.log) and its
 #            medians per row count (phases.csv, bench/ds4_phase_table.py)
@@ -75,9 +77,12 @@ if has ab; then
     dir=$before
     [ "$b" = after ] && dir=$after
     say "bench $b: --parallel 1,2,5,8,16,32 at ctx 128"
-    timeout 150 "$dir/baton" bench "${bench_args[@]}" --parallel 1,2,5,8,16,32 > "$work/ab_$b.out" 2> "$work/ab_$b.err" || status=1
+    extra=()
+    # The after build also times verify-shaped forwards (K tokens of one sequence).
+    [ "$b" = after ] && extra=(--verify 2,3,4,5,6,8)
+    timeout 200 "$dir/baton" bench "${bench_args[@]}" --parallel 1,2,5,8,16,32 "${extra[@]}" > "$work/ab_$b.out" 2> "$work/ab_$b.err" || status=1
     tr '\r' '\n' < "$work/ab_$b.err" | grep -v ETA > "$out/ab_$b.log"
-    grep -E "^ctx |^parallel |loaded " "$out/ab_$b.log" | tee -a "$log"
+    grep -E "^ctx |^parallel |^verify |loaded " "$out/ab_$b.log" | tee -a "$log"
     sed -nE "s/^parallel ([0-9]+) at ctx [0-9]+: decode ([0-9.]+) tok\/s aggregate .* ([0-9.]+) ms a step$/$b,\1,\2,\3/p" \
       "$out/ab_$b.log" >> "$out/ab.csv"
   done

@@ -37,7 +37,7 @@ TEST(CliBench, CpuSweepWritesTheCsv) {
   auto r = test::run_command({test::baton_binary(), "bench", "-m", dir.file("m.gguf"), "--backend", "cpu", "--csv",
                               "--ctx-start", "16", "--ctx-max", "64", "--step-mul", "2", "--gen-tokens", "4",
                               "--batch", "16", "--threads", "2", "--copy-mb", "16", "--read-mb", "1", "--load-csv",
-                              dir.file("load.csv"), "--parallel", "1,3"});
+                              dir.file("load.csv"), "--parallel", "1,3", "--verify", "1,3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto lines = split(r.out, '\n');
   ASSERT_EQ(lines.size(), 4u) << r.out;  // header + ctx 16, 32, 64
@@ -67,6 +67,10 @@ TEST(CliBench, CpuSweepWritesTheCsv) {
   for (const char* n : {"parallel 1 at ctx 16: decode ", "parallel 3 at ctx 16: decode "}) {
     EXPECT_NE(r.err.find(n), std::string::npos) << r.err;
   }
+  // --verify: forwards of K tokens of one sequence against the one-token step.
+  EXPECT_NE(r.err.find("verify 1 at ctx 16: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1.00x the one-token step"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("verify 3 at ctx 16: "), std::string::npos) << r.err;
   const auto bytes = test::read_file(dir.file("load.csv"));
   const auto load = split(std::string(bytes.begin(), bytes.end()), '\n');
   ASSERT_EQ(load.size(), 2u);

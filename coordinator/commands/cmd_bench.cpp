@@ -17,6 +17,11 @@
 // forward of N rows (forward_batch_greedy, as `baton serve` steps them), and
 // the aggregate decode rate per N goes to stderr.
 //
+// --verify K,...: afterwards one sequence runs forwards of K tokens at
+// ctx-start (the shape of a speculative verify step: a bonus token and K - 1
+// guesses), and the ms per forward against the one-token decode step,
+// measured beside it, go to stderr.
+//
 // --tp-alone: MODEL is one rank file of `baton split --tp`, run alone as its
 // rank with a lone group answering its sums and gather locally: one rank's
 // step time on one device. On CUDA the lone group's calls are queued on the
@@ -90,13 +95,14 @@ struct BenchOptions {
   bool tp_alone = false;
   std::string tp_exchange = "device";  // --tp-exchange: device or host
   std::vector<int64_t> parallel;  // sequence counts decoding together
+  std::vector<int64_t> verify;    // tokens per verify-shaped forward
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 std::optional<BenchOptions> parse(int argc, char** argv) {
   BenchOptions o;
-  std::string backend = "auto", mem_limit, parallel;
+  std::string backend = "auto", mem_limit, parallel, verify;
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description desc(
       "usage: baton bench [-m] MODEL [options]\n\n"
@@ -139,6 +145,10 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "comma list of sequence counts: after the single-stream rows, N sequences with a prompt of ctx-start "
        "tokens each decode --gen-tokens steps together, one forward of N rows per step; prints their aggregate "
        "decode tok/s")
+      ("verify", po::value<std::string>(&verify),
+       "comma list of token counts 1..64: after the single-stream rows, one sequence with a prompt of ctx-start "
+       "tokens runs --gen-tokens / K forwards of K tokens each (a speculative verify step's shape); prints ms a "
+       "forward and its ratio to the one-token decode step measured beside it")
       ("tp-alone", po::bool_switch(&o.tp_alone),
        "MODEL is one rank file of baton split --tp: run that rank alone, each sum leaving its own partial rows and "
        "the gather filling the other ranks' logits with zeros, to time one rank's step (its compute and its "
@@ -169,6 +179,7 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   if (o.staging_mb < 1 || o.staging_mb > 4096) throw std::invalid_argument("--staging-mb must be in 1..4096");
   if (o.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
   if (!parallel.empty()) o.parallel = parse_count_list(parallel, "--parallel", 1024);
+  if (!verify.empty()) o.verify = parse_count_list(verify, "--verify", 64);
   if (!mem_limit.empty()) o.mem_limit = parse_size(mem_limit);
   return o;
 }
@@ -240,7 +251,9 @@ int bench(const BenchOptions& o) {
   if (o.profile) set_stage_profiling(true);
   GgufFile file = about_file(o.model, [&] { return GgufFile::open(o.model); });
   StageConfig sc;
-  sc.n_ctx = o.ctx_max + o.gen_tokens;
+  int64_t tail = o.gen_tokens;  // past the deepest prompt: the generated tokens, or --verify's forwards
+  for (const int64_t k : o.verify) tail = std::max(tail, 4 * k);
+  sc.n_ctx = o.ctx_max + tail;
   sc.max_batch = std::min(o.batch, sc.n_ctx);
   sc.n_threads = o.n_threads;
   for (int64_t n : o.parallel) sc.n_seq = std::max(sc.n_seq, int(n));
@@ -432,6 +445,34 @@ int bench(const BenchOptions& o) {
     std::fprintf(stderr, "parallel %lld at ctx %lld: decode %.1f tok/s aggregate (%.1f per sequence), %.2f ms a step\n",
                  (long long)n_par, (long long)o.ctx_start, double(n_par * o.gen_tokens) / tg, double(o.gen_tokens) / tg,
                  1e3 * tg / double(o.gen_tokens));
+  }
+
+  // Verify-shaped forwards: K tokens of one sequence per forward, against
+  // one-token steps of the same sequence at the same depth.
+  if (!o.verify.empty()) {
+    auto per_forward = [&](int64_t k) {
+      r.reset(0);
+      int32_t next = 0;
+      prefill(random_prompt(o.ctx_start), &next);
+      const int64_t steps = std::max<int64_t>(4, o.gen_tokens / k);
+      if (o.ctx_start + steps * k > r.n_ctx()) {
+        throw std::invalid_argument(fmt::format("--verify {}: {} forwards past ctx-start {} exceed the context {}", k,
+                                                steps, o.ctx_start, r.n_ctx()));
+      }
+      const auto t0 = Clock::now();
+      for (int64_t i = 0; i < steps; ++i) {
+        std::vector<int32_t> ids = random_prompt(k);
+        ids[0] = next;
+        next = r.forward_greedy(0, ids);
+      }
+      return seconds_since(t0) / double(steps);
+    };
+    const double one = per_forward(1);
+    for (const int64_t k : o.verify) {
+      const double t = k == 1 ? one : per_forward(k);
+      std::fprintf(stderr, "verify %lld at ctx %lld: %.2f ms a forward, %.2fx the one-token step (%.2f ms)\n",
+                   (long long)k, (long long)o.ctx_start, 1e3 * t, t / one, 1e3 * one);
+    }
   }
 
   if (o.csv) {
