@@ -52,7 +52,7 @@ fi
 
 # The Q2 file needs about 83 GiB of device memory.
 mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
-if [ "${mem_mib:-0}" -lt 100000 ] && { has ab || has profile; }; then
+if [ -z "${FLASH_LAYERS:-}" ] && [ "${mem_mib:-0}" -lt 100000 ] && { has ab || has profile; }; then
   say "only ${mem_mib} MiB of device memory: the Flash Q2 file does not fit, ab and profile skipped"
   steps=${steps//ab/}
   steps=${steps//profile/}
