@@ -143,6 +143,11 @@ TEST(CudaDs4Spec, PlanHoldsTheCheckpointAndCaptureRooms) {
   EXPECT_NO_THROW(CudaDs4Stage::plan(f, big));
   big.capture_layers = {5};
   EXPECT_THROW(CudaDs4Stage::plan(f, big), std::invalid_argument);
+  // The float micro model the greedy test runs takes the CUDA stage.
+  const GgufFile micro = GgufFile::open(test::write_ds4(dir, "deepseek4-micro", "f32", 7));
+  StageConfig m = spec_config(1, false);
+  m.max_batch = 8;
+  EXPECT_NO_THROW(CudaDs4Stage::plan(micro, m));
 }
 
 // (a) Each row of a checkpointed verify forward against the one-token decode

@@ -86,6 +86,7 @@ struct RunOptions {
   std::string draft_test = "none";  // --draft-test: speculative decoding with a test draft source
   int draft_max = 5;                // --draft-max: guesses per verify
   bool no_draft = false;            // --no-draft: the model's drafter stays off
+  bool cpu_drafter = false;         // --cpu-drafter: draft on the CPU beside a CUDA target
   float draft_threshold = 0.8f;     // --draft-threshold: the drafter's confidence stop
 };
 
@@ -186,6 +187,10 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("no-draft", po::bool_switch(&r.no_draft),
        "decode without the model's DSpark drafter (it is on by default on the CPU backend when the model file "
        "or --draft has one)")
+      ("cpu-drafter", po::bool_switch(&r.cpu_drafter),
+       "with --backend cuda: draft with the DSpark drafter on the CPU beside the GPU target, from the rows the "
+       "target captures, with a host copy of its embedding and head (correct but slow for big models; off by "
+       "default on CUDA, docs/DSPARK.md)")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -265,6 +270,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (r.draft_max < 1 || r.draft_max > 7) throw std::invalid_argument("--draft-max must be in 1..7");
   if (!(r.draft_threshold >= 0 && r.draft_threshold <= 1)) {
     throw std::invalid_argument("--draft-threshold must be in 0..1");
+  }
+  if (r.cpu_drafter && (r.workers > 0 || !r.parts.empty())) {
+    throw std::invalid_argument("--cpu-drafter runs with the whole model in this process (no --workers or --parts)");
   }
   if (!r.draft.empty() && (r.workers > 0 || !r.parts.empty())) {
     throw std::invalid_argument("--draft runs with the whole model in this process (no --workers or --parts)");
@@ -618,7 +626,9 @@ int run(const RunOptions& opt) {
   // The DSpark drafter (docs/DSPARK.md): on by default for this one user on
   // the CPU backend; its stage captures the layers it reads.
   const std::optional<DsparkShape> drafter = dspark_find(file, sc.draft_path);
-  const bool drafting = drafter && !opt.no_draft && opt.draft_test == "none" && opt.backend == Backend::Cpu;
+  // On CUDA only with --cpu-drafter: the drafter network runs on the CPU.
+  const bool drafting = drafter && !opt.no_draft && opt.draft_test == "none" &&
+                        (opt.backend == Backend::Cpu || opt.cpu_drafter);
   if (drafting) {
     sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.draft_max) + 1);
     sc.capture_layers = drafter->target_layer_ids;
@@ -637,7 +647,7 @@ int run(const RunOptions& opt) {
                  drafting              ? ""
                  : opt.no_draft        ? "; off (--no-draft)"
                  : opt.draft_test != "none" ? "; off (--draft-test)"
-                                        : "; off: it drafts on the CPU backend only");
+                                        : "; off on this backend unless --cpu-drafter (it runs on the CPU)");
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
@@ -647,9 +657,9 @@ int run(const RunOptions& opt) {
   std::unique_ptr<StageRunner> runner = make_stage_runner(opt.backend, file, sc, load);
   StageRunner& stage = *runner;
   if (show_load) std::fprintf(stderr, "%s\n", load_summary(stage).c_str());
-  if (opt.draft_test != "none" && !stage.speculative()) {
-    throw CommandError(std::string("--draft-test: the ") + backend_name(opt.backend) + " stage of " +
-                           stage.arch().name() + " has no verify forward (docs/SPECULATIVE.md)",
+  if ((opt.draft_test != "none" || drafting) && !stage.speculative()) {
+    throw CommandError(std::string(drafting ? "drafting" : "--draft-test") + ": the " + backend_name(opt.backend) +
+                           " stage of " + stage.arch().name() + " has no verify forward (docs/SPECULATIVE.md)",
                        kExitRefused);
   }
 
@@ -687,9 +697,19 @@ int run(const RunOptions& opt) {
   } else if (drafting) {
     const std::optional<GgufFile> sidecar =
         sc.draft_path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(sc.draft_path));
-    DsparkDraftSource source(sidecar ? *sidecar : file, *drafter, *stage.host_model(), opt.n_threads,
-                             opt.draft_threshold);
-    gen = generate_speculative(opt, *tokenizer, stage, prompt, source, true, &spec);
+    const GgufFile& drafter_file = sidecar ? *sidecar : file;
+    std::unique_ptr<DsparkDraftSource> source;
+    if (const Model* host = stage.host_model()) {
+      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, *host, opt.n_threads, opt.draft_threshold);
+    } else {
+      // A device target: the drafter reads its own host copy of the ends.
+      if (net::log_enabled(net::LogLevel::info)) {
+        std::fprintf(stderr, "baton run: the drafter's host copy of the target's embedding and head: %.2f GiB\n",
+                     double(DsparkDraftSource::target_ends_bytes(file)) / double(uint64_t(1) << 30));
+      }
+      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, file, opt.n_threads, opt.draft_threshold);
+    }
+    gen = generate_speculative(opt, *tokenizer, stage, prompt, *source, true, &spec);
   } else {
     const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;
     gen = generate(
