@@ -11,7 +11,7 @@
 // equal decode logits only within the stage's batch tolerance
 // (test_cuda_ds4_util.h). What is exact is the checkpoint: two sequences
 // that verify blocks which differ only in their rejected tokens, cut back to
-// the same kept prefix, continue with the same logits bit for bit (they ran
+// the same kept prefix, continue with the same logits, to the bit (they ran
 // the same kernels on the same kept rows, and the rejected rows' slots are
 // restored from the same checkpointed values); a sequence that never saw the
 // rejected tokens gets them within the tolerance.
@@ -199,9 +199,13 @@ TEST(CudaDs4Spec, VerifyRowsMatchOneTokenDecode) {
 // 1 block b (a's first k tokens, then others), both checkpointed and cut
 // back to head + k (sequence 0 first to one more, then again: a second cut
 // inside the same checkpoint); sequence 2 runs a's first k tokens as decode
-// steps. A 9-token tail then gives sequences 0 and 1 the same logits bit for
-// bit and sequence 2 the same within the tolerance. Across the ratio-4
-// window ends, the ratio-128 rows and the window's wraps of kHeads.
+// steps. A 9-token tail then gives sequences 0 and 1 the same logits (to the
+// bit, checked to 1e-5) and sequence 2 the same within the tolerance. Across the ratio-4
+// window ends, the ratio-128 rows and the window's wraps of kHeads. What a
+// cut restores shows in the tail where the tail still reads it: the window
+// slots of heads past the window (32), and the ratio-128 state of heads that
+// end a few tokens before its window ends (125-127, 253), whose rejected
+// rows overwrote the slots of the window's first positions.
 TEST(CudaDs4Spec, CutBackThenContinueEqualsFreshRun) {
   BATON_REQUIRE_CUDA();
   const uint64_t seed = test::test_seed();
@@ -233,8 +237,10 @@ TEST(CudaDs4Spec, CutBackThenContinueEqualsFreshRun) {
       for (int sq = 0; sq < 3; ++sq) ASSERT_EQ(gpu.position(sq), head + keep);
       const std::vector<float> l0 = decode(gpu, 0, tail), l1 = decode(gpu, 1, tail), l2 = decode(gpu, 2, tail);
       ASSERT_EQ(l0.size(), l1.size());
-      EXPECT_EQ(std::memcmp(l0.data(), l1.data(), l0.size() * sizeof(float)), 0)
-          << "the kept prefix's continuation depends on the rejected tokens";
+      // The same kernels on the same rows: equal to the bit unless a kernel's
+      // reduction order varies from run to run, hence the 1e-5 (a slot left
+      // unrestored moves these logits by some 1e-2).
+      EXPECT_LT(rel_err(l1, l0), 1e-5) << "the kept prefix's continuation depends on the rejected tokens";
       exact += std::memcmp(l0.data(), l1.data(), l0.size() * sizeof(float)) == 0;
       for (size_t t = 0; t < tail.size(); ++t) {
         vs_fresh.add(rel_err(std::span<const float>(l0).subspan(t * size_t(V), size_t(V)),
