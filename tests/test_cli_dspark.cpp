@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/gguf/file.h"
+#include "engine/runtime/backend.h"
 
 #include "tests/convert_test_util.h"
 #include "tests/test_util.h"
@@ -116,6 +117,36 @@ TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
   r = baton({"run", dir.file("m.gguf"), "-n", "2", "--draft-threshold", "2"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--draft-threshold must be in 0..1"), std::string::npos) << r.err;
+}
+
+// On the CUDA backend the drafter is off unless --cpu-drafter, which runs it
+// on the CPU from the rows the GPU target captures, with its own host copy
+// of the target's embedding and head; the greedy output is still the plain
+// one. The micro model's float matrices and forwards of at most 8 rows keep
+// every GPU product float32 (a quantized model's near-ties may flip on a
+// GPU: docs/SPECULATIVE.md). Needs a GPU.
+TEST(CliDspark, CpuDrafterBesideCudaTarget) {
+  if (!backend_unavailable(Backend::Cuda).empty()) GTEST_SKIP() << backend_unavailable(Backend::Cuda);
+  test::TempDir dir;
+  auto r = baton({"synth", "--shape", "deepseek4-micro", "--dspark", "-o", dir.file("m.gguf"), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "24", "--temp", "0", "--ignore-eos",
+                                           "--json", "-t", "2", "--backend", "cuda", "--batch", "8"};
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "run");
+    args.insert(args.end(), common.begin(), common.end());
+    auto out = baton(args);
+    EXPECT_EQ(out.exit_code, 0) << out.err;
+    return out.exit_code == 0 ? nlohmann::json::parse(out.out) : nlohmann::json();
+  };
+  const auto plain = run({dir.file("m.gguf")});
+  ASSERT_TRUE(plain.contains("tokens"));
+  EXPECT_FALSE(plain.contains("draft"));  // off by default on CUDA
+  const auto drafted = run({dir.file("m.gguf"), "--cpu-drafter", "--draft-threshold", "0"});
+  ASSERT_TRUE(drafted.contains("draft"));
+  EXPECT_EQ(drafted["tokens"], plain["tokens"]);
+  EXPECT_EQ(drafted["draft"]["mode"], "dspark");
+  EXPECT_GT(drafted["draft"]["drafted"].get<int>(), 0);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/gguf/file.h"
+#include "engine/runtime/backend.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -352,6 +353,33 @@ TEST(CliRun, DraftedGreedyOutputEqualsPlain) {
     auto r = baton_run(args);
     EXPECT_NE(r.exit_code, 0) << bad[1];
     EXPECT_NE(r.err.find("--draft"), std::string::npos) << r.err;
+  }
+}
+
+// The same on the CUDA backend (the deepseek4 stage's verify forward and
+// device checkpoint), where there is a GPU. The micro model's float
+// matrices and forwards of at most 8 rows (--batch 8) keep every product
+// float32, so the verify rows pick the decode steps' tokens (a quantized
+// model's near-ties may flip on a GPU: docs/SPECULATIVE.md).
+TEST(CliRun, DraftedGreedyOutputEqualsPlainOnCuda) {
+  if (!backend_unavailable(Backend::Cuda).empty()) GTEST_SKIP() << backend_unavailable(Backend::Cuda);
+  test::TempDir dir;
+  const std::string model = dir.file("micro.gguf");
+  auto s = test::run_command({test::baton_binary(), "synth", "--quiet", "--shape", "deepseek4-micro", "-o", model});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  const std::vector<std::string> common = {"-m", model, "-p", "Once upon a time", "-n", "40", "--temp", "0",
+                                           "--ignore-eos", "--json", "--backend", "cuda", "--batch", "8"};
+  auto plain = baton_run(common);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const auto want = nlohmann::json::parse(plain.out)["tokens"].get<std::vector<int32_t>>();
+  for (const char* mode : {"forced-accept", "forced-reject", "forced-prefix"}) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), {"--draft-test", mode, "--draft-max", "3"});
+    auto r = baton_run(args);
+    ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want) << mode;
+    EXPECT_EQ(j["backend"], "cuda");
   }
 }
 

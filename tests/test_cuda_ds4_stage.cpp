@@ -37,28 +37,22 @@
 #include "engine/gguf/file.h"
 #include "engine/runtime/stage.h"
 #include "gguf_split/synth.h"
+#include "tests/test_cuda_ds4_util.h"
 #include "tests/test_cuda_util.h"
 #include "tests/test_util.h"
 
 namespace baton {
 namespace {
 
-constexpr double kTypical = 5e-3;      // median row error
-constexpr double kOutlier = 3e-2;      // a row above this counts as flipped
-constexpr double kOutlierShare = 0.1;  // at most this share of prefill rows
-constexpr double kDecodeTol = 1e-2;    // greedy: CPU top-1 margins above 2x this are compared
+using test::kDecodeTol;
+using test::kOutlier;
+using test::kOutlierShare;
+using test::kTypical;
+using test::random_tokens;
+using test::rel_err;
+using test::RowErrors;
+using test::write_tiny;
 constexpr int64_t kPrompt = 320;
-
-std::string write_tiny(const test::TempDir& dir, const std::string& type, uint64_t seed) {
-  SynthOptions o;
-  o.arch = "deepseek4";
-  o.shape = "deepseek4-tiny";
-  o.type = type;
-  o.seed = seed;
-  const std::string path = dir.file("tiny-" + type + ".gguf");
-  write_synth_model(path, o);
-  return path;
-}
 
 // A file whose expert types differ by layer, as users' mixed files do:
 // the Q2 tiny model with the routed experts of layers 2 and 4 taken from its
@@ -90,25 +84,6 @@ std::string write_mixed(const test::TempDir& dir, uint64_t seed) {
   return path;
 }
 
-std::vector<int32_t> random_tokens(uint64_t seed, size_t n, int64_t vocab) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = int32_t(rng() % uint64_t(vocab));
-  return t;
-}
-
-// max |a - b| over max |b|.
-double rel_err(std::span<const float> a, std::span<const float> b) {
-  if (a.size() != b.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 StageConfig config(int64_t batch, bool all_logits) {
   StageConfig c;
   c.n_ctx = 512;
@@ -134,24 +109,6 @@ TEST(CudaDs4Stage, PlanKvLineEqualsCpuPlan) {
     EXPECT_GT(gpu.bytes(PlanLine::Workspace), 0u);
   }
 }
-
-// Relative errors of logit rows: the typical one and the few outliers.
-struct RowErrors {
-  std::vector<double> e;
-  void add(double v) { e.push_back(v); }
-  double quantile(double q) const {
-    std::vector<double> s = e;
-    std::sort(s.begin(), s.end());
-    return s.empty() ? 0.0 : s[std::min(s.size() - 1, size_t(q * double(s.size())))];
-  }
-  double over(double tol) const {
-    return double(std::count_if(e.begin(), e.end(), [&](double v) { return v > tol; })) / double(e.size());
-  }
-  void report(const char* what) const {
-    std::printf("%s: %zu rows, rel err median %.3g, p90 %.3g, max %.3g\n", what, e.size(), quantile(0.5),
-                quantile(0.9), quantile(1.0));
-  }
-};
 
 // Prefill logits of every prompt position, then 8 decode steps and one
 // 5-token batch, against the CPU.

@@ -13,8 +13,10 @@
 
 #include "engine/dspark/dspark_drafter.h"
 #include "engine/dspark/dspark_shape.h"
+#include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/gguf/file.h"
+#include "engine/runtime/stage.h"
 #include "gguf_split/synth.h"
 #include "tests/test_util.h"
 
@@ -237,6 +239,37 @@ TEST(DsparkDrafterTest, ConfidenceStopsTheDraftAndTruncateRollsBack) {
   EXPECT_EQ(rig.drafter->draft(3, 20, 0.0f, 99).logits, all.logits);
   EXPECT_THROW(rig.drafter->truncate(20 - DsparkShape::kSpareRows - 1), std::invalid_argument);
   EXPECT_THROW(rig.drafter->draft(3, 19, 0.0f, 99), std::invalid_argument);  // not the next position
+}
+
+// Beside a target with no weights in host memory (a CUDA stage) the source
+// reads its own copy of the target's embedding and head from the file; it
+// drafts exactly as the source that shares a CPU stage's.
+TEST(DsparkSourceTest, OwnCopyOfTheTargetEndsDraftsLikeTheShared) {
+  test::TempDir dir;
+  SynthOptions o;
+  o.shape = "deepseek4-micro";
+  o.dspark = true;
+  o.seed = test::test_seed();
+  write_synth_model(dir.file("m.gguf"), o);
+  const GgufFile f = GgufFile::open(dir.file("m.gguf"));
+  const std::optional<DsparkShape> shape = dspark_find(f, "");
+  ASSERT_TRUE(shape);
+  StageConfig c;
+  c.n_ctx = 256;
+  const Stage target(f, c);
+  DsparkDraftSource shared(f, *shape, target.model(), 1, 0.0f);
+  DsparkDraftSource own(f, *shape, f, 1, 0.0f);
+  const uint64_t ends = DsparkDraftSource::target_ends_bytes(f);
+  EXPECT_GT(ends, 0u);
+  EXPECT_LT(ends, target.memory_plan().bytes(PlanLine::Weights));
+  const int64_t n = 12;
+  const std::vector<float> rows = random_rows(n, shape->feature_width(), 9);
+  std::vector<int32_t> tokens(size_t(n), 7);
+  for (DsparkDraftSource* s : {&shared, &own}) s->committed(tokens, 0, rows);
+  const Draft a = shared.propose(5, n, 4), b = own.propose(5, n, 4);
+  ASSERT_FALSE(a.tokens.empty());
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.logits, b.logits);
 }
 
 }  // namespace

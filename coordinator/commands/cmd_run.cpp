@@ -19,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -85,6 +86,7 @@ struct RunOptions {
   std::string draft_test = "none";  // --draft-test: speculative decoding with a test draft source
   int draft_max = 5;                // --draft-max: guesses per verify
   bool no_draft = false;            // --no-draft: the model's drafter stays off
+  bool cpu_drafter = false;         // --cpu-drafter: draft on the CPU beside a CUDA target
   float draft_threshold = 0.8f;     // --draft-threshold: the drafter's confidence stop
 };
 
@@ -173,7 +175,8 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("worker-delay-ms", po::value<int>(&r.worker_delay_ms)->default_value(0),
        "with --workers: each worker sleeps this long before every step (models slow nodes; for tests)")
       ("draft-test", po::value<std::string>(&r.draft_test)->default_value("none"),
-       "speculative decoding with a test draft source (docs/SPECULATIVE.md), CPU, one process, --temp 0: "
+       "speculative decoding with a test draft source (docs/SPECULATIVE.md), one process, --temp 0, the CPU "
+       "backend unless --backend names another: "
        "forced-accept (guesses the model's own greedy output, from a plain run first), forced-reject "
        "(guesses it never picks) or forced-prefix (right for a random number of guesses); the text is the "
        "plain run's; none = plain decoding")
@@ -184,6 +187,10 @@ std::optional<RunOptions> parse(int argc, char** argv) {
       ("no-draft", po::bool_switch(&r.no_draft),
        "decode without the model's DSpark drafter (it is on by default on the CPU backend when the model file "
        "or --draft has one)")
+      ("cpu-drafter", po::bool_switch(&r.cpu_drafter),
+       "with --backend cuda: draft with the DSpark drafter on the CPU beside the GPU target, from the rows the "
+       "target captures, with a host copy of its embedding and head (correct but slow for big models; off by "
+       "default on CUDA, docs/DSPARK.md)")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -264,13 +271,13 @@ std::optional<RunOptions> parse(int argc, char** argv) {
   if (!(r.draft_threshold >= 0 && r.draft_threshold <= 1)) {
     throw std::invalid_argument("--draft-threshold must be in 0..1");
   }
+  if (r.cpu_drafter && (r.workers > 0 || !r.parts.empty())) {
+    throw std::invalid_argument("--cpu-drafter runs with the whole model in this process (no --workers or --parts)");
+  }
   if (!r.draft.empty() && (r.workers > 0 || !r.parts.empty())) {
     throw std::invalid_argument("--draft runs with the whole model in this process (no --workers or --parts)");
   }
   r.backend = resolve_backend(backend, &r.backend_note);
-  if (r.draft_test != "none" && r.backend != Backend::Cpu) {
-    throw CommandError("--draft-test runs on the CPU backend only (--backend cpu)", kExitRefused);
-  }
   return r;
 }
 
@@ -389,7 +396,17 @@ Generated generate_draft_test(const RunOptions& opt, const Tokenizer& tok, Stage
                     : opt.draft_test == "forced-reject" ? Mode::Reject
                                                         : Mode::Prefix;
   ForcedDraft draft(mode, int64_t(prompt.size()), reference, n_vocab, opt.sampling.seed);
-  return generate_speculative(opt, tok, stage, prompt, draft, false, stats);
+  try {
+    return generate_speculative(opt, tok, stage, prompt, draft, false, stats);
+  } catch (const std::logic_error& e) {
+    // The source saw a token other than the plain run's. On the CPU that is
+    // a bug; on a GPU the verify rows run other kernels than the decode
+    // steps (docs/SPECULATIVE.md), so a near-tie in the logits can flip.
+    if (stage.backend() == Backend::Cpu || std::string_view(e.what()).rfind("ForcedDraft:", 0) != 0) throw;
+    throw std::runtime_error(std::string(e.what()) + ": the drafted run left the plain greedy output on the " +
+                             backend_name(stage.backend()) +
+                             " backend, whose verify rows and decode steps may round a near-tie differently");
+  }
 }
 
 // The prompt's tokens, refused when there are none or more than the context
@@ -609,7 +626,9 @@ int run(const RunOptions& opt) {
   // The DSpark drafter (docs/DSPARK.md): on by default for this one user on
   // the CPU backend; its stage captures the layers it reads.
   const std::optional<DsparkShape> drafter = dspark_find(file, sc.draft_path);
-  const bool drafting = drafter && !opt.no_draft && opt.draft_test == "none" && opt.backend == Backend::Cpu;
+  // On CUDA only with --cpu-drafter: the drafter network runs on the CPU.
+  const bool drafting = drafter && !opt.no_draft && opt.draft_test == "none" &&
+                        (opt.backend == Backend::Cpu || opt.cpu_drafter);
   if (drafting) {
     sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.draft_max) + 1);
     sc.capture_layers = drafter->target_layer_ids;
@@ -628,7 +647,7 @@ int run(const RunOptions& opt) {
                  drafting              ? ""
                  : opt.no_draft        ? "; off (--no-draft)"
                  : opt.draft_test != "none" ? "; off (--draft-test)"
-                                        : "; off: it drafts on the CPU backend only");
+                                        : "; off on this backend unless --cpu-drafter (it runs on the CPU)");
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
@@ -638,6 +657,11 @@ int run(const RunOptions& opt) {
   std::unique_ptr<StageRunner> runner = make_stage_runner(opt.backend, file, sc, load);
   StageRunner& stage = *runner;
   if (show_load) std::fprintf(stderr, "%s\n", load_summary(stage).c_str());
+  if ((opt.draft_test != "none" || drafting) && !stage.speculative()) {
+    throw CommandError(std::string(drafting ? "drafting" : "--draft-test") + ": the " + backend_name(opt.backend) +
+                           " stage of " + stage.arch().name() + " has no verify forward (docs/SPECULATIVE.md)",
+                       kExitRefused);
+  }
 
   const std::vector<int32_t> prompt = encode_prompt(*tokenizer, opt.prompt, stage.n_ctx());
   if (!opt.json) {
@@ -673,9 +697,19 @@ int run(const RunOptions& opt) {
   } else if (drafting) {
     const std::optional<GgufFile> sidecar =
         sc.draft_path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(sc.draft_path));
-    DsparkDraftSource source(sidecar ? *sidecar : file, *drafter, *stage.host_model(), opt.n_threads,
-                             opt.draft_threshold);
-    gen = generate_speculative(opt, *tokenizer, stage, prompt, source, true, &spec);
+    const GgufFile& drafter_file = sidecar ? *sidecar : file;
+    std::unique_ptr<DsparkDraftSource> source;
+    if (const Model* host = stage.host_model()) {
+      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, *host, opt.n_threads, opt.draft_threshold);
+    } else {
+      // A device target: the drafter reads its own host copy of the ends.
+      if (net::log_enabled(net::LogLevel::info)) {
+        std::fprintf(stderr, "baton run: the drafter's host copy of the target's embedding and head: %.2f GiB\n",
+                     double(DsparkDraftSource::target_ends_bytes(file)) / double(uint64_t(1) << 30));
+      }
+      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, file, opt.n_threads, opt.draft_threshold);
+    }
+    gen = generate_speculative(opt, *tokenizer, stage, prompt, *source, true, &spec);
   } else {
     const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;
     gen = generate(

@@ -122,6 +122,20 @@ class Deepseek4Arch : public Arch {
                      float* out) const override;
   void restore_rollback(KvCache& kv, int seq, LayerRange layers, int64_t pos0, int64_t n, int64_t keep,
                         const float* saved) const override;
+  // One ring a rollback saves and restores: position p's row of `width`
+  // floats sits at slot p % slots, `offset` floats into the layer's stream
+  // `stream` (the state streams hold a kv ring, then a gate ring). The
+  // saved rows of a forward of n tokens are, ring after ring in this order,
+  // the n rows of its positions, `saved_at` * n floats into the buffer.
+  // The CPU (rollback_copy) and the CUDA stage (engine/cuda/stages/ds4_spec.cpp)
+  // both walk this list, so they save the same slots in the same layout.
+  struct RollbackRing {
+    int layer = 0;
+    KvStream stream = kWindow;
+    int64_t offset = 0, slots = 0, width = 0;
+    int64_t saved_at = 0;  // floats of the earlier rings' rows, per saved row
+  };
+  std::vector<RollbackRing> rollback_rings(LayerRange layers, int64_t n_ctx) const;
   bool can_capture() const override { return true; }
   int64_t boundary_elems_per_token() const override { return s_.boundary_elems_per_token(); }
   uint64_t workspace_bytes(const WorkspaceShape& shape) const override;

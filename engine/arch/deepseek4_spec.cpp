@@ -43,15 +43,32 @@ void Deepseek4Arch::capture(const Run& r, int layer) const {
   }
 }
 
-uint64_t Deepseek4Arch::rollback_floats(LayerRange layers, int64_t /*n_ctx*/, int64_t rows) const {
-  uint64_t per_row = 0;
+std::vector<Deepseek4Arch::RollbackRing> Deepseek4Arch::rollback_rings(LayerRange layers, int64_t n_ctx) const {
+  std::vector<RollbackRing> rings;
+  int64_t at = 0;
+  auto add = [&](int l, KvStream stream, int64_t offset, int64_t slots, int64_t width) {
+    rings.push_back({l, stream, offset, slots, width, at});
+    at += width;
+  };
   for (int l = layers.first; l <= layers.last; ++l) {
-    per_row += uint64_t(s_.head_dim);
-    if (s_.compress_ratio(l) == 0) continue;
-    const uint64_t lanes = uint64_t(s_.compressor_lanes(l));
-    per_row += 2 * lanes * uint64_t(s_.head_dim);
-    if (s_.has_indexer(l)) per_row += 2 * lanes * uint64_t(s_.idx_head_dim);
+    add(l, kWindow, 0, kv_layer_streams(l, n_ctx)[kWindow].rows, s_.head_dim);
+    const int r = s_.compress_ratio(l);
+    if (r == 0) continue;
+    const int64_t lanes = s_.compressor_lanes(l), slots = lanes * r;
+    const int64_t cw = lanes * s_.head_dim;  // kv ring, then gate ring
+    add(l, kCompState, 0, slots, cw);
+    add(l, kCompState, slots * cw, slots, cw);
+    if (!s_.has_indexer(l)) continue;
+    const int64_t iw = lanes * s_.idx_head_dim;
+    add(l, kIdxState, 0, slots, iw);
+    add(l, kIdxState, slots * iw, slots, iw);
   }
+  return rings;
+}
+
+uint64_t Deepseek4Arch::rollback_floats(LayerRange layers, int64_t n_ctx, int64_t rows) const {
+  uint64_t per_row = 0;
+  for (const RollbackRing& g : rollback_rings(layers, n_ctx)) per_row += uint64_t(g.width);
   return per_row * uint64_t(std::max<int64_t>(0, rows));
 }
 
@@ -66,31 +83,19 @@ int64_t Deepseek4Arch::rollback_max_rows(LayerRange layers, int64_t n_ctx) const
 
 void Deepseek4Arch::rollback_copy(KvCache& kv, int seq, LayerRange layers, int64_t pos0, int64_t n, int64_t keep,
                                   float* buf, bool restore) const {
-  float* at = buf;
-  // The forward's positions' rows of one ring of `slots` rows, in position order.
-  auto ring = [&](float* base, int64_t slots, int64_t width) {
-    const size_t bytes = size_t(width) * sizeof(float);
-    for (int64_t t = 0; t < n; ++t, at += width) {
-      float* row = base + ((pos0 + t) % slots) * width;
+  for (const RollbackRing& g : rollback_rings(layers, kv.n_ctx())) {
+    float* base = kv.stream(g.layer, seq, g.stream) + g.offset;
+    float* at = buf + g.saved_at * n;
+    const size_t bytes = size_t(g.width) * sizeof(float);
+    // The forward's positions' rows, in position order.
+    for (int64_t t = 0; t < n; ++t, at += g.width) {
+      float* row = base + ((pos0 + t) % g.slots) * g.width;
       if (!restore) {
         std::memcpy(at, row, bytes);
       } else if (t >= keep) {
         std::memcpy(row, at, bytes);
       }
     }
-  };
-  for (int l = layers.first; l <= layers.last; ++l) {
-    ring(kv.stream(l, seq, kWindow), kv.stream_shape(l, kWindow).rows, s_.head_dim);
-    const int r = s_.compress_ratio(l);
-    if (r == 0) continue;
-    const int64_t lanes = s_.compressor_lanes(l), slots = lanes * r;
-    float* state = kv.stream(l, seq, kCompState);  // kv ring, then gate ring
-    ring(state, slots, lanes * s_.head_dim);
-    ring(state + slots * lanes * s_.head_dim, slots, lanes * s_.head_dim);
-    if (!s_.has_indexer(l)) continue;
-    float* istate = kv.stream(l, seq, kIdxState);
-    ring(istate, slots, lanes * s_.idx_head_dim);
-    ring(istate + slots * lanes * s_.idx_head_dim, slots, lanes * s_.idx_head_dim);
   }
 }
 

@@ -55,6 +55,7 @@ void CudaStageBase::open_device(const GgufFile& f, const WeightLayout& wl, const
 
 void CudaStageBase::start() {
   length_.assign(size_t(config_.n_seq), 0);
+  forwards_.assign(size_t(config_.n_seq), 0);
   std::memset(io_.data(), 0, io_.size());
   sync();
   capture_decode_graphs();
@@ -291,7 +292,7 @@ void CudaStageBase::put_row(int64_t row, int32_t id, int64_t pos) {
   if (S.negated_positions) hp[2 * S.batch + row] = -int32_t(pos);
 }
 
-void CudaStageBase::run(int seq, const int32_t* tokens, const float* activations, int64_t n) {
+void CudaStageBase::run(int seq, const int32_t* tokens, const float* activations, int64_t n, bool queued) {
   check_seq(seq);
   const SharedLayout& S = shared_;
   const int64_t pos0 = length_[size_t(seq)];
@@ -310,7 +311,8 @@ void CudaStageBase::run(int seq, const int32_t* tokens, const float* activations
     std::memcpy(io_.data() + S.h_in, activations, uint64_t(n * S.row_width) * sizeof(float));
     if (!S.input_in_forward) enqueue_input_rows(n);
   }
-  if (n == 1) {
+  ++forwards_[size_t(seq)];
+  if (n == 1 && !queued) {
     launch(decode_graphs_[size_t(seq)]);
     if (seq == 0) profiler_.count_step();
   } else {
@@ -432,7 +434,10 @@ std::span<const float> CudaStageBase::run_batch(std::span<const BatchChunk> chun
   } else {
     enqueue_batch(n, n_out, /*graph=*/false);
   }
-  for (const BatchChunk& c : chunks) length_[size_t(c.seq)] += c.n_tokens;
+  for (const BatchChunk& c : chunks) {
+    length_[size_t(c.seq)] += c.n_tokens;
+    ++forwards_[size_t(c.seq)];
+  }
   last_rows_ = config_.head ? n_out : n;
   if (last_rows_ == 0 || !logits) {
     sync();

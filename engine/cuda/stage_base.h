@@ -263,16 +263,22 @@ class CudaStageBase : public StageRunner {
   cuda::DecodeProfiler profiler_;               // set_stage_profiling(true): sequence 0's decode
 
   std::vector<int64_t> length_;  // positions filled per sequence
+  // Forwards run per sequence: a stage's state about a sequence (a
+  // speculative checkpoint) stays valid while this count is unchanged.
+  std::vector<uint64_t> forwards_;
   int64_t last_rows_ = 0;        // output rows of the last forward
 
- private:
   // Checks, fills the pinned parameters and queues the input copy and the
-  // forward (a graph replay for one token). The caller queues its copies and
-  // synchronizes. activations: host rows copied into x first; null on a
-  // stage without the embedding: the rows are already in x (device_input()).
-  void run(int seq, const int32_t* tokens, const float* activations, int64_t n);
-  // Copies the last forward's output rows to the pinned io and synchronizes.
+  // forward (a graph replay for one token, unless `queued`: a forward that
+  // reads per-call state the decode graph did not capture). The caller
+  // queues its copies and synchronizes. activations: host rows copied into
+  // x first; null on a stage without the embedding: the rows are already in
+  // x (device_input()).
+  void run(int seq, const int32_t* tokens, const float* activations, int64_t n, bool queued = false);
+  // Copies the last forward's output rows (last_rows_) to the pinned io and synchronizes.
   std::span<const float> output_to_host();
+
+ private:
   // Where the output rows are: the logits on the last stage, else x; and
   // their width.
   uint64_t output_offset() const { return config_.head ? shared_.logits : shared_.x; }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/arch/deepseek4.h"
+#include "engine/model/arch.h"
 #include "engine/model/model.h"
 
 namespace baton {
@@ -18,6 +19,12 @@ const Tensor& target_tensor(const Tensor* t, const char* name) {
   return *t;
 }
 
+// The target's embedding and head alone (no layer: Model::plan's empty range).
+WeightLayout target_ends_layout(const GgufFile& f) {
+  const std::unique_ptr<Arch> arch = Arch::from_gguf(f);
+  return Model::plan(f, *arch, StageParts{LayerRange{0, -1}, true, true});
+}
+
 }  // namespace
 
 DsparkDraftSource::DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, const Model& target,
@@ -26,6 +33,25 @@ DsparkDraftSource::DsparkDraftSource(const GgufFile& drafter_file, const DsparkS
   drafter_ = std::make_unique<DsparkDrafter>(
       weights_, target_tensor(target.embedding(Deepseek4Arch::kTokenEmbd), "token_embd.weight"),
       target_tensor(target.head(Deepseek4Arch::kOutput), "output.weight"), pool_);
+}
+
+DsparkDraftSource::DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape,
+                                     const GgufFile& target_file, int n_threads, float threshold)
+    : DsparkDraftSource(drafter_file, shape, std::make_unique<Model>(target_file, target_ends_layout(target_file)),
+                        n_threads, threshold) {}
+
+// The Model stays where make_unique put it: the drafter's views into it
+// survive the move of the pointer.
+DsparkDraftSource::DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape,
+                                     std::unique_ptr<Model> target_ends, int n_threads, float threshold)
+    : DsparkDraftSource(drafter_file, shape, *target_ends, n_threads, threshold) {
+  target_ends_ = std::move(target_ends);
+}
+
+DsparkDraftSource::~DsparkDraftSource() = default;
+
+uint64_t DsparkDraftSource::target_ends_bytes(const GgufFile& target_file) {
+  return target_ends_layout(target_file).bytes;
 }
 
 Draft DsparkDraftSource::propose(int32_t bonus, int64_t position, int max_tokens) {

@@ -23,6 +23,16 @@ class DsparkDraftSource final : public DraftSource {
   // (StageConfig::capture_layers = drafter_capture_layers of the same file).
   DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, const Model& target, int n_threads,
                     float threshold);
+  // The same beside a target whose weights are not in host memory (a CUDA
+  // stage: StageRunner::host_model() is null): the source reads its own host
+  // copy of the target's token embedding and output head from
+  // `target_file` (target_ends_bytes), and drafts on the CPU from the rows
+  // the stage captures and copies back.
+  DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, const GgufFile& target_file,
+                    int n_threads, float threshold);
+  // Bytes of that copy: the target file's embedding and head as laid out.
+  static uint64_t target_ends_bytes(const GgufFile& target_file);
+  ~DsparkDraftSource() override;
 
   Draft propose(int32_t bonus, int64_t position, int max_tokens) override;
   void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) override;
@@ -30,6 +40,9 @@ class DsparkDraftSource final : public DraftSource {
   const DsparkDrafter& drafter() const { return *drafter_; }
 
  private:
+  DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, std::unique_ptr<Model> target_ends,
+                    int n_threads, float threshold);
+  std::unique_ptr<Model> target_ends_;  // the host copy, when the target has none
   DsparkWeights weights_;
   ThreadPool pool_;
   std::unique_ptr<DsparkDrafter> drafter_;

@@ -92,7 +92,11 @@ struct Planner {
 
 WeightLayout Model::plan(const GgufFile& f, const Arch& arch, const StageParts& parts) {
   const int n_layer = arch.dims().n_layer;
-  if (parts.layers.first < 0 || parts.layers.last >= n_layer || parts.layers.first > parts.layers.last) {
+  const LayerRange& r = parts.layers;
+  // The empty range {0, -1} (a drafter's host copy of a device target's
+  // embedding and head) plans no layer.
+  const bool none = r.first == 0 && r.last == -1;
+  if (!none && (r.first < 0 || r.last >= n_layer || r.first > r.last)) {
     throw std::runtime_error("layer range " + layer_range_text(parts.layers) + " is not inside the model's " +
                              std::to_string(n_layer) + " layers " + layer_range_text(0, n_layer - 1));
   }

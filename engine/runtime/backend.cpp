@@ -161,6 +161,7 @@ class CpuStageRunner final : public StageRunner {
     return stage_.forward_rows(seq, tokens, options);
   }
   void truncate_seq(int seq, int64_t n) override { stage_.truncate_seq(seq, n); }
+  bool speculative() const override { return true; }
   int64_t position(int seq) const override { return stage_.position(seq); }
   void reset(int seq) override { stage_.reset(seq); }
   void set_position(int seq, int64_t n) override { stage_.truncate(seq, n); }

@@ -148,9 +148,11 @@ class StageRunner {
   // Stage::truncate_seq: a verify forward with every row's logits, a
   // checkpoint and the drafter's hidden rows, and the cut back to the
   // accepted position. The defaults throw std::logic_error ("not supported
-  // on this backend"); the CPU runner has both.
+  // on this backend"); the CPU runner and the CUDA deepseek4 stage have
+  // both, and say so with speculative().
   virtual ForwardRows forward_rows(int seq, std::span<const int32_t> tokens, const ForwardOptions& options);
   virtual void truncate_seq(int seq, int64_t n);
+  virtual bool speculative() const { return false; }
 
   virtual const Arch& arch() const = 0;
   virtual const StageConfig& config() const = 0;  // resolved (Stage::resolve)

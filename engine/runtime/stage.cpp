@@ -151,19 +151,17 @@ void Stage::truncate(int seq, int64_t n) {
 
 void Stage::truncate_seq(int seq, int64_t n) {
   const int64_t have = kv_.length(seq);  // also checks seq
-  if (n < 0 || n > have) {
-    throw std::out_of_range(fmt::format("sequence {} holds {} positions; cannot keep {}", seq, have, n));
+  switch (plan_cut(*arch_, checkpoint_, seq, have, n)) {
+    case SpecCut::Nothing:
+      return;
+    case SpecCut::Reset:
+      return reset(seq);
+    case SpecCut::Truncate:
+      return truncate(seq, n);
+    case SpecCut::Restore:
+      break;
   }
-  if (n == have) return;
-  if (n == 0) return reset(seq);
-  if (arch_->kv_truncatable()) return truncate(seq, n);
-  const Checkpoint& c = checkpoint_;
-  if (c.seq != seq || n < c.pos0) {
-    const std::string can = c.seq == seq ? fmt::format("{}..{} (its last verify forward) or 0", c.pos0, have)
-                                         : fmt::format("{} or 0 (no checkpointed forward)", have);
-    throw std::invalid_argument(fmt::format("{}: sequence {} holds {} positions and can keep {}, not {}",
-                                            arch_->name(), seq, have, can, n));
-  }
+  const SpecCheckpoint& c = checkpoint_;
   arch_->restore_rollback(kv_, seq, layers(), c.pos0, c.n, n - c.pos0,
                           reinterpret_cast<const float*>(workspace_.data() + rollback_at_));
   // The saved rows stay valid: a later cut inside [pos0, n] restores a
@@ -193,17 +191,7 @@ ForwardRows Stage::run(int seq, const int32_t* tokens, const float* input, int64
   a.tokens = tokens;
   a.input = input;
   a.logit_rows = config_.all_logits || o.all_logits ? n_tokens : 1;
-  if (a.head && a.logit_rows > std::max<int64_t>(1, config_.all_logits ? config_.max_batch : config_.verify_rows)) {
-    throw std::invalid_argument(fmt::format("logits for {} rows: the stage was planned for {} (verify rows)", n_tokens,
-                                            config_.verify_rows));
-  }
-  if (o.checkpoint && n_tokens > config_.verify_rows) {
-    throw std::invalid_argument(fmt::format("a checkpointed forward takes 1..{} tokens (the verify rows), got {}",
-                                            config_.verify_rows, n_tokens));
-  }
-  if (o.capture && config_.capture_layers.empty()) {
-    throw std::invalid_argument("capture: the stage was planned without capture layers");
-  }
+  check_forward_options(config_, n_tokens, o);
   float* hidden = reinterpret_cast<float*>(workspace_.data() + capture_at_);
   if (o.capture) {
     a.capture_layers = config_.capture_layers;

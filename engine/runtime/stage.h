@@ -14,6 +14,7 @@
 
 #include "engine/model/arch.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/runtime/spec_checkpoint.h"
 #include "engine/model/loader.h"
 #include "engine/base/memory_plan.h"
 #include "engine/model/model.h"
@@ -132,14 +133,6 @@ class Stage {
                                  uint64_t* rollback_at = nullptr);
   ForwardRows run(int seq, const int32_t* tokens, const float* input, int64_t n_tokens, const ForwardOptions& o);
 
-  // The last checkpointed forward (seq -1: none): truncate_seq may cut seq
-  // back to any position in [pos0, pos0 + n] while it stays valid.
-  struct Checkpoint {
-    int seq = -1;
-    int64_t pos0 = 0;
-    int64_t n = 0;
-  };
-
   std::unique_ptr<Arch> arch_;
   StageConfig config_;
   MemoryPlan plan_;
@@ -149,7 +142,7 @@ class Stage {
   AlignedBuffer workspace_;
   ThreadPool pool_;
   uint64_t capture_at_ = 0, rollback_at_ = 0;  // offsets in workspace_ (set in the constructor's body)
-  Checkpoint checkpoint_;
+  SpecCheckpoint checkpoint_;  // the last checkpointed forward (spec_checkpoint.h)
 };
 
 }  // namespace baton

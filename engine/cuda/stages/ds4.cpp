@@ -188,7 +188,10 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
   L.MIX = s.hc_mix();
   L.B = c.max_batch;
   // Logit rows: one per sequence of a batch (or every token's, all_logits).
-  L.LR = c.head ? std::max<int64_t>(c.all_logits ? c.max_batch : 1, std::min<int64_t>(c.max_batch, c.n_seq)) : 0;
+  // A verify forward: every one of its rows.
+  L.LR = c.head ? std::max({c.all_logits ? c.max_batch : int64_t(1), std::min<int64_t>(c.max_batch, c.n_seq),
+                            c.verify_rows})
+                : 0;
   L.V = s.n_vocab;
   L.H = s.n_head;
   L.hd = s.head_dim;
@@ -355,6 +358,7 @@ CudaDs4Stage::Layout CudaDs4Stage::Layout::make(const Deepseek4Arch& arch, const
     throw std::logic_error(fmt::format("deepseek4 CUDA kv layout {} B differs from the CPU plan's {} B", L.kv_bytes,
                                        cpu_kv));
   }
+  L.plan_spec(arch, c);
   return L;
 }
 
@@ -400,9 +404,15 @@ MemoryPlan make_plan(const CudaDs4Stage::Layout& L, const WeightLayout& wl, cons
   plan.add(PlanLine::KvCache, L.kv_bytes,
            fmt::format("{} layers x {} seq x {} ctx (per-layer streams, f32), device", c.last_layer - c.first_layer + 1,
                        c.n_seq, c.n_ctx));
+  std::string spec;
+  if (c.verify_rows > 0) {
+    spec += fmt::format(", verify {} rows (checkpoint {:.1f} KiB)", c.verify_rows, double(L.rollback_bytes) / 1024.0);
+  }
+  if (!c.capture_layers.empty()) spec += fmt::format(", capture {} layers", c.capture_layers.size());
   plan.add(PlanLine::Workspace, L.bytes,
-           fmt::format("batch {}; matmul {:.1f} MiB, experts {:.1f} MiB, cuBLAS {} MiB; device", L.B,
-                       double(L.mm_bytes) / double(kMiB), double(L.moe_bytes) / double(kMiB), L.cublas_bytes / kMiB));
+           fmt::format("batch {}; matmul {:.1f} MiB, experts {:.1f} MiB, cuBLAS {} MiB{}; device", L.B,
+                       double(L.mm_bytes) / double(kMiB), double(L.moe_bytes) / double(kMiB), L.cublas_bytes / kMiB,
+                       spec));
   add_stage_host_lines(plan, L.io_bytes, load);
   return plan;
 }
@@ -475,6 +485,12 @@ CudaDs4Stage::CudaDs4Stage(const GgufFile& f, const StageConfig& config, const L
                                    cudaMemcpyHostToDevice, stream_.get()));
   BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + layout_->freqs_comp, fc.data(), fc.size() * 4,
                                    cudaMemcpyHostToDevice, stream_.get()));
+  // The checkpoint's ring table (ds4_spec.cpp); layout_ keeps the host copy.
+  const std::vector<cuda::RingRows>& rings = layout_->ring_rows;
+  if (!rings.empty()) {
+    BATON_CUDA_CHECK(cudaMemcpyAsync(workspace_.data() + layout_->rings, rings.data(),
+                                     rings.size() * sizeof(cuda::RingRows), cudaMemcpyHostToDevice, stream_.get()));
+  }
   start();
 }
 

@@ -37,12 +37,14 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/arch/deepseek4.h"
 #include "engine/runtime/backend.h"
 #include "engine/cuda/stage_base.h"
 #include "engine/model/model.h"
+#include "engine/runtime/spec_checkpoint.h"
 
 namespace baton {
 
@@ -55,6 +57,15 @@ class CudaDs4Stage final : public CudaStageBase {
 
   CudaDs4Stage(const GgufFile& f, const StageConfig& config, const LoadOptions& load = {});
   ~CudaDs4Stage() override;
+
+  // Speculative decoding's target side (ds4_spec.cpp; docs/SPECULATIVE.md),
+  // the CPU Stage's contract (engine/runtime/spec_checkpoint.h): a forward
+  // of one sequence's tokens with every row's logits, a checkpoint of the
+  // ring slots it overwrites (saved on the device, in the workspace) and the
+  // capture layers' stream means; the cut back into the last checkpoint.
+  ForwardRows forward_rows(int seq, std::span<const int32_t> tokens, const ForwardOptions& options) override;
+  void truncate_seq(int seq, int64_t n) override;
+  bool speculative() const override { return true; }
 
   // Defined in ds4_impl.h: the device matrices of the stage, the
   // sections of the workspace, of the KV cache and of the pinned io buffer.
@@ -97,6 +108,19 @@ class CudaDs4Stage final : public CudaStageBase {
   const void* quantize_for(std::initializer_list<const Mat*> mats, const float* x, int64_t width, int64_t n,
                            int64_t x_stride);
   float* kv_stream(int layer, int seq, int s) const;
+  // ds4_spec.cpp: the capture layers' stream means of the n rows of x after
+  // `layer`, into the workspace's capture rows (a forward_rows call that
+  // asks for them); the checkpoint's copies, queued on stream_.
+  void capture_rows(int layer, int64_t n);
+  void rollback_copy(int seq, int64_t pos0, int64_t n, int64_t keep, bool restore);
+
+  // The options of the forward_rows call being queued (all false otherwise,
+  // and while the decode graphs are captured).
+  ForwardOptions call_{};
+  // The last checkpointed forward, valid while forwards_[seq] equals
+  // checkpoint_forwards_ (no other forward ran on the sequence since).
+  SpecCheckpoint checkpoint_;
+  uint64_t checkpoint_forwards_ = 0;
 
   const Deepseek4Arch* ds4_ = nullptr;
   // Decode: the HC comb weights (ds4_hc_comb) run on side_ beside the

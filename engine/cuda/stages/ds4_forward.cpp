@@ -150,7 +150,7 @@ const void* CudaDs4Stage::quantize_for(std::initializer_list<const Mat*> mats, c
 }
 
 void CudaDs4Stage::enqueue(int seq, int64_t n, int64_t pos0, bool graph) {
-  run_forward({Chunk{seq, 0, n, pos0}}, n, config_.all_logits ? n : 1, /*batch=*/false, graph);
+  run_forward({Chunk{seq, 0, n, pos0}}, n, config_.all_logits || call_.all_logits ? n : 1, /*batch=*/false, graph);
 }
 
 void CudaDs4Stage::enqueue_batch(int64_t n, int64_t n_out, bool graph) {
@@ -257,6 +257,7 @@ void CudaDs4Stage::run_forward(const std::vector<Chunk>& chunks, int64_t n, int6
       cuda::ds4_hc_post(hs, x, f(L.moe_out), mix, n, x, st);
     }
     mark(st, kHc);
+    if (call_.capture) capture_rows(l, n);  // the layer's output, for a drafter
   }
   if (config_.head) head(n, n_out, batch);
   mark(st, kHead);

@@ -8,6 +8,7 @@
 
 #include "engine/cuda/stages/ds4.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ds4_spec.cuh"
 #include "kernels/cuda/moe.cuh"
 
 namespace baton {
@@ -114,8 +115,18 @@ struct CudaDs4Stage::Layout {
   int64_t vocab_count = 0;
   uint64_t tp_mine = 0, tp_all = 0;
   uint64_t h_tp = 0, h_tp_floats = 0, h_tp_all = 0, h_tp_all_floats = 0;
+  // Speculative decoding (ds4_spec.cpp), every room empty unless planned
+  // (StageConfig::capture_layers, verify_rows): in the workspace, after the
+  // rest, the captured rows (B x capture layers x E floats), the
+  // checkpoint's saved rows (Deepseek4Arch::rollback_floats of verify_rows)
+  // and the table of the rings it copies; in the pinned io the captured
+  // rows on their way to the host.
+  uint64_t capture = 0, capture_bytes = 0, rollback = 0, rollback_bytes = 0, rings = 0, h_capture = 0;
+  std::vector<cuda::RingRows> ring_rows;  // the table, uploaded to `rings` at construction
 
   static Layout make(const Deepseek4Arch& arch, const StageConfig& c, const Weights& w);
+  // The rooms above, placed after the rest by make() once the KV layout is known.
+  void plan_spec(const Deepseek4Arch& arch, const StageConfig& c);
 };
 
 }  // namespace baton
