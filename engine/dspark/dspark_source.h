@@ -23,15 +23,20 @@ class DsparkDraftSource final : public DraftSource {
   // (StageConfig::capture_layers = drafter_capture_layers of the same file).
   DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, const Model& target, int n_threads,
                     float threshold);
+  // A source over weights and threads that others share (`baton serve` keeps
+  // one source per sequence slot): `weights`, `pool` and `target` outlive it.
+  DsparkDraftSource(const DsparkWeights& weights, const Model& target, ThreadPool& pool, float threshold);
 
   Draft propose(int32_t bonus, int64_t position, int max_tokens) override;
   void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) override;
 
   const DsparkDrafter& drafter() const { return *drafter_; }
+  // Forgets every context row (the sequence starts over).
+  void reset() { drafter_->reset(); }
 
  private:
-  DsparkWeights weights_;
-  ThreadPool pool_;
+  std::unique_ptr<DsparkWeights> own_weights_;  // the owning constructor's
+  std::unique_ptr<ThreadPool> own_pool_;
   std::unique_ptr<DsparkDrafter> drafter_;
   float threshold_;
 };
