@@ -1,21 +1,38 @@
 // Speculative decoding inside `baton serve` (docs/DSPARK.md, "Drafting in
-// baton serve"): a synthetic deepseek4-tiny with a DSpark drafter in its file,
+// baton serve").
+//
+// Through HTTP: a synthetic deepseek4-tiny with a DSpark drafter in its file,
 // served on the CPU with the drafter on (the default) and with --no-draft.
 // Greedy output is the same token for token through both OpenAI routes,
-// streamed or not; stop strings, max_tokens and a grammar cut inside a
-// verified block as plain decoding would; two clients at once decode plain
-// batched steps and stay correct; /metrics and usage count the guesses; a
-// cancelled stream frees its slot; the prefix cache reuses a drafted
-// sequence's KV.
+// streamed or not, with max_tokens, a stop string or a grammar; two clients
+// at once decode plain batched steps and stay correct; /metrics and usage
+// count the guesses; a cancelled stream frees its slot.
+//
+// The random drafter's guesses are almost never right, so the engine is also
+// driven directly with scripted guesses (LocalEngineConfig::draft_source),
+// right for whole blocks or up to a set depth: max_tokens, a stop string, a
+// stop token and a disconnect inside an accepted block emit nothing beyond
+// it, a grammar cuts the guesses it forbids, and the prefix cache reuses a
+// drafted sequence's KV.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "coordinator/cluster/local_engine.h"
+#include "engine/sampling/json_schema.h"
+#include "engine/text/tokenizer.h"
 #include "gguf_split/synth.h"
 #include "tests/serve_client.h"
 #include "tests/test_util.h"
@@ -114,6 +131,17 @@ Streamed stream(int port, const std::string& path, json body) {
   return s;
 }
 
+// Where two printable ASCII characters that occur nowhere earlier start in
+// `text` (the random model's text is not all valid UTF-8): stop strings.
+std::vector<size_t> stop_string_starts(const std::string& text) {
+  std::vector<size_t> out;
+  auto printable = [](char c) { return c > ' ' && c < 0x7f; };
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    if (printable(text[i]) && printable(text[i + 1]) && text.find(text.substr(i, 2)) == i) out.push_back(i);
+  }
+  return out;
+}
+
 int64_t draft_n(const json& usage) { return usage.value("draft_n", int64_t(0)); }
 
 TEST_F(ServeDraft, GreedyOutputEqualsPlainThroughBothRoutes) {
@@ -188,7 +216,9 @@ TEST_F(ServeDraft, StopStringCutsInsideABlock) {
   const json full = ok(plain_->port(), "/v1/completions", completion(kPrompts[2], 24));
   const std::string text = text_of(full);
   ASSERT_GE(text.size(), 12u) << text;
-  for (size_t at : {size_t(3), text.size() / 2, text.size() - 4}) {
+  const std::vector<size_t> starts = stop_string_starts(text);
+  ASSERT_GE(starts.size(), 3u) << text;
+  for (size_t at : {starts.front(), starts[starts.size() / 2], starts.back()}) {
     json body = completion(kPrompts[2], 24);
     const std::string stop = text.substr(at, 2);
     body["stop"] = {stop};
@@ -244,21 +274,9 @@ TEST_F(ServeDraft, TwoConcurrentClientsStayCorrect) {
   EXPECT_LT(together, apart);
 }
 
-// The KV a drafted request leaves is exactly its kept tokens': a prompt that
-// extends it reuses the slot whole and gets the plain server's text. A
-// stream cancelled mid-generation frees its slot.
-TEST_F(ServeDraft, PrefixCacheAndCancellation) {
+// A stream cancelled mid-generation (the client disconnects) frees its slot.
+TEST_F(ServeDraft, CancelledStreamFreesItsSlot) {
   const std::vector<int32_t>& p = kPrompts[1];
-  const json first = ok(drafted_->port(), "/v1/completions", completion(p, 10));
-  std::vector<int32_t> longer = p;
-  for (const json& t : ok(drafted_->port(), "/tokenize", {{"content", text_of(first)}})["tokens"]) {
-    longer.push_back(t.get<int32_t>());
-  }
-  const json want = ok(plain_->port(), "/v1/completions", completion(longer, 12));
-  const json got = ok(drafted_->port(), "/v1/completions", completion(longer, 12));
-  EXPECT_EQ(text_of(got), text_of(want));
-  EXPECT_GT(got["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0) << got.dump();
-
   const double cancelled0 = metric(drafted_->port(), "baton_generations_total{finish=\"cancelled\"}");
   json body = completion(p, 200);
   body["stream"] = true;
@@ -272,6 +290,232 @@ TEST_F(ServeDraft, PrefixCacheAndCancellation) {
   // The server goes on as before.
   const json again = ok(drafted_->port(), "/v1/completions", completion(kPrompts[0], 8));
   EXPECT_EQ(text_of(again), text_of(ok(plain_->port(), "/v1/completions", completion(kPrompts[0], 8))));
+}
+
+// ---- the engine with scripted guesses ----
+
+// What the scripted sources guess from: the tokens a plain greedy run puts
+// after the prompt (`script` holds the prompt, then them). A guess at depth
+// `wrong_at` of each block is off by one, and `forbidden` (when >= 0) is put
+// at depth 1 instead: the tests set these between requests.
+struct Script {
+  std::vector<int32_t> tokens;
+  int wrong_at = -1;
+  int32_t forbidden = -1;
+  int32_t n_vocab = 0;
+};
+
+class ScriptedDraft final : public DraftSource {
+ public:
+  explicit ScriptedDraft(std::shared_ptr<const Script> s) : s_(std::move(s)) {}
+  Draft propose(int32_t bonus, int64_t position, int max_tokens) override {
+    Draft d;
+    const std::vector<int32_t>& t = s_->tokens;
+    if (position >= int64_t(t.size()) || t[size_t(position)] != bonus) return d;
+    for (int i = 0; i < max_tokens && position + 1 + i < int64_t(t.size()); ++i) {
+      int32_t g = t[size_t(position + 1 + i)];
+      if (i == s_->wrong_at) g = (g + 1) % s_->n_vocab;
+      if (i == 1 && s_->forbidden >= 0) g = s_->forbidden;
+      d.tokens.push_back(g);
+    }
+    return d;
+  }
+  void committed(std::span<const int32_t>, int64_t, std::span<const float>) override {}
+
+ private:
+  std::shared_ptr<const Script> s_;
+};
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::optional<FinishReason> finish;
+  Usage usage;
+  int token_events = 0;
+};
+
+// Runs one request to its end. With disconnect_after > 0 the sink throws
+// (the client went away) once that many tokens arrived.
+Outcome generate(LocalEngine& e, GenerationRequest r, int disconnect_after = 0) {
+  Outcome o;
+  std::promise<void> done;
+  e.submit(std::move(r), [&](GenerationEvent&& ev) {
+    for (const GeneratedToken& t : ev.tokens) o.tokens.push_back(t.id);
+    if (!ev.tokens.empty()) ++o.token_events;
+    o.text += ev.text;
+    if (ev.finish) {
+      o.finish = ev.finish;
+      o.usage = ev.usage;
+      done.set_value();
+    } else if (disconnect_after > 0 && int(o.tokens.size()) >= disconnect_after) {
+      throw std::runtime_error("the client went away");
+    }
+  });
+  done.get_future().wait();
+  return o;
+}
+
+GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.ignore_eos = true;
+  return r;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, std::span<const int32_t> b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// One slot each, so that the prefix cache's choice is known.
+class EngineDraft : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    SynthOptions o;
+    o.arch = "deepseek4";
+    o.shape = "deepseek4-tiny";
+    o.seed = 7;
+    write_synth_model(dir_->file("m.gguf"), o);
+    LocalEngineConfig c;
+    c.model_path = dir_->file("m.gguf");
+    c.stage.n_ctx = 256;
+    c.stage.n_seq = 1;
+    c.stage.n_threads = 2;
+    plain_ = new LocalEngine(c, nullptr);
+    script_ = std::make_shared<Script>();
+    c.draft_source = [s = std::shared_ptr<const Script>(script_)] { return std::make_unique<ScriptedDraft>(s); };
+    drafted_ = new LocalEngine(c, nullptr);
+    plain_->wait_loaded();
+    drafted_->wait_loaded();
+    script_->n_vocab = int32_t(plain_->model().n_vocab);
+  }
+  static void TearDownTestSuite() {
+    delete plain_;
+    delete drafted_;
+    delete dir_;
+  }
+  // The plain output of `r`, which the scripted guesses then follow.
+  static Outcome reference(const GenerationRequest& r, int wrong_at = -1) {
+    Outcome o = generate(*plain_, r);
+    script_->tokens = concat(r.prompt, o.tokens);
+    script_->wrong_at = wrong_at;
+    script_->forbidden = -1;
+    return o;
+  }
+
+  static test::TempDir* dir_;
+  static LocalEngine* plain_;
+  static LocalEngine* drafted_;
+  static std::shared_ptr<Script> script_;
+};
+
+test::TempDir* EngineDraft::dir_ = nullptr;
+LocalEngine* EngineDraft::plain_ = nullptr;
+LocalEngine* EngineDraft::drafted_ = nullptr;
+std::shared_ptr<Script> EngineDraft::script_;
+
+TEST_F(EngineDraft, ScriptedGuessesKeepThePlainOutput) {
+  const GenerationRequest r = greedy(kPrompts[0], 30);
+  for (int wrong_at : {-1, 0, 2}) {
+    SCOPED_TRACE(wrong_at);
+    const Outcome want = reference(r, wrong_at);
+    const Outcome got = generate(*drafted_, r);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.text, want.text);
+    EXPECT_EQ(got.finish, FinishReason::length);
+    // Every kept token is its own event (a stream sends each).
+    EXPECT_EQ(got.token_events, int(got.tokens.size()));
+    EXPECT_GT(got.usage.draft_n, 0);
+    if (wrong_at == -1) {
+      EXPECT_EQ(got.usage.draft_n_accepted, got.usage.draft_n);
+    } else if (wrong_at == 0) {
+      EXPECT_EQ(got.usage.draft_n_accepted, 0);
+    } else {
+      EXPECT_GT(got.usage.draft_n_accepted, 0);
+      EXPECT_LT(got.usage.draft_n_accepted, got.usage.draft_n);
+    }
+  }
+}
+
+// Blocks of six tokens, all confirmed: every limit below falls inside one.
+TEST_F(EngineDraft, MaxTokensStopStringAndStopTokenInsideABlock) {
+  const Outcome full = reference(greedy(kPrompts[2], 24));
+  for (int n = 2; n <= 9; ++n) {
+    const Outcome got = generate(*drafted_, greedy(kPrompts[2], n));
+    EXPECT_EQ(got.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + n)) << n;
+    EXPECT_EQ(got.finish, FinishReason::length);
+  }
+  // A stop token: the first occurrence of the 9th token ends the output before it.
+  GenerationRequest r = greedy(kPrompts[2], 24);
+  const int32_t stop_token = full.tokens[8];
+  r.stop_tokens = {stop_token};
+  const size_t first = size_t(std::find(full.tokens.begin(), full.tokens.end(), stop_token) - full.tokens.begin());
+  Outcome got = generate(*drafted_, r);
+  EXPECT_EQ(got.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + std::ptrdiff_t(first)));
+  EXPECT_EQ(got.finish, FinishReason::stop);
+  // A stop string from the middle of the text: it ends before it, and no
+  // token after the one that completes it is emitted.
+  r = greedy(kPrompts[2], 24);
+  const std::vector<size_t> starts = stop_string_starts(full.text);
+  ASSERT_FALSE(starts.empty()) << full.text;
+  const std::string stop = full.text.substr(starts[starts.size() / 2], 2);
+  r.stop = {stop};
+  const Outcome want = generate(*plain_, r);
+  got = generate(*drafted_, r);
+  EXPECT_EQ(got.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(got.text, want.text);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_LT(got.tokens.size(), full.tokens.size());
+  EXPECT_EQ(got.finish, FinishReason::stop);
+}
+
+// A client that goes away inside an accepted block gets nothing more, and
+// the slot serves the next request.
+TEST_F(EngineDraft, DisconnectInsideABlockFreesTheSlot) {
+  const Outcome full = reference(greedy(kPrompts[0], 20));
+  const Outcome got = generate(*drafted_, greedy(kPrompts[0], 20), 4);
+  EXPECT_EQ(got.finish, FinishReason::cancelled);
+  EXPECT_EQ(got.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + 4));
+  EXPECT_EQ(generate(*drafted_, greedy(kPrompts[0], 20)).tokens, full.tokens);
+  // The slot is freed just after the final event.
+  for (int i = 0; i < 500 && drafted_->health().slots_busy > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(drafted_->health().slots_busy, 0);
+}
+
+// A grammar (JSON integers): the guess it forbids, at depth 1 of every
+// block, is cut before the verify, so every guess sent is kept; each token
+// is still sampled through the grammar.
+TEST_F(EngineDraft, GrammarCutsTheGuessesItForbids) {
+  GenerationRequest r = greedy(kPrompts[1], 16);
+  r.grammar = json_schema_grammar(nlohmann::ordered_json::parse(R"({"type": "integer"})"));
+  const Outcome want = reference(r);
+  const std::vector<int32_t> letter = plain_->model().tokenizer->encode("x", false, false);
+  ASSERT_EQ(letter.size(), 1u);
+  script_->forbidden = letter[0];
+  const Outcome got = generate(*drafted_, r);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.text, want.text);
+  EXPECT_GT(got.usage.draft_n, 0);
+  EXPECT_EQ(got.usage.draft_n_accepted, got.usage.draft_n);
+}
+
+// The KV a drafted request leaves is exactly that of its kept tokens: a
+// prompt that extends them reuses the slot whole and gets the plain text.
+TEST_F(EngineDraft, PrefixCacheReusesADraftedSequence) {
+  const GenerationRequest a = greedy(kPrompts[1], 12);
+  const Outcome first = reference(a);
+  EXPECT_EQ(generate(*drafted_, a).tokens, first.tokens);
+  // The slot holds the prompt and every output token but the last (never fed).
+  const GenerationRequest b =
+      greedy(concat(kPrompts[1], std::span<const int32_t>(first.tokens)), 12);
+  const Outcome want = reference(b);
+  const Outcome got = generate(*drafted_, b);
+  EXPECT_EQ(got.usage.cached_tokens, int64_t(kPrompts[1].size() + first.tokens.size() - 1));
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_GT(got.usage.draft_n_accepted, 0);
 }
 
 }  // namespace

@@ -69,28 +69,8 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   if (config_.queue_capacity < 0) throw std::invalid_argument("the queue capacity must be >= 0");
   if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
   // A drafter that is named or present must be whole (every tensor by name
-  // and shape), so that a broken one fails here and not as poor drafts. It
-  // drafts on the CPU backend (the CUDA stages have no verify cut-back), and
-  // its stage captures the layers it reads and plans verify forwards.
-  if (auto d = dspark_find(file_, config_.stage.draft_path)) {
-    std::string state;
-    if (config_.draft.off) {
-      state = "off (--no-draft)";
-    } else if (config_.backend != Backend::Cpu) {
-      state = "off: it drafts on the CPU backend only";
-    } else if (config_.stage.max_batch < 2) {
-      state = "off: a verify forward needs --batch 2 or more";
-    } else {
-      drafter_ = *d;
-      config_.draft.max = int(std::min<int64_t>(config_.draft.max, config_.stage.max_batch - 1));
-      config_.stage.verify_rows = std::max<int64_t>(config_.stage.verify_rows, config_.draft.max + 1);
-      config_.stage.capture_layers = d->target_layer_ids;
-      state = fmt::format("on while one request decodes alone ({} guesses per verify at most, confidence "
-                          "threshold {})", config_.draft.max, config_.draft.threshold);
-    }
-    const std::string where = config_.stage.draft_path.empty() ? "in the model file" : config_.stage.draft_path;
-    net::log(net::LogLevel::info, fmt::format("{} ({}): checked; drafting {}", d->describe(), where, state));
-  }
+  // and shape), so that a broken one fails here and not as poor drafts.
+  decide_drafting(dspark_find(file_, config_.stage.draft_path));
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
   LoadOptions staging;  // the plan counts the ring the load will use
@@ -114,6 +94,34 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
 }
 
 LocalEngine::~LocalEngine() { shutdown(); }
+
+void LocalEngine::decide_drafting(const std::optional<DsparkShape>& drafter) {
+  if (!drafter && !config_.draft_source) return;
+  std::string state;
+  if (config_.draft.off) {
+    state = "off (--no-draft)";
+  } else if (config_.backend != Backend::Cpu) {
+    state = "off: it drafts on the CPU backend only (the CUDA stages have no verify cut-back yet)";
+  } else if (config_.stage.max_batch < 2) {
+    state = "off: a verify forward needs --batch 2 or more";
+  } else {
+    drafting_ = true;
+    // The stage plans verify forwards, and the rows a DSpark drafter reads.
+    config_.draft.max = int(std::min<int64_t>(config_.draft.max, config_.stage.max_batch - 1));
+    config_.stage.verify_rows = std::max<int64_t>(config_.stage.verify_rows, config_.draft.max + 1);
+    if (!config_.draft_source) {
+      drafter_ = drafter;
+      config_.stage.capture_layers = drafter->target_layer_ids;
+    }
+    state = fmt::format("on while one request decodes alone ({} guesses per verify at most, confidence "
+                        "threshold {})", config_.draft.max, config_.draft.threshold);
+  }
+  const std::string what = config_.draft_source ? std::string("test draft source")
+                           : drafter->describe() + " (" +
+                                 (config_.stage.draft_path.empty() ? "in the model file" : config_.stage.draft_path) +
+                                 "): checked;";
+  net::log(net::LogLevel::info, fmt::format("{} drafting {}", what, state));
+}
 
 void LocalEngine::shutdown() {
   {
@@ -269,15 +277,16 @@ LocalEngine::Sequence* LocalEngine::lone_decoder(std::span<const SchedSeq> views
   return slots_[size_t(views[0].slot)].get();
 }
 
-std::span<const float> LocalEngine::forward_capturing(std::span<const BatchChunk> chunks,
+std::span<const float> LocalEngine::forward_for_drafters(std::span<const BatchChunk> chunks,
                                                       std::span<const int32_t> tokens) {
   // The CPU runner runs a batch chunk by chunk (StageRunner::forward_batch),
   // so running the chunks here one by one, each with its captured rows,
-  // costs the batch nothing.
+  // costs the batch nothing. The drafters see every token their slot's KV
+  // gains, so that each can draft when its sequence is left alone.
   const size_t width = size_t(stage_->n_vocab());
   batch_logits_.clear();
   ForwardOptions capture;
-  capture.capture = true;
+  capture.capture = bool(drafter_);
   size_t at = 0;
   for (const BatchChunk& c : chunks) {
     const std::span<const int32_t> ids = tokens.subspan(at, size_t(c.n_tokens));
@@ -305,7 +314,7 @@ void LocalEngine::draft_step(Sequence& s) {
   verify_tokens_.assign(1, s.next_input);
   verify_tokens_.insert(verify_tokens_.end(), d.tokens.begin(), d.tokens.end());
   ForwardOptions verify;
-  verify.capture = true;
+  verify.capture = bool(drafter_);
   verify.all_logits = verify.checkpoint = n_guesses > 0;  // none: a plain decode step
   const auto t0 = Clock::now();
   ForwardRows res;
@@ -337,7 +346,7 @@ void LocalEngine::draft_step(Sequence& s) {
   // The sequence keeps the rows that fed the tokens handed out, as plain
   // decoding leaves it; the drafter and the prefix cache see the same rows.
   const std::span<const int32_t> fed(verify_tokens_.data(), used);
-  const size_t hidden_width = res.hidden.size() / verify_tokens_.size();
+  const size_t hidden_width = res.hidden.size() / verify_tokens_.size();  // 0 without capture
   drafters_->committed(s.slot, fed, n, res.hidden.subspan(0, used * hidden_width));
   stage_->truncate_seq(s.slot, n + int64_t(used));
   cache_.append(s.slot, fed);
@@ -392,7 +401,7 @@ bool LocalEngine::step() {
   std::span<const int32_t> ids;
   try {
     if (drafters_) {
-      logits = forward_capturing(chunks, tokens);
+      logits = forward_for_drafters(chunks, tokens);
     } else if (greedy) {
       ids = stage_->forward_batch_greedy(chunks, tokens);
     } else {
@@ -446,11 +455,16 @@ void LocalEngine::scheduler() {
       if (config_.on_load_progress) config_.on_load_progress(p);
     };
     auto stage = make_stage_runner(config_.backend, file_, config_.stage, load);
-    if (drafter_) {
-      const std::string& path = config_.stage.draft_path;
-      const std::optional<GgufFile> sidecar = path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(path));
-      drafters_ = std::make_unique<SlotDrafters>(sidecar ? *sidecar : file_, *drafter_, *stage->host_model(),
-                                                 config_.stage.n_seq, config_.stage.n_threads, config_.draft.threshold);
+    if (drafting_) {
+      SlotDrafters::Factory make = config_.draft_source;
+      if (!make) {
+        const std::string& path = config_.stage.draft_path;
+        const std::optional<GgufFile> sidecar =
+            path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(path));
+        make = SlotDrafters::dspark(sidecar ? *sidecar : file_, *drafter_, *stage->host_model(),
+                                    config_.stage.n_threads, config_.draft.threshold);
+      }
+      drafters_ = std::make_unique<SlotDrafters>(config_.stage.n_seq, std::move(make));
     }
     std::lock_guard lock(mu_);
     stage_ = std::move(stage);

@@ -71,6 +71,10 @@ struct LocalEngineConfig {
   // The DSpark drafter's settings (--no-draft, --draft-max, --draft-threshold),
   // for a model file or --draft (stage.draft_path) that has one.
   DraftChoice draft;
+  // Tests: each slot's draft source made by this instead of the model's
+  // DSpark drafter (which it replaces, and whose captured rows it does not
+  // get); drafting then follows `draft` as with a drafter.
+  std::function<std::unique_ptr<DraftSource>()> draft_source;
   // Called on the loading thread as the weights arrive (engine/model/loader.h).
   std::function<void(const LoadProgress&)> on_load_progress;
 };
@@ -101,6 +105,9 @@ class LocalEngine final : public GenerationService {
   struct Sequence;
   enum class State { loading, loaded, failed, stopped };
 
+  // Whether serve drafts (drafting_, drafter_, the stage's verify rows and
+  // capture), with the model's DSpark drafter if any; logs why on or off.
+  void decide_drafting(const std::optional<DsparkShape>& drafter);
   void scheduler();
   // Runs one batch of the active sequences; false when none was ready.
   bool step();
@@ -110,8 +117,8 @@ class LocalEngine final : public GenerationService {
   // One decode step of s with the drafter's guesses: a verify forward, then
   // each confirmed token emitted as a plain step would emit it.
   void draft_step(Sequence& s);
-  // forward_batch, each chunk's captured rows handed to its slot's drafter.
-  std::span<const float> forward_capturing(std::span<const BatchChunk> chunks, std::span<const int32_t> tokens);
+  // forward_batch, each chunk's tokens (and captured rows) handed to its slot's drafter.
+  std::span<const float> forward_for_drafters(std::span<const BatchChunk> chunks, std::span<const int32_t> tokens);
   // Samples from the logits row, or takes greedy_id when there is none
   // (forward_batch_greedy); kv_length: the slot's positions once this
   // token's row is in the KV (for "context full"). The token, or -1 when
@@ -144,9 +151,10 @@ class LocalEngine final : public GenerationService {
   std::vector<float> biased_;                     // scheduler thread only: logits + logit_bias
   std::vector<uint64_t> allowed_;                 // scheduler thread only: a grammar's token mask
   uint64_t steps_ = 0, admitted_ = 0;             // scheduler thread only
-  std::optional<DsparkShape> drafter_;            // set when serve drafts with it
+  bool drafting_ = false;                         // decided in the constructor
+  std::optional<DsparkShape> drafter_;            // the model's DSpark drafter, when it drafts
   std::unique_ptr<SlotDrafters> drafters_;        // scheduler thread only (made once the stage loads)
-  std::vector<float> batch_logits_;               // scheduler thread only: forward_capturing's rows
+  std::vector<float> batch_logits_;               // scheduler thread only: forward_for_drafters' rows
   std::vector<int32_t> verify_tokens_;            // scheduler thread only: a verify's [bonus, guesses]
   std::thread thread_;
 };

@@ -31,8 +31,6 @@ class DsparkDraftSource final : public DraftSource {
   void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) override;
 
   const DsparkDrafter& drafter() const { return *drafter_; }
-  // Forgets every context row (the sequence starts over).
-  void reset() { drafter_->reset(); }
 
  private:
   std::unique_ptr<DsparkWeights> own_weights_;  // the owning constructor's
