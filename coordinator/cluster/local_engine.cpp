@@ -70,12 +70,18 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
   // A drafter that is named or present must be whole (every tensor by name
   // and shape), so that a broken one fails here and not as poor drafts.
-  decide_drafting(dspark_find(file_, config_.stage.draft_path));
+  const std::optional<DsparkPlan> drafter = dspark_plan(file_, config_.stage.draft_path);
+  decide_drafting(drafter ? std::optional<DsparkShape>(drafter->shape) : std::nullopt);
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
   LoadOptions staging;  // the plan counts the ring the load will use
   staging.slot_bytes = config_.staging_slot_bytes;
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
+  // Its weights once, and a context per slot (slot_drafters.h).
+  if (drafter_) {
+    plan_.add(PlanLine::Drafter, drafter->weights + drafter->kv * uint64_t(config_.stage.n_seq),
+              fmt::format("{}; a context per slot", drafter->detail));
+  }
   if (std::string why = memory_limit_problem(config_.backend, plan_, config_.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
   }
