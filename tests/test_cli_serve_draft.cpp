@@ -442,9 +442,16 @@ TEST_F(EngineDraft, ScriptedGuessesKeepThePlainOutput) {
 TEST_F(EngineDraft, MaxTokensStopStringAndStopTokenInsideABlock) {
   const Outcome full = reference(greedy(kPrompts[2], 24));
   for (int n = 2; n <= 9; ++n) {
+    SCOPED_TRACE(n);
     const Outcome got = generate(*drafted_, greedy(kPrompts[2], n));
-    EXPECT_EQ(got.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + n)) << n;
+    EXPECT_EQ(got.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + n));
     EXPECT_EQ(got.finish, FinishReason::length);
+    // The first token comes from the prompt; each verify of up to 5 guesses
+    // decides one more than it guessed, and no guess beyond the limit is
+    // made. The usage counts the last verify's too.
+    const int verifies = (n - 1 + 5) / 6;
+    EXPECT_EQ(got.usage.draft_n, n - 1 - verifies);
+    EXPECT_EQ(got.usage.draft_n_accepted, got.usage.draft_n);
   }
   // A stop token: the first occurrence of the 9th token ends the output before it.
   GenerationRequest r = greedy(kPrompts[2], 24);

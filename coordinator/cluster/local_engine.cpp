@@ -237,7 +237,8 @@ bool greedy_only(const GenerationRequest& r) {
 
 }  // namespace
 
-int32_t LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t greedy_id, int64_t kv_length) {
+int32_t LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t greedy_id, int64_t kv_length,
+                            int32_t guess) {
   std::span<const float> dist = logits;
   if (!logits.empty() && (!s.req.logit_bias.empty() || s.grammar)) {
     biased_.assign(logits.begin(), logits.end());
@@ -253,6 +254,7 @@ int32_t LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t 
   }
   const int32_t id = logits.empty() ? greedy_id : s.sampler->sample(dist);
   if (s.usage.completion_tokens == 0) s.usage.time_to_first_token_s = seconds_between(s.submitted, Clock::now());
+  if (guess >= 0 && id == guess) ++s.usage.draft_n_accepted;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
   if (s.req.top_logprobs >= 0 && !logits.empty()) {
@@ -284,7 +286,7 @@ LocalEngine::Sequence* LocalEngine::lone_decoder(std::span<const SchedSeq> views
 }
 
 std::span<const float> LocalEngine::forward_for_drafters(std::span<const BatchChunk> chunks,
-                                                      std::span<const int32_t> tokens) {
+                                                        std::span<const int32_t> tokens) {
   // The CPU runner runs a batch chunk by chunk (StageRunner::forward_batch),
   // so running the chunks here one by one, each with its captured rows,
   // costs the batch nothing. The drafters see every token their slot's KV
@@ -339,15 +341,16 @@ void LocalEngine::draft_step(Sequence& s) {
   // max_tokens and the same random draws. A guess is kept when the token
   // sampled from its row is the guess; the first other token ends the block.
   // Greedy and seeded output therefore equal plain decoding's.
+  // The usage counts each guess before a token can end the request.
   const size_t width = size_t(stage_->n_vocab());
+  s.usage.draft_n += int64_t(n_guesses);
+  s.usage.decode_s += dt;
   size_t used = 0;  // rows whose token was sampled: their inputs stay in the KV
-  int64_t kept = 0;
   while (used <= n_guesses) {
-    const int32_t id = sample(s, res.out.subspan(used * width, width), -1, n + int64_t(used) + 1);
-    const bool guessed = used < n_guesses && id == d.tokens[used];
+    const int32_t guess = used < n_guesses ? d.tokens[used] : -1;
+    const int32_t id = sample(s, res.out.subspan(used * width, width), -1, n + int64_t(used) + 1, guess);
     ++used;
-    if (guessed) ++kept;
-    if (!guessed || s.ended || s.cancelled) break;
+    if (id != guess || s.ended || s.cancelled) break;
   }
   // The sequence keeps the rows that fed the tokens handed out, as plain
   // decoding leaves it; the drafter and the prefix cache see the same rows.
@@ -356,9 +359,6 @@ void LocalEngine::draft_step(Sequence& s) {
   drafters_->committed(s.slot, fed, n, res.hidden.subspan(0, used * hidden_width));
   stage_->truncate_seq(s.slot, n + int64_t(used));
   cache_.append(s.slot, fed);
-  s.usage.decode_s += dt;
-  s.usage.draft_n += int64_t(n_guesses);
-  s.usage.draft_n_accepted += kept;
   if (metrics_) metrics_->stage_forward(0, false, int64_t(used), dt);
 }
 

@@ -121,9 +121,12 @@ class LocalEngine final : public GenerationService {
   std::span<const float> forward_for_drafters(std::span<const BatchChunk> chunks, std::span<const int32_t> tokens);
   // Samples from the logits row, or takes greedy_id when there is none
   // (forward_batch_greedy); kv_length: the slot's positions once this
-  // token's row is in the KV (for "context full"). The token, or -1 when
+  // token's row is in the KV (for "context full"); guess: the drafter's
+  // guess for this token (-1: none), counted as kept in the usage when it is
+  // the token, before a final event reports the usage. The token, or -1 when
   // the request ended without one.
-  int32_t sample(Sequence& s, std::span<const float> logits, int32_t greedy_id, int64_t kv_length);
+  int32_t sample(Sequence& s, std::span<const float> logits, int32_t greedy_id, int64_t kv_length,
+                 int32_t guess = -1);
   void finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error = {});
   void emit(Sequence& s, GenerationEvent&& ev);
 
