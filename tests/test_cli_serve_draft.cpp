@@ -271,7 +271,7 @@ TEST_F(ServeDraft, TwoConcurrentClientsStayCorrect) {
 TEST_F(ServeDraft, CancelledStreamFreesItsSlot) {
   const std::vector<int32_t>& p = kPrompts[1];
   const double cancelled0 = metric(drafted_->port(), "baton_generations_total{finish=\"cancelled\"}");
-  json body = completion(p, 200);
+  json body = completion(p, 250);
   body["stream"] = true;
   const int fd = connect_to(drafted_->port());
   ASSERT_TRUE(send_all(fd, request_text("POST", "/v1/completions", body.dump())));
