@@ -109,20 +109,33 @@ void validate_request(GenerationRequest& request, const ModelInfo& info) {
   std::sort(request.show_tokens.begin(), request.show_tokens.end());
 }
 
+namespace {
+
+// A token's bytes in the output: its piece, or its text for a control token
+// the request shows.
+std::string output_piece(const GenerationRequest& req, const Tokenizer& tok, int32_t id) {
+  std::string piece = tok.token_to_piece(id);
+  if (piece.empty() && std::binary_search(req.show_tokens.begin(), req.show_tokens.end(), id)) {
+    piece = tok.token_text(id);
+  }
+  return piece;
+}
+
+bool is_end_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id) {
+  return (!req.ignore_eos && tok.is_eog(id)) || std::binary_search(req.stop_tokens.begin(), req.stop_tokens.end(), id);
+}
+
+}  // namespace
+
 std::optional<FinishReason> accept_token(const GenerationRequest& req, const Tokenizer& tok, int32_t id,
                                          float logprob, const std::vector<std::pair<int32_t, float>>& top,
                                          bool context_full, TextAssembler& text, Usage& usage, GenerationEvent& ev,
                                          GrammarMatcher* grammar) {
-  if ((!req.ignore_eos && tok.is_eog(id)) || std::binary_search(req.stop_tokens.begin(), req.stop_tokens.end(), id)) {
-    return FinishReason::stop;
-  }
+  if (is_end_token(req, tok, id)) return FinishReason::stop;
   ++usage.completion_tokens;
   GeneratedToken& g = ev.tokens.emplace_back();
   g.id = id;
-  g.piece = tok.token_to_piece(id);
-  if (g.piece.empty() && std::binary_search(req.show_tokens.begin(), req.show_tokens.end(), id)) {
-    g.piece = tok.token_text(id);
-  }
+  g.piece = output_piece(req, tok, id);
   if (req.top_logprobs >= 0) {
     g.logprob = logprob;
     for (const auto& [alt, lp] : top) g.top.push_back({alt, lp, tok.token_to_piece(alt)});
@@ -158,6 +171,20 @@ bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& re
     if (w) return true;
   }
   return false;
+}
+
+size_t grammar_draft_prefix(const GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
+                            std::span<const int32_t> guesses, std::vector<uint64_t>& bits) {
+  GrammarMatcher g = grammar;  // the request's own advances only as tokens are sampled
+  size_t n = 0;
+  for (const int32_t id : guesses) {
+    if (!grammar_allowed_tokens(g, req, info, bits) || !(bits[size_t(id) >> 6] >> (id & 63) & 1)) break;
+    ++n;
+    if (is_end_token(req, *info.tokenizer, id) || (g.advance(output_piece(req, *info.tokenizer, id)) && g.finished())) {
+      break;
+    }
+  }
+  return n;
 }
 
 std::vector<int32_t> end_tokens(const GenerationRequest& req, const ModelInfo& info) {

@@ -103,6 +103,10 @@ struct Usage {
   double time_to_first_token_s = 0;  // submit to the first sampled token
   double prefill_s = 0;           // forward time of the prompt
   double decode_s = 0;            // forward time after the first token
+  // Speculative decoding (docs/DSPARK.md, "Drafting in baton serve"): the
+  // drafter's guesses the target checked, and those it kept.
+  int64_t draft_n = 0;
+  int64_t draft_n_accepted = 0;
 };
 
 struct GenerationEvent {
@@ -232,6 +236,12 @@ void validate_request(GenerationRequest& request, const ModelInfo& info);
 // tokens once the text is complete. False when none is allowed.
 bool grammar_allowed_tokens(GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
                             std::vector<uint64_t>& bits);
+// How many of a drafter's guesses, in order, the grammar lets through from
+// its present state (grammar_allowed_tokens at each, the matcher's copy
+// advanced past each): the draft is cut before the first token the grammar
+// forbids, and after one that ends the request.
+size_t grammar_draft_prefix(const GrammarMatcher& grammar, const GenerationRequest& req, const ModelInfo& info,
+                            std::span<const int32_t> guesses, std::vector<uint64_t>& bits);
 
 // The tokens that would end a request's output: the model's
 // end-of-generation tokens (unless ignore_eos) and its stop tokens; the

@@ -76,6 +76,8 @@ void Metrics::generation_finished(FinishReason reason, const Usage& usage) {
   prompt_tokens_.fetch_add(uint64_t(usage.prompt_tokens), std::memory_order_relaxed);
   cached_tokens_.fetch_add(uint64_t(usage.cached_tokens), std::memory_order_relaxed);
   completion_tokens_.fetch_add(uint64_t(usage.completion_tokens), std::memory_order_relaxed);
+  draft_tokens_.fetch_add(uint64_t(usage.draft_n), std::memory_order_relaxed);
+  draft_accepted_.fetch_add(uint64_t(usage.draft_n_accepted), std::memory_order_relaxed);
   if (usage.completion_tokens > 0) ttft_.observe(usage.time_to_first_token_s);
   queue_time_.observe(usage.queue_s);
   request_time_.observe(usage.queue_s + usage.prefill_s + usage.decode_s);
@@ -143,6 +145,11 @@ std::string Metrics::render(const ServiceHealth& health) const {
   header(out, "baton_completion_tokens_total", "counter",
          "Tokens generated (end-of-generation tokens excluded), as reported in usage.");
   out += fmt::format("baton_completion_tokens_total {}\n", completion_tokens_.load());
+  header(out, "baton_draft_tokens_total", "counter",
+         "Tokens the drafter guessed and the model checked (speculative decoding), of ended generations.");
+  out += fmt::format("baton_draft_tokens_total {}\n", draft_tokens_.load());
+  header(out, "baton_draft_accepted_total", "counter", "Guessed tokens the model kept, of ended generations.");
+  out += fmt::format("baton_draft_accepted_total {}\n", draft_accepted_.load());
 
   header(out, "baton_prefill_tokens_total", "counter", "Prompt tokens run through the first stage.");
   out += fmt::format("baton_prefill_tokens_total {}\n", prefill_.tokens);

@@ -88,6 +88,7 @@ class Metrics {
   Phase prefill_, decode_;
 
   std::atomic<uint64_t> prompt_tokens_{0}, cached_tokens_{0}, completion_tokens_{0};
+  std::atomic<uint64_t> draft_tokens_{0}, draft_accepted_{0};  // Usage::draft_n, draft_n_accepted
   std::atomic<int64_t> streams_open_{0};
   Histogram ttft_, queue_time_, request_time_;
 };

@@ -39,6 +39,12 @@ const char* ResponseBuilder::finish_name(FinishReason r) const {
   return finish_reason_name(r);
 }
 
+void ResponseBuilder::add_timings(json& j, const Usage& u) {
+  json t = json::object();
+  add_draft_counts(t, u);
+  if (!t.empty()) j["timings"] = std::move(t);
+}
+
 std::string ResponseBuilder::sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
 json ResponseBuilder::chunk_base() const {
@@ -51,10 +57,19 @@ json ResponseBuilder::chunk_base() const {
 }
 
 json ResponseBuilder::usage_json(const Usage& u) const {
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+  add_draft_counts(j, u);
+  return j;
+}
+
+void ResponseBuilder::add_draft_counts(json& j, const Usage& u) {
+  // llama-server's names; only for a request that drafted (docs/DSPARK.md).
+  if (u.draft_n == 0) return;
+  j["draft_n"] = u.draft_n;
+  j["draft_n_accepted"] = u.draft_n_accepted;
 }
 
 namespace {
@@ -177,11 +192,10 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const GenerationEvent& e
     out.push_back("data: " + error_body(msg, "server_error", "", "") + "\n\n");
   } else {
     const char* reason = finish_name(*ev.finish);
-    if (chat) {
-      out.push_back(sse(choice_chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason}})));
-    } else {
-      out.push_back(sse(choice_chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason}})));
-    }
+    json last = chat ? choice_chunk({{"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason}})
+                     : choice_chunk({{"text", ""}, {"logprobs", nullptr}, {"finish_reason", reason}});
+    add_timings(last, ev.usage);
+    out.push_back(sse(last));
     if (include_usage_) {
       json j = chunk_base();
       j["choices"] = json::array();
@@ -236,6 +250,7 @@ std::string ResponseBuilder::body() const {
   j["system_fingerprint"] = "baton";
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(usage_);
+  add_timings(j, usage_);
   return dump_json(j);
 }
 

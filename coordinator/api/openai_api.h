@@ -58,6 +58,11 @@ class ResponseBuilder {
   nlohmann::json chunk_base() const;
   nlohmann::json logprobs_json(const std::vector<GeneratedToken>& tokens, size_t text_offset) const;
   nlohmann::json usage_json(const Usage& u) const;
+  // Speculative decoding's counts as llama-server names them (draft_n,
+  // draft_n_accepted), into `j`, when the request drafted.
+  static void add_draft_counts(nlohmann::json& j, const Usage& u);
+  // llama-server's `timings` object with those counts, when the request drafted.
+  static void add_timings(nlohmann::json& j, const Usage& u);
   const char* finish_name(FinishReason r) const;
   static std::string sse(const nlohmann::json& j);
 

@@ -12,6 +12,7 @@
 
 #include "coordinator/api/metrics.h"
 #include "coordinator/cluster/batch_scheduler.h"
+#include "coordinator/cluster/slot_drafters.h"
 #include "chat/family.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/text/tokenizer.h"
@@ -67,16 +68,19 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   config_.stage.all_logits = false;
   if (config_.queue_capacity < 0) throw std::invalid_argument("the queue capacity must be >= 0");
   if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
+  // A drafter that is named or present must be whole (every tensor by name
+  // and shape), so that a broken one fails here and not as poor drafts.
+  const std::optional<DsparkPlan> drafter = dspark_plan(file_, config_.stage.draft_path);
+  decide_drafting(drafter ? std::optional<DsparkShape>(drafter->shape) : std::nullopt);
   // The dry-run plan checks the architecture and every tensor first, so a bad
   // file fails here, before the server listens.
   LoadOptions staging;  // the plan counts the ring the load will use
   staging.slot_bytes = config_.staging_slot_bytes;
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
-  // A drafter that is named or present must be whole (every tensor by name
-  // and shape), so that a broken one fails here and not as poor drafts.
-  if (auto d = dspark_find(file_, config_.stage.draft_path)) {
-    net::log(net::LogLevel::info, d->describe() + ": checked; serve decodes without it for now (baton run drafts "
-                                                  "with it on the CPU backend, docs/DSPARK.md)");
+  // Its weights once, and a context per slot (slot_drafters.h).
+  if (drafter_) {
+    plan_.add(PlanLine::Drafter, drafter->weights + drafter->kv * uint64_t(config_.stage.n_seq),
+              fmt::format("{}; a context per slot", drafter->detail));
   }
   if (std::string why = memory_limit_problem(config_.backend, plan_, config_.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
@@ -96,6 +100,34 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
 }
 
 LocalEngine::~LocalEngine() { shutdown(); }
+
+void LocalEngine::decide_drafting(const std::optional<DsparkShape>& drafter) {
+  if (!drafter && !config_.draft_source) return;
+  std::string state;
+  if (config_.draft.off) {
+    state = "off (--no-draft)";
+  } else if (config_.backend != Backend::Cpu) {
+    state = "off: it drafts on the CPU backend only (the CUDA stages have no verify cut-back yet)";
+  } else if (config_.stage.max_batch < 2) {
+    state = "off: a verify forward needs --batch 2 or more";
+  } else {
+    drafting_ = true;
+    // The stage plans verify forwards, and the rows a DSpark drafter reads.
+    config_.draft.max = int(std::min<int64_t>(config_.draft.max, config_.stage.max_batch - 1));
+    config_.stage.verify_rows = std::max<int64_t>(config_.stage.verify_rows, config_.draft.max + 1);
+    if (!config_.draft_source) {
+      drafter_ = drafter;
+      config_.stage.capture_layers = drafter->target_layer_ids;
+    }
+    state = fmt::format("on while one request decodes alone ({} guesses per verify at most, confidence "
+                        "threshold {})", config_.draft.max, config_.draft.threshold);
+  }
+  const std::string what = config_.draft_source ? std::string("test draft source")
+                           : drafter->describe() + " (" +
+                                 (config_.stage.draft_path.empty() ? "in the model file" : config_.stage.draft_path) +
+                                 "): checked;";
+  net::log(net::LogLevel::info, fmt::format("{} drafting {}", what, state));
+}
 
 void LocalEngine::shutdown() {
   {
@@ -205,7 +237,8 @@ bool greedy_only(const GenerationRequest& r) {
 
 }  // namespace
 
-void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t greedy_id) {
+int32_t LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t greedy_id, int64_t kv_length,
+                            int32_t guess) {
   std::span<const float> dist = logits;
   if (!logits.empty() && (!s.req.logit_bias.empty() || s.grammar)) {
     biased_.assign(logits.begin(), logits.end());
@@ -213,7 +246,7 @@ void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t gre
     if (s.grammar) {
       if (!grammar_allowed_tokens(*s.grammar, s.req, info_, allowed_)) {
         finish(s, FinishReason::error, {}, "the grammar admits no token of the vocabulary here");
-        return;
+        return -1;
       }
       mask_logits(allowed_, biased_);
     }
@@ -221,6 +254,7 @@ void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t gre
   }
   const int32_t id = logits.empty() ? greedy_id : s.sampler->sample(dist);
   if (s.usage.completion_tokens == 0) s.usage.time_to_first_token_s = seconds_between(s.submitted, Clock::now());
+  if (guess >= 0 && id == guess) ++s.usage.draft_n_accepted;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
   if (s.req.top_logprobs >= 0 && !logits.empty()) {
@@ -231,7 +265,7 @@ void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t gre
     }
   }
   GenerationEvent ev;
-  const bool context_full = stage_->position(s.slot) >= stage_->n_ctx();
+  const bool context_full = kv_length >= stage_->n_ctx();
   if (auto reason = accept_token(s.req, *info_.tokenizer, id, logprob, top, context_full, s.text, s.usage, ev,
                                  s.grammar ? &*s.grammar : nullptr)) {
     finish(s, *reason, std::move(ev));
@@ -239,6 +273,93 @@ void LocalEngine::sample(Sequence& s, std::span<const float> logits, int32_t gre
     s.next_input = id;
     emit(s, std::move(ev));
   }
+  return id;
+}
+
+LocalEngine::Sequence* LocalEngine::lone_decoder(std::span<const SchedSeq> views) {
+  if (!drafters_ || views.size() != 1 || views[0].prompt_left > 0) return nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (!queue_.empty()) return nullptr;
+  }
+  return slots_[size_t(views[0].slot)].get();
+}
+
+std::span<const float> LocalEngine::forward_for_drafters(std::span<const BatchChunk> chunks,
+                                                        std::span<const int32_t> tokens) {
+  // The CPU runner runs a batch chunk by chunk (StageRunner::forward_batch),
+  // so running the chunks here one by one, each with its captured rows,
+  // costs the batch nothing. The drafters see every token their slot's KV
+  // gains, so that each can draft when its sequence is left alone.
+  const size_t width = size_t(stage_->n_vocab());
+  batch_logits_.clear();
+  ForwardOptions capture;
+  capture.capture = bool(drafter_);
+  size_t at = 0;
+  for (const BatchChunk& c : chunks) {
+    const std::span<const int32_t> ids = tokens.subspan(at, size_t(c.n_tokens));
+    at += ids.size();
+    const int64_t position = stage_->position(c.seq);
+    const ForwardRows rows = stage_->forward_rows(c.seq, ids, capture);
+    drafters_->committed(c.seq, ids, position, rows.hidden);
+    if (c.output) batch_logits_.insert(batch_logits_.end(), rows.out.end() - std::ptrdiff_t(width), rows.out.end());
+  }
+  return batch_logits_;
+}
+
+void LocalEngine::draft_step(Sequence& s) {
+  const int64_t n = stage_->position(s.slot);
+  // A verify of L guesses decides up to L + 1 tokens: no more than the
+  // request still wants, and within the context.
+  const int64_t limit = std::min<int64_t>(
+      {config_.draft.max, stage_->n_ctx() - n - 1, s.req.max_tokens - s.usage.completion_tokens - 1});
+  Draft d;
+  if (limit > 0) d = drafters_->propose(s.slot, s.next_input, n, int(limit));
+  if (int64_t(d.tokens.size()) > limit) d.tokens.resize(size_t(std::max<int64_t>(limit, 0)));
+  // A guess the grammar forbids could never be sampled: the draft ends before it.
+  if (s.grammar) d.tokens.resize(grammar_draft_prefix(*s.grammar, s.req, info_, d.tokens, allowed_));
+  const size_t n_guesses = d.tokens.size();
+  verify_tokens_.assign(1, s.next_input);
+  verify_tokens_.insert(verify_tokens_.end(), d.tokens.begin(), d.tokens.end());
+  ForwardOptions verify;
+  verify.capture = bool(drafter_);
+  verify.all_logits = verify.checkpoint = n_guesses > 0;  // none: a plain decode step
+  const auto t0 = Clock::now();
+  ForwardRows res;
+  try {
+    res = stage_->forward_rows(s.slot, verify_tokens_, verify);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "baton serve: request %s failed: %s\n", s.req.id.c_str(), e.what());
+    s.kv_lost = true;
+    finish(s, FinishReason::error, {}, e.what());
+    return;
+  }
+  const double dt = seconds_between(t0, Clock::now());
+  // Row i is what a plain step after the i-th token would see (the CPU
+  // forward does not depend on the batching), so each row is sampled as that
+  // step would sample it: logit bias, grammar, penalties, stop strings,
+  // max_tokens and the same random draws. A guess is kept when the token
+  // sampled from its row is the guess; the first other token ends the block.
+  // Greedy and seeded output therefore equal plain decoding's.
+  // The usage counts each guess before a token can end the request.
+  const size_t width = size_t(stage_->n_vocab());
+  s.usage.draft_n += int64_t(n_guesses);
+  s.usage.decode_s += dt;
+  size_t used = 0;  // rows whose token was sampled: their inputs stay in the KV
+  while (used <= n_guesses) {
+    const int32_t guess = used < n_guesses ? d.tokens[used] : -1;
+    const int32_t id = sample(s, res.out.subspan(used * width, width), -1, n + int64_t(used) + 1, guess);
+    ++used;
+    if (id != guess || s.ended || s.cancelled) break;
+  }
+  // The sequence keeps the rows that fed the tokens handed out, as plain
+  // decoding leaves it; the drafter and the prefix cache see the same rows.
+  const std::span<const int32_t> fed(verify_tokens_.data(), used);
+  const size_t hidden_width = res.hidden.size() / verify_tokens_.size();  // 0 without capture
+  drafters_->committed(s.slot, fed, n, res.hidden.subspan(0, used * hidden_width));
+  stage_->truncate_seq(s.slot, n + int64_t(used));
+  cache_.append(s.slot, fed);
+  if (metrics_) metrics_->stage_forward(0, false, int64_t(used), dt);
 }
 
 bool LocalEngine::step() {
@@ -253,6 +374,14 @@ bool LocalEngine::step() {
   if (plan.empty()) return false;
   ++steps_;
   if (config_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config_.step_delay_ms));
+  // One sequence alone drafts. With others running or waiting the step stays
+  // one batch: a verify of k rows costs what k batch rows cost, and those
+  // rows serve the other requests better (docs/DSPARK.md).
+  if (Sequence* lone = lone_decoder(views)) {
+    lone->last_run = steps_;
+    draft_step(*lone);
+    return true;
+  }
   std::vector<BatchChunk> chunks;
   std::vector<int32_t> tokens;
   bool any_prefill = false;
@@ -269,14 +398,17 @@ bool LocalEngine::step() {
     const bool last_prompt_chunk = !c.prefill || s.prefilled + size_t(c.n_tokens) == s.req.prompt.size();
     chunks.push_back({c.slot, c.n_tokens, last_prompt_chunk});
   }
-  // All greedy: only the ids come back from the stage (no logits rows).
-  bool greedy = true;
+  // All greedy: only the ids come back from the stage (no logits rows). With
+  // the drafter, every forward captures its rows for it.
+  bool greedy = !drafters_;
   for (const BatchChunk& c : chunks) greedy = greedy && (!c.output || greedy_only(slots_[size_t(c.seq)]->req));
   const auto t0 = Clock::now();
   std::span<const float> logits;
   std::span<const int32_t> ids;
   try {
-    if (greedy) {
+    if (drafters_) {
+      logits = forward_for_drafters(chunks, tokens);
+    } else if (greedy) {
       ids = stage_->forward_batch_greedy(chunks, tokens);
     } else {
       logits = stage_->forward_batch(chunks, tokens);
@@ -308,10 +440,11 @@ bool LocalEngine::step() {
       s.usage.decode_s += dt;
     }
     if (!chunks[i].output) continue;
+    const int64_t kv_length = stage_->position(s.slot);
     if (greedy) {
-      sample(s, {}, ids[row]);
+      sample(s, {}, ids[row], kv_length);
     } else {
-      sample(s, logits.subspan(row * width, width));
+      sample(s, logits.subspan(row * width, width), -1, kv_length);
     }
     ++row;
   }
@@ -328,6 +461,17 @@ void LocalEngine::scheduler() {
       if (config_.on_load_progress) config_.on_load_progress(p);
     };
     auto stage = make_stage_runner(config_.backend, file_, config_.stage, load);
+    if (drafting_) {
+      SlotDrafters::Factory make = config_.draft_source;
+      if (!make) {
+        const std::string& path = config_.stage.draft_path;
+        const std::optional<GgufFile> sidecar =
+            path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(path));
+        make = SlotDrafters::dspark(sidecar ? *sidecar : file_, *drafter_, *stage->host_model(),
+                                    config_.stage.n_threads, config_.draft.threshold);
+      }
+      drafters_ = std::make_unique<SlotDrafters>(config_.stage.n_seq, std::move(make));
+    }
     std::lock_guard lock(mu_);
     stage_ = std::move(stage);
     load_seconds_ = seconds_between(t0, Clock::now());
@@ -372,6 +516,7 @@ void LocalEngine::scheduler() {
             c.reuse = 0;
           }
           cache_.take(c.slot, c.reuse);
+          if (drafters_) drafters_->cut(c.slot, c.reuse);
           seq.prefilled = size_t(c.reuse);
           seq.usage.cached_tokens = c.reuse;
           return c.slot;
@@ -406,6 +551,7 @@ void LocalEngine::scheduler() {
       } else {
         stage_->reset(int(i));
         cache_.forget(int(i));
+        if (drafters_) drafters_->cut(int(i), 0);
       }
       slots_[i].reset();
       std::lock_guard lock(mu_);

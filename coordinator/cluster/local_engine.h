@@ -13,6 +13,11 @@
 // queue_capacity requests wait in FIFO order; more are refused with
 // QueueFullError.
 //
+// With a DSpark drafter on the CPU backend, a sequence that decodes alone
+// (no other slot busy, no request waiting) drafts: its step is one verify
+// forward of the drafter's guesses, and emits every token it confirms
+// (slot_drafters.h; docs/DSPARK.md, "Drafting in baton serve").
+//
 // The weights load on the scheduler thread, so the HTTP server can answer
 // /health ("loading") while they do; submit() refuses until then.
 #pragma once
@@ -38,10 +43,14 @@
 #include "engine/model/loader.h"
 #include "engine/base/memory_plan.h"
 #include "engine/runtime/stage.h"
+#include "engine/dspark/dspark_shape.h"
+#include "engine/spec/speculative.h"
 
 namespace baton {
 
 class Metrics;
+class SlotDrafters;
+struct SchedSeq;
 
 struct LocalEngineConfig {
   std::string model_path;
@@ -59,6 +68,13 @@ struct LocalEngineConfig {
   uint64_t mem_limit = 0;
   // Each step sleeps this long first (a slow machine, for tests: chat --step-delay-ms).
   int step_delay_ms = 0;
+  // The DSpark drafter's settings (--no-draft, --draft-max, --draft-threshold),
+  // for a model file or --draft (stage.draft_path) that has one.
+  DraftChoice draft;
+  // Tests: each slot's draft source made by this instead of the model's
+  // DSpark drafter (which it replaces, and whose captured rows it does not
+  // get); drafting then follows `draft` as with a drafter.
+  std::function<std::unique_ptr<DraftSource>()> draft_source;
   // Called on the loading thread as the weights arrive (engine/model/loader.h).
   std::function<void(const LoadProgress&)> on_load_progress;
 };
@@ -89,12 +105,28 @@ class LocalEngine final : public GenerationService {
   struct Sequence;
   enum class State { loading, loaded, failed, stopped };
 
+  // Whether serve drafts (drafting_, drafter_, the stage's verify rows and
+  // capture), with the model's DSpark drafter if any; logs why on or off.
+  void decide_drafting(const std::optional<DsparkShape>& drafter);
   void scheduler();
   // Runs one batch of the active sequences; false when none was ready.
   bool step();
+  // The one sequence that decodes while nothing else runs or waits, when
+  // the drafter is on; else null. `views`: the step's runnable sequences.
+  Sequence* lone_decoder(std::span<const SchedSeq> views);
+  // One decode step of s with the drafter's guesses: a verify forward, then
+  // each confirmed token emitted as a plain step would emit it.
+  void draft_step(Sequence& s);
+  // forward_batch, each chunk's tokens (and captured rows) handed to its slot's drafter.
+  std::span<const float> forward_for_drafters(std::span<const BatchChunk> chunks, std::span<const int32_t> tokens);
   // Samples from the logits row, or takes greedy_id when there is none
-  // (forward_batch_greedy).
-  void sample(Sequence& s, std::span<const float> logits, int32_t greedy_id = -1);
+  // (forward_batch_greedy); kv_length: the slot's positions once this
+  // token's row is in the KV (for "context full"); guess: the drafter's
+  // guess for this token (-1: none), counted as kept in the usage when it is
+  // the token, before a final event reports the usage. The token, or -1 when
+  // the request ended without one.
+  int32_t sample(Sequence& s, std::span<const float> logits, int32_t greedy_id, int64_t kv_length,
+                 int32_t guess = -1);
   void finish(Sequence& s, FinishReason reason, GenerationEvent ev, const std::string& error = {});
   void emit(Sequence& s, GenerationEvent&& ev);
 
@@ -122,6 +154,11 @@ class LocalEngine final : public GenerationService {
   std::vector<float> biased_;                     // scheduler thread only: logits + logit_bias
   std::vector<uint64_t> allowed_;                 // scheduler thread only: a grammar's token mask
   uint64_t steps_ = 0, admitted_ = 0;             // scheduler thread only
+  bool drafting_ = false;                         // decided in the constructor
+  std::optional<DsparkShape> drafter_;            // the model's DSpark drafter, when it drafts
+  std::unique_ptr<SlotDrafters> drafters_;        // scheduler thread only (made once the stage loads)
+  std::vector<float> batch_logits_;               // scheduler thread only: forward_for_drafters' rows
+  std::vector<int32_t> verify_tokens_;            // scheduler thread only: a verify's [bonus, guesses]
   std::thread thread_;
 };
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "coordinator/commands/commands.h"
+#include "coordinator/commands/draft_options.h"
 #include "coordinator/commands/model_choice.h"
 #include "coordinator/commands/load_report.h"
 #include "coordinator/cluster/cluster_config.h"
@@ -84,10 +85,8 @@ struct RunOptions {
   uint64_t mem_limit = 0;           // --mem-limit: the stage's (or each worker's) cap; 0 none
   std::vector<uint64_t> worker_mem_limits;  // from a config's [[node]] memory, one per worker
   std::string draft_test = "none";  // --draft-test: speculative decoding with a test draft source
-  int draft_max = 5;                // --draft-max: guesses per verify
-  bool no_draft = false;            // --no-draft: the model's drafter stays off
+  DraftChoice drafting;             // --no-draft, --draft-max (also --draft-test's), --draft-threshold
   bool cpu_drafter = false;         // --cpu-drafter: draft on the CPU beside a CUDA target
-  float draft_threshold = 0.8f;     // --draft-threshold: the drafter's confidence stop
 };
 
 // Loading progress is worth a line on stderr for real models, or when asked.
@@ -180,13 +179,6 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "forced-accept (guesses the model's own greedy output, from a plain run first), forced-reject "
        "(guesses it never picks) or forced-prefix (right for a random number of guesses); the text is the "
        "plain run's; none = plain decoding")
-      ("draft-max", po::value<int>(&r.draft_max)->default_value(5),
-       "tokens guessed per verify forward, 1..7 (the DSpark drafter guesses at most its block size, 5)")
-      ("draft-threshold", po::value<float>(&r.draft_threshold)->default_value(0.8f),
-       "the DSpark drafter stops guessing at the first token whose confidence is below this (0..1)")
-      ("no-draft", po::bool_switch(&r.no_draft),
-       "decode without the model's DSpark drafter (it is on by default on the CPU backend when the model file "
-       "or --draft has one)")
       ("cpu-drafter", po::bool_switch(&r.cpu_drafter),
        "with --backend cuda: draft with the DSpark drafter on the CPU beside the GPU target, from the rows the "
        "target captures, with a host copy of its embedding and head (correct but slow for big models; off by "
@@ -196,6 +188,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
        "memory plan");
   // clang-format on
+  add_draft_options(desc, r.drafting);
   net::add_log_options(desc, log, "warn: warnings, then one line of figures");
   // The model may also come first, as llama.cpp's tools take it.
   po::positional_options_description positional;
@@ -267,10 +260,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
     if (r.workers > 0) throw std::invalid_argument("--draft-test runs in one process (no --workers)");
     if (vm["backend"].defaulted()) backend = "cpu";
   }
-  if (r.draft_max < 1 || r.draft_max > 7) throw std::invalid_argument("--draft-max must be in 1..7");
-  if (!(r.draft_threshold >= 0 && r.draft_threshold <= 1)) {
-    throw std::invalid_argument("--draft-threshold must be in 0..1");
-  }
+  check_draft_options(r.drafting);
   if (r.cpu_drafter && (r.workers > 0 || !r.parts.empty())) {
     throw std::invalid_argument("--cpu-drafter runs with the whole model in this process (no --workers or --parts)");
   }
@@ -349,7 +339,7 @@ Generated generate_speculative(const RunOptions& opt, const Tokenizer& tok, Stag
                                SpecStats* stats) {
   const int32_t n_vocab = int32_t(stage.n_vocab());
   SpecOptions o = spec_options(opt, tok, n_vocab);
-  o.max_draft = opt.draft_max;
+  o.max_draft = opt.drafting.max;
   o.capture = capture;
   Generated g;
   // Decode time runs from the first token (sampled after the prefill), as
@@ -621,16 +611,16 @@ int run(const RunOptions& opt) {
   sc.n_ctx = opt.n_ctx;
   sc.n_threads = opt.n_threads;
   sc.max_batch = opt.batch;
-  if (opt.draft_test != "none") sc.verify_rows = opt.draft_max + 1;
+  if (opt.draft_test != "none") sc.verify_rows = opt.drafting.max + 1;
   sc.draft_path = opt.draft;
   // The DSpark drafter (docs/DSPARK.md): on by default for this one user on
   // the CPU backend; its stage captures the layers it reads.
   const std::optional<DsparkShape> drafter = dspark_find(file, sc.draft_path);
   // On CUDA only with --cpu-drafter: the drafter network runs on the CPU.
-  const bool drafting = drafter && !opt.no_draft && opt.draft_test == "none" &&
+  const bool drafting = drafter && !opt.drafting.off && opt.draft_test == "none" &&
                         (opt.backend == Backend::Cpu || opt.cpu_drafter);
   if (drafting) {
-    sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.draft_max) + 1);
+    sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.drafting.max) + 1);
     sc.capture_layers = drafter->target_layer_ids;
   }
   LoadOptions load;
@@ -645,7 +635,7 @@ int run(const RunOptions& opt) {
     std::fprintf(stderr, "baton run: %s (%s)%s\n", drafter->describe().c_str(),
                  sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str(),
                  drafting              ? ""
-                 : opt.no_draft        ? "; off (--no-draft)"
+                 : opt.drafting.off   ? "; off (--no-draft)"
                  : opt.draft_test != "none" ? "; off (--draft-test)"
                                         : "; off on this backend unless --cpu-drafter (it runs on the CPU)");
   }
@@ -700,14 +690,14 @@ int run(const RunOptions& opt) {
     const GgufFile& drafter_file = sidecar ? *sidecar : file;
     std::unique_ptr<DsparkDraftSource> source;
     if (const Model* host = stage.host_model()) {
-      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, *host, opt.n_threads, opt.draft_threshold);
+      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, *host, opt.n_threads, opt.drafting.threshold);
     } else {
       // A device target: the drafter reads its own host copy of the ends.
       if (net::log_enabled(net::LogLevel::info)) {
         std::fprintf(stderr, "baton run: the drafter's host copy of the target's embedding and head: %.2f GiB\n",
                      double(DsparkDraftSource::target_ends_bytes(file)) / double(uint64_t(1) << 30));
       }
-      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, file, opt.n_threads, opt.draft_threshold);
+      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, file, opt.n_threads, opt.drafting.threshold);
     }
     gen = generate_speculative(opt, *tokenizer, stage, prompt, *source, true, &spec);
   } else {
@@ -729,7 +719,7 @@ int run(const RunOptions& opt) {
         j["memory_plan"] = plan;
         if (opt.draft_test != "none" || drafting) {
           j["draft"] = {{"mode", drafting ? std::string("dspark") : opt.draft_test},
-                        {"max", opt.draft_max},
+                        {"max", opt.drafting.max},
                         {"verifies", spec.verifies},
                         {"drafted", spec.drafted},
                         {"accepted", spec.accepted}};

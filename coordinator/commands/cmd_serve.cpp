@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "coordinator/commands/commands.h"
+#include "coordinator/commands/draft_options.h"
 #include "coordinator/commands/model_choice.h"
 #include "coordinator/commands/load_report.h"
 #include "coordinator/cluster/cluster_config.h"
@@ -307,6 +308,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
        "seconds a client may take to accept each write before it is dropped")
       ("quiet,q", po::bool_switch(&r.quiet), "no per-request log lines");
   // clang-format on
+  add_draft_options(desc, r.engine.draft);
   net::add_log_options(desc, r.log, "info");
   // The model may also come first, as llama.cpp's tools take it.
   po::positional_options_description positional;
@@ -425,6 +427,7 @@ std::optional<ServeOptions> parse(int argc, char** argv) {
   if (!r.engine.stage.draft_path.empty() && (r.workers > 0 || r.remote)) {
     throw std::invalid_argument("--draft serves the whole model in this process (no --workers, --parts or remote workers)");
   }
+  check_draft_options(r.engine.draft);
   r.engine.staging_slot_bytes = r.staging_mb << 20;
   r.http.port = uint16_t(port);
   if (r.engine.stage.n_ctx < 0) throw std::invalid_argument("--ctx must be >= 0");

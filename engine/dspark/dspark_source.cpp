@@ -25,14 +25,27 @@ WeightLayout target_ends_layout(const GgufFile& f) {
   return Model::plan(f, *arch, StageParts{LayerRange{0, -1}, true, true});
 }
 
+// The drafter shares the target's token embedding and output head.
+std::unique_ptr<DsparkDrafter> make_drafter(const DsparkWeights& weights, const Model& target, ThreadPool& pool) {
+  return std::make_unique<DsparkDrafter>(
+      weights, target_tensor(target.embedding(Deepseek4Arch::kTokenEmbd), "token_embd.weight"),
+      target_tensor(target.head(Deepseek4Arch::kOutput), "output.weight"), pool);
+}
+
 }  // namespace
 
 DsparkDraftSource::DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, const Model& target,
                                      int n_threads, float threshold)
-    : weights_(drafter_file, shape), pool_(n_threads < 1 ? 1 : n_threads), threshold_(threshold) {
-  drafter_ = std::make_unique<DsparkDrafter>(
-      weights_, target_tensor(target.embedding(Deepseek4Arch::kTokenEmbd), "token_embd.weight"),
-      target_tensor(target.head(Deepseek4Arch::kOutput), "output.weight"), pool_);
+    : own_weights_(std::make_unique<DsparkWeights>(drafter_file, shape)),
+      own_pool_(std::make_unique<ThreadPool>(n_threads < 1 ? 1 : n_threads)),
+      threshold_(threshold) {
+  drafter_ = make_drafter(*own_weights_, target, *own_pool_);
+}
+
+DsparkDraftSource::DsparkDraftSource(const DsparkWeights& weights, const Model& target, ThreadPool& pool,
+                                     float threshold)
+    : threshold_(threshold) {
+  drafter_ = make_drafter(weights, target, pool);
 }
 
 DsparkDraftSource::DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape,

@@ -33,6 +33,9 @@ class DsparkDraftSource final : public DraftSource {
   // Bytes of that copy: the target file's embedding and head as laid out.
   static uint64_t target_ends_bytes(const GgufFile& target_file);
   ~DsparkDraftSource() override;
+  // A source over weights and threads that others share (`baton serve` keeps
+  // one source per sequence slot): `weights`, `pool` and `target` outlive it.
+  DsparkDraftSource(const DsparkWeights& weights, const Model& target, ThreadPool& pool, float threshold);
 
   Draft propose(int32_t bonus, int64_t position, int max_tokens) override;
   void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) override;
@@ -43,8 +46,8 @@ class DsparkDraftSource final : public DraftSource {
   DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, std::unique_ptr<Model> target_ends,
                     int n_threads, float threshold);
   std::unique_ptr<Model> target_ends_;  // the host copy, when the target has none
-  DsparkWeights weights_;
-  ThreadPool pool_;
+  std::unique_ptr<DsparkWeights> own_weights_;  // the owning constructors'
+  std::unique_ptr<ThreadPool> own_pool_;
   std::unique_ptr<DsparkDrafter> drafter_;
   float threshold_;
 };

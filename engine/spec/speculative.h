@@ -51,6 +51,16 @@ class DraftSource {
   virtual void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) = 0;
 };
 
+// The drafter's settings a command takes (--no-draft, --draft-max,
+// --draft-threshold): whether a model's drafter drafts, the most guesses of
+// one verify, and the confidence below which it stops guessing.
+struct DraftChoice {
+  static constexpr int kMaxGuesses = 7;
+  bool off = false;
+  int max = 5;
+  float threshold = 0.8f;
+};
+
 struct SpecOptions {
   int max_draft = 5;      // guesses per verify; 0: plain decoding (verify rows of one token)
   int n_predict = 64;     // tokens to generate at most; -1: until the context is full

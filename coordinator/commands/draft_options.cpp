@@ -1,0 +1,27 @@
+#include "coordinator/commands/draft_options.h"
+
+#include <stdexcept>
+
+namespace baton {
+
+namespace po = boost::program_options;
+
+void add_draft_options(po::options_description& desc, DraftChoice& c) {
+  // clang-format off
+  desc.add_options()
+      ("draft-max", po::value<int>(&c.max)->default_value(c.max),
+       "tokens guessed per verify forward, 1..7 (the DSpark drafter guesses at most its block size, 5)")
+      ("draft-threshold", po::value<float>(&c.threshold)->default_value(c.threshold, "0.8"),
+       "the DSpark drafter stops guessing at the first token whose confidence is below this (0..1)")
+      ("no-draft", po::bool_switch(&c.off),
+       "decode without the model's DSpark drafter (on by default on the CPU backend when the model file or "
+       "--draft has one; baton serve drafts while one request decodes alone)");
+  // clang-format on
+}
+
+void check_draft_options(const DraftChoice& c) {
+  if (c.max < 1 || c.max > DraftChoice::kMaxGuesses) throw std::invalid_argument("--draft-max must be in 1..7");
+  if (!(c.threshold >= 0 && c.threshold <= 1)) throw std::invalid_argument("--draft-threshold must be in 0..1");
+}
+
+}  // namespace baton
