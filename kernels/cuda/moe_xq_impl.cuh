@@ -285,8 +285,10 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Shared memory of xq_gate_up_smem_kernel for rows of row_bytes.
-inline size_t gate_up_smem_bytes(uint64_t row_bytes) { return size_t(64 * row_bytes); }
+// Shared memory of xq_gate_up_smem_kernel for rows of row_bytes: the 64
+// rows and 16 bytes past them, which the last group's realigning word read
+// may touch (lds_words2_a2 reads 2 bytes past a group that starts on 2 mod 4).
+inline size_t gate_up_smem_bytes(uint64_t row_bytes) { return size_t(64 * row_bytes + 16); }
 
 // Block (x: kRows rows of n_embd, y: token t): out[t][r] = sum_j w_j *
 // (Q2_K down row r of expert ids[t*k + j]) . act[t*k + j], in slot order.
