@@ -4,7 +4,8 @@
 #
 #   bench/ds4_grouped_check.sh BIN_BEFORE BIN_AFTER OUT_DIR [RAM_DIR [STEPS]]
 #
-# BIN_* as bench/pack_gpu.sh makes them (BIN_BEFORE needs only baton). RAM_DIR
+# BIN_* as bench/pack_gpu.sh makes them (BIN_BEFORE needs only baton; "-"
+# runs the after build alone). RAM_DIR
 # (default /mnt/ram) holds the 80.76 GiB Q2 file (a tmpfs is mounted there when
 # it is not one). STEPS (default "tests kernels ab profile"):
 #   tests    test_cuda_moe and test_cuda_ds4_stage of BIN_AFTER
@@ -73,7 +74,9 @@ fi
 bench_args=(-m "$q2" --backend cuda --ctx-start 128 --ctx-max 128 --gen-tokens 16 --read-mb 0)
 if has ab; then
   echo "build,rows,tok_s,step_ms" > "$out/ab.csv"
-  for b in before after; do
+  builds="before after"
+  [ "$before" = - ] && builds=after  # BIN_BEFORE "-": the after build alone
+  for b in $builds; do
     dir=$before
     [ "$b" = after ] && dir=$after
     say "bench $b: --parallel 1,2,5,8,16,32 at ctx 128"
