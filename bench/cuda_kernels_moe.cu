@@ -131,9 +131,6 @@ void bench_moe_grouped(cudaStream_t s, const Ceilings& c) {
       // down at 127, 2 blocks of 192).
       const std::pair<const char*, Launch> pair_variants[] = {
           {"gu8x4 d4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>>},
-          {"smem d4", &detail::launch_moe_decode_xq_smem<detail::Iq2Lookup<true, false>>},
-          {"smem d4/3", &detail::launch_moe_decode_xq_smem<detail::Iq2Lookup<true, false>, 4, 3>},
-          {"smem d2/4", &detail::launch_moe_decode_xq_smem<detail::Iq2Lookup<true, false>, 2, 4>},
           {"gu8x4/4 d4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 4>},
           {"gu16x2/2 d4", &detail::launch_moe_decode_xq<16, 2, detail::Iq2Lookup<true, false>, 2>},
           {"gu8x4 d4/3", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 4, 3>},

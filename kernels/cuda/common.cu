@@ -105,10 +105,4 @@ int sm_count() {
   return device_attribute(cudaDevAttrMultiProcessorCount, counts, mu);
 }
 
-size_t max_shared_per_block() {
-  static std::mutex mu;
-  static std::vector<int> bytes;
-  return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes, mu));
-}
-
 }  // namespace baton::cuda

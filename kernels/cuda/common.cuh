@@ -51,9 +51,5 @@ void validate_matrix(const MatrixView& w, const char* who);
 
 // Multiprocessor count of the current device (cached per device).
 int sm_count();
-// Shared memory one block may use on the current device when it opts in
-// (cudaFuncAttributeMaxDynamicSharedMemorySize; cached per device): 227 KiB
-// on sm_90, 99 KiB on sm_120/121.
-size_t max_shared_per_block();
 
 }  // namespace baton::cuda

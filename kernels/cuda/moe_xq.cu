@@ -37,18 +37,18 @@ void moe_decode_xq(const MoeWeights& m, const void* xq, int64_t n_tokens, const 
       reinterpret_cast<uintptr_t>(xq) % 16 != 0) {
     throw std::invalid_argument(std::string(who) + ": workspace too small or misaligned");
   }
-  // Gate/up: 8 warps of 4 rows, the grid from shared memory and the sign
-  // masks by arithmetic (the fastest lookups of those bench_cuda_kernels ds4
-  // compares, bench/results/kernels_ds4_moe_h200.log), the block's rows
-  // first copied into shared memory where they fit (bench_cuda_kernels moe
-  // compares it with the register-fed kernel).
+  // Gate/up: the grid from shared memory and the sign masks by arithmetic
+  // (the fastest lookups of those bench_cuda_kernels ds4 compares,
+  // bench/results/kernels_ds4_moe_h200.log), registers bounded to 64 so that
+  // 32 warps are resident per SM (76 registers left 24): 16 warps of 2 rows
+  // for 1-2 tokens, 8 warps of 4 rows beyond (bench_cuda_kernels moe,
+  // bench/results/kernels_moe_pairs_h100.log: 0.91x the time of the
+  // unbounded 8 x 4 at one token, 0.87x from 8 tokens).
   using L = detail::Iq2Lookup<true, false>;
-  const size_t smem = detail::gate_up_smem_bytes(m.gate.w.row_bytes) + sizeof(detail::Iq2Tables) + 1024;
-  if (smem <= max_shared_per_block() && reinterpret_cast<uintptr_t>(m.gate.w.data) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(m.up.w.data) % 16 == 0) {
-    detail::launch_moe_decode_xq_smem<L>(m, xq, n_tokens, ids, weights, k, out, out_stride, workspace, stream);
+  if (n_tokens <= 2) {
+    detail::launch_moe_decode_xq<16, 2, L, 2>(m, xq, n_tokens, ids, weights, k, out, out_stride, workspace, stream);
   } else {
-    detail::launch_moe_decode_xq<8, 4, L>(m, xq, n_tokens, ids, weights, k, out, out_stride, workspace, stream);
+    detail::launch_moe_decode_xq<8, 4, L, 4>(m, xq, n_tokens, ids, weights, k, out, out_stride, workspace, stream);
   }
 }
 
