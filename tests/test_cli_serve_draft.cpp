@@ -26,6 +26,7 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -191,6 +192,35 @@ TEST_F(ServeDraft, GreedyOutputEqualsPlainThroughBothRoutes) {
   EXPECT_LE(accepted, proposed);
   std::printf("[ drafts   ] %lld of %lld guesses kept\n", (long long)accepted, (long long)proposed);
   EXPECT_EQ(metric(plain_->port(), "baton_draft_tokens_total"), 0);
+}
+
+// Anthropic's Messages API reports the same counts in its usage, whole and
+// in the stream's final message_delta, and its text is the plain one.
+TEST_F(ServeDraft, MessagesApiReportsTheDraftCounts) {
+  const json body = {{"model", "m"},
+                     {"max_tokens", 16},
+                     {"temperature", 0},
+                     {"messages", json::array({{{"role", "user"}, {"content", "Tell me a story."}}})}};
+  const json want = ok(plain_->port(), "/v1/messages", body);
+  const json got = ok(drafted_->port(), "/v1/messages", body);
+  EXPECT_EQ(got["content"], want["content"]);
+  EXPECT_EQ(got["usage"]["output_tokens"], want["usage"]["output_tokens"]);
+  EXPECT_FALSE(want["usage"].contains("draft_n"));
+  ASSERT_GT(draft_n(got["usage"]), 0) << got.dump();
+  EXPECT_LE(got["usage"]["draft_n_accepted"].get<int64_t>(), draft_n(got["usage"]));
+  json streamed = body;
+  streamed["stream"] = true;
+  const Response r = post(drafted_->port(), "/v1/messages", streamed);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json last_usage;  // Anthropic's events are "event: NAME" then "data: {...}" lines
+  std::istringstream lines(r.body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    const json j = json::parse(line.substr(6));
+    if (j.value("type", "") == "message_delta") last_usage = j["usage"];
+  }
+  EXPECT_EQ(last_usage["draft_n"], got["usage"]["draft_n"]) << r.body;
+  EXPECT_EQ(last_usage["draft_n_accepted"], got["usage"]["draft_n_accepted"]) << r.body;
 }
 
 // max_tokens may end the output inside what one verify could decide: no

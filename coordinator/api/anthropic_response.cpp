@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "coordinator/api/openai_api.h"
 #include "coordinator/api/request_json.h"
 
 namespace baton {
@@ -161,10 +162,20 @@ std::string MessagesResponse::sse(const json& event) {
 json MessagesResponse::usage_json() const {
   // As Anthropic counts: input_tokens are the prompt tokens computed, those
   // the prefix cache reused are cache reads (the sum is the whole prompt).
-  return {{"input_tokens", input_tokens_ - cached_tokens_},
-          {"output_tokens", output_tokens_},
-          {"cache_creation_input_tokens", 0},
-          {"cache_read_input_tokens", cached_tokens_}};
+  json u = {{"input_tokens", input_tokens_ - cached_tokens_},
+            {"output_tokens", output_tokens_},
+            {"cache_creation_input_tokens", 0},
+            {"cache_read_input_tokens", cached_tokens_}};
+  add_draft_counts(u, draft_);  // as the OpenAI routes name them
+  return u;
+}
+
+json MessagesResponse::delta_usage_json() const {
+  json u = {{"input_tokens", input_tokens_ - cached_tokens_},
+            {"output_tokens", output_tokens_},
+            {"cache_read_input_tokens", cached_tokens_}};
+  add_draft_counts(u, draft_);
+  return u;
 }
 
 json MessagesResponse::message_json(json content) const {
@@ -186,6 +197,8 @@ std::vector<json> MessagesResponse::feed(const GenerationEvent& ev) {
   input_tokens_ = ev.usage.prompt_tokens;
   cached_tokens_ = ev.usage.cached_tokens;
   output_tokens_ = ev.usage.completion_tokens;
+  draft_.draft_n = ev.usage.draft_n;
+  draft_.draft_n_accepted = ev.usage.draft_n_accepted;
   stop_ = anthropic_stop_reason(*ev.finish, ev.stop_string, stop_sequences_, blocks_.has_tool_use());
   return out;
 }
@@ -210,10 +223,7 @@ std::vector<std::string> MessagesResponse::stream_chunks(const GenerationEvent& 
                        {"delta",
                         {{"stop_reason", stop_.reason},
                          {"stop_sequence", stop_.sequence.empty() ? json() : json(stop_.sequence)}}},
-                       {"usage",
-                        {{"input_tokens", input_tokens_ - cached_tokens_},
-                         {"output_tokens", output_tokens_},
-                         {"cache_read_input_tokens", cached_tokens_}}}}));
+                       {"usage", delta_usage_json()}}));
     out.push_back(sse({{"type", "message_stop"}}));
   }
   return out;

@@ -99,6 +99,8 @@ class MessagesResponse final : public ResponseShaper {
  private:
   nlohmann::json message_json(nlohmann::json content) const;
   nlohmann::json usage_json() const;
+  // The final message_delta's usage (no cache creation field there).
+  nlohmann::json delta_usage_json() const;
   // Feeds the event's text through the parser; the block events it gives.
   std::vector<nlohmann::json> feed(const GenerationEvent& ev);
 
@@ -109,6 +111,7 @@ class MessagesResponse final : public ResponseShaper {
   bool started_ = false;
   int64_t input_tokens_ = 0, output_tokens_ = 0;
   int64_t cached_tokens_ = 0;  // of input_tokens_, reused by the prefix cache
+  Usage draft_;                 // its draft counts, reported when the request drafted
   StopReason stop_;
 };
 

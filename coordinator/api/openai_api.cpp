@@ -65,7 +65,7 @@ json ResponseBuilder::usage_json(const Usage& u) const {
   return j;
 }
 
-void ResponseBuilder::add_draft_counts(json& j, const Usage& u) {
+void add_draft_counts(json& j, const Usage& u) {
   // llama-server's names; only for a request that drafted (docs/DSPARK.md).
   if (u.draft_n == 0) return;
   j["draft_n"] = u.draft_n;

@@ -35,6 +35,11 @@ namespace baton {
 
 class Metrics;
 
+// Speculative decoding's counts as llama-server names them (draft_n,
+// draft_n_accepted), into a usage object `j`, when the request drafted (the
+// OpenAI and Anthropic responses alike).
+void add_draft_counts(nlohmann::json& j, const Usage& u);
+
 // Builds the response of one request from its events: a whole JSON body, or
 // SSE chunks ("data: {...}\n\n", the last "data: [DONE]\n\n"). A chat's
 // text goes through a ChatOutputParser of the request's output format:
@@ -58,9 +63,6 @@ class ResponseBuilder {
   nlohmann::json chunk_base() const;
   nlohmann::json logprobs_json(const std::vector<GeneratedToken>& tokens, size_t text_offset) const;
   nlohmann::json usage_json(const Usage& u) const;
-  // Speculative decoding's counts as llama-server names them (draft_n,
-  // draft_n_accepted), into `j`, when the request drafted.
-  static void add_draft_counts(nlohmann::json& j, const Usage& u);
   // llama-server's `timings` object with those counts, when the request drafted.
   static void add_timings(nlohmann::json& j, const Usage& u);
   const char* finish_name(FinishReason r) const;
