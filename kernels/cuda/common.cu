@@ -85,24 +85,17 @@ void validate_matrix(const MatrixView& w, const char* who) {
   }
 }
 
-namespace {
-
-// An attribute of the current device, queried once per device.
-int device_attribute(cudaDeviceAttr attr, std::vector<int>& cache, std::mutex& mu) {
-  int dev = 0;
-  BATON_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (size_t(dev) >= cache.size()) cache.resize(size_t(dev) + 1, 0);
-  if (cache[size_t(dev)] == 0) BATON_CUDA_CHECK(cudaDeviceGetAttribute(&cache[size_t(dev)], attr, dev));
-  return cache[size_t(dev)];
-}
-
-}  // namespace
-
 int sm_count() {
   static std::mutex mu;
   static std::vector<int> counts;
-  return device_attribute(cudaDevAttrMultiProcessorCount, counts, mu);
+  int dev = 0;
+  BATON_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (size_t(dev) >= counts.size()) counts.resize(size_t(dev) + 1, 0);
+  if (counts[size_t(dev)] == 0) {
+    BATON_CUDA_CHECK(cudaDeviceGetAttribute(&counts[size_t(dev)], cudaDevAttrMultiProcessorCount, dev));
+  }
+  return counts[size_t(dev)];
 }
 
 }  // namespace baton::cuda
