@@ -8,7 +8,8 @@
 // batch touches (mean over the four routings), their bytes over the time as
 // GB/s and the fraction of the device copy rate, and the largest difference
 // between the two paths' outputs relative to the largest output. Then the
-// grouped kernels' other splits (warps per 16-row tile in gate/up and down).
+// Q2 pair kernel's gate/up shapes and register bounds, and the grouped
+// kernels' other splits (warps per 16-row tile in gate/up and down).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <random>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "bench/cuda_bench.cuh"
@@ -125,28 +127,17 @@ void bench_moe_grouped(cudaStream_t s, const Ceilings& c) {
     };
     using Launch = void (*)(const MoeWeights&, const void*, int64_t, const int32_t*, const float*, int, float*,
                             int64_t, void*, cudaStream_t);
-    if (xq_pairs) {
-      // The pair kernel's register bounds and down rows per block (occupancy:
-      // ncu has gate/up at 76 registers, 3 blocks of 256 threads per SM, and
-      // down at 127, 2 blocks of 192).
-      const std::pair<const char*, Launch> pair_variants[] = {
-          {"gu8x4 d4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>>},
-          {"gu8x4/4 d4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 4>},
-          {"gu16x2/2 d4", &detail::launch_moe_decode_xq<16, 2, detail::Iq2Lookup<true, false>, 2>},
-          {"gu8x4 d4/3", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 4, 3>},
-          {"gu8x4 d4/4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 4, 4>},
-          {"gu8x4 d2/4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 2, 4>},
-          {"gu8x4 d2/6", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 1, 2, 6>},
-          {"gu8x4/4 d2/4", &detail::launch_moe_decode_xq<8, 4, detail::Iq2Lookup<true, false>, 4, 2, 4>}};
-      std::printf("%s pairs, variants (gate/up warps x rows / min blocks, down rows / min blocks), us per call:\n",
-                  cs.name);
+    // Per row count, each launcher's time and its largest difference from
+    // the pairs' output; ws: the launchers' workspace.
+    auto variant_table = [&](const char* title, std::span<const std::pair<const char*, Launch>> variants, void* ws) {
+      std::printf("%s %s, us per call (largest difference from the pairs' output):\n", cs.name, title);
       for (int64_t n : {1, 2, 5, 8, 16, 32, 64}) {
         std::printf("%-8s %5lld", cs.name, (long long)n);
         pairs_out(n);
-        for (const auto& v : pair_variants) {
+        for (const auto& v : variants) {
           auto run = [&](int i) {
             v.second(m, xq.p, n, ids.as<int32_t>() + (i % n_sets) * max_rows * K, wts.as<float>(), int(K),
-                     out_b.as<float>(), E, pws.p, s);
+                     out_b.as<float>(), E, ws, s);
           };
           run(0);
           const double diff = rel_diff(n);
@@ -155,29 +146,23 @@ void bench_moe_grouped(cudaStream_t s, const Ceilings& c) {
         }
         std::printf("\n");
       }
+    };
+    if (xq_pairs) {
+      // The pair kernel's gate/up shapes and register bounds (ncu had the
+      // unbounded 8 x 4 at 76 registers: 3 blocks of 256 threads per SM).
+      using L = detail::Iq2Lookup<true, false>;
+      const std::pair<const char*, Launch> pair_variants[] = {
+          {"gu8x4", &detail::launch_moe_decode_xq<8, 4, L>},
+          {"gu8x4/4", &detail::launch_moe_decode_xq<8, 4, L, 4>},
+          {"gu16x2/2", &detail::launch_moe_decode_xq<16, 2, L, 2>}};
+      variant_table("pairs, gate/up warps x rows / min blocks per SM", pair_variants, pws.p);
     }
     const std::pair<const char*, Launch> splits[] = {{"1/1", &detail::launch_moe_grouped<1, 1>},
                                                      {"2/2", &detail::launch_moe_grouped<2, 2>},
                                                      {"4/2", &detail::launch_moe_grouped<4, 2>},
                                                      {"2/4", &detail::launch_moe_grouped<2, 4>},
                                                      {"4/4", &detail::launch_moe_grouped<4, 4>}};
-    std::printf("%s grouped, warps per tile gate|up/down, us per call (largest difference from the pairs' output):\n",
-                cs.name);
-    for (int64_t n : {1, 2, 5, 8, 16, 32, 64}) {
-      std::printf("%-8s %5lld", cs.name, (long long)n);
-      pairs_out(n);
-      for (const auto& sp : splits) {
-        auto run = [&](int i) {
-          sp.second(m, xq.p, n, ids.as<int32_t>() + (i % n_sets) * max_rows * K, wts.as<float>(), int(K),
-                    out_b.as<float>(), E, gws.p, s);
-        };
-        run(0);
-        const double diff = rel_diff(n);
-        const double t = time_graph(s, 16, 5, run);
-        std::printf("  %s %7.1f (%.1e)", sp.first, t * 1e3, diff);
-      }
-      std::printf("\n");
-    }
+    variant_table("grouped, warps per tile gate|up/down", splits, gws.p);
   }
 }
 

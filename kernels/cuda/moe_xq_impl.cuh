@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kGuWarps * 32, kMinBlocks)
   }
 }
 
-// Block (x: kRows rows of n_embd, y: token t): out[t][r] = sum_j w_j *
+// Block (x: kDownRows rows of n_embd, y: token t): out[t][r] = sum_j w_j *
 // (Q2_K down row r of expert ids[t*k + j]) . act[t*k + j], in slot order.
 // Warp w takes slots w, w + 8, ...: the experts' loads are in flight together
 // (one warp walking all k experts waited for memory k times); each slot's
@@ -177,20 +177,18 @@ __global__ void __launch_bounds__(kGuWarps * 32, kMinBlocks)
 // super-block holds elements 128 * (c / 2) + 32 * s + 16 * (c % 2) + b for
 // shift s in 0..3 and byte b in 0..15, so it meets four sub-blocks (scale
 // bytes 8 * (c / 2) + 2 * s + c % 2).
-// kMinBlocks: resident blocks per SM the registers must allow (1: no bound).
-template <int kRows, int kMinBlocks>
-__global__ void __launch_bounds__(kDownWarps * 32, kMinBlocks)
+static __global__ void __launch_bounds__(kDownWarps * 32)
     xq_down_kernel(const uint8_t* __restrict__ down, uint64_t row_bytes, int64_t n_out, int64_t ff,
                    int64_t n_expert, const uint8_t* __restrict__ act, uint64_t act_bytes,
                    const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
                    float* __restrict__ out, int64_t out_stride) {
   pdl_trigger();  // the next kernel may become resident now (pdl.cuh)
   pdl_wait();     // the activations come from the gate/up kernel
-  __shared__ float slot_sum[32][kRows];  // k <= 32
+  __shared__ float slot_sum[32][kDownRows];  // k <= 32
   __shared__ int slot_bad[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.y;
-  const int64_t row0 = int64_t(blockIdx.x) * kRows;
+  const int64_t row0 = int64_t(blockIdx.x) * kDownRows;
   const int chunks = int(ff / 256) * 4;
   for (int j = warp; j < k; j += kDownWarps) {
     const int64_t pair = t * k + j;
@@ -201,14 +199,14 @@ __global__ void __launch_bounds__(kDownWarps * 32, kMinBlocks)
     }
     const XqRow a = xq_row(act + uint64_t(pair) * act_bytes, ff);
     const uint8_t* rows = down + (uint64_t(e) * uint64_t(n_out) + uint64_t(row0)) * row_bytes;
-    float acc[kRows] = {};
+    float acc[kDownRows] = {};
     for (int c = lane; c < chunks; c += 32) {
       const int sbi = c >> 2, cc = c & 3, half = cc >> 1, h = cc & 1;
       // The rows' quants of the chunk, scale bytes and super-block scales first.
-      uint32_t q[kRows][4], sc_a[kRows], sc_b[kRows];
-      float d[kRows], dmin[kRows];
+      uint32_t q[kDownRows][4], sc_a[kDownRows], sc_b[kDownRows];
+      float d[kDownRows], dmin[kDownRows];
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
+      for (int i = 0; i < kDownRows; ++i) {
         const uint8_t* sb = rows + uint64_t(i) * row_bytes + uint64_t(sbi) * 84;
         const uint32_t dd = ld_u32(sb + 80);
         d[i] = half_bits_to_float(dd & 0xffffu);
@@ -232,7 +230,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, kMinBlocks)
         for (int w = 0; w < 4; ++w) qh = __dp4a(int(kOnes), ah[w], qh), ql = __dp4a(int(kOnes), al[w], ql);
         const float qsum = float(qh * 256 + ql);
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) {
+        for (int i = 0; i < kDownRows; ++i) {
           const uint32_t sc = ((s < 2 ? sc_a[i] : sc_b[i]) >> (8 * (2 * (s & 1) + h))) & 0xffu;
           int vh = 0, vl = 0;
 #pragma unroll
@@ -246,14 +244,14 @@ __global__ void __launch_bounds__(kDownWarps * 32, kMinBlocks)
       }
     }
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) {
+    for (int i = 0; i < kDownRows; ++i) {
       const float v = weights[pair] * warp_sum(acc[i]);
       if (lane == 0) slot_sum[j][i] = v;
     }
     if (lane == 0) slot_bad[j] = 0;
   }
   __syncthreads();
-  if (threadIdx.x < kRows) {
+  if (threadIdx.x < kDownRows) {
     float total = 0.0f;
     bool bad = false;
     for (int j = 0; j < k; ++j) {
@@ -268,10 +266,10 @@ __global__ void __launch_bounds__(kDownWarps * 32, kMinBlocks)
 }
 
 
-// moe_decode_xq's two launches with the configuration given (the checks are
-// moe_decode_xq's): gate/up warps, rows per warp, IQ2_XXS lookups and
-// register bound; down rows per block and register bound.
-template <int kGuWarps, int kGuRows, class L, int kGuMinBlocks = 1, int kDownRowsT = kDownRows, int kDownMinBlocks = 1>
+// moe_decode_xq's two launches with the gate/up configuration given (the
+// checks are moe_decode_xq's): warps, rows per warp, IQ2_XXS lookups and
+// register bound (resident blocks per SM; 1: none).
+template <int kGuWarps, int kGuRows, class L, int kGuMinBlocks = 1>
 void launch_moe_decode_xq(const MoeWeights& m, const void* xq, int64_t n_tokens, const int32_t* ids,
                           const float* weights, int k, float* out, int64_t out_stride, void* workspace,
                           cudaStream_t stream) {
@@ -283,8 +281,7 @@ void launch_moe_decode_xq(const MoeWeights& m, const void* xq, int64_t n_tokens,
              static_cast<const uint8_t*>(m.gate.w.data), static_cast<const uint8_t*>(m.up.w.data),
              m.gate.w.row_bytes, ff, n_embd, m.gate.n_expert, static_cast<const uint8_t*>(xq),
              xq_row_bytes(n_embd), ids, k, m.clamp, act, act_bytes);
-  launch_pdl("xq_down_kernel", xq_down_kernel<kDownRowsT, kDownMinBlocks>,
-             dim3(unsigned(n_embd / kDownRowsT), unsigned(n_tokens)),
+  launch_pdl("xq_down_kernel", xq_down_kernel, dim3(unsigned(n_embd / kDownRows), unsigned(n_tokens)),
              dim3(unsigned(std::min(k, kDownWarps) * 32)), 0, stream, static_cast<const uint8_t*>(m.down.w.data),
              m.down.w.row_bytes, n_embd, ff, m.down.n_expert, static_cast<const uint8_t*>(act), act_bytes, ids,
              weights, k, out, out_stride);
