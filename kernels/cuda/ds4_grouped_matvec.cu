@@ -127,20 +127,10 @@ void ds4_grouped_matvec_xq(const MatrixView& w, int64_t groups, const void* xq, 
   const int threads = int(std::clamp<int64_t>(
       (w.cols / (w.type == DType::Q8_0 ? 32 : 256) * (w.type == DType::Q8_0 ? 2 : 8) + 31) / 32 * 32, 32, kXqThreads));
   const uint64_t token_bytes = uint64_t(groups) * xq_row_bytes(w.cols);
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMatvecMaxTokens) {
-    const int nt = int(std::min<int64_t>(kMatvecMaxTokens, n_tokens - t0));
-    const uint8_t* xc = static_cast<const uint8_t*>(xq) + uint64_t(t0) * token_bytes;
-    float* oc = out + t0 * out_stride;
-    auto go = [&](auto k) {
-      using K = decltype(k);
-      if (nt == 1) launch_grouped<K, 1>(w, groups, xc, nt, oc, out_stride, threads, stream);
-      else if (nt == 2) launch_grouped<K, 2>(w, groups, xc, nt, oc, out_stride, threads, stream);
-      else if (nt <= 4) launch_grouped<K, 4>(w, groups, xc, nt, oc, out_stride, threads, stream);
-      else launch_grouped<K, 8>(w, groups, xc, nt, oc, out_stride, threads, stream);
-    };
-    if (w.type == DType::Q8_0) go(XqQ8_0{});
-    else go(XqQ4_K{});
-  }
+  for_token_chunks(w.type, n_tokens, [&](auto k, auto tokens, int64_t t0, int nt) {
+    launch_grouped<decltype(k), decltype(tokens)::value>(w, groups, static_cast<const uint8_t*>(xq) + uint64_t(t0) * token_bytes,
+                                                         nt, out + t0 * out_stride, out_stride, threads, stream);
+  });
 }
 
 }  // namespace baton::cuda

@@ -98,25 +98,10 @@ void matvec_xq(const MatrixView& w, const void* xq, int64_t n_tokens, float* out
   }
   if (w.rows > int64_t(0x7fffffff)) throw std::invalid_argument("matvec_xq: too many rows for one launch");
   const uint64_t stride = xq_row_bytes(w.cols);
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMatvecMaxTokens) {
-    const int nt = int(std::min<int64_t>(kMatvecMaxTokens, n_tokens - t0));
-    const uint8_t* xc = static_cast<const uint8_t*>(xq) + uint64_t(t0) * stride;
-    float* oc = out + t0 * out_stride;
-    auto go = [&](auto k) {
-      using K = decltype(k);
-      if (nt == 1) {
-        launch<K, 1>(w, xc, stride, nt, oc, out_stride, stream);
-      } else if (nt == 2) {
-        launch<K, 2>(w, xc, stride, nt, oc, out_stride, stream);
-      } else if (nt <= 4) {
-        launch<K, 4>(w, xc, stride, nt, oc, out_stride, stream);
-      } else {
-        launch<K, 8>(w, xc, stride, nt, oc, out_stride, stream);
-      }
-    };
-    if (w.type == DType::Q8_0) go(XqQ8_0{});
-    else go(XqQ4_K{});
-  }
+  for_token_chunks(w.type, n_tokens, [&](auto k, auto tokens, int64_t t0, int nt) {
+    launch<decltype(k), decltype(tokens)::value>(w, static_cast<const uint8_t*>(xq) + uint64_t(t0) * stride, stride,
+                                                 nt, out + t0 * out_stride, out_stride, stream);
+  });
 }
 
 void matvec_xq_rope(const MatrixView& w, const void* xq, float* out, const QkvRope& rope, cudaStream_t stream) {

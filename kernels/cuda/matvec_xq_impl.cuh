@@ -354,6 +354,31 @@ void launch_matvec_xq(const MatrixView& w, const void* xq, uint64_t xq_stride, i
   launch_matvec_xq_epilogue<K, R, T, false>(w, xq, xq_stride, n_tokens, out, out_stride, stream, QkvRope{});
 }
 
+// n_tokens in chunks of at most kMatvecMaxTokens, one launch each:
+// fn(K{}, std::integral_constant<int, T>{}, t0, nt) for the chunk of nt
+// tokens from t0, K the block type of dtype t (Q8_0 or Q4_K) and T the
+// kernel's token count that holds nt (1, 2, 4 or 8).
+template <class Fn>
+void for_token_chunks(DType t, int64_t n_tokens, Fn&& fn) {
+  static_assert(kMatvecMaxTokens == 8, "the token counts below end at 8");
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMatvecMaxTokens) {
+    const int nt = int(std::min<int64_t>(kMatvecMaxTokens, n_tokens - t0));
+    auto go = [&](auto k) {
+      if (nt == 1) {
+        fn(k, std::integral_constant<int, 1>{}, t0, nt);
+      } else if (nt == 2) {
+        fn(k, std::integral_constant<int, 2>{}, t0, nt);
+      } else if (nt <= 4) {
+        fn(k, std::integral_constant<int, 4>{}, t0, nt);
+      } else {
+        fn(k, std::integral_constant<int, 8>{}, t0, nt);
+      }
+    };
+    if (t == DType::Q8_0) go(XqQ8_0{});
+    else go(XqQ4_K{});
+  }
+}
+
 // One token with a chosen pipelining and register bound (kMinBlocks 0: the
 // default bound), the micro-benchmark's comparisons.
 template <class K, int R, bool kPipe, int kMinBlocks>
