@@ -46,18 +46,6 @@ inline std::vector<int32_t> random_tokens(uint64_t seed, size_t n, int64_t vocab
   return t;
 }
 
-// max |a - b| over max |b|.
-inline double rel_err(std::span<const float> a, std::span<const float> b) {
-  if (a.size() != b.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 // Relative errors of rows: the typical one and the few outliers.
 struct RowErrors {
   std::vector<double> e;

@@ -40,16 +40,7 @@ int32_t argmax(std::span<const float> row) {
   return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
-// max |a - b| over max |b|: the logits' error relative to their scale.
-double rel_err(std::span<const float> a, std::span<const float> b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
+using test::rel_err;
 
 std::string write_synth(const test::TempDir& dir, DType type, uint64_t seed, int n_layer = 2) {
   SynthConfig sc;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,6 +107,10 @@ class TcpProxy {
 };
 
 std::vector<uint8_t> read_file(const std::string& path);
+
+// max |a - b| over max |b|: a row of logits' error relative to its scale
+// (infinite for a non-finite value of a or rows of other sizes).
+double rel_err(std::span<const float> a, std::span<const float> b);
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes);
 
 }  // namespace baton::test

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/test_util.h"
+
 namespace baton::tp_test {
 
 inline std::vector<float> as_vector(std::span<const float> s) { return {s.begin(), s.end()}; }
@@ -38,17 +40,7 @@ inline void on_threads(int n, const std::function<void(int)>& fn) {
   }
 }
 
-// max |a - b| over max |b|: the logits' error relative to their scale.
-inline double rel_err(std::span<const float> a, std::span<const float> b) {
-  if (a.size() != b.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
+using test::rel_err;  // tests/test_util.h
 
 // "" when a and b hold the same floats bit for bit; else where they first
 // differ and by how much at most.
