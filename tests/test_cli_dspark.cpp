@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,15 @@ namespace baton {
 namespace {
 
 using test::baton;
+
+// `baton run ARGS COMMON` that must succeed: its --json output (null when it failed).
+nlohmann::json run_json(std::vector<std::string> args, const std::vector<std::string>& common) {
+  args.insert(args.begin(), "run");
+  args.insert(args.end(), common.begin(), common.end());
+  auto out = baton(args);
+  EXPECT_EQ(out.exit_code, 0) << out.err;
+  return out.exit_code == 0 ? nlohmann::json::parse(out.out) : nlohmann::json();
+}
 
 TEST(CliDspark, SynthPlanAndRunDraft) {
   test::TempDir dir;
@@ -85,13 +95,7 @@ TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "12", "--temp", "0", "--ignore-eos",
                                            "--json", "-t", "2", "--backend", "cpu"};
-  auto run = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), "run");
-    args.insert(args.end(), common.begin(), common.end());
-    auto out = baton(args);
-    EXPECT_EQ(out.exit_code, 0) << out.err;
-    return out.exit_code == 0 ? nlohmann::json::parse(out.out) : nlohmann::json();
-  };
+  auto run = [&](std::vector<std::string> args) { return run_json(std::move(args), common); };
   const auto plain = run({dir.file("m.gguf"), "--no-draft"});
   ASSERT_TRUE(plain.contains("tokens"));
   EXPECT_FALSE(plain.contains("draft"));
@@ -132,13 +136,7 @@ TEST(CliDspark, CpuDrafterBesideCudaTarget) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "24", "--temp", "0", "--ignore-eos",
                                            "--json", "-t", "2", "--backend", "cuda", "--batch", "8"};
-  auto run = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), "run");
-    args.insert(args.end(), common.begin(), common.end());
-    auto out = baton(args);
-    EXPECT_EQ(out.exit_code, 0) << out.err;
-    return out.exit_code == 0 ? nlohmann::json::parse(out.out) : nlohmann::json();
-  };
+  auto run = [&](std::vector<std::string> args) { return run_json(std::move(args), common); };
   const auto plain = run({dir.file("m.gguf")});
   ASSERT_TRUE(plain.contains("tokens"));
   EXPECT_FALSE(plain.contains("draft"));  // off by default on CUDA

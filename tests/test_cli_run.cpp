@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/gguf/file.h"
@@ -112,6 +113,24 @@ std::vector<Reference> read_references() {
 test::CommandResult baton_run(std::vector<std::string> args) {
   args.insert(args.begin(), {test::baton_binary(), "run"});
   return test::run_command(args);
+}
+
+// `baton run COMMON --draft-test MODE --draft-max 3` for each test draft
+// source: each mode's --json output, whose tokens must be `want`.
+std::vector<std::pair<std::string, nlohmann::json>> draft_test_runs(const std::vector<std::string>& common,
+                                                                    const std::vector<int32_t>& want) {
+  std::vector<std::pair<std::string, nlohmann::json>> out;
+  for (const char* mode : {"forced-accept", "forced-reject", "forced-prefix"}) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), {"--draft-test", mode, "--draft-max", "3"});
+    auto r = baton_run(args);
+    EXPECT_EQ(r.exit_code, 0) << mode << ": " << r.err;
+    if (r.exit_code != 0) continue;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want) << mode;
+    out.emplace_back(mode, std::move(j));
+  }
+  return out;
 }
 
 // Errors are one line, "baton run: <message>".
@@ -328,18 +347,12 @@ TEST(CliRun, DraftedGreedyOutputEqualsPlain) {
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   const auto want = nlohmann::json::parse(plain.out)["tokens"].get<std::vector<int32_t>>();
   ASSERT_EQ(want.size(), 40u);
-  for (const char* mode : {"forced-accept", "forced-reject", "forced-prefix"}) {
-    std::vector<std::string> args = common;
-    args.insert(args.end(), {"--draft-test", mode, "--draft-max", "3"});
-    auto r = baton_run(args);
-    ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.err;
-    const auto j = nlohmann::json::parse(r.out);
-    EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want) << mode;
+  for (const auto& [mode, j] : draft_test_runs(common, want)) {
     EXPECT_EQ(j["text"], nlohmann::json::parse(plain.out)["text"]) << mode;
     const auto& d = j["draft"];
-    if (std::string(mode) == "forced-accept") {
+    if (mode == "forced-accept") {
       EXPECT_EQ(d["accepted"], d["drafted"]);
-    } else if (std::string(mode) == "forced-reject") {
+    } else if (mode == "forced-reject") {
       EXPECT_EQ(d["verifies"], 39);
       EXPECT_EQ(d["accepted"], 0);
     }
@@ -372,15 +385,7 @@ TEST(CliRun, DraftedGreedyOutputEqualsPlainOnCuda) {
   auto plain = baton_run(common);
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   const auto want = nlohmann::json::parse(plain.out)["tokens"].get<std::vector<int32_t>>();
-  for (const char* mode : {"forced-accept", "forced-reject", "forced-prefix"}) {
-    std::vector<std::string> args = common;
-    args.insert(args.end(), {"--draft-test", mode, "--draft-max", "3"});
-    auto r = baton_run(args);
-    ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.err;
-    const auto j = nlohmann::json::parse(r.out);
-    EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want) << mode;
-    EXPECT_EQ(j["backend"], "cuda");
-  }
+  for (const auto& [mode, j] : draft_test_runs(common, want)) EXPECT_EQ(j["backend"], "cuda") << mode;
 }
 
 }  // namespace
