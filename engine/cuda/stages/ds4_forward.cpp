@@ -502,8 +502,8 @@ void CudaDs4Stage::attention(const std::vector<Span>& spans, int l, int64_t n, b
     // Decode steps and short batches, 8 rows at a time: each row's G slices
     // quantized as G rows; each group's rows of output_a against its own
     // slice of every row, all groups in one launch, written straight into
-    // o_lat (group g at g * OR). The per-group float products it replaces
-    // cost 5.6 ms of an 8-row Flash step (docs/DEEPSEEK4.md).
+    // o_lat (group g at g * OR). The float matvec one group at a time
+    // costs 5.6 ms of an 8-row Flash step on the H200 (docs/DEEPSEEK4.md).
     uint8_t* xq = ws + L.xq;
     for (int64_t r0 = 0; r0 < n; r0 += cuda::kMatvecMaxTokens) {
       const int64_t nr = std::min<int64_t>(cuda::kMatvecMaxTokens, n - r0);
