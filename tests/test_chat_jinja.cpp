@@ -176,6 +176,7 @@ TEST(Jinja, HostileTemplatesFailCleanly) {
   EXPECT_NE(load_error(nested_ifs).find("nesting too deep"), std::string::npos);
   EXPECT_NE(load_error("{{ 99999999999999999999999 }}").find("out of range"), std::string::npos);
   EXPECT_NE(load_error("{{ '\\U0011ffff' }}").find("bad escape"), std::string::npos);
+  EXPECT_EQ(load_error("{{ 1[] }}"), "chat template: empty subscript at line 1");  // found by fuzz_jinja
   auto render_error = [](const std::string& source) -> std::string {
     try {
       JinjaTemplate::parse(source).render(ojson::object(), 0, 100'000);

@@ -549,6 +549,7 @@ class Parser {
       if (is_op(",")) fail("unsupported tuple subscript");
     }
     expect_op("]");
+    if (!slice && !parts[0]) fail("empty subscript");  // x[]: a syntax error in Jinja2 too
     auto e = make(slice ? Expr::Slice : Expr::Item);
     e->a = std::move(subject);
     if (slice) {
