@@ -23,14 +23,22 @@ net::TcpAllReduce& GroupComm::mesh() const {
 
 // The mesh's port is chosen once, at start, so that HELLO can say it: a
 // free port of the bind address, taken again by each mesh this worker forms
-// (the listener reuses the address; it is open only while a mesh forms).
+// (the listener is open only while a mesh forms). Between meshes the port
+// stays reserved by a socket bound to it with SO_REUSEADDR and never
+// listening: the kernel then gives it to no other bind and no outgoing
+// connection of any process, while the mesh's own listener (SO_REUSEADDR
+// too) may still take it. Probing a port and closing the probe left it free
+// for anyone, and an outgoing connection that took it made the mesh fail.
 void Worker::choose_mesh_address(const std::string& bind_host, const std::string& advertised_host) {
   mesh_bind_host_ = bind_host;
   mesh_port_ = opt_.mesh_port;
   if (mesh_port_ == 0) {
-    boost::asio::ip::tcp::acceptor probe(io_, boost::asio::ip::tcp::endpoint(net::resolve_host(bind_host), 0));
-    mesh_port_ = probe.local_endpoint().port();
-    probe.close();
+    using boost::asio::ip::tcp;
+    const tcp::endpoint any(net::resolve_host(bind_host), 0);
+    mesh_port_reservation_.open(any.protocol());
+    mesh_port_reservation_.set_option(tcp::socket::reuse_address(true));
+    mesh_port_reservation_.bind(any);
+    mesh_port_ = mesh_port_reservation_.local_endpoint().port();
   }
   mesh_address_ = net::join_host_port(advertised_host, mesh_port_);
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 // clang-format on
 
@@ -211,6 +212,7 @@ class Worker {
   // on which it passes FORWARD and FREE_SEQ to ranks 1.. in rank order.
   std::string mesh_bind_host_;
   uint16_t mesh_port_ = 0;
+  boost::asio::ip::tcp::socket mesh_port_reservation_{io_};  // holds mesh_port_ between meshes
   std::string mesh_address_;
   GroupComm group_comm_;
   std::vector<std::shared_ptr<net::Connection>> group_links_;

@@ -194,7 +194,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Metrics metrics;
   FakeService svc(g_model);
   svc.refuse = (cfg >> 5) & 1;
-  ApiOptions options{(cfg & 4) ? "sk-fuzz" : ""};
+  ApiOptions options;
+  options.api_key = (cfg & 4) ? "sk-fuzz" : "";
   options.prompt_threads = 0;  // answered before handle() returns, as the checks below expect
   OpenAiApi api(svc, metrics, options);
 
