@@ -123,13 +123,14 @@ TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
   EXPECT_NE(r.err.find("--draft-threshold must be in 0..1"), std::string::npos) << r.err;
 }
 
-// On the CUDA backend the drafter is off unless --cpu-drafter, which runs it
-// on the CPU from the rows the GPU target captures, with its own host copy
-// of the target's embedding and head; the greedy output is still the plain
-// one. The micro model's float matrices and forwards of at most 8 rows keep
-// every GPU product float32 (a quantized model's near-ties may flip on a
-// GPU: docs/SPECULATIVE.md). Needs a GPU.
-TEST(CliDspark, CpuDrafterBesideCudaTarget) {
+// On the CUDA backend the drafter runs on the GPU beside the target by
+// default, and on the CPU with --cpu-drafter (from the rows the GPU target
+// captures, with its own host copy of the target's embedding and head);
+// either way the greedy output is the plain one. The micro model's float
+// matrices and forwards of at most 8 rows keep every GPU product float32 (a
+// quantized model's near-ties may flip on a GPU: docs/SPECULATIVE.md).
+// Needs a GPU.
+TEST(CliDspark, GpuAndCpuDraftersBesideCudaTarget) {
   if (!backend_unavailable(Backend::Cuda).empty()) GTEST_SKIP() << backend_unavailable(Backend::Cuda);
   test::TempDir dir;
   auto r = baton({"synth", "--shape", "deepseek4-micro", "--dspark", "-o", dir.file("m.gguf"), "-q"});
@@ -137,14 +138,18 @@ TEST(CliDspark, CpuDrafterBesideCudaTarget) {
   const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "24", "--temp", "0", "--ignore-eos",
                                            "--json", "-t", "2", "--backend", "cuda", "--batch", "8"};
   auto run = [&](std::vector<std::string> args) { return run_json(std::move(args), common); };
-  const auto plain = run({dir.file("m.gguf")});
+  const auto plain = run({dir.file("m.gguf"), "--no-draft"});
   ASSERT_TRUE(plain.contains("tokens"));
-  EXPECT_FALSE(plain.contains("draft"));  // off by default on CUDA
-  const auto drafted = run({dir.file("m.gguf"), "--cpu-drafter", "--draft-threshold", "0"});
-  ASSERT_TRUE(drafted.contains("draft"));
-  EXPECT_EQ(drafted["tokens"], plain["tokens"]);
-  EXPECT_EQ(drafted["draft"]["mode"], "dspark");
-  EXPECT_GT(drafted["draft"]["drafted"].get<int>(), 0);
+  EXPECT_FALSE(plain.contains("draft"));
+  for (const char* where : {"", "--cpu-drafter"}) {
+    std::vector<std::string> args = {dir.file("m.gguf"), "--draft-threshold", "0"};
+    if (*where) args.push_back(where);
+    const auto drafted = run(args);
+    ASSERT_TRUE(drafted.contains("draft")) << where;
+    EXPECT_EQ(drafted["tokens"], plain["tokens"]) << where;
+    EXPECT_EQ(drafted["draft"]["mode"], "dspark");
+    EXPECT_GT(drafted["draft"]["drafted"].get<int>(), 0);
+  }
 }
 
 }  // namespace

@@ -22,6 +22,10 @@
 // guesses), and the ms per forward against the one-token decode step,
 // measured beside it, go to stderr.
 //
+// --draft-rounds N: afterwards the DSpark drafter (the model file's or
+// --draft's) runs N draft rounds over ctx-start context rows, on the stage's
+// GPU (or the CPU backend's threads), timed against the same one-token step.
+//
 // --tp-alone: MODEL is one rank file of `baton split --tp`, run alone as its
 // rank with a lone group answering its sums and gather locally: one rank's
 // step time on one device. On CUDA the lone group's calls are queued on the
@@ -37,6 +41,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -55,7 +60,11 @@
 #include "engine/base/temp_file.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
+#include "engine/arch/deepseek4.h"
 #include "engine/arch/llama_family.h"
+#include "engine/dspark/dspark_device.h"
+#include "engine/dspark/dspark_drafter.h"
+#include "engine/dspark/dspark_weights.h"
 #include "engine/model/loader.h"
 #include "engine/base/memory_plan.h"
 #include "engine/model/part_info.h"
@@ -96,6 +105,8 @@ struct BenchOptions {
   std::string tp_exchange = "device";  // --tp-exchange: device or host
   std::vector<int64_t> parallel;  // sequence counts decoding together
   std::vector<int64_t> verify;    // tokens per verify-shaped forward
+  int64_t draft_rounds = 0;       // DSpark draft rounds to time
+  std::string draft;              // the drafter's sidecar
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -149,6 +160,12 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "comma list of token counts 1..64: after the single-stream rows, one sequence with a prompt of ctx-start "
        "tokens runs --gen-tokens / K forwards of K tokens each (a speculative verify step's shape); prints ms a "
        "forward and its ratio to the one-token decode step measured beside it")
+      ("draft-rounds", po::value<int64_t>(&o.draft_rounds)->default_value(0),
+       "DeepSeek V4 with a DSpark drafter (the model file's, or --draft FILE): after the single-stream rows, time "
+       "this many draft rounds of the drafter network (on the stage's GPU, or the CPU backend's threads) over "
+       "ctx-start context rows, each round its whole block (threshold 0); prints ms a round and its ratio to the "
+       "one-token decode step measured beside it")
+      ("draft", po::value<std::string>(&o.draft), "the DSpark drafter's sidecar GGUF for --draft-rounds")
       ("tp-alone", po::bool_switch(&o.tp_alone),
        "MODEL is one rank file of baton split --tp: run that rank alone, each sum leaving its own partial rows and "
        "the gather filling the other ranks' logits with zeros, to time one rank's step (its compute and its "
@@ -180,6 +197,7 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
   if (o.n_threads < 1) throw std::invalid_argument("--threads must be >= 1");
   if (!parallel.empty()) o.parallel = parse_count_list(parallel, "--parallel", 1024);
   if (!verify.empty()) o.verify = parse_count_list(verify, "--verify", 64);
+  if (o.draft_rounds < 0) throw std::invalid_argument("--draft-rounds must be >= 0");
   if (!mem_limit.empty()) o.mem_limit = parse_size(mem_limit);
   return o;
 }
@@ -243,6 +261,46 @@ struct Row {
   double prefill_tps = 0, gen_tps = 0, gen_gbps = 0, roofline_pct = 0, prefill_tflops = 0;
   uint64_t kv_bytes = 0, weight_bytes = 0;
 };
+
+// --draft-rounds: the drafter network's round over ctx-start random context
+// rows, every round its whole block, against the one-token step `one` (s).
+void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageRunner& r,
+                       const std::function<std::vector<int32_t>(int64_t)>& random_prompt, double one) {
+  const std::optional<DsparkShape> shape = dspark_find(file, o.draft);
+  if (!shape) throw std::invalid_argument("--draft-rounds: " + o.model + " has no DSpark drafter (--draft FILE names a sidecar)");
+  const std::optional<GgufFile> sidecar = o.draft.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(o.draft));
+  const GgufFile& df = sidecar ? *sidecar : file;
+  LoadOptions load;
+  load.slot_bytes = o.staging_mb << 20;
+  std::unique_ptr<DsparkNetwork> net = dspark_device_network(r, df, *shape, load);
+  std::unique_ptr<DsparkWeights> host_weights;
+  std::unique_ptr<ThreadPool> pool;
+  const char* where = "GPU";
+  if (!net) {
+    const Model* m = r.host_model();
+    if (!m) throw std::invalid_argument("--draft-rounds: the stage's weights are neither on a device nor in host memory");
+    host_weights = std::make_unique<DsparkWeights>(df, *shape);
+    pool = std::make_unique<ThreadPool>(o.n_threads);
+    net = std::make_unique<DsparkDrafter>(*host_weights, *m->embedding(Deepseek4Arch::kTokenEmbd),
+                                          *m->head(Deepseek4Arch::kOutput), *pool);
+    where = "CPU";
+  }
+  const int64_t F = shape->feature_width(), n = std::max<int64_t>(1, o.ctx_start);
+  std::mt19937 rng(uint32_t(o.seed));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> rows(static_cast<size_t>(n * F));
+  for (float& v : rows) v = dist(rng);
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = i;
+  net->append_context(rows.data(), pos.data(), n);
+  const std::vector<int32_t> bonus = random_prompt(o.draft_rounds + 1);
+  net->draft(bonus[0], n, 0.0f, shape->block_size);  // warm-up
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < o.draft_rounds; ++i) net->draft(bonus[size_t(i + 1)], n, 0.0f, shape->block_size);
+  const double t = seconds_since(t0) / double(o.draft_rounds);
+  std::fprintf(stderr, "draft round on the %s at ctx %lld: %.2f ms (%d rows), %.2fx the one-token step (%.2f ms)\n",
+               where, (long long)n, 1e3 * t, shape->block_size, t / one, 1e3 * one);
+}
 
 int bench(const BenchOptions& o) {
   const uint64_t rss_start = current_rss_bytes();  // before any device work
@@ -449,30 +507,31 @@ int bench(const BenchOptions& o) {
 
   // Verify-shaped forwards: K tokens of one sequence per forward, against
   // one-token steps of the same sequence at the same depth.
-  if (!o.verify.empty()) {
-    auto per_forward = [&](int64_t k) {
-      r.reset(0);
-      int32_t next = 0;
-      prefill(random_prompt(o.ctx_start), &next);
-      const int64_t steps = std::max<int64_t>(4, o.gen_tokens / k);
-      if (o.ctx_start + steps * k > r.n_ctx()) {
-        throw std::invalid_argument(fmt::format("--verify {}: {} forwards past ctx-start {} exceed the context {}", k,
-                                                steps, o.ctx_start, r.n_ctx()));
-      }
-      const auto t0 = Clock::now();
-      for (int64_t i = 0; i < steps; ++i) {
-        std::vector<int32_t> ids = random_prompt(k);
-        ids[0] = next;
-        next = r.forward_greedy(0, ids);
-      }
-      return seconds_since(t0) / double(steps);
-    };
+  auto per_forward = [&](int64_t k) {
+    r.reset(0);
+    int32_t next = 0;
+    prefill(random_prompt(o.ctx_start), &next);
+    const int64_t steps = std::max<int64_t>(4, o.gen_tokens / k);
+    if (o.ctx_start + steps * k > r.n_ctx()) {
+      throw std::invalid_argument(fmt::format("--verify {}: {} forwards past ctx-start {} exceed the context {}", k,
+                                              steps, o.ctx_start, r.n_ctx()));
+    }
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      std::vector<int32_t> ids = random_prompt(k);
+      ids[0] = next;
+      next = r.forward_greedy(0, ids);
+    }
+    return seconds_since(t0) / double(steps);
+  };
+  if (!o.verify.empty() || o.draft_rounds > 0) {
     const double one = per_forward(1);
     for (const int64_t k : o.verify) {
       const double t = k == 1 ? one : per_forward(k);
       std::fprintf(stderr, "verify %lld at ctx %lld: %.2f ms a forward, %.2fx the one-token step (%.2f ms)\n",
                    (long long)k, (long long)o.ctx_start, 1e3 * t, t / one, 1e3 * one);
     }
+    if (o.draft_rounds > 0) time_draft_rounds(o, file, r, random_prompt, one);
   }
 
   if (o.csv) {

@@ -39,6 +39,7 @@
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
 #include "engine/runtime/stage.h"
+#include "engine/dspark/dspark_device.h"
 #include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/spec/forced_draft.h"
@@ -180,9 +181,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "(guesses it never picks) or forced-prefix (right for a random number of guesses); the text is the "
        "plain run's; none = plain decoding")
       ("cpu-drafter", po::bool_switch(&r.cpu_drafter),
-       "with --backend cuda: draft with the DSpark drafter on the CPU beside the GPU target, from the rows the "
-       "target captures, with a host copy of its embedding and head (correct but slow for big models; off by "
-       "default on CUDA, docs/DSPARK.md)")
+       "with --backend cuda: run the DSpark drafter on the CPU beside the GPU target, from the rows the "
+       "target captures, with a host copy of its embedding and head, instead of on the GPU (the default; "
+       "slower for big models, docs/DSPARK.md)")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -613,12 +614,11 @@ int run(const RunOptions& opt) {
   sc.max_batch = opt.batch;
   if (opt.draft_test != "none") sc.verify_rows = opt.drafting.max + 1;
   sc.draft_path = opt.draft;
-  // The DSpark drafter (docs/DSPARK.md): on by default for this one user on
-  // the CPU backend; its stage captures the layers it reads.
+  // The DSpark drafter (docs/DSPARK.md): on by default for this one user,
+  // its network on the target's device (the CPU's with --cpu-drafter); its
+  // stage captures the layers it reads.
   const std::optional<DsparkShape> drafter = dspark_find(file, sc.draft_path);
-  // On CUDA only with --cpu-drafter: the drafter network runs on the CPU.
-  const bool drafting = drafter && !opt.drafting.off && opt.draft_test == "none" &&
-                        (opt.backend == Backend::Cpu || opt.cpu_drafter);
+  const bool drafting = drafter && !opt.drafting.off && opt.draft_test == "none";
   if (drafting) {
     sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.drafting.max) + 1);
     sc.capture_layers = drafter->target_layer_ids;
@@ -636,8 +636,7 @@ int run(const RunOptions& opt) {
                  sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str(),
                  drafting              ? ""
                  : opt.drafting.off   ? "; off (--no-draft)"
-                 : opt.draft_test != "none" ? "; off (--draft-test)"
-                                        : "; off on this backend unless --cpu-drafter (it runs on the CPU)");
+                                        : "; off (--draft-test)");
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
@@ -689,7 +688,13 @@ int run(const RunOptions& opt) {
         sc.draft_path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(sc.draft_path));
     const GgufFile& drafter_file = sidecar ? *sidecar : file;
     std::unique_ptr<DsparkDraftSource> source;
-    if (const Model* host = stage.host_model()) {
+    LoadOptions drafter_load = load;
+    drafter_load.progress = nullptr;  // the model's progress line names the model
+    std::unique_ptr<DsparkNetwork> device =
+        opt.cpu_drafter ? nullptr : dspark_device_network(stage, drafter_file, *drafter, drafter_load);
+    if (device) {
+      source = std::make_unique<DsparkDraftSource>(std::move(device), opt.drafting.threshold);
+    } else if (const Model* host = stage.host_model()) {
       source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, *host, opt.n_threads, opt.drafting.threshold);
     } else {
       // A device target: the drafter reads its own host copy of the ends.

@@ -66,6 +66,7 @@ void add_stage_host_lines(MemoryPlan& plan, uint64_t io_bytes, const LoadOptions
 
 class CudaStageBase : public StageRunner {
  public:
+  const Model* device_model() const override { return model_.get(); }
   ~CudaStageBase() override;
   CudaStageBase(const CudaStageBase&) = delete;
   CudaStageBase& operator=(const CudaStageBase&) = delete;

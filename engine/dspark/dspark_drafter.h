@@ -41,31 +41,42 @@ struct DsparkDraft {
   std::vector<float> confidence;    // c_0 .. c_{k-1}, and the row that stopped the draft when one did
 };
 
-class DsparkDrafter {
+// The draft network as the draft source drives it; the CPU's below, the
+// GPU's in engine/cuda/dspark_drafter.h (same equations, same contract).
+class DsparkNetwork {
+ public:
+  virtual ~DsparkNetwork() = default;
+  virtual const DsparkShape& shape() const = 0;
+  int64_t feature_width() const { return shape().feature_width(); }
+  // Positions [0, n_context()) have their context rows.
+  virtual int64_t n_context() const = 0;
+  // Appends n context rows (n x feature_width host floats) for positions
+  // n_context() .. n_context() + n - 1, which `positions` must list in order
+  // (throws std::invalid_argument otherwise).
+  virtual void append_context(const float* rows, const int64_t* positions, int64_t n) = 0;
+  // Forgets the rows of positions >= n_committed. The windows keep
+  // kSpareRows rows beyond `window`, so a rollback of up to that many
+  // positions is exact; a deeper one throws std::invalid_argument (start over
+  // with reset() and append the rows again).
+  virtual void truncate(int64_t n_committed) = 0;
+  virtual void reset() = 0;
+  // One draft round (see above) for the bonus token at `position`, which must
+  // equal n_context() (>= 1). Returns at most min(max_tokens, block_size) rows.
+  virtual DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) = 0;
+};
+
+class DsparkDrafter final : public DsparkNetwork {
  public:
   // The target's token embedding ([E, V]) and output head ([E, V]) outlive
   // the drafter, as do the weights and the pool.
   DsparkDrafter(const DsparkWeights& weights, const Tensor& token_embd, const Tensor& output, ThreadPool& pool);
 
-  const DsparkShape& shape() const { return w_.shape(); }
-  int64_t feature_width() const { return shape().feature_width(); }
-  // Positions [0, n_context()) have their context rows.
-  int64_t n_context() const { return n_ctx_; }
-
-  // Appends n context rows (n x feature_width floats) for positions
-  // n_context() .. n_context() + n - 1, which `positions` must list in order
-  // (throws std::invalid_argument otherwise).
-  void append_context(const float* rows, const int64_t* positions, int64_t n);
-  // Forgets the rows of positions >= n_committed. The windows keep
-  // kSpareRows rows beyond `window`, so a rollback of up to that many
-  // positions is exact; a deeper one throws std::invalid_argument (start over
-  // with reset() and append the rows again).
-  void truncate(int64_t n_committed);
-  void reset() { n_ctx_ = 0; }
-
-  // One draft round (see above) for the bonus token at `position`, which must
-  // equal n_context() (>= 1). Returns at most min(max_tokens, block_size) rows.
-  DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens);
+  const DsparkShape& shape() const override { return w_.shape(); }
+  int64_t n_context() const override { return n_ctx_; }
+  void append_context(const float* rows, const int64_t* positions, int64_t n) override;
+  void truncate(int64_t n_committed) override;
+  void reset() override { n_ctx_ = 0; }
+  DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) override;
 
   // The rows a window holds beyond the shape's window, for rollbacks.
   static constexpr int64_t kSpareRows = DsparkShape::kSpareRows;

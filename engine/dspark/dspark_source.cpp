@@ -48,6 +48,9 @@ DsparkDraftSource::DsparkDraftSource(const DsparkWeights& weights, const Model& 
   drafter_ = make_drafter(weights, target, pool);
 }
 
+DsparkDraftSource::DsparkDraftSource(std::unique_ptr<DsparkNetwork> network, float threshold)
+    : drafter_(std::move(network)), threshold_(threshold) {}
+
 DsparkDraftSource::DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape,
                                      const GgufFile& target_file, int n_threads, float threshold)
     : DsparkDraftSource(drafter_file, shape, std::make_unique<Model>(target_file, target_ends_layout(target_file)),

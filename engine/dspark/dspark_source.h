@@ -36,11 +36,14 @@ class DsparkDraftSource final : public DraftSource {
   // A source over weights and threads that others share (`baton serve` keeps
   // one source per sequence slot): `weights`, `pool` and `target` outlive it.
   DsparkDraftSource(const DsparkWeights& weights, const Model& target, ThreadPool& pool, float threshold);
+  // A source over a network built elsewhere (the GPU's:
+  // engine/dspark/dspark_device.h).
+  DsparkDraftSource(std::unique_ptr<DsparkNetwork> network, float threshold);
 
   Draft propose(int32_t bonus, int64_t position, int max_tokens) override;
   void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) override;
 
-  const DsparkDrafter& drafter() const { return *drafter_; }
+  const DsparkNetwork& drafter() const { return *drafter_; }
 
  private:
   DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, std::unique_ptr<Model> target_ends,
@@ -48,7 +51,7 @@ class DsparkDraftSource final : public DraftSource {
   std::unique_ptr<Model> target_ends_;  // the host copy, when the target has none
   std::unique_ptr<DsparkWeights> own_weights_;  // the owning constructors'
   std::unique_ptr<ThreadPool> own_pool_;
-  std::unique_ptr<DsparkDrafter> drafter_;
+  std::unique_ptr<DsparkNetwork> drafter_;
   float threshold_;
 };
 

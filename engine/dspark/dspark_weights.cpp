@@ -102,42 +102,57 @@ std::optional<DsparkPlan> dspark_plan(const GgufFile& model, const std::string& 
   return p;
 }
 
-DsparkWeights::DsparkWeights(const GgufFile& f, const DsparkShape& shape, const std::vector<std::string>& extra)
-    : shape_(shape) {
-  struct Item {
-    const GgufTensorInfo* info;
-    uint64_t offset;
-  };
-  std::vector<Item> items;
-  uint64_t bytes = 0;
-  auto place = [&](const GgufTensorInfo* t) {
-    items.push_back({t, bytes});
-    bytes += align_up(t->nbytes);
+std::vector<LoadItem> DsparkWeights::place(const GgufFile& f, const std::vector<std::string>& extra, uint64_t* bytes) {
+  std::vector<LoadItem> items;
+  uint64_t at = 0;
+  auto add = [&](const GgufTensorInfo* t) {
+    items.push_back({t->name, t->file_offset, t->nbytes, at});
+    at += align_up(t->nbytes);
   };
   for (const Ds4TensorSpec& s : shape_.tensors()) known_[s.name] = false;
   for (const GgufTensorInfo* t : dspark_check_tensors(f, shape_)) {
     known_[t->name] = true;
-    place(t);
+    add(t);
   }
   for (const std::string& name : extra) {
     const GgufTensorInfo* t = f.find_tensor(name);
     if (!t) throw std::runtime_error(fmt::format("{}: missing tensor {}", f.path(), name));
     known_[name] = true;
-    place(t);
+    add(t);
   }
-  buf_ = AlignedBuffer(bytes);
-  for (const Item& it : items) {
-    const GgufTensorInfo& t = *it.info;
-    f.read_tensor(t, buf_.data() + it.offset);
+  *bytes = at;
+  return items;
+}
+
+void DsparkWeights::view(const GgufFile& f, const std::vector<LoadItem>& items, uint8_t* base) {
+  for (const LoadItem& it : items) {
+    const GgufTensorInfo& t = *f.find_tensor(it.name);
     Tensor x;
     x.name = t.name;
     x.type = t.type;
     std::copy(t.ne, t.ne + 4, x.ne);
-    x.data = buf_.data() + it.offset;
+    x.data = base + it.dst_offset;
     x.nbytes = t.nbytes;
     x.row_bytes = t.row_bytes();
     tensors_.emplace(t.name, x);
   }
+}
+
+DsparkWeights::DsparkWeights(const GgufFile& f, const DsparkShape& shape, const std::vector<std::string>& extra)
+    : shape_(shape) {
+  uint64_t bytes = 0;
+  const std::vector<LoadItem> items = place(f, extra, &bytes);
+  buf_ = AlignedBuffer(bytes);
+  for (const LoadItem& it : items) f.read_tensor(*f.find_tensor(it.name), buf_.data() + it.dst_offset);
+  view(f, items, buf_.data());
+}
+
+DsparkWeights::DsparkWeights(const GgufFile& f, const DsparkShape& shape, const Placement& placement)
+    : shape_(shape) {
+  uint64_t bytes = 0;
+  const std::vector<LoadItem> items = place(f, {}, &bytes);
+  uint8_t* base = placement(items, bytes);
+  view(f, items, base);
 }
 
 const Tensor* DsparkWeights::find(const std::string& name) const {

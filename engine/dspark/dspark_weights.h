@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "engine/base/memory_plan.h"
 #include "engine/dspark/dspark_shape.h"
+#include "engine/model/loader.h"
 #include "engine/model/model.h"
 
 namespace baton {
@@ -53,6 +55,12 @@ class DsparkWeights {
   // file to load as they are, e.g. token_embd.weight for a self-contained
   // test file), then reads them into one allocation.
   DsparkWeights(const GgufFile& f, const DsparkShape& shape, const std::vector<std::string>& extra = {});
+  // Views over weights placed elsewhere (a device): `placement` gets the
+  // tensors to load (offsets in one allocation of `bytes`), loads them and
+  // returns the allocation's base, which outlives these views. Nothing is
+  // read into host memory here.
+  using Placement = std::function<uint8_t*(const std::vector<LoadItem>& items, uint64_t bytes)>;
+  DsparkWeights(const GgufFile& f, const DsparkShape& shape, const Placement& placement);
 
   const DsparkShape& shape() const { return shape_; }
   // Throws std::logic_error for a name the table does not have; nullptr for
@@ -62,9 +70,14 @@ class DsparkWeights {
   // "mtp.{stage}.{rest}".
   const Tensor& stage(int k, const char* rest) const;
   const Tensor* stage_opt(int k, const char* rest) const;
+  // Bytes of the host copy (0 for views over a placement).
   uint64_t bytes() const { return buf_.size(); }
 
  private:
+  // Checks and places every tensor (then `extra`); fills known_.
+  std::vector<LoadItem> place(const GgufFile& f, const std::vector<std::string>& extra, uint64_t* bytes);
+  void view(const GgufFile& f, const std::vector<LoadItem>& items, uint8_t* base);
+
   DsparkShape shape_;
   AlignedBuffer buf_;
   std::map<std::string, Tensor> tensors_;

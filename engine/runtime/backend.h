@@ -94,6 +94,9 @@ class StageRunner {
   // what shares them (a drafter reads the target's embedding and head);
   // nullptr where they live on a device.
   virtual const Model* host_model() const { return nullptr; }
+  // The same where they sit in device memory (the CUDA backend): views whose
+  // data are device pointers, on the current device; nullptr elsewhere.
+  virtual const Model* device_model() const { return nullptr; }
 
   // Device-resident boundary rows, for stage links that move activations GPU
   // to GPU (NCCL, net/nccl_link.h). The defaults say "none": such a link then

@@ -1,0 +1,65 @@
+// The DSpark draft network on the GPU (docs/DSPARK.md, "The draft network on
+// the GPU"): DsparkDrafter's equations and contract as launches on its own
+// stream. The weights live in one device allocation loaded through the
+// pinned staging ring; the target's token embedding and output head are the
+// stage's own device copies. Each round is one queue of launches, the
+// Markov head row by row on the device (each row's argmax feeds the next),
+// and one copy back of the block's tokens, confidences and logits.
+//
+// Only compiled when the build has CUDA; engine/dspark/dspark_device.h is
+// the seam the commands include.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/cuda/device_memory.h"
+#include "engine/dspark/dspark_drafter.h"
+
+namespace baton {
+
+class CudaDsparkDrafter final : public DsparkNetwork {
+ public:
+  // `embedding` and `head` are the target's device tensors ([E, V] each),
+  // which outlive the drafter.
+  CudaDsparkDrafter(const GgufFile& drafter_file, const DsparkShape& shape, const Tensor& embedding,
+                    const Tensor& head, const LoadOptions& load);
+  ~CudaDsparkDrafter() override;
+
+  const DsparkShape& shape() const override { return shape_; }
+  int64_t n_context() const override { return n_ctx_; }
+  void append_context(const float* rows, const int64_t* positions, int64_t n) override;
+  void truncate(int64_t n_committed) override;
+  void reset() override { n_ctx_ = 0; }
+  DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) override;
+
+  // Device bytes: the weights, the windows, the round's workspace.
+  uint64_t weight_bytes() const { return weights_dev_.size(); }
+  uint64_t kv_bytes() const { return ring_.size(); }
+  uint64_t workspace_bytes() const { return ws_.size(); }
+
+ private:
+  struct Impl;
+  void project(const Tensor& t, const float* x, int64_t n, int64_t x_stride, float* out, int64_t out_stride);
+  void stage_forward(int k, int64_t pos0);
+  void attention(int k, int64_t pos0);
+  void moe(int k);
+
+  DsparkShape shape_;
+  Deepseek4Shape b_;  // one stage's block shape
+  DeviceBuffer weights_dev_;
+  std::unique_ptr<DsparkWeights> w_;  // views into weights_dev_
+  const Tensor& embd_;
+  const Tensor& out_;
+  StreamHandle stream_;
+  DeviceBuffer ring_, ws_;
+  PinnedBuffer io_;
+  std::unique_ptr<Impl> at_;  // the workspace's sections
+  int64_t rows_ = 0;          // ring slots per stage
+  int64_t n_ctx_ = 0;
+};
+
+}  // namespace baton
