@@ -121,12 +121,19 @@ TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
   r = baton({"run", dir.file("m.gguf"), "-n", "2", "--draft-threshold", "2"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--draft-threshold must be in 0..1"), std::string::npos) << r.err;
+  // Where the drafter runs is a choice beside a CUDA target only.
+  r = baton({"run", dir.file("m.gguf"), "-n", "2", "--backend", "cpu", "--gpu-drafter"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--gpu-drafter places the drafter beside a CUDA target"), std::string::npos) << r.err;
+  r = baton({"run", dir.file("m.gguf"), "-n", "2", "--gpu-drafter", "--cpu-drafter"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("give one"), std::string::npos) << r.err;
 }
 
-// On the CUDA backend the drafter runs on the GPU beside the target by
-// default, and on the CPU with --cpu-drafter (from the rows the GPU target
-// captures, with its own host copy of the target's embedding and head);
-// either way the greedy output is the plain one. The micro model's float
+// On the CUDA backend the drafter is off unless --gpu-drafter (its network
+// on the target's GPU) or --cpu-drafter (on the CPU, from the rows the GPU
+// target captures, with its own host copy of the target's embedding and
+// head); either way the greedy output is the plain one. The micro model's float
 // matrices and forwards of at most 8 rows keep every GPU product float32 (a
 // quantized model's near-ties may flip on a GPU: docs/SPECULATIVE.md).
 // Needs a GPU.
@@ -138,13 +145,11 @@ TEST(CliDspark, GpuAndCpuDraftersBesideCudaTarget) {
   const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "24", "--temp", "0", "--ignore-eos",
                                            "--json", "-t", "2", "--backend", "cuda", "--batch", "8"};
   auto run = [&](std::vector<std::string> args) { return run_json(std::move(args), common); };
-  const auto plain = run({dir.file("m.gguf"), "--no-draft"});
+  const auto plain = run({dir.file("m.gguf")});
   ASSERT_TRUE(plain.contains("tokens"));
-  EXPECT_FALSE(plain.contains("draft"));
-  for (const char* where : {"", "--cpu-drafter"}) {
-    std::vector<std::string> args = {dir.file("m.gguf"), "--draft-threshold", "0"};
-    if (*where) args.push_back(where);
-    const auto drafted = run(args);
+  EXPECT_FALSE(plain.contains("draft"));  // off by default on CUDA
+  for (const char* where : {"--gpu-drafter", "--cpu-drafter"}) {
+    const auto drafted = run({dir.file("m.gguf"), where, "--draft-threshold", "0"});
     ASSERT_TRUE(drafted.contains("draft")) << where;
     EXPECT_EQ(drafted["tokens"], plain["tokens"]) << where;
     EXPECT_EQ(drafted["draft"]["mode"], "dspark");

@@ -88,6 +88,7 @@ struct RunOptions {
   std::string draft_test = "none";  // --draft-test: speculative decoding with a test draft source
   DraftChoice drafting;             // --no-draft, --draft-max (also --draft-test's), --draft-threshold
   bool cpu_drafter = false;         // --cpu-drafter: draft on the CPU beside a CUDA target
+  bool gpu_drafter = false;         // --gpu-drafter: draft on the target's GPU
 };
 
 // Loading progress is worth a line on stderr for real models, or when asked.
@@ -180,10 +181,12 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "forced-accept (guesses the model's own greedy output, from a plain run first), forced-reject "
        "(guesses it never picks) or forced-prefix (right for a random number of guesses); the text is the "
        "plain run's; none = plain decoding")
+      ("gpu-drafter", po::bool_switch(&r.gpu_drafter),
+       "with --backend cuda: draft with the DSpark drafter's network on the target's GPU, sharing its embedding "
+       "and head (off by default on CUDA until its suite has passed on a GPU, docs/DSPARK.md)")
       ("cpu-drafter", po::bool_switch(&r.cpu_drafter),
-       "with --backend cuda: run the DSpark drafter on the CPU beside the GPU target, from the rows the "
-       "target captures, with a host copy of its embedding and head, instead of on the GPU (the default; "
-       "slower for big models, docs/DSPARK.md)")
+       "with --backend cuda: draft with the DSpark drafter on the CPU beside the GPU target, from the rows the "
+       "target captures, with a host copy of its embedding and head (correct but slow for big models)")
       ("json", po::bool_switch(&r.json),
        "print one JSON object at the end instead of streaming text: prompt_tokens, tokens, "
        "text, n_prompt, n_gen, prefill/decode tokens per second, top_logits after the prompt, "
@@ -262,8 +265,11 @@ std::optional<RunOptions> parse(int argc, char** argv) {
     if (vm["backend"].defaulted()) backend = "cpu";
   }
   check_draft_options(r.drafting);
-  if (r.cpu_drafter && (r.workers > 0 || !r.parts.empty())) {
-    throw std::invalid_argument("--cpu-drafter runs with the whole model in this process (no --workers or --parts)");
+  if (r.cpu_drafter && r.gpu_drafter) throw std::invalid_argument("--cpu-drafter and --gpu-drafter: give one");
+  for (const auto& [on, name] : {std::pair{r.cpu_drafter, "--cpu-drafter"}, std::pair{r.gpu_drafter, "--gpu-drafter"}}) {
+    if (on && (r.workers > 0 || !r.parts.empty())) {
+      throw std::invalid_argument(std::string(name) + " runs with the whole model in this process (no --workers or --parts)");
+    }
   }
   if (!r.draft.empty() && (r.workers > 0 || !r.parts.empty())) {
     throw std::invalid_argument("--draft runs with the whole model in this process (no --workers or --parts)");
@@ -614,11 +620,16 @@ int run(const RunOptions& opt) {
   sc.max_batch = opt.batch;
   if (opt.draft_test != "none") sc.verify_rows = opt.drafting.max + 1;
   sc.draft_path = opt.draft;
-  // The DSpark drafter (docs/DSPARK.md): on by default for this one user,
-  // its network on the target's device (the CPU's with --cpu-drafter); its
-  // stage captures the layers it reads.
+  // The DSpark drafter (docs/DSPARK.md): on by default for this one user on
+  // the CPU backend; on CUDA with --gpu-drafter (its network on the target's
+  // GPU) or --cpu-drafter. Its stage captures the layers it reads.
   const std::optional<DsparkShape> drafter = dspark_find(file, sc.draft_path);
-  const bool drafting = drafter && !opt.drafting.off && opt.draft_test == "none";
+  if ((opt.gpu_drafter || opt.cpu_drafter) && opt.backend != Backend::Cuda) {
+    throw std::invalid_argument(std::string(opt.gpu_drafter ? "--gpu-drafter" : "--cpu-drafter") +
+                                " places the drafter beside a CUDA target: give --backend cuda");
+  }
+  const bool drafting = drafter && !opt.drafting.off && opt.draft_test == "none" &&
+                        (opt.backend == Backend::Cpu || opt.cpu_drafter || opt.gpu_drafter);
   if (drafting) {
     sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.drafting.max) + 1);
     sc.capture_layers = drafter->target_layer_ids;
@@ -636,7 +647,8 @@ int run(const RunOptions& opt) {
                  sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str(),
                  drafting              ? ""
                  : opt.drafting.off   ? "; off (--no-draft)"
-                                        : "; off (--draft-test)");
+                 : opt.draft_test != "none" ? "; off (--draft-test)"
+                                        : "; off on this backend unless --gpu-drafter or --cpu-drafter");
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
@@ -691,7 +703,7 @@ int run(const RunOptions& opt) {
     LoadOptions drafter_load = load;
     drafter_load.progress = nullptr;  // the model's progress line names the model
     std::unique_ptr<DsparkNetwork> device =
-        opt.cpu_drafter ? nullptr : dspark_device_network(stage, drafter_file, *drafter, drafter_load);
+        opt.gpu_drafter ? dspark_device_network(stage, drafter_file, *drafter, drafter_load) : nullptr;
     if (device) {
       source = std::make_unique<DsparkDraftSource>(std::move(device), opt.drafting.threshold);
     } else if (const Model* host = stage.host_model()) {
