@@ -238,6 +238,31 @@ TEST(CliBench, TpAloneTimesOneDeepseek4RankFile) {
   }
 }
 
+// --draft-rounds: the DSpark drafter's round against the one-token step
+// (here on the CPU threads); refused by name for a model without a drafter.
+TEST(CliBench, DraftRoundsTimeTheDrafter) {
+  test::TempDir dir;
+  auto r = test::run_command({test::baton_binary(), "synth", "--shape", "deepseek4-micro", "--dspark", "-o",
+                              dir.file("m.gguf"), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> common = {"bench", "--backend", "cpu", "--ctx-start", "16", "--ctx-max", "16",
+                                           "--gen-tokens", "4", "--threads", "2", "--copy-mb", "16", "--read-mb",
+                                           "0", "--draft-rounds", "3"};
+  std::vector<std::string> args = {test::baton_binary(), "-m", dir.file("m.gguf")};
+  args.insert(args.begin() + 1, common.begin(), common.end());
+  r = test::run_command(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("draft round on the CPU at ctx 16: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(5 rows)"), std::string::npos) << r.err;
+  r = test::run_command({test::baton_binary(), "synth", "--shape", "deepseek4-micro", "-o", dir.file("plain.gguf"),
+                         "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  args[args.size() - 1] = dir.file("plain.gguf");
+  r = test::run_command(args);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("has no DSpark drafter"), std::string::npos) << r.err;
+}
+
 TEST(CliBench, BadParallelListIsRefused) {
   for (const char* bad : {"0", "2,,3", "x", "4,2000"}) {
     auto r = test::run_command({test::baton_binary(), "bench", "-m", "missing.gguf", "--parallel", bad});

@@ -124,6 +124,10 @@ TEST(DsparkShapeTest, FlashTableHasTheSidecarsTensors) {
   EXPECT_EQ(d.target_layer_ids, (std::vector<int>{40, 41, 42}));
   EXPECT_EQ(d.noise_token_id, 128799);
   EXPECT_EQ(d.kv_bytes(), 3u * (128 + DsparkShape::kSpareRows) * 512 * 4);
+  // A context's round buffers, planned per slot in serve: about 5.7 MiB,
+  // most of it the round's 5 logit rows and the Markov bias.
+  EXPECT_GT(d.round_bytes(), uint64_t(6 * 129280 * 4));
+  EXPECT_LT(d.round_bytes(), uint64_t(7) << 20);
 }
 
 TEST(DsparkLoadTest, SidecarAndInModelLoadAndWrongFilesAreRefusedByName) {
@@ -192,6 +196,9 @@ TEST(DsparkDrafterTest, DraftLogitsMatchTheFloat64Reference) {
   rig.append(rows);
   const int32_t bonus = 7;
   const DsparkDraft got = rig.drafter->draft(bonus, n, 0.0f, 99);
+  // The plan's round bytes are what the drafter holds plus one round's output.
+  const uint64_t nv = uint64_t(rig.shape.target.n_vocab), nb = uint64_t(rig.shape.block_size);
+  EXPECT_EQ(rig.drafter->buffer_bytes() + (nb * nv + nv) * sizeof(float), rig.shape.round_bytes());
   {
     std::ofstream out(rig.dir.file("rows.f32"), std::ios::binary);
     out.write(reinterpret_cast<const char*>(rows.data()), std::streamsize(rows.size() * sizeof(float)));

@@ -79,7 +79,7 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
   // Its weights once, and a context per slot (slot_drafters.h).
   if (drafter_) {
-    plan_.add(PlanLine::Drafter, drafter->weights + drafter->kv * uint64_t(config_.stage.n_seq),
+    plan_.add(PlanLine::Drafter, drafter->weights + drafter->per_context() * uint64_t(config_.stage.n_seq),
               fmt::format("{}; a context per slot", drafter->detail));
   }
   if (std::string why = memory_limit_problem(config_.backend, plan_, config_.mem_limit); !why.empty()) {

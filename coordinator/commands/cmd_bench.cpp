@@ -266,8 +266,7 @@ struct Row {
 // rows, every round its whole block, against the one-token step `one` (s).
 void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageRunner& r,
                        const std::function<std::vector<int32_t>(int64_t)>& random_prompt, double one) {
-  const std::optional<DsparkShape> shape = dspark_find(file, o.draft);
-  if (!shape) throw std::invalid_argument("--draft-rounds: " + o.model + " has no DSpark drafter (--draft FILE names a sidecar)");
+  const std::optional<DsparkShape> shape = dspark_find(file, o.draft);  // checked before the load
   const std::optional<GgufFile> sidecar = o.draft.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(o.draft));
   const GgufFile& df = sidecar ? *sidecar : file;
   LoadOptions load;
@@ -308,6 +307,9 @@ int bench(const BenchOptions& o) {
   if (o.no_pdl) set_programmatic_launch(false);
   if (o.profile) set_stage_profiling(true);
   GgufFile file = about_file(o.model, [&] { return GgufFile::open(o.model); });
+  if (o.draft_rounds > 0 && !dspark_find(file, o.draft)) {
+    throw std::invalid_argument("--draft-rounds: " + o.model + " has no DSpark drafter (--draft FILE names a sidecar)");
+  }
   StageConfig sc;
   int64_t tail = o.gen_tokens;  // past the deepest prompt: the generated tokens, or --verify's forwards
   for (const int64_t k : o.verify) tail = std::max(tail, 4 * k);

@@ -90,6 +90,15 @@ DsparkDrafter::DsparkDrafter(const DsparkWeights& weights, const Tensor& token_e
   wts_.resize(size_t(b_.n_expert_used));
 }
 
+uint64_t DsparkDrafter::buffer_bytes() const {
+  uint64_t floats = 0;
+  for (const std::vector<float>* v : {&x_, &x2_, &mix_, &h_, &y_, &q_lat_, &q_, &kvb_, &att_, &o_lat_, &router_, &gate_,
+                                      &ex_, &sh_, &scores_, &tmp_, &wts_}) {
+    floats += v->size();
+  }
+  return floats * sizeof(float) + ids_.size() * sizeof(int32_t);
+}
+
 const float* DsparkDrafter::window_row(int k, int64_t pos) const {
   return kv_.data() + (int64_t(k) * rows_ + pos % rows_) * b_.head_dim;
 }

@@ -78,6 +78,10 @@ class DsparkDrafter final : public DsparkNetwork {
   void reset() override { n_ctx_ = 0; }
   DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) override;
 
+  // Bytes of the buffers a round works in (DsparkShape::round_bytes() less
+  // the round's output).
+  uint64_t buffer_bytes() const;
+
   // The rows a window holds beyond the shape's window, for rollbacks.
   static constexpr int64_t kSpareRows = DsparkShape::kSpareRows;
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <stdexcept>
 
 #include "engine/base/memory_plan.h"
@@ -124,6 +126,17 @@ std::vector<Ds4TensorSpec> DsparkShape::tensors() const {
   out.push_back({mtp(int(last), "markov_head.markov_w2.weight"), {markov_rank, target.n_vocab}, Ds4Role::AttnProj});
   out.push_back({mtp(int(last), "confidence_head.proj.weight"), {E + markov_rank, 1}, Ds4Role::AttnProj});
   return out;
+}
+
+uint64_t DsparkShape::round_bytes() const {
+  const Deepseek4Shape b = stage_block();
+  const int64_t B = block_size, E = b.n_embd, HC = b.hc_width(), V = b.n_vocab, R = markov_rank;
+  const int64_t HD = int64_t(b.n_head) * b.head_dim, FF = b.n_ff_exp, SF = FF * std::max(1, b.n_expert_shared);
+  const int64_t floats = 2 * B * HC + B * b.hc_mix() + 2 * B * E + B * b.q_lora_rank + 2 * B * HD + B * b.head_dim +
+                         B * b.o_groups * b.o_lora_rank + b.n_expert + 2 * FF + std::max(E, feature_width()) +
+                         2 * B * SF + kv_rows() + B + std::max({B * E, V, E + R}) + b.n_expert_used +
+                         B * V + V;  // the round's logits and Markov bias
+  return uint64_t(floats) * sizeof(float) + uint64_t(b.n_expert_used) * sizeof(int32_t);
 }
 
 uint64_t DsparkShape::kv_bytes() const {

@@ -75,6 +75,11 @@ struct DsparkShape {
   std::vector<Ds4TensorSpec> tensors() const;
   // KV the drafter keeps: n_stages rings of kv_rows() rows of head_dim f32.
   uint64_t kv_bytes() const;
+  // Working memory of one draft network beside its windows: the CPU
+  // drafter's buffers of one round (block_size rows through a stage, the
+  // router, the heads) and the round's output (block_size logit rows and
+  // the Markov bias). DsparkDrafter allocates exactly this.
+  uint64_t round_bytes() const;
 };
 
 }  // namespace baton

@@ -95,10 +95,13 @@ std::optional<DsparkPlan> dspark_plan(const GgufFile& model, const std::string& 
     p.n_tensors++;
   }
   p.kv = shape->kv_bytes();
-  p.detail = fmt::format("DSpark, {}: {} tensors {:.2f} GiB + KV {} stages x {} rows x {} floats ({:.0f} KiB)",
-                         sidecar_path.empty() ? "in the model file" : "sidecar " + sidecar_path, p.n_tensors,
-                         double(p.weights) / double(1ull << 30), shape->n_stages, shape->kv_rows(),
-                         shape->target.head_dim, double(p.kv) / 1024.0);
+  p.round = shape->round_bytes();
+  p.detail = fmt::format(
+      "DSpark, {}: {} tensors {:.2f} GiB + KV {} stages x {} rows x {} floats ({:.0f} KiB) + a round's buffers "
+      "({:.1f} MiB)",
+      sidecar_path.empty() ? "in the model file" : "sidecar " + sidecar_path, p.n_tensors,
+      double(p.weights) / double(1ull << 30), shape->n_stages, shape->kv_rows(), shape->target.head_dim,
+      double(p.kv) / 1024.0, double(p.round) / double(1ull << 20));
   return p;
 }
 

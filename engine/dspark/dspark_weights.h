@@ -39,12 +39,14 @@ std::vector<const GgufTensorInfo*> dspark_check_tensors(const GgufFile& f, const
 std::optional<DsparkShape> dspark_find(const GgufFile& model, const std::string& sidecar_path);
 
 // The drafter's plan line (docs/MEMORY.md): its tensors as the loader lays
-// them out, and its context windows (DsparkShape::kv_bytes()).
+// them out, and per context (one per sequence slot) its windows
+// (DsparkShape::kv_bytes()) and a round's working memory (round_bytes()).
 struct DsparkPlan {
   DsparkShape shape;
-  uint64_t weights = 0, kv = 0, n_tensors = 0;
+  uint64_t weights = 0, kv = 0, round = 0, n_tensors = 0;
   std::string detail;  // for the printed plan
-  uint64_t total() const { return weights + kv; }
+  uint64_t per_context() const { return kv + round; }
+  uint64_t total() const { return weights + per_context(); }
 };
 // dspark_find's drafter, planned; nullopt when there is none.
 std::optional<DsparkPlan> dspark_plan(const GgufFile& model, const std::string& sidecar_path);
