@@ -30,8 +30,6 @@ work=/tmp/baton-ds4-check
 mkdir -p "$out" "$work" "$ram"
 log="$out/run.log"
 : > "$log"
-say() { echo "== $*" | tee -a "$log"; }
-has() { [[ " $steps " == *" $1 "* ]]; }
 status=0
 source "$(dirname "$0")/gpu_env.sh"
 B="$bin/baton"

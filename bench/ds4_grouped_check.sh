@@ -29,8 +29,6 @@ work=/tmp/baton-ds4-grouped
 mkdir -p "$out" "$work" "$ram"
 log="$out/run.log"
 : > "$log"
-say() { echo "== $*" | tee -a "$log"; }
-has() { [[ " $steps " == *" $1 "* ]]; }
 status=0
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/gpu_env.sh"

@@ -20,11 +20,10 @@ bin=${1:?binary folder}
 out=${2:?output folder}
 ram=${3:-/mnt/ram}
 steps=${4:-tests bench agree ceiling}
-mkdir -p "$out" "$ram"
+work=/tmp/baton-dspark-check
+mkdir -p "$out" "$ram" "$work"
 log="$out/run.log"
 : > "$log"
-say() { echo "== $*" | tee -a "$log"; }
-has() { [[ " $steps " == *" $1 "* ]]; }
 status=0
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/gpu_env.sh"

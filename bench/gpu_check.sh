@@ -33,7 +33,6 @@ shape=${4:-llama-8b}
 mkdir -p "$out" "$work"
 log="$out/run.log"
 : > "$log"
-say() { echo "== $*" | tee -a "$log"; }
 status=0
 
 # Shared libraries: the machine's own first; ours only for names it lacks.

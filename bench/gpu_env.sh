@@ -1,6 +1,10 @@
 # Sourced by the GPU scripts: puts the machine's CUDA libraries on the
 # library path, and ours (BIN_DIR/libs, from bench/pack_gpu.sh) only for the
 # names the machine lacks.   Needs: $bin (binary folder), $work (scratch).
+# Also their two helpers: `say` prints a heading to the screen and to $log,
+# `has STEP` tells whether $steps asks for STEP.
+say() { echo "== $*" | tee -a "$log"; }
+has() { [[ " ${steps:-} " == *" $1 "* ]]; }
 mkdir -p "$work/libs"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do

@@ -17,6 +17,7 @@
 #include "engine/gguf/file.h"
 #include "gguf_split/synth.h"
 #include "tests/test_cuda_util.h"
+#include "tests/dspark_test_util.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -33,21 +34,6 @@ DsparkShape tiny_drafter() {
   d.markov_rank = 32;
   d.noise_token_id = 510;
   return d;
-}
-
-Ds4Types all_f32() {
-  Ds4Types t;
-  t.embedding = t.output = t.hc_fn = t.attn = t.router = t.expert_gate_up = t.expert_down = t.shared_expert =
-      t.compressor = t.indexer = DType::F32;
-  return t;
-}
-
-std::vector<float> random_rows(int64_t n, int64_t width, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n * width));
-  for (float& x : v) x = dist(rng);
-  return v;
 }
 
 // A host tensor's bytes on the device, with a view of them.
@@ -129,16 +115,16 @@ void check_drafters_agree(const Ds4Types& types, double conf_tol, double rel_tol
   Pair p(types, 11);
   const int64_t F = p.shape.feature_width();
   // 60 rows: the rings (window 32 + 16 spare slots) wrap.
-  p.append(random_rows(60, F, 1));
+  p.append(test::random_rows(60, F, 1));
   EXPECT_EQ(p.gpu->n_context(), 60);
   int compared = 0;
   for (int32_t bonus : {3, 77, 400}) compared += compare_round(p, bonus, 0.0f, conf_tol, rel_tol);
   EXPECT_GE(compared, 12);
   // A verify kept 2 of 5 rows: both cut back, then take the kept rows.
-  p.append(random_rows(5, F, 2));
+  p.append(test::random_rows(5, F, 2));
   p.cpu->truncate(62);
   p.gpu->truncate(62);
-  p.append(random_rows(3, F, 3));
+  p.append(test::random_rows(3, F, 3));
   compared = compare_round(p, 9, 0.0f, conf_tol, rel_tol);
   EXPECT_EQ(compared, 5);
   // A threshold stops both at the same row (row 0 always kept).
@@ -150,7 +136,7 @@ void check_drafters_agree(const Ds4Types& types, double conf_tol, double rel_tol
 
 TEST(CudaDspark, FloatDrafterMatchesCpu) {
   BATON_REQUIRE_CUDA();
-  check_drafters_agree(all_f32(), 1e-4, 1e-4);
+  check_drafters_agree(test::ds4_all_f32(), 1e-4, 1e-4);
 }
 
 TEST(CudaDspark, PublishedDtypesMatchCpu) {
@@ -162,9 +148,9 @@ TEST(CudaDspark, PublishedDtypesMatchCpu) {
 
 TEST(CudaDspark, RefusesWrongPositionsAndDeepRollbacks) {
   BATON_REQUIRE_CUDA();
-  Pair p(all_f32(), 12);
+  Pair p(test::ds4_all_f32(), 12);
   const int64_t F = p.shape.feature_width();
-  const std::vector<float> rows = random_rows(20, F, 4);
+  const std::vector<float> rows = test::random_rows(20, F, 4);
   const int64_t wrong[1] = {5};
   EXPECT_THROW(p.gpu->append_context(rows.data(), wrong, 1), std::invalid_argument);
   p.append(rows);

@@ -18,6 +18,7 @@
 #include "engine/gguf/file.h"
 #include "engine/runtime/stage.h"
 #include "gguf_split/synth.h"
+#include "tests/dspark_test_util.h"
 #include "tests/test_util.h"
 
 namespace baton {
@@ -50,25 +51,10 @@ Deepseek4Shape small_target() {
   return s;
 }
 
-Ds4Types all_f32() {
-  Ds4Types t;
-  t.embedding = t.output = t.hc_fn = t.attn = t.router = t.expert_gate_up = t.expert_down = t.shared_expert =
-      t.compressor = t.indexer = DType::F32;
-  return t;
-}
-
 DsparkShape small_drafter() {
   DsparkShape d = DsparkShape::for_target(small_target());
   d.markov_rank = 8;
   return d;
-}
-
-std::vector<float> random_rows(int64_t n, int64_t width, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n * width));
-  for (float& x : v) x = dist(rng);
-  return v;
 }
 
 nlohmann::json reference(const std::vector<std::string>& args) {
@@ -91,7 +77,7 @@ struct Rig {
   std::unique_ptr<DsparkDrafter> drafter;
 
   explicit Rig(uint64_t seed) {
-    write_dspark_file(file, shape, all_f32(), seed, true);
+    write_dspark_file(file, shape, test::ds4_all_f32(), seed, true);
     f = std::make_unique<GgufFile>(GgufFile::open(file));
     w = std::make_unique<DsparkWeights>(*f, shape, std::vector<std::string>{"token_embd.weight", "output.weight"});
     drafter = std::make_unique<DsparkDrafter>(*w, w->get("token_embd.weight"), w->get("output.weight"), pool);
@@ -192,7 +178,7 @@ TEST(DsparkDrafterTest, DraftLogitsMatchTheFloat64Reference) {
   Rig rig(seed);
   // 30 context rows: more than the ring (8 + spare) holds, so it wraps.
   const int64_t n = 30;
-  const std::vector<float> rows = random_rows(n, rig.shape.feature_width(), seed + 1);
+  const std::vector<float> rows = test::random_rows(n, rig.shape.feature_width(), seed + 1);
   rig.append(rows);
   const int32_t bonus = 7;
   const DsparkDraft got = rig.drafter->draft(bonus, n, 0.0f, 99);
@@ -224,7 +210,7 @@ TEST(DsparkDrafterTest, DraftLogitsMatchTheFloat64Reference) {
 
 TEST(DsparkDrafterTest, ConfidenceStopsTheDraftAndTruncateRollsBack) {
   Rig rig(test::test_seed() + 11);
-  const std::vector<float> rows = random_rows(20, rig.shape.feature_width(), 5);
+  const std::vector<float> rows = test::random_rows(20, rig.shape.feature_width(), 5);
   rig.append(rows);
   const DsparkDraft all = rig.drafter->draft(3, 20, 0.0f, 99);
   ASSERT_EQ(all.tokens.size(), 5u);
@@ -240,7 +226,7 @@ TEST(DsparkDrafterTest, ConfidenceStopsTheDraftAndTruncateRollsBack) {
   for (size_t i = 0; i < cut.tokens.size(); ++i) EXPECT_EQ(cut.tokens[i], all.tokens[i]);
 
   // Three more rows, rolled back: the same draft as before them.
-  rig.append(random_rows(3, rig.shape.feature_width(), 6));
+  rig.append(test::random_rows(3, rig.shape.feature_width(), 6));
   EXPECT_NE(rig.drafter->draft(3, 23, 0.0f, 99).logits, all.logits);
   rig.drafter->truncate(20);
   EXPECT_EQ(rig.drafter->draft(3, 20, 0.0f, 99).logits, all.logits);
@@ -270,7 +256,7 @@ TEST(DsparkSourceTest, OwnCopyOfTheTargetEndsDraftsLikeTheShared) {
   EXPECT_GT(ends, 0u);
   EXPECT_LT(ends, target.memory_plan().bytes(PlanLine::Weights));
   const int64_t n = 12;
-  const std::vector<float> rows = random_rows(n, shape->feature_width(), 9);
+  const std::vector<float> rows = test::random_rows(n, shape->feature_width(), 9);
   std::vector<int32_t> tokens(size_t(n), 7);
   for (DsparkDraftSource* s : {&shared, &own}) s->committed(tokens, 0, rows);
   const Draft a = shared.propose(5, n, 4), b = own.propose(5, n, 4);

@@ -203,12 +203,7 @@ void CudaDsparkDrafter::project(const Tensor& t, const float* x, int64_t n, int6
 
 void CudaDsparkDrafter::append_context(const float* rows, const int64_t* positions, int64_t n) {
   const int64_t E = b_.n_embd, F = shape_.feature_width(), hd = b_.head_dim, rd = b_.rope_dim;
-  for (int64_t i = 0; i < n; ++i) {
-    if (positions[i] != n_ctx_ + i) {
-      throw std::invalid_argument(
-          fmt::format("dspark: context row for position {}, expected {}", positions[i], n_ctx_ + i));
-    }
-  }
+  check_positions(positions, n);
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
@@ -239,15 +234,6 @@ void CudaDsparkDrafter::append_context(const float* rows, const int64_t* positio
   }
   n_ctx_ += n;
   BATON_CUDA_CHECK(cudaStreamSynchronize(st));
-}
-
-void CudaDsparkDrafter::truncate(int64_t n_committed) {
-  if (n_committed >= n_ctx_) return;
-  if (n_committed < 0 || n_committed < n_ctx_ - DsparkShape::kSpareRows) {
-    throw std::invalid_argument(fmt::format("dspark: cannot roll the windows back from {} to {} positions (at most {})",
-                                            n_ctx_, n_committed, DsparkShape::kSpareRows));
-  }
-  n_ctx_ = n_committed;
 }
 
 void CudaDsparkDrafter::attention(int k, int64_t pos0) {
@@ -368,10 +354,7 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   const int n = b_.n_hc;
   const int64_t B = shape_.block_size, E = b_.n_embd, HC = b_.hc_width(), V = b_.n_vocab, R = shape_.markov_rank;
   const float eps = float(b_.rms_eps);
-  if (pos0 != n_ctx_ || pos0 < 1) {
-    throw std::invalid_argument(fmt::format("dspark: draft at position {} with context rows for {} positions", pos0, n_ctx_));
-  }
-  if (bonus < 0 || bonus >= V) throw std::invalid_argument(fmt::format("dspark: token {} is outside the vocabulary", bonus));
+  check_draft(bonus, pos0);
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();

@@ -30,10 +30,7 @@ class CudaDsparkDrafter final : public DsparkNetwork {
   ~CudaDsparkDrafter() override;
 
   const DsparkShape& shape() const override { return shape_; }
-  int64_t n_context() const override { return n_ctx_; }
   void append_context(const float* rows, const int64_t* positions, int64_t n) override;
-  void truncate(int64_t n_committed) override;
-  void reset() override { n_ctx_ = 0; }
   DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) override;
 
   // Device bytes: the weights, the windows, the round's workspace.
@@ -59,7 +56,6 @@ class CudaDsparkDrafter final : public DsparkNetwork {
   PinnedBuffer io_;
   std::unique_ptr<Impl> at_;  // the workspace's sections
   int64_t rows_ = 0;          // ring slots per stage
-  int64_t n_ctx_ = 0;
 };
 
 }  // namespace baton

@@ -52,6 +52,34 @@ void dspark_fp8_round(float* x, int64_t n, int64_t block) {
   }
 }
 
+void DsparkNetwork::truncate(int64_t n_committed) {
+  if (n_committed >= n_ctx_) return;
+  if (n_committed < 0 || n_committed < n_ctx_ - DsparkShape::kSpareRows) {
+    throw std::invalid_argument(fmt::format("dspark: cannot roll the windows back from {} to {} positions (at most {})",
+                                            n_ctx_, n_committed, DsparkShape::kSpareRows));
+  }
+  n_ctx_ = n_committed;
+}
+
+void DsparkNetwork::check_positions(const int64_t* positions, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i) {
+    if (positions[i] != n_ctx_ + i) {
+      throw std::invalid_argument(
+          fmt::format("dspark: context row for position {}, expected {}", positions[i], n_ctx_ + i));
+    }
+  }
+}
+
+void DsparkNetwork::check_draft(int32_t bonus, int64_t position) const {
+  if (position != n_ctx_ || position < 1) {
+    throw std::invalid_argument(
+        fmt::format("dspark: draft at position {} with context rows for {} positions", position, n_ctx_));
+  }
+  if (bonus < 0 || bonus >= shape().target.n_vocab) {
+    throw std::invalid_argument(fmt::format("dspark: token {} is outside the vocabulary", bonus));
+  }
+}
+
 DsparkDrafter::DsparkDrafter(const DsparkWeights& weights, const Tensor& token_embd, const Tensor& output,
                              ThreadPool& pool)
     : w_(weights), embd_(token_embd), out_(output), pool_(pool), b_(weights.shape().stage_block()) {
@@ -109,11 +137,9 @@ void DsparkDrafter::append_context(const float* rows, const int64_t* positions, 
   const float eps = float(b_.rms_eps);
   const float* main_norm = w_.stage(0, "main_norm.weight").f32();
   const WeightView proj = w_.stage(0, "main_proj.weight").view();
+  check_positions(positions, n);
   std::vector<float> main_x(static_cast<size_t>(E));
   for (int64_t i = 0; i < n; ++i) {
-    if (positions[i] != n_ctx_) {
-      throw std::invalid_argument(fmt::format("dspark: context row for position {}, expected {}", positions[i], n_ctx_));
-    }
     matmul(rows + i * F, 1, F, proj, main_x.data(), E, pool_);
     rmsnorm(main_x.data(), main_norm, main_x.data(), E, eps);
     for (int k = 0; k < d.n_stages; ++k) {
@@ -125,15 +151,6 @@ void DsparkDrafter::append_context(const float* rows, const int64_t* positions, 
     }
     ++n_ctx_;
   }
-}
-
-void DsparkDrafter::truncate(int64_t n_committed) {
-  if (n_committed >= n_ctx_) return;
-  if (n_committed < 0 || n_committed < n_ctx_ - DsparkShape::kSpareRows) {
-    throw std::invalid_argument(fmt::format("dspark: cannot roll the windows back from {} to {} positions (at most {})",
-                                            n_ctx_, n_committed, DsparkShape::kSpareRows));
-  }
-  n_ctx_ = n_committed;
 }
 
 void DsparkDrafter::hc_pre(int k, bool ffn) {
@@ -283,10 +300,7 @@ DsparkDraft DsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshold, i
   const int n = b_.n_hc;
   const int64_t B = d.block_size, E = b_.n_embd, HC = b_.hc_width(), V = b_.n_vocab, R = d.markov_rank;
   const float eps = float(b_.rms_eps);
-  if (pos0 != n_ctx_ || pos0 < 1) {
-    throw std::invalid_argument(fmt::format("dspark: draft at position {} with context rows for {} positions", pos0, n_ctx_));
-  }
-  if (bonus < 0 || bonus >= V) throw std::invalid_argument(fmt::format("dspark: token {} is outside the vocabulary", bonus));
+  check_draft(bonus, pos0);
   for (int64_t r = 0; r < B; ++r) {
     const int64_t tok = r == 0 ? bonus : d.noise_token_id;
     float* xr = x_.data() + r * HC;

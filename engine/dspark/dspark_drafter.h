@@ -49,20 +49,26 @@ class DsparkNetwork {
   virtual const DsparkShape& shape() const = 0;
   int64_t feature_width() const { return shape().feature_width(); }
   // Positions [0, n_context()) have their context rows.
-  virtual int64_t n_context() const = 0;
+  int64_t n_context() const { return n_ctx_; }
   // Appends n context rows (n x feature_width host floats) for positions
   // n_context() .. n_context() + n - 1, which `positions` must list in order
-  // (throws std::invalid_argument otherwise).
+  // (throws std::invalid_argument otherwise, before any row is taken).
   virtual void append_context(const float* rows, const int64_t* positions, int64_t n) = 0;
   // Forgets the rows of positions >= n_committed. The windows keep
   // kSpareRows rows beyond `window`, so a rollback of up to that many
   // positions is exact; a deeper one throws std::invalid_argument (start over
   // with reset() and append the rows again).
-  virtual void truncate(int64_t n_committed) = 0;
-  virtual void reset() = 0;
+  void truncate(int64_t n_committed);
+  void reset() { n_ctx_ = 0; }
   // One draft round (see above) for the bonus token at `position`, which must
   // equal n_context() (>= 1). Returns at most min(max_tokens, block_size) rows.
   virtual DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) = 0;
+
+ protected:
+  // The contract's checks (std::invalid_argument naming the problem).
+  void check_positions(const int64_t* positions, int64_t n) const;
+  void check_draft(int32_t bonus_token, int64_t position) const;
+  int64_t n_ctx_ = 0;
 };
 
 class DsparkDrafter final : public DsparkNetwork {
@@ -72,10 +78,7 @@ class DsparkDrafter final : public DsparkNetwork {
   DsparkDrafter(const DsparkWeights& weights, const Tensor& token_embd, const Tensor& output, ThreadPool& pool);
 
   const DsparkShape& shape() const override { return w_.shape(); }
-  int64_t n_context() const override { return n_ctx_; }
   void append_context(const float* rows, const int64_t* positions, int64_t n) override;
-  void truncate(int64_t n_committed) override;
-  void reset() override { n_ctx_ = 0; }
   DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) override;
 
   // Bytes of the buffers a round works in (DsparkShape::round_bytes() less
@@ -101,7 +104,6 @@ class DsparkDrafter final : public DsparkNetwork {
   std::vector<float> freqs_;    // plain RoPE, rope_base
   int64_t rows_ = 0;            // window + kSpareRows: ring slots per stage
   std::vector<float> kv_;       // n_stages x rows_ x head_dim
-  int64_t n_ctx_ = 0;
   // Workspace of one round (block_size rows).
   std::vector<float> x_, x2_, mix_, h_, y_, q_lat_, q_, kvb_, att_, o_lat_, router_, gate_, ex_, sh_, scores_, tmp_;
   std::vector<int32_t> ids_;
