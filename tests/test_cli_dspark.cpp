@@ -121,6 +121,17 @@ TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
   r = baton({"run", dir.file("m.gguf"), "-n", "2", "--draft-threshold", "2"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--draft-threshold must be in 0..1"), std::string::npos) << r.err;
+  // --mem-limit counts the drafter with the stage when it drafts.
+  auto need = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"run", dir.file("m.gguf"), "-n", "2", "--backend", "cpu", "--mem-limit", "1B"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto res = baton(args);
+    EXPECT_NE(res.exit_code, 0);
+    const size_t at = res.err.find("stage needs ");
+    EXPECT_NE(at, std::string::npos) << res.err;
+    return at == std::string::npos ? std::string() : res.err.substr(at, res.err.find(';', at) - at);
+  };
+  EXPECT_NE(need({}), need({"--no-draft"}));
   // Where the drafter runs is a choice beside a CUDA target only.
   r = baton({"run", dir.file("m.gguf"), "-n", "2", "--backend", "cpu", "--gpu-drafter"});
   EXPECT_NE(r.exit_code, 0);

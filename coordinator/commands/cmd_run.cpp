@@ -638,7 +638,15 @@ int run(const RunOptions& opt) {
   load.slot_bytes = opt.staging_mb << 20;
   // The dry-run plan checks the architecture and every tensor before the
   // tokenizer is built or anything is allocated, so those errors come first.
-  const MemoryPlan dry = about_file(model_path, [&] { return plan_stage_runner(opt.backend, file, sc, load); });
+  MemoryPlan dry = about_file(model_path, [&] { return plan_stage_runner(opt.backend, file, sc, load); });
+  // The drafter where it shares the stage's memory: the CPU backend's host
+  // memory, or the GPU beside the target (--cpu-drafter's host copy is not
+  // under a device limit).
+  if (drafting && (opt.backend == Backend::Cpu || opt.gpu_drafter)) {
+    if (const std::optional<DsparkPlan> d = dspark_plan(file, sc.draft_path)) {
+      dry.add(PlanLine::Drafter, d->total(), d->detail);
+    }
+  }
   if (std::string why = memory_limit_problem(opt.backend, dry, opt.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
   }
