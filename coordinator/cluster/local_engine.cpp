@@ -107,7 +107,10 @@ void LocalEngine::decide_drafting(const std::optional<DsparkShape>& drafter) {
   if (config_.draft.off) {
     state = "off (--no-draft)";
   } else if (config_.backend != Backend::Cpu) {
-    state = "off: it drafts on the CPU backend only (the CUDA stages have no verify cut-back yet)";
+    // The CUDA stage verifies and cuts back (baton run --gpu-drafter), but
+    // serving needs every forward's rows for the slots' windows, which the
+    // CUDA batch forward does not capture yet (docs/DSPARK.md).
+    state = "off: baton serve drafts on the CPU backend only (on CUDA, baton run --gpu-drafter drafts)";
   } else if (config_.stage.max_batch < 2) {
     state = "off: a verify forward needs --batch 2 or more";
   } else {
