@@ -136,6 +136,9 @@ TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
   r = baton({"run", dir.file("m.gguf"), "-n", "2", "--backend", "cpu", "--gpu-drafter"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--gpu-drafter places the drafter beside a CUDA target"), std::string::npos) << r.err;
+  r = baton({"serve", dir.file("m.gguf"), "--backend", "cpu", "--gpu-drafter", "--port", "0"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--gpu-drafter places the drafter beside a CUDA target"), std::string::npos) << r.err;
   r = baton({"run", dir.file("m.gguf"), "-n", "2", "--gpu-drafter", "--cpu-drafter"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("give one"), std::string::npos) << r.err;

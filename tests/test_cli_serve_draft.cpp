@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "coordinator/cluster/local_engine.h"
+#include "engine/runtime/backend.h"
 #include "engine/sampling/json_schema.h"
 #include "engine/text/tokenizer.h"
 #include "gguf_split/synth.h"
@@ -580,6 +581,46 @@ TEST_F(EngineDraft, PrefixCacheReusesADraftedSequence) {
   EXPECT_EQ(got.usage.cached_tokens, int64_t(kPrompts[1].size() + first.tokens.size() - 1));
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_GT(got.usage.draft_n_accepted, 0);
+}
+
+// `serve --backend cuda --gpu-drafter`: the drafter's network on the GPU
+// beside the target. A lone request drafts (threshold 0: whole blocks) and
+// its greedy text is the plain server's; two requests at once run the plain
+// batch (their slots' drafters lose step, as the CUDA batch does not
+// capture) and stay correct, and a later lone request drafts again. Needs a
+// GPU.
+TEST(ServeDraftCuda, GpuDrafterKeepsThePlainText) {
+  if (!backend_unavailable(Backend::Cuda).empty()) GTEST_SKIP() << backend_unavailable(Backend::Cuda);
+  test::TempDir dir;
+  SynthOptions o;
+  o.arch = "deepseek4";
+  o.shape = "deepseek4-micro";
+  o.seed = 11;
+  o.dspark = true;
+  write_synth_model(dir.file("m.gguf"), o);
+  const std::vector<std::string> common = {"-m", dir.file("m.gguf"), "--model-id", "m", "--backend", "cuda",
+                                           "--parallel", "2", "--ctx", "256", "--batch", "8", "--quiet"};
+  std::vector<std::string> plain_args = common, gpu_args = common;
+  plain_args.push_back("--no-draft");
+  gpu_args.insert(gpu_args.end(), {"--gpu-drafter", "--draft-threshold", "0"});
+  ServeProcess plain(plain_args), gpu(gpu_args);
+  for (const auto& prompt : kPrompts) {
+    const json want = ok(plain.port(), "/v1/completions", completion(prompt, 40));
+    const json got = ok(gpu.port(), "/v1/completions", completion(prompt, 40));
+    EXPECT_EQ(text_of(got), text_of(want));
+    EXPECT_GT(draft_n(got["usage"]), 0) << got.dump();
+  }
+  const json a = completion(kPrompts[0], 48), b = completion(kPrompts[2], 48);
+  const json want_a = ok(plain.port(), "/v1/completions", a), want_b = ok(plain.port(), "/v1/completions", b);
+  json got_a, got_b;
+  std::thread ta([&] { got_a = ok(gpu.port(), "/v1/completions", a); });
+  std::thread tb([&] { got_b = ok(gpu.port(), "/v1/completions", b); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(text_of(got_a), text_of(want_a));
+  EXPECT_EQ(text_of(got_b), text_of(want_b));
+  const json again = ok(gpu.port(), "/v1/completions", completion(kPrompts[1], 24));
+  EXPECT_EQ(text_of(again), text_of(ok(plain.port(), "/v1/completions", completion(kPrompts[1], 24))));
 }
 
 }  // namespace

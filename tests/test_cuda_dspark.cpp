@@ -54,6 +54,7 @@ struct Pair {
   ThreadPool pool{2};
   std::unique_ptr<DsparkDrafter> cpu;
   std::unique_ptr<DeviceTensor> embd, head;
+  std::shared_ptr<const DsparkDeviceWeights> weights;
   std::unique_ptr<CudaDsparkDrafter> gpu;
 
   Pair(const Ds4Types& types, uint64_t seed) {
@@ -66,7 +67,8 @@ struct Pair {
     head = std::make_unique<DeviceTensor>(host->get("output.weight"));
     LoadOptions load;
     load.slot_bytes = uint64_t(1) << 20;  // several pieces through the ring
-    gpu = std::make_unique<CudaDsparkDrafter>(*f, shape, embd->t, head->t, load);
+    weights = std::make_shared<const DsparkDeviceWeights>(*f, shape, embd->t, head->t, load);
+    gpu = std::make_unique<CudaDsparkDrafter>(weights);
   }
   void append(const std::vector<float>& rows) {
     const int64_t n = int64_t(rows.size()) / shape.feature_width();
@@ -144,6 +146,22 @@ TEST(CudaDspark, PublishedDtypesMatchCpu) {
   // Q8_0 projections and head, IQ2_XXS / Q2_K experts: the GPU reads the
   // activations quantized to 16 bits (matvec_xq), the CPU in float.
   check_drafters_agree(Ds4Types::q2(), 5e-3, 5e-3);
+}
+
+// Contexts over one set of weights (serve's slots) keep their own windows
+// and workspace: another context's rows and rounds in between change nothing.
+TEST(CudaDspark, ContextsShareTheWeightsOnly) {
+  BATON_REQUIRE_CUDA();
+  Pair p(test::ds4_all_f32(), 13);
+  const int64_t F = p.shape.feature_width();
+  CudaDsparkDrafter other(p.weights);
+  p.append(test::random_rows(40, F, 7));
+  const std::vector<float> rows = test::random_rows(50, F, 8);
+  std::vector<int64_t> pos(50);
+  for (int64_t i = 0; i < 50; ++i) pos[size_t(i)] = i;
+  other.append_context(rows.data(), pos.data(), 50);
+  other.draft(11, 50, 0.0f, 5);
+  EXPECT_EQ(compare_round(p, 21, 0.0f, 1e-4, 1e-4), 5);
 }
 
 TEST(CudaDspark, RefusesWrongPositionsAndDeepRollbacks) {

@@ -70,6 +70,9 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   if (config_.prefill_chunk < 0) throw std::invalid_argument("the prefill chunk must be >= 0");
   // A drafter that is named or present must be whole (every tensor by name
   // and shape), so that a broken one fails here and not as poor drafts.
+  if (config_.draft.on_gpu && config_.backend != Backend::Cuda) {
+    throw std::invalid_argument("--gpu-drafter places the drafter beside a CUDA target: give --backend cuda");
+  }
   const std::optional<DsparkPlan> drafter = dspark_plan(file_, config_.stage.draft_path);
   decide_drafting(drafter ? std::optional<DsparkShape>(drafter->shape) : std::nullopt);
   // The dry-run plan checks the architecture and every tensor first, so a bad
@@ -106,11 +109,8 @@ void LocalEngine::decide_drafting(const std::optional<DsparkShape>& drafter) {
   std::string state;
   if (config_.draft.off) {
     state = "off (--no-draft)";
-  } else if (config_.backend != Backend::Cpu) {
-    // The CUDA stage verifies and cuts back (baton run --gpu-drafter), but
-    // serving needs every forward's rows for the slots' windows, which the
-    // CUDA batch forward does not capture yet (docs/DSPARK.md).
-    state = "off: baton serve drafts on the CPU backend only (on CUDA, baton run --gpu-drafter drafts)";
+  } else if (config_.backend != Backend::Cpu && !config_.draft.on_gpu) {
+    state = "off on this backend unless --gpu-drafter";
   } else if (config_.stage.max_batch < 2) {
     state = "off: a verify forward needs --batch 2 or more";
   } else {
@@ -402,14 +402,18 @@ bool LocalEngine::step() {
     chunks.push_back({c.slot, c.n_tokens, last_prompt_chunk});
   }
   // All greedy: only the ids come back from the stage (no logits rows). With
-  // the drafter, every forward captures its rows for it.
-  bool greedy = !drafters_;
+  // the drafter, a forward captures its rows for it: every forward on the
+  // CPU, which runs a batch chunk by chunk anyway; elsewhere only one
+  // sequence's, so that a batch stays one pass (the slots it leaves out lose
+  // step until they start over: slot_drafters.h).
+  const bool capture = drafters_ && (config_.backend == Backend::Cpu || chunks.size() == 1);
+  bool greedy = !capture;
   for (const BatchChunk& c : chunks) greedy = greedy && (!c.output || greedy_only(slots_[size_t(c.seq)]->req));
   const auto t0 = Clock::now();
   std::span<const float> logits;
   std::span<const int32_t> ids;
   try {
-    if (drafters_) {
+    if (capture) {
       logits = forward_for_drafters(chunks, tokens);
     } else if (greedy) {
       ids = stage_->forward_batch_greedy(chunks, tokens);
@@ -470,8 +474,14 @@ void LocalEngine::scheduler() {
         const std::string& path = config_.stage.draft_path;
         const std::optional<GgufFile> sidecar =
             path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(path));
-        make = SlotDrafters::dspark(sidecar ? *sidecar : file_, *drafter_, *stage->host_model(),
-                                    config_.stage.n_threads, config_.draft.threshold);
+        const GgufFile& df = sidecar ? *sidecar : file_;
+        if (const Model* host = stage->host_model()) {
+          make = SlotDrafters::dspark(df, *drafter_, *host, config_.stage.n_threads, config_.draft.threshold);
+        } else {
+          LoadOptions drafter_load = load;
+          drafter_load.progress = nullptr;  // the model's load is reported; this one is not part of it
+          make = SlotDrafters::dspark_device(df, *drafter_, *stage, drafter_load, config_.draft.threshold);
+        }
       }
       drafters_ = std::make_unique<SlotDrafters>(config_.stage.n_seq, std::move(make));
     }

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/dspark/dspark_device.h"
 #include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
 #include "net/log.h"
@@ -24,6 +25,15 @@ SlotDrafters::Factory SlotDrafters::dspark(const GgufFile& file, const DsparkSha
   auto shared = std::make_shared<Shared>(file, shape, n_threads);
   return [shared, &target, threshold] {
     return std::make_unique<DsparkDraftSource>(shared->weights, target, shared->pool, threshold);
+  };
+}
+
+SlotDrafters::Factory SlotDrafters::dspark_device(const GgufFile& file, const DsparkShape& shape,
+                                                  const StageRunner& target, const LoadOptions& load, float threshold) {
+  std::shared_ptr<const DsparkDeviceWeights> weights = dspark_device_weights(target, file, shape, load);
+  if (!weights) throw std::runtime_error("the GPU drafter needs a stage whose weights are on a GPU");
+  return [weights, threshold] {
+    return std::make_unique<DsparkDraftSource>(dspark_device_network(weights), threshold);
   };
 }
 
@@ -49,7 +59,9 @@ void SlotDrafters::committed(int slot, std::span<const int32_t> tokens, int64_t 
 void SlotDrafters::cut(int slot, int64_t n) {
   Slot& s = slots_.at(size_t(slot));
   if (n == 0) {
-    s = Slot{make_(), 0, false};
+    if (!s.source->restart()) s.source = make_();  // a GPU drafter keeps its device memory
+    s.length = 0;
+    s.lost = false;
   } else if (n != s.length) {
     committed(slot, {}, n, {});  // no rows: only the cut back (or lost, beyond what it saw)
   }

@@ -21,7 +21,9 @@ namespace baton {
 
 class GgufFile;
 class Model;
+class StageRunner;
 struct DsparkShape;
+struct LoadOptions;
 
 class SlotDrafters {
  public:
@@ -35,6 +37,11 @@ class SlotDrafters {
   // host weights, which outlive every source.
   static Factory dspark(const GgufFile& file, const DsparkShape& shape, const Model& target, int n_threads,
                         float threshold);
+  // The same with the network on the GPU of a CUDA target: the weights
+  // loaded to the device once (beside the target's embedding and head),
+  // each source its own windows and round workspace there.
+  static Factory dspark_device(const GgufFile& file, const DsparkShape& shape, const StageRunner& target,
+                               const LoadOptions& load, float threshold);
 
   // The slot's KV gained `tokens` at `position`, with their captured rows
   // (empty when the stage captures none).

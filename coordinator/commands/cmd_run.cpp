@@ -88,7 +88,6 @@ struct RunOptions {
   std::string draft_test = "none";  // --draft-test: speculative decoding with a test draft source
   DraftChoice drafting;             // --no-draft, --draft-max (also --draft-test's), --draft-threshold
   bool cpu_drafter = false;         // --cpu-drafter: draft on the CPU beside a CUDA target
-  bool gpu_drafter = false;         // --gpu-drafter: draft on the target's GPU
 };
 
 // Loading progress is worth a line on stderr for real models, or when asked.
@@ -181,9 +180,6 @@ std::optional<RunOptions> parse(int argc, char** argv) {
        "forced-accept (guesses the model's own greedy output, from a plain run first), forced-reject "
        "(guesses it never picks) or forced-prefix (right for a random number of guesses); the text is the "
        "plain run's; none = plain decoding")
-      ("gpu-drafter", po::bool_switch(&r.gpu_drafter),
-       "with --backend cuda: draft with the DSpark drafter's network on the target's GPU, sharing its embedding "
-       "and head (off by default on CUDA until its suite has passed on a GPU, docs/DSPARK.md)")
       ("cpu-drafter", po::bool_switch(&r.cpu_drafter),
        "with --backend cuda: draft with the DSpark drafter on the CPU beside the GPU target, from the rows the "
        "target captures, with a host copy of its embedding and head (correct but slow for big models)")
@@ -265,8 +261,8 @@ std::optional<RunOptions> parse(int argc, char** argv) {
     if (vm["backend"].defaulted()) backend = "cpu";
   }
   check_draft_options(r.drafting);
-  if (r.cpu_drafter && r.gpu_drafter) throw std::invalid_argument("--cpu-drafter and --gpu-drafter: give one");
-  for (const auto& [on, name] : {std::pair{r.cpu_drafter, "--cpu-drafter"}, std::pair{r.gpu_drafter, "--gpu-drafter"}}) {
+  if (r.cpu_drafter && r.drafting.on_gpu) throw std::invalid_argument("--cpu-drafter and --gpu-drafter: give one");
+  for (const auto& [on, name] : {std::pair{r.cpu_drafter, "--cpu-drafter"}, std::pair{r.drafting.on_gpu, "--gpu-drafter"}}) {
     if (on && (r.workers > 0 || !r.parts.empty())) {
       throw std::invalid_argument(std::string(name) + " runs with the whole model in this process (no --workers or --parts)");
     }
@@ -624,12 +620,12 @@ int run(const RunOptions& opt) {
   // the CPU backend; on CUDA with --gpu-drafter (its network on the target's
   // GPU) or --cpu-drafter. Its stage captures the layers it reads.
   const std::optional<DsparkShape> drafter = dspark_find(file, sc.draft_path);
-  if ((opt.gpu_drafter || opt.cpu_drafter) && opt.backend != Backend::Cuda) {
-    throw std::invalid_argument(std::string(opt.gpu_drafter ? "--gpu-drafter" : "--cpu-drafter") +
+  if ((opt.drafting.on_gpu || opt.cpu_drafter) && opt.backend != Backend::Cuda) {
+    throw std::invalid_argument(std::string(opt.drafting.on_gpu ? "--gpu-drafter" : "--cpu-drafter") +
                                 " places the drafter beside a CUDA target: give --backend cuda");
   }
   const bool drafting = drafter && !opt.drafting.off && opt.draft_test == "none" &&
-                        (opt.backend == Backend::Cpu || opt.cpu_drafter || opt.gpu_drafter);
+                        (opt.backend == Backend::Cpu || opt.cpu_drafter || opt.drafting.on_gpu);
   if (drafting) {
     sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.drafting.max) + 1);
     sc.capture_layers = drafter->target_layer_ids;
@@ -642,7 +638,7 @@ int run(const RunOptions& opt) {
   // The drafter where it shares the stage's memory: the CPU backend's host
   // memory, or the GPU beside the target (--cpu-drafter's host copy is not
   // under a device limit).
-  if (drafting && (opt.backend == Backend::Cpu || opt.gpu_drafter)) {
+  if (drafting && (opt.backend == Backend::Cpu || opt.drafting.on_gpu)) {
     if (const std::optional<DsparkPlan> d = dspark_plan(file, sc.draft_path)) {
       dry.add(PlanLine::Drafter, d->total(), d->detail);
     }
@@ -711,7 +707,7 @@ int run(const RunOptions& opt) {
     LoadOptions drafter_load = load;
     drafter_load.progress = nullptr;  // the model's progress line names the model
     std::unique_ptr<DsparkNetwork> device =
-        opt.gpu_drafter ? dspark_device_network(stage, drafter_file, *drafter, drafter_load) : nullptr;
+        opt.drafting.on_gpu ? dspark_device_network(stage, drafter_file, *drafter, drafter_load) : nullptr;
     if (device) {
       source = std::make_unique<DsparkDraftSource>(std::move(device), opt.drafting.threshold);
     } else if (const Model* host = stage.host_model()) {

@@ -15,7 +15,10 @@ void add_draft_options(po::options_description& desc, DraftChoice& c) {
        "the DSpark drafter stops guessing at the first token whose confidence is below this (0..1)")
       ("no-draft", po::bool_switch(&c.off),
        "decode without the model's DSpark drafter (on by default on the CPU backend when the model file or "
-       "--draft has one; baton serve drafts while one request decodes alone)");
+       "--draft has one; baton serve drafts while one request decodes alone)")
+      ("gpu-drafter", po::bool_switch(&c.on_gpu),
+       "with --backend cuda: draft with the DSpark drafter's network on the target's GPU, sharing its embedding "
+       "and head (off by default on CUDA until its suite has passed on a GPU, docs/DSPARK.md)");
   // clang-format on
 }
 

@@ -73,10 +73,11 @@ struct CudaDsparkDrafter::Impl {
   cuda::Ds4HcShape hs;
 };
 
-CudaDsparkDrafter::CudaDsparkDrafter(const GgufFile& drafter_file, const DsparkShape& shape, const Tensor& embedding,
-                                     const Tensor& head, const LoadOptions& load)
-    : shape_(shape), b_(shape.stage_block()), embd_(embedding), out_(head), at_(std::make_unique<Impl>()) {
-  const int64_t E = b_.n_embd, V = b_.n_vocab;
+DsparkDeviceWeights::DsparkDeviceWeights(const GgufFile& drafter_file, const DsparkShape& shape,
+                                         const Tensor& embedding, const Tensor& head, const LoadOptions& load)
+    : shape_(shape), embd_(embedding), out_(head) {
+  const Deepseek4Shape b = shape.stage_block();
+  const int64_t E = b.n_embd, V = b.n_vocab;
   for (const Tensor* t : {&embd_, &out_}) {
     if (t->ne[0] != E || t->ne[1] != V) {
       throw std::runtime_error(fmt::format("the GPU drafter needs the target's whole {} ([{}, {}]); the stage holds [{}, {}]",
@@ -84,12 +85,12 @@ CudaDsparkDrafter::CudaDsparkDrafter(const GgufFile& drafter_file, const DsparkS
     }
   }
   check_matrix(out_);
-  stream_ = make_stage_stream();
+  make_stage_stream();  // the device's context, before the first allocation
   w_ = std::make_unique<DsparkWeights>(drafter_file, shape_, [&](const std::vector<LoadItem>& items, uint64_t bytes) {
-    weights_dev_ = DeviceBuffer(bytes, "DSpark drafter weights");
-    PinnedStagingSink sink(weights_dev_.data(), weights_dev_.size(), load.slots, load.slot_bytes);
+    dev_ = DeviceBuffer(bytes, "DSpark drafter weights");
+    PinnedStagingSink sink(dev_.data(), dev_.size(), load.slots, load.slot_bytes);
     load_staged(drafter_file, items, sink, load);
-    return weights_dev_.data();
+    return dev_.data();
   });
   const int S = shape_.n_stages;
   for (int k = 0; k < S; ++k) {
@@ -104,7 +105,21 @@ CudaDsparkDrafter::CudaDsparkDrafter(const GgufFile& drafter_file, const DsparkS
                         "confidence_head.proj.weight"}) {
     check_matrix(w_->stage(S - 1, m));
   }
+}
 
+DsparkDeviceWeights::~DsparkDeviceWeights() = default;
+
+CudaDsparkDrafter::CudaDsparkDrafter(std::shared_ptr<const DsparkDeviceWeights> weights)
+    : weights_(std::move(weights)),
+      shape_(weights_->shape()),
+      b_(shape_.stage_block()),
+      w_(&weights_->views()),
+      embd_(weights_->embedding()),
+      out_(weights_->head()),
+      at_(std::make_unique<Impl>()) {
+  const int64_t E = b_.n_embd, V = b_.n_vocab;
+  const int S = shape_.n_stages;
+  stream_ = make_stage_stream();
   // The windows, then the workspace of one round.
   rows_ = shape_.kv_rows();
   const int64_t hd = b_.head_dim;
@@ -423,8 +438,9 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   return out;
 }
 
-std::unique_ptr<DsparkNetwork> dspark_device_network(const StageRunner& target, const GgufFile& drafter_file,
-                                                     const DsparkShape& shape, const LoadOptions& load) {
+std::shared_ptr<const DsparkDeviceWeights> dspark_device_weights(const StageRunner& target,
+                                                                 const GgufFile& drafter_file,
+                                                                 const DsparkShape& shape, const LoadOptions& load) {
   const Model* m = target.device_model();
   if (!m) return nullptr;
   const Tensor* embd = m->embedding(Deepseek4Arch::kTokenEmbd);
@@ -432,7 +448,18 @@ std::unique_ptr<DsparkNetwork> dspark_device_network(const StageRunner& target, 
   if (!embd || !head) {
     throw std::runtime_error("the GPU drafter needs the target's token embedding and output head in the same stage");
   }
-  return std::make_unique<CudaDsparkDrafter>(drafter_file, shape, *embd, *head, load);
+  return std::make_shared<const DsparkDeviceWeights>(drafter_file, shape, *embd, *head, load);
+}
+
+std::unique_ptr<DsparkNetwork> dspark_device_network(std::shared_ptr<const DsparkDeviceWeights> weights) {
+  if (!weights) throw std::invalid_argument("dspark_device_network: no weights");
+  return std::make_unique<CudaDsparkDrafter>(std::move(weights));
+}
+
+std::unique_ptr<DsparkNetwork> dspark_device_network(const StageRunner& target, const GgufFile& drafter_file,
+                                                     const DsparkShape& shape, const LoadOptions& load) {
+  std::shared_ptr<const DsparkDeviceWeights> w = dspark_device_weights(target, drafter_file, shape, load);
+  return w ? dspark_device_network(std::move(w)) : nullptr;
 }
 
 }  // namespace baton

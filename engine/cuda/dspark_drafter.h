@@ -21,20 +21,39 @@
 
 namespace baton {
 
+// The weights every context shares: the drafter's tensors in one device
+// allocation, checked for the kernels, and the target's device embedding
+// and head ([E, V] each), which outlive them.
+class DsparkDeviceWeights {
+ public:
+  DsparkDeviceWeights(const GgufFile& drafter_file, const DsparkShape& shape, const Tensor& embedding,
+                      const Tensor& head, const LoadOptions& load);
+  ~DsparkDeviceWeights();
+  const DsparkShape& shape() const { return shape_; }
+  const DsparkWeights& views() const { return *w_; }
+  const Tensor& embedding() const { return embd_; }
+  const Tensor& head() const { return out_; }
+  uint64_t bytes() const { return dev_.size(); }
+
+ private:
+  DsparkShape shape_;
+  const Tensor& embd_;
+  const Tensor& out_;
+  DeviceBuffer dev_;
+  std::unique_ptr<DsparkWeights> w_;  // views into dev_
+};
+
+// One context (a sequence's windows and a round's workspace) over shared weights.
 class CudaDsparkDrafter final : public DsparkNetwork {
  public:
-  // `embedding` and `head` are the target's device tensors ([E, V] each),
-  // which outlive the drafter.
-  CudaDsparkDrafter(const GgufFile& drafter_file, const DsparkShape& shape, const Tensor& embedding,
-                    const Tensor& head, const LoadOptions& load);
+  explicit CudaDsparkDrafter(std::shared_ptr<const DsparkDeviceWeights> weights);
   ~CudaDsparkDrafter() override;
 
   const DsparkShape& shape() const override { return shape_; }
   void append_context(const float* rows, const int64_t* positions, int64_t n) override;
   DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) override;
 
-  // Device bytes: the weights, the windows, the round's workspace.
-  uint64_t weight_bytes() const { return weights_dev_.size(); }
+  // Device bytes of this context: the windows, the round's workspace.
   uint64_t kv_bytes() const { return ring_.size(); }
   uint64_t workspace_bytes() const { return ws_.size(); }
 
@@ -45,10 +64,10 @@ class CudaDsparkDrafter final : public DsparkNetwork {
   void attention(int k, int64_t pos0);
   void moe(int k);
 
-  DsparkShape shape_;
+  std::shared_ptr<const DsparkDeviceWeights> weights_;
+  const DsparkShape& shape_;
   Deepseek4Shape b_;  // one stage's block shape
-  DeviceBuffer weights_dev_;
-  std::unique_ptr<DsparkWeights> w_;  // views into weights_dev_
+  const DsparkWeights* w_;
   const Tensor& embd_;
   const Tensor& out_;
   StreamHandle stream_;

@@ -14,11 +14,19 @@
 namespace baton {
 
 class GgufFile;
+class DsparkDeviceWeights;  // engine/cuda/dspark_drafter.h
 
-// nullptr when this build has no CUDA backend or the target's weights are
-// not on a device. Throws std::runtime_error when the target lacks the whole
-// embedding or head (a pipeline part, a tensor-parallel rank), or a tensor
-// the kernels cannot read.
+// The weights every context on the device shares (the drafter's tensors,
+// the target's embedding and head); nullptr when this build has no CUDA
+// backend or the target's weights are not on a device. Throws
+// std::runtime_error when the target lacks the whole embedding or head (a
+// pipeline part, a tensor-parallel rank), or a tensor the kernels cannot read.
+std::shared_ptr<const DsparkDeviceWeights> dspark_device_weights(const StageRunner& target,
+                                                                 const GgufFile& drafter_file,
+                                                                 const DsparkShape& shape, const LoadOptions& load);
+// One context (a sequence's windows, a round's workspace) over them.
+std::unique_ptr<DsparkNetwork> dspark_device_network(std::shared_ptr<const DsparkDeviceWeights> weights);
+// Both at once, for one sequence; nullptr as dspark_device_weights.
 std::unique_ptr<DsparkNetwork> dspark_device_network(const StageRunner& target, const GgufFile& drafter_file,
                                                      const DsparkShape& shape, const LoadOptions& load);
 

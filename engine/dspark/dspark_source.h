@@ -42,6 +42,10 @@ class DsparkDraftSource final : public DraftSource {
 
   Draft propose(int32_t bonus, int64_t position, int max_tokens) override;
   void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) override;
+  bool restart() override {
+    drafter_->reset();
+    return true;
+  }
 
   const DsparkNetwork& drafter() const { return *drafter_; }
 

@@ -49,16 +49,22 @@ class DraftSource {
   // guesses. `hidden` holds their captured rows (tokens.size() rows of the
   // stage's capture_layers x n_embd) when the loop captures, else is empty.
   virtual void committed(std::span<const int32_t> tokens, int64_t position, std::span<const float> hidden) = 0;
+  // Forgets every position, to serve a new sequence from position 0 with
+  // what it holds (buffers, device memory); false when it cannot, and a new
+  // source must be made instead.
+  virtual bool restart() { return false; }
 };
 
 // The drafter's settings a command takes (--no-draft, --draft-max,
-// --draft-threshold): whether a model's drafter drafts, the most guesses of
-// one verify, and the confidence below which it stops guessing.
+// --draft-threshold, --gpu-drafter): whether a model's drafter drafts, the
+// most guesses of one verify, the confidence below which it stops guessing,
+// and beside a CUDA target whether its network runs on the target's GPU.
 struct DraftChoice {
   static constexpr int kMaxGuesses = 7;
   bool off = false;
   int max = 5;
   float threshold = 0.8f;
+  bool on_gpu = false;
 };
 
 struct SpecOptions {
