@@ -182,9 +182,11 @@ TEST(DsparkDrafterTest, DraftLogitsMatchTheFloat64Reference) {
   rig.append(rows);
   const int32_t bonus = 7;
   const DsparkDraft got = rig.drafter->draft(bonus, n, 0.0f, 99);
-  // The plan's round bytes are what the drafter holds plus one round's output.
+  // The plan's round bytes are what the drafter holds plus what a round
+  // allocates: its logit rows, the Markov bias and the normed rows.
   const uint64_t nv = uint64_t(rig.shape.target.n_vocab), nb = uint64_t(rig.shape.block_size);
-  EXPECT_EQ(rig.drafter->buffer_bytes() + (nb * nv + nv) * sizeof(float), rig.shape.round_bytes());
+  const uint64_t ne = uint64_t(rig.shape.target.n_embd);
+  EXPECT_EQ(rig.drafter->buffer_bytes() + (nb * nv + nv + nb * ne) * sizeof(float), rig.shape.round_bytes());
   {
     std::ofstream out(rig.dir.file("rows.f32"), std::ios::binary);
     out.write(reinterpret_cast<const char*>(rows.data()), std::streamsize(rows.size() * sizeof(float)));

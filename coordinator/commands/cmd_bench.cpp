@@ -313,6 +313,7 @@ int bench(const BenchOptions& o) {
   StageConfig sc;
   int64_t tail = o.gen_tokens;  // past the deepest prompt: the generated tokens, or --verify's forwards
   for (const int64_t k : o.verify) tail = std::max(tail, 4 * k);
+  if (o.draft_rounds > 0) tail = std::max<int64_t>(tail, 4);  // the one-token steps it is set against
   sc.n_ctx = o.ctx_max + tail;
   sc.max_batch = std::min(o.batch, sc.n_ctx);
   sc.n_threads = o.n_threads;

@@ -326,29 +326,33 @@ DsparkDraft DsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshold, i
   const float* norm = w_.stage(last, "norm.weight").f32();
   const int64_t limit = std::min<int64_t>(B, std::max(1, max_tokens));
   DsparkDraft out;
+  // The head's logits of every row the draft may keep, in one product: the
+  // head (V x E, the round's largest read) is read once, not once a row.
+  // The Markov bias and the stop then go row by row.
+  std::vector<float> hn(static_cast<size_t>(limit * E));
+  for (int64_t r = 0; r < limit; ++r) rmsnorm(h_.data() + r * E, norm, hn.data() + r * E, E, eps);
+  out.logits.resize(size_t(limit * V));
+  matmul(hn.data(), limit, E, out_.view(), out.logits.data(), V, pool_);
   float* cat = tmp_.data();  // [h_i ; markov_w1[prev_i]]
   std::vector<float> bias(static_cast<size_t>(V));
   int32_t prev = bonus;
+  int64_t kept = 0;
   for (int64_t r = 0; r < limit; ++r) {
-    const float* h = h_.data() + r * E;
-    std::memcpy(cat, h, size_t(E) * sizeof(float));
+    std::memcpy(cat, h_.data() + r * E, size_t(E) * sizeof(float));
     dequantize_row(w1.type, w1.view().row(prev), cat + E, R);
     const float c = sigmoid(dot_row(conf.type, conf.data, cat, E + R));
     out.confidence.push_back(c);
     const bool low = c < threshold;
     if (low && r > 0) break;  // row 0 is kept whatever its confidence
-    std::vector<float> hn(h, h + E);
-    rmsnorm(hn.data(), norm, hn.data(), E, eps);
-    const size_t at = out.logits.size();
-    out.logits.resize(at + size_t(V));
-    float* lg = out.logits.data() + at;
-    matmul(hn.data(), 1, E, out_.view(), lg, V, pool_);
+    float* lg = out.logits.data() + r * V;
     matmul(cat + E, 1, R, w2.view(), bias.data(), V, pool_);
     for (int64_t v = 0; v < V; ++v) lg[v] += bias[size_t(v)];
     prev = int32_t(std::max_element(lg, lg + V) - lg);
     out.tokens.push_back(prev);
+    ++kept;
     if (low) break;
   }
+  out.logits.resize(size_t(kept * V));
   return out;
 }
 

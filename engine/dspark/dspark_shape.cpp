@@ -135,7 +135,7 @@ uint64_t DsparkShape::round_bytes() const {
   const int64_t floats = 2 * B * HC + B * b.hc_mix() + 2 * B * E + B * b.q_lora_rank + 2 * B * HD + B * b.head_dim +
                          B * b.o_groups * b.o_lora_rank + b.n_expert + 2 * FF + std::max(E, feature_width()) +
                          2 * B * SF + kv_rows() + B + std::max({B * E, V, E + R}) + b.n_expert_used +
-                         B * V + V;  // the round's logits and Markov bias
+                         B * V + V + B * E;  // the round's logits, the Markov bias, the normed rows
   return uint64_t(floats) * sizeof(float) + uint64_t(b.n_expert_used) * sizeof(int32_t);
 }
 

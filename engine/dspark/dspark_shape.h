@@ -77,8 +77,8 @@ struct DsparkShape {
   uint64_t kv_bytes() const;
   // Working memory of one draft network beside its windows: the CPU
   // drafter's buffers of one round (block_size rows through a stage, the
-  // router, the heads) and the round's output (block_size logit rows and
-  // the Markov bias). DsparkDrafter allocates exactly this.
+  // router, the heads) and what a round allocates (block_size logit rows,
+  // the Markov bias, the normed rows). DsparkDrafter allocates exactly this.
   uint64_t round_bytes() const;
 };
 
