@@ -27,13 +27,10 @@ out=${2:?output folder}
 ram=${3:-/mnt/ram}
 steps=${4:-tests q2 split limit96 oracle q4}
 work=/tmp/baton-ds4-check
-mkdir -p "$out" "$work" "$ram"
-log="$out/run.log"
-: > "$log"
-status=0
+mkdir -p "$ram"
 source "$(dirname "$0")/gpu_env.sh"
+start_run_log
 B="$bin/baton"
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$log"
 # Strips the loader's \r progress lines from a stderr capture.
 clean() { tr '\r' '\n' < "$1" | grep -v "ETA" ; }
 

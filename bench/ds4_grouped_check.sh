@@ -26,13 +26,10 @@ ram=${4:-/mnt/ram}
 steps=${5:-tests kernels ab profile}
 bin=$after
 work=/tmp/baton-ds4-grouped
-mkdir -p "$out" "$work" "$ram"
-log="$out/run.log"
-: > "$log"
-status=0
+mkdir -p "$ram"
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/gpu_env.sh"
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$log"
+start_run_log
 
 if has tests; then
   say "CUDA suites: routed experts and the deepseek4 stage"

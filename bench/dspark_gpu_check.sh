@@ -21,13 +21,9 @@ out=${2:?output folder}
 ram=${3:-/mnt/ram}
 steps=${4:-tests bench agree ceiling}
 work=/tmp/baton-dspark-check
-mkdir -p "$out" "$ram" "$work"
-log="$out/run.log"
-: > "$log"
-status=0
-here=$(cd "$(dirname "$0")" && pwd)
-source "$here/gpu_env.sh"
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$log"
+mkdir -p "$ram"
+source "$(dirname "$0")/gpu_env.sh"
+start_run_log
 
 if has tests; then
   say "CUDA suites: the drafter network, the verify side, the CLI"

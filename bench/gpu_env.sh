@@ -5,6 +5,14 @@
 # `has STEP` tells whether $steps asks for STEP.
 say() { echo "== $*" | tee -a "$log"; }
 has() { [[ " ${steps:-} " == *" $1 "* ]]; }
+# `start_run_log`: $out/run.log afresh and status=0, the card on its first lines.
+start_run_log() {
+  mkdir -p "$out" "$work"
+  log="$out/run.log"
+  : > "$log"
+  status=0
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee -a "$log"
+}
 mkdir -p "$work/libs"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do
