@@ -4,11 +4,14 @@
 #
 #   bench/dspark_gpu_check.sh BIN OUT_DIR [RAM_DIR [STEPS]]
 #
-# BIN as bench/pack_gpu.sh makes it (plus tests/test_cli_dspark). RAM_DIR
+# BIN as bench/pack_gpu.sh makes it, plus tests/test_cli_dspark and
+# tests/test_cli_serve_draft (they run the baton binary at the path built
+# into them: link BIN/baton there). RAM_DIR
 # (default /mnt/ram) holds the model (a tmpfs is mounted there when it is not
 # one). FLASH_LAYERS=N keeps only Flash's first N layers (an 80 GB card; the
 # drafter then reads the last three). STEPS (default "tests bench agree ceiling"):
-#   tests    test_cuda_dspark, test_cuda_ds4_spec, CliDspark's GPU case
+#   tests    test_cuda_dspark, test_cuda_ds4_spec, the GPU cases of the
+#            CLI's CliDspark and ServeDraftCuda
 #   bench    baton bench at ctx 128 and 2048: --verify 2,3,4,5,6 and
 #            --draft-rounds 20 (the drafter's round against the one-token step)
 #   agree    greedy -n 2000 with the drafter (threshold 0: every verify its
@@ -27,9 +30,9 @@ start_run_log
 
 if has tests; then
   say "CUDA suites: the drafter network, the verify side, the CLI"
-  for t in test_cuda_dspark test_cuda_ds4_spec test_cli_dspark; do
+  for t in test_cuda_dspark test_cuda_ds4_spec test_cli_dspark test_cli_serve_draft; do
     filter=()
-    [ "$t" = test_cli_dspark ] && filter=(--gtest_filter='*Cuda*')
+    [[ "$t" == test_cli_* ]] && filter=(--gtest_filter='*Cuda*')
     timeout 240 "$bin/tests/$t" --gtest_brief=1 "${filter[@]}" > "$out/$t.log" 2>&1 || status=1
     grep -E "Failure|FAILED|error" "$out/$t.log" | head -n 20 | tee -a "$log"
     echo "$t: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  \]' "$out/$t.log" | tr '\n' ' ')" | tee -a "$log"
