@@ -129,6 +129,14 @@ void check_drafters_agree(const Ds4Types& types, double conf_tol, double rel_tol
   p.append(test::random_rows(3, F, 3));
   compared = compare_round(p, 9, 0.0f, conf_tol, rel_tol);
   EXPECT_EQ(compared, 5);
+  // Without logits: the same tokens and confidences, nothing else copied.
+  const DsparkDraft full = p.gpu->draft(9, p.gpu->n_context(), 0.0f, 5);
+  p.gpu->set_return_logits(false);
+  const DsparkDraft bare = p.gpu->draft(9, p.gpu->n_context(), 0.0f, 5);
+  p.gpu->set_return_logits(true);
+  EXPECT_TRUE(bare.logits.empty());
+  EXPECT_EQ(bare.tokens, full.tokens);
+  EXPECT_EQ(bare.confidence, full.confidence);
   // A threshold stops both at the same row (row 0 always kept).
   const DsparkDraft one = p.gpu->draft(5, p.gpu->n_context(), 1.1f, 5);
   EXPECT_EQ(one.tokens.size(), 1u);

@@ -182,6 +182,13 @@ TEST(DsparkDrafterTest, DraftLogitsMatchTheFloat64Reference) {
   rig.append(rows);
   const int32_t bonus = 7;
   const DsparkDraft got = rig.drafter->draft(bonus, n, 0.0f, 99);
+  // Without logits the same draft, tokens and confidences only.
+  rig.drafter->set_return_logits(false);
+  const DsparkDraft bare = rig.drafter->draft(bonus, n, 0.0f, 99);
+  rig.drafter->set_return_logits(true);
+  EXPECT_TRUE(bare.logits.empty());
+  EXPECT_EQ(bare.tokens, got.tokens);
+  EXPECT_EQ(bare.confidence, got.confidence);
   // The plan's round bytes are what the drafter holds plus what a round
   // allocates: its logit rows, the Markov bias and the normed rows.
   const uint64_t nv = uint64_t(rig.shape.target.n_vocab), nb = uint64_t(rig.shape.block_size);

@@ -24,7 +24,9 @@ SlotDrafters::Factory SlotDrafters::dspark(const GgufFile& file, const DsparkSha
   };
   auto shared = std::make_shared<Shared>(file, shape, n_threads);
   return [shared, &target, threshold] {
-    return std::make_unique<DsparkDraftSource>(shared->weights, target, shared->pool, threshold);
+    auto source = std::make_unique<DsparkDraftSource>(shared->weights, target, shared->pool, threshold);
+    source->set_return_logits(false);  // serve samples every verify row as a plain step
+    return source;
   };
 }
 
@@ -33,7 +35,9 @@ SlotDrafters::Factory SlotDrafters::dspark_device(const GgufFile& file, const Ds
   std::shared_ptr<const DsparkDeviceWeights> weights = dspark_device_weights(target, file, shape, load);
   if (!weights) throw std::runtime_error("the GPU drafter needs a stage whose weights are on a GPU");
   return [weights, threshold] {
-    return std::make_unique<DsparkDraftSource>(dspark_device_network(weights), threshold);
+    auto source = std::make_unique<DsparkDraftSource>(dspark_device_network(weights), threshold);
+    source->set_return_logits(false);
+    return source;
   };
 }
 

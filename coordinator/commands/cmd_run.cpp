@@ -720,6 +720,8 @@ int run(const RunOptions& opt) {
       }
       source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, file, opt.n_threads, opt.drafting.threshold);
     }
+    // Only the sampled verify rule reads the draft's logits.
+    source->set_return_logits(opt.sampling.temperature > 0);
     gen = generate_speculative(opt, *tokenizer, stage, prompt, *source, true, &spec);
   } else {
     const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;

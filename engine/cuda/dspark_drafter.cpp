@@ -417,8 +417,10 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   const int64_t limit = std::min<int64_t>(B, std::max(1, max_tokens));
   BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_conf, f(a.conf), uint64_t(B) * 4, cudaMemcpyDeviceToHost, st));
   BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_prev, d_prev, uint64_t(B + 1) * 4, cudaMemcpyDeviceToHost, st));
-  BATON_CUDA_CHECK(
-      cudaMemcpyAsync(io + a.h_logits, logits, uint64_t(limit * V) * 4, cudaMemcpyDeviceToHost, st));
+  if (return_logits_) {
+    BATON_CUDA_CHECK(
+        cudaMemcpyAsync(io + a.h_logits, logits, uint64_t(limit * V) * 4, cudaMemcpyDeviceToHost, st));
+  }
   BATON_CUDA_CHECK(cudaStreamSynchronize(st));
 
   // The CPU drafter's stop rule over the rows computed.
@@ -432,7 +434,7 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
     const bool low = c < threshold;
     if (low && r > 0) break;
     out.tokens.push_back(prev[r + 1]);
-    out.logits.insert(out.logits.end(), lg + r * V, lg + (r + 1) * V);
+    if (return_logits_) out.logits.insert(out.logits.end(), lg + r * V, lg + (r + 1) * V);
     if (low) break;
   }
   return out;

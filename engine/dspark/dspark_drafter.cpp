@@ -352,7 +352,7 @@ DsparkDraft DsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshold, i
     ++kept;
     if (low) break;
   }
-  out.logits.resize(size_t(kept * V));
+  out.logits.resize(return_logits_ ? size_t(kept * V) : 0);
   return out;
 }
 

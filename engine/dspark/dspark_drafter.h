@@ -63,12 +63,18 @@ class DsparkNetwork {
   // One draft round (see above) for the bonus token at `position`, which must
   // equal n_context() (>= 1). Returns at most min(max_tokens, block_size) rows.
   virtual DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) = 0;
+  // Whether draft() returns the rows' logits (on by default). Only sampled
+  // verification reads them; greedy runs and `serve` (which samples every
+  // verify row as a plain step) turn them off, and the GPU network then
+  // copies back only the tokens and confidences.
+  void set_return_logits(bool on) { return_logits_ = on; }
 
  protected:
   // The contract's checks (std::invalid_argument naming the problem).
   void check_positions(const int64_t* positions, int64_t n) const;
   void check_draft(int32_t bonus_token, int64_t position) const;
   int64_t n_ctx_ = 0;
+  bool return_logits_ = true;
 };
 
 class DsparkDrafter final : public DsparkNetwork {

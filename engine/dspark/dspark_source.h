@@ -48,6 +48,8 @@ class DsparkDraftSource final : public DraftSource {
   }
 
   const DsparkNetwork& drafter() const { return *drafter_; }
+  // Proposals without the draft's logits (DsparkNetwork::set_return_logits).
+  void set_return_logits(bool on) { drafter_->set_return_logits(on); }
 
  private:
   DsparkDraftSource(const GgufFile& drafter_file, const DsparkShape& shape, std::unique_ptr<Model> target_ends,
