@@ -14,6 +14,7 @@
 #include "engine/arch/deepseek4.h"
 #include "engine/dspark/dspark_device.h"
 #include "engine/dspark/dspark_weights.h"
+#include "engine/cuda/tensor_views.h"
 #include "engine/gguf/file.h"
 #include "kernels/cuda/ds4_hc.cuh"
 #include "kernels/cuda/ds4_norm_rope.cuh"
@@ -35,28 +36,6 @@ namespace {
 
 constexpr int64_t kFp8Block = 64;
 constexpr int64_t kChunk = cuda::kMatvecMaxTokens;  // context rows per pass
-
-cuda::MatrixView view_of(const Tensor& t) { return {t.type, t.data, t.rows(), t.ne[0], t.row_bytes}; }
-
-cuda::ExpertMatrix experts_of(const Tensor& t) {
-  cuda::ExpertMatrix e;
-  e.w = view_of(t);
-  e.n_expert = t.ne[2];
-  return e;
-}
-
-// Every matrix the network multiplies must be one the decode kernels read.
-void check_matrix(const Tensor& t) {
-  if (!cuda::device_dtype_supported(t.type)) {
-    throw std::runtime_error(fmt::format("drafter tensor {} has dtype {}, which the CUDA backend has no kernel for",
-                                         t.name, dtype_name(t.type)));
-  }
-  try {
-    cuda::validate_matrix(view_of(t), "matvec");
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("drafter tensor {} cannot run on the CUDA backend: {}", t.name, e.what()));
-  }
-}
 
 float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
@@ -84,7 +63,7 @@ DsparkDeviceWeights::DsparkDeviceWeights(const GgufFile& drafter_file, const Dsp
                                            t->name, E, V, t->ne[0], t->ne[1]));
     }
   }
-  check_matrix(out_);
+  check_decode_matrix(out_);
   make_stage_stream();  // the device's context, before the first allocation
   w_ = std::make_unique<DsparkWeights>(drafter_file, shape_, [&](const std::vector<LoadItem>& items, uint64_t bytes) {
     dev_ = DeviceBuffer(bytes, "DSpark drafter weights");
@@ -97,13 +76,13 @@ DsparkDeviceWeights::DsparkDeviceWeights(const GgufFile& drafter_file, const Dsp
     for (const char* m : {"hc_attn_fn.weight", "hc_ffn_fn.weight", "attn_q_a.weight", "attn_q_b.weight",
                           "attn_kv.weight", "attn_output_a.weight", "attn_output_b.weight", "ffn_gate_inp.weight",
                           "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"}) {
-      check_matrix(w_->stage(k, m));
+      check_decode_matrix(w_->stage(k, m));
     }
   }
-  check_matrix(w_->stage(0, "main_proj.weight"));
+  check_decode_matrix(w_->stage(0, "main_proj.weight"));
   for (const char* m : {"hc_head_fn.weight", "markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
                         "confidence_head.proj.weight"}) {
-    check_matrix(w_->stage(S - 1, m));
+    check_decode_matrix(w_->stage(S - 1, m));
   }
 }
 
@@ -126,11 +105,7 @@ CudaDsparkDrafter::CudaDsparkDrafter(std::shared_ptr<const DsparkDeviceWeights> 
   ring_ = DeviceBuffer(uint64_t(S * rows_ * hd) * sizeof(float), "DSpark drafter windows");
   BATON_CUDA_CHECK(cudaMemset(ring_.data(), 0, ring_.size()));
   Impl& a = *at_;
-  a.hs.n_hc = b_.n_hc;
-  a.hs.n_embd = E;
-  a.hs.sinkhorn_iters = b_.hc_sinkhorn_iters;
-  a.hs.hc_eps = float(b_.hc_eps);
-  a.hs.rms_eps = float(b_.rms_eps);
+  a.hs = ds4_hc_shape(b_);
   const int64_t B = shape_.block_size, HC = b_.hc_width(), MIX = b_.hc_mix(), HD = int64_t(b_.n_head) * hd;
   const int64_t QR = b_.q_lora_rank, GO = int64_t(b_.o_groups) * b_.o_lora_rank, NE = b_.n_expert;
   const int64_t K = b_.n_expert_used, SF = b_.n_ff_exp * std::max(1, b_.n_expert_shared);
@@ -162,8 +137,8 @@ CudaDsparkDrafter::CudaDsparkDrafter(std::shared_ptr<const DsparkDeviceWeights> 
   a.xq = take(cuda::xq_row_bytes(std::max({HC, F, HD, GO, SF, E, QR, E + R})) * uint64_t(rows));
   uint64_t moe_bytes = 0;
   for (int k = 0; k < S; ++k) {
-    cuda::MoeWeights m{experts_of(w_->stage(k, "ffn_gate_exps.weight")), experts_of(w_->stage(k, "ffn_up_exps.weight")),
-                       experts_of(w_->stage(k, "ffn_down_exps.weight")), INFINITY};
+    cuda::MoeWeights m{expert_matrix(w_->stage(k, "ffn_gate_exps.weight")), expert_matrix(w_->stage(k, "ffn_up_exps.weight")),
+                       expert_matrix(w_->stage(k, "ffn_down_exps.weight")), INFINITY};
     moe_bytes = std::max<uint64_t>(moe_bytes, cuda::moe_xq_supported(m) ? cuda::moe_xq_workspace_bytes(m, B, int(K))
                                                                         : cuda::moe_decode_workspace_bytes(m, B, int(K)));
   }
@@ -205,7 +180,7 @@ CudaDsparkDrafter::~CudaDsparkDrafter() {
 
 void CudaDsparkDrafter::project(const Tensor& t, const float* x, int64_t n, int64_t x_stride, float* out,
                                 int64_t out_stride) {
-  const cuda::MatrixView m = view_of(t);
+  const cuda::MatrixView m = matrix_view(t);
   cudaStream_t st = stream_.get();
   if (cuda::matvec_xq_supported(t.type) && m.cols % 32 == 0) {
     void* xq = ws_.data() + at_->xq;
@@ -222,7 +197,6 @@ void CudaDsparkDrafter::append_context(const float* rows, const int64_t* positio
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
-  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
   const float eps = float(b_.rms_eps);
   // Only the last rows_ positions can stay in the rings.
   const int64_t skip = std::max<int64_t>(0, n - rows_);
@@ -233,15 +207,15 @@ void CudaDsparkDrafter::append_context(const float* rows, const int64_t* positio
     int32_t* d_pos = reinterpret_cast<int32_t*>(ws + a.params);
     // Pageable copies: each returns once its source is read.
     BATON_CUDA_CHECK(cudaMemcpyAsync(d_pos, pos.data(), uint64_t(m) * 4, cudaMemcpyHostToDevice, st));
-    BATON_CUDA_CHECK(cudaMemcpyAsync(f(a.ctx), rows + i0 * F, uint64_t(m * F) * sizeof(float), cudaMemcpyHostToDevice, st));
-    float* mx = f(a.main_x);
-    project(w_->stage(0, "main_proj.weight"), f(a.ctx), m, F, mx, E);
+    BATON_CUDA_CHECK(cudaMemcpyAsync(floats_at(a.ctx), rows + i0 * F, uint64_t(m * F) * sizeof(float), cudaMemcpyHostToDevice, st));
+    float* mx = floats_at(a.main_x);
+    project(w_->stage(0, "main_proj.weight"), floats_at(a.ctx), m, F, mx, E);
     cuda::rmsnorm(mx, E, w_->stage(0, "main_norm.weight").f32(), mx, E, m, E, eps, st);
     for (int k = 0; k < shape_.n_stages; ++k) {
-      float* kv = f(a.kvb);
+      float* kv = floats_at(a.kvb);
       project(w_->stage(k, "attn_kv.weight"), mx, m, E, kv, hd);
       cuda::ds4_norm_rope(kv, m, hd, 1, int(hd), int(rd), w_->stage(k, "attn_kv_a_norm.weight").f32(), eps, d_pos,
-                          f(a.freqs), st);
+                          floats_at(a.freqs), st);
       cuda::dspark_fp8_round(kv, m, hd, hd - rd, kFp8Block, st);
       float* ring = reinterpret_cast<float*>(ring_.data()) + k * rows_ * hd;
       cuda::ds4_window_store(kv, m, hd, p0, ring, rows_, st);
@@ -255,7 +229,6 @@ void CudaDsparkDrafter::attention(int k, int64_t pos0) {
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
-  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
   auto t = [&](const char* rest) -> const Tensor& { return w_->stage(k, rest); };
   const int H = b_.n_head, G = b_.o_groups;
   const int64_t B = shape_.block_size, E = b_.n_embd, hd = b_.head_dim, rd = b_.rope_dim, QR = b_.q_lora_rank;
@@ -263,7 +236,7 @@ void CudaDsparkDrafter::attention(int k, int64_t pos0) {
   const float eps = float(b_.rms_eps);
   const int32_t* d_pos = reinterpret_cast<const int32_t*>(ws + a.params);
   const int32_t* d_neg = d_pos + std::max<int64_t>(B, kChunk);
-  float *h = f(a.h), *q_lat = f(a.q_lat), *q = f(a.q), *kvb = f(a.kvb), *att = f(a.att), *o_lat = f(a.o_lat);
+  float *h = floats_at(a.h), *q_lat = floats_at(a.q_lat), *q = floats_at(a.q), *kvb = floats_at(a.kvb), *att = floats_at(a.att), *o_lat = floats_at(a.o_lat);
   project(t("attn_q_a.weight"), h, B, E, q_lat, QR);
   cuda::rmsnorm(q_lat, QR, t("attn_q_a_norm.weight").f32(), q_lat, QR, B, QR, eps, st);
   project(t("attn_q_b.weight"), q_lat, B, QR, q, HD);
@@ -271,7 +244,7 @@ void CudaDsparkDrafter::attention(int k, int64_t pos0) {
   cuda::Ds4NormRopeRows qr, kr;
   qr.x = q, qr.token_stride = HD, qr.n_heads = H;
   kr.x = kvb, kr.token_stride = hd, kr.n_heads = 1, kr.w = t("attn_kv_a_norm.weight").f32();
-  cuda::ds4_norm_rope2(qr, kr, B, int(hd), int(rd), eps, d_pos, f(a.freqs), st);
+  cuda::ds4_norm_rope2(qr, kr, B, int(hd), int(rd), eps, d_pos, floats_at(a.freqs), st);
   cuda::dspark_fp8_round(kvb, B, hd, hd - rd, kFp8Block, st);
   cuda::DsparkAttentionParams p;
   p.n_head = H;
@@ -290,7 +263,7 @@ void CudaDsparkDrafter::attention(int k, int64_t pos0) {
   p.out_stride = HD;
   cuda::dspark_attention(p, st);
   // V carried the keys' rotation: undone at the query's position.
-  cuda::rope(att + hd - rd, B, HD, H, int(hd), int(rd), d_neg, f(a.freqs), RopeMode::Normal, st);
+  cuda::rope(att + hd - rd, B, HD, H, int(hd), int(rd), d_neg, floats_at(a.freqs), RopeMode::Normal, st);
   const Tensor& oa = t("attn_output_a.weight");
   const int64_t gw = HD / G;
   for (int g = 0; g < G; ++g) {
@@ -300,19 +273,18 @@ void CudaDsparkDrafter::attention(int k, int64_t pos0) {
     slice.ne[2] = slice.ne[3] = 1;
     project(slice, att + g * gw, B, HD, o_lat + g * OR, int64_t(G) * OR);
   }
-  project(t("attn_output_b.weight"), o_lat, B, int64_t(G) * OR, f(a.y), E);
+  project(t("attn_output_b.weight"), o_lat, B, int64_t(G) * OR, floats_at(a.y), E);
 }
 
 void CudaDsparkDrafter::moe(int k) {
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
-  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
   auto t = [&](const char* rest) -> const Tensor& { return w_->stage(k, rest); };
   const int64_t B = shape_.block_size, E = b_.n_embd, SF = b_.n_ff_exp * b_.n_expert_shared;
   const int K = b_.n_expert_used;
   const float clamp = b_.swiglu_clamp.empty() || b_.swiglu_clamp[0] <= 0 ? INFINITY : b_.swiglu_clamp[0];
-  float *h = f(a.h), *router = f(a.router), *wts = f(a.wts), *out = f(a.moe_out);
+  float *h = floats_at(a.h), *router = floats_at(a.router), *wts = floats_at(a.wts), *out = floats_at(a.moe_out);
   int32_t* ids = reinterpret_cast<int32_t*>(ws + a.ids);
   project(t("ffn_gate_inp.weight"), h, B, E, router, b_.n_expert);
   cuda::Ds4RouterParams rp;
@@ -323,8 +295,8 @@ void CudaDsparkDrafter::moe(int k) {
   const Tensor* bias = w_->stage_opt(k, "exp_probs_b.bias");
   rp.bias = bias ? bias->f32() : nullptr;
   cuda::ds4_router(rp, router, B, ids, wts, st);
-  const cuda::MoeWeights m{experts_of(t("ffn_gate_exps.weight")), experts_of(t("ffn_up_exps.weight")),
-                           experts_of(t("ffn_down_exps.weight")), clamp};
+  const cuda::MoeWeights m{expert_matrix(t("ffn_gate_exps.weight")), expert_matrix(t("ffn_up_exps.weight")),
+                           expert_matrix(t("ffn_down_exps.weight")), clamp};
   if (cuda::moe_xq_supported(m) && E % 32 == 0) {
     void* xq = ws + a.xq;
     cuda::quantize_xq(h, E, B, E, xq, st);
@@ -332,13 +304,13 @@ void CudaDsparkDrafter::moe(int k) {
   } else {
     cuda::moe_decode(m, h, B, E, ids, wts, K, out, E, ws + a.moe_ws, a.moe_ws_bytes, st);
   }
-  const float* mix = f(a.mix);
-  float* x = f(a.x);
+  const float* mix = floats_at(a.mix);
+  float* x = floats_at(a.x);
   if (SF == 0) {
     cuda::ds4_hc_post(a.hs, x, out, mix, B, x, st);
     return;
   }
-  float *sg = f(a.sg), *su = f(a.su), *sh = f(a.sh_out);
+  float *sg = floats_at(a.sg), *su = floats_at(a.su), *sh = floats_at(a.sh_out);
   project(t("ffn_gate_shexp.weight"), h, B, E, sg, SF);
   project(t("ffn_up_shexp.weight"), h, B, E, su, SF);
   cuda::swiglu_clamped(sg, su, sg, B * SF, clamp, st);
@@ -350,16 +322,15 @@ void CudaDsparkDrafter::stage_forward(int k, int64_t pos0) {
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
-  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
   auto t = [&](const char* rest) -> const Tensor& { return w_->stage(k, rest); };
   const int64_t B = shape_.block_size;
-  float *x = f(a.x), *mix = f(a.mix), *h = f(a.h);
-  cuda::ds4_hc_pre(a.hs, view_of(t("hc_attn_fn.weight")), x, B, t("hc_attn_scale.weight").f32(),
+  float *x = floats_at(a.x), *mix = floats_at(a.mix), *h = floats_at(a.h);
+  cuda::ds4_hc_pre(a.hs, matrix_view(t("hc_attn_fn.weight")), x, B, t("hc_attn_scale.weight").f32(),
                    t("hc_attn_base.weight").f32(), t("attn_norm.weight").f32(), mix, h, ws + a.hc_ws, a.hc_ws_bytes,
                    st);
   attention(k, pos0);
-  cuda::ds4_hc_post(a.hs, x, f(a.y), mix, B, x, st);
-  cuda::ds4_hc_pre(a.hs, view_of(t("hc_ffn_fn.weight")), x, B, t("hc_ffn_scale.weight").f32(),
+  cuda::ds4_hc_post(a.hs, x, floats_at(a.y), mix, B, x, st);
+  cuda::ds4_hc_pre(a.hs, matrix_view(t("hc_ffn_fn.weight")), x, B, t("hc_ffn_scale.weight").f32(),
                    t("hc_ffn_base.weight").f32(), t("ffn_norm.weight").f32(), mix, h, ws + a.hc_ws, a.hc_ws_bytes,
                    st);
   moe(k);  // ends with the HC-post
@@ -373,7 +344,6 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
-  auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
   // Positions n .. n + B - 1, their negatives, the block's tokens; prev[0] = bonus.
   const int64_t rows = std::max<int64_t>(B, kChunk);
   std::vector<int32_t> params(static_cast<size_t>(3 * rows), 0);
@@ -386,15 +356,15 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   int32_t* d_prev = reinterpret_cast<int32_t*>(ws + a.prev);
   BATON_CUDA_CHECK(cudaMemcpyAsync(d_params, params.data(), params.size() * 4, cudaMemcpyHostToDevice, st));
   BATON_CUDA_CHECK(cudaMemcpyAsync(d_prev, &bonus, 4, cudaMemcpyHostToDevice, st));
-  float* x = f(a.x);
-  const cuda::MatrixView emb = view_of(embd_);
+  float* x = floats_at(a.x);
+  const cuda::MatrixView emb = matrix_view(embd_);
   for (int s = 0; s < n; ++s) cuda::get_rows(emb, d_params + 2 * rows, B, x + s * E, HC, st);
   for (int k = 0; k < shape_.n_stages; ++k) stage_forward(k, pos0);
 
   // hc_head: h_i (before the norm) into the first E floats of cat row i.
   const int last = shape_.n_stages - 1;
   auto t = [&](const char* rest) -> const Tensor& { return w_->stage(last, rest); };
-  float *flat = f(a.flat), *mix = f(a.mix), *cat = f(a.cat), *hn = f(a.hn), *logits = f(a.logits);
+  float *flat = floats_at(a.flat), *mix = floats_at(a.mix), *cat = floats_at(a.cat), *hn = floats_at(a.hn), *logits = floats_at(a.logits);
   const int64_t CW = E + R;
   cuda::rmsnorm(x, HC, nullptr, flat, HC, B, HC, eps, st);
   project(t("hc_head_fn.weight"), flat, B, HC, mix, n);
@@ -404,18 +374,18 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   project(out_, hn, B, E, logits, V);
   // Row by row: confidence and Markov bias from the previous token, then
   // this row's draft token (the next row's previous one).
-  const cuda::MatrixView w1 = view_of(t("markov_head.markov_w1.weight"));
+  const cuda::MatrixView w1 = matrix_view(t("markov_head.markov_w1.weight"));
   for (int64_t r = 0; r < B; ++r) {
     float* c = cat + r * CW;
     cuda::get_rows(w1, d_prev + r, 1, c + E, CW, st);
-    project(t("confidence_head.proj.weight"), c, 1, CW, f(a.conf) + r, 1);
-    project(t("markov_head.markov_w2.weight"), c + E, 1, CW, f(a.bias), V);
-    cuda::add_inplace(logits + r * V, f(a.bias), V, st);
+    project(t("confidence_head.proj.weight"), c, 1, CW, floats_at(a.conf) + r, 1);
+    project(t("markov_head.markov_w2.weight"), c + E, 1, CW, floats_at(a.bias), V);
+    cuda::add_inplace(logits + r * V, floats_at(a.bias), V, st);
     cuda::argmax(logits + r * V, 1, V, V, d_prev + r + 1, st, ws + a.argmax_ws, a.argmax_ws_bytes);
   }
   uint8_t* io = io_.data();
   const int64_t limit = std::min<int64_t>(B, std::max(1, max_tokens));
-  BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_conf, f(a.conf), uint64_t(B) * 4, cudaMemcpyDeviceToHost, st));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_conf, floats_at(a.conf), uint64_t(B) * 4, cudaMemcpyDeviceToHost, st));
   BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_prev, d_prev, uint64_t(B + 1) * 4, cudaMemcpyDeviceToHost, st));
   if (return_logits_) {
     BATON_CUDA_CHECK(

@@ -59,6 +59,8 @@ class CudaDsparkDrafter final : public DsparkNetwork {
 
  private:
   struct Impl;
+  // The workspace's floats at a section's offset.
+  float* floats_at(uint64_t offset) const { return reinterpret_cast<float*>(ws_.data() + offset); }
   void project(const Tensor& t, const float* x, int64_t n, int64_t x_stride, float* out, int64_t out_stride);
   void stage_forward(int k, int64_t pos0);
   void attention(int k, int64_t pos0);

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "engine/cuda/stages/ds4_impl.h"
+#include "engine/cuda/tensor_views.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/tp_comm.h"
@@ -35,20 +36,10 @@ constexpr uint64_t kMiB = uint64_t(1) << 20;
 // beyond which the kernel runs unsplit (same result).
 constexpr int64_t kAttnSplitRecords = 256;
 
-MatrixView view_of(const Tensor& t) { return {t.type, t.data, t.rows(), t.ne[0], t.row_bytes}; }
-
 CudaDs4Stage::Mat make_mat(const Tensor& t) {
+  check_decode_matrix(t);
   CudaDs4Stage::Mat m;
-  m.w = view_of(t);
-  if (!cuda::device_dtype_supported(t.type)) {
-    throw std::runtime_error(fmt::format("tensor {} has dtype {}, which the CUDA backend has no kernel for", t.name,
-                                         dtype_name(t.type)));
-  }
-  try {
-    cuda::validate_matrix(m.w, "matvec");
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("tensor {} cannot run on the CUDA backend: {}", t.name, e.what()));
-  }
+  m.w = matrix_view(t);
   m.xq = cuda::matvec_xq_supported(t.type) && t.ne[0] % 32 == 0;
   m.small = cuda::small_matmul_supported(m.w);
   return m;
@@ -59,13 +50,6 @@ CudaDs4Stage::Mat rows_of(CudaDs4Stage::Mat m, int64_t r0, int64_t n) {
   m.w.data = static_cast<const uint8_t*>(m.w.data) + uint64_t(r0) * m.w.row_bytes;
   m.w.rows = n;
   return m;
-}
-
-cuda::ExpertMatrix experts_of(const Tensor& t) {
-  cuda::ExpertMatrix e;
-  e.w = view_of(t);
-  e.n_expert = t.ne[2];
-  return e;
 }
 
 // a and b as one matrix when b's rows follow a's in memory with the same
@@ -96,7 +80,7 @@ CudaDs4Stage::Weights CudaDs4Stage::Weights::collect(const Model& m, const Deeps
   Weights w;
   if (c.embedding) {
     const Tensor& emb = *m.embedding(A::kTokenEmbd);
-    w.embedding = view_of(emb);
+    w.embedding = matrix_view(emb);
     try {
       cuda::validate_matrix(w.embedding, "get_rows");
     } catch (const std::invalid_argument& e) {
@@ -127,9 +111,9 @@ CudaDs4Stage::Weights CudaDs4Stage::Weights::collect(const Model& m, const Deeps
     L.gate_inp = make_mat(*t(A::kGateInp));
     if (s.is_hash_layer(l)) L.tid2eid = reinterpret_cast<const int32_t*>(t(A::kTid2Eid)->data);
     if (const Tensor* b = t(A::kExpProbsB)) L.exp_probs_b = b->f32();
-    L.moe.gate = experts_of(*t(A::kGateExps));
-    L.moe.up = experts_of(*t(A::kUpExps));
-    L.moe.down = experts_of(*t(A::kDownExps));
+    L.moe.gate = expert_matrix(*t(A::kGateExps));
+    L.moe.up = expert_matrix(*t(A::kUpExps));
+    L.moe.down = expert_matrix(*t(A::kDownExps));
     L.moe.clamp = clamp_of(s, l);
     for (const Tensor* e : {t(A::kGateExps), t(A::kUpExps), t(A::kDownExps)}) {
       if (!cuda::device_dtype_supported(e->type)) {
@@ -145,7 +129,7 @@ CudaDs4Stage::Weights CudaDs4Stage::Weights::collect(const Model& m, const Deeps
     if (L.ratio > 0) {
       L.comp_kv = make_mat(*t(A::kCompKv));
       L.comp_gate = make_mat(*t(A::kCompGate));
-      L.comp_ape = view_of(*t(A::kCompApe));
+      L.comp_ape = matrix_view(*t(A::kCompApe));
       L.comp_norm = t(A::kCompNorm)->f32();
     }
     if (L.indexed) {
@@ -153,7 +137,7 @@ CudaDs4Stage::Weights CudaDs4Stage::Weights::collect(const Model& m, const Deeps
       L.idx_proj = make_mat(*t(A::kIdxProj));
       L.idx_kv = make_mat(*t(A::kIdxKv));
       L.idx_gate = make_mat(*t(A::kIdxGate));
-      L.idx_ape = view_of(*t(A::kIdxApe));
+      L.idx_ape = matrix_view(*t(A::kIdxApe));
       L.idx_norm = t(A::kIdxNorm)->f32();
     }
     for (const MatrixView* ape : {&L.comp_ape, &L.idx_ape}) {

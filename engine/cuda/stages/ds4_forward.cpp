@@ -31,6 +31,7 @@
 #include "engine/runtime/backend.h"
 #include "engine/cuda/stages/ds4.h"
 #include "engine/cuda/stages/ds4_impl.h"
+#include "engine/cuda/tensor_views.h"
 #include "kernels/cuda/ds4_attention.cuh"
 #include "kernels/cuda/ds4_attn_tc.cuh"
 #include "kernels/cuda/ds4_compressor.cuh"
@@ -57,16 +58,6 @@ namespace baton {
 using A = Deepseek4Arch;
 
 namespace {
-
-cuda::Ds4HcShape hc_shape(const Deepseek4Shape& s) {
-  cuda::Ds4HcShape h;
-  h.n_hc = s.n_hc;
-  h.n_embd = s.n_embd;
-  h.sinkhorn_iters = s.hc_sinkhorn_iters;
-  h.hc_eps = float(s.hc_eps);
-  h.rms_eps = float(s.rms_eps);
-  return h;
-}
 
 // Long batches run the attention and the indexer scores on the tensor cores
 // (ds4_attn_tc.cuh, ds4_indexer_tc.cuh) where the shape allows.
@@ -182,7 +173,7 @@ void CudaDs4Stage::run_forward(const std::vector<Chunk>& chunks, int64_t n, int6
   auto f = [&](uint64_t off) { return reinterpret_cast<float*>(ws + off); };
   float *x = f(L.x), *flat = f(L.flat), *mix = f(L.mix), *h = f(L.h);
   int32_t* d_tokens = reinterpret_cast<int32_t*>(ws + L.params);
-  const cuda::Ds4HcShape hs = hc_shape(s);
+  const cuda::Ds4HcShape hs = ds4_hc_shape(s);
   const float eps = float(s.rms_eps);
 
   const std::vector<Span> spans = spans_of(chunks);
@@ -642,7 +633,7 @@ void CudaDs4Stage::head(int64_t n, int64_t n_out, bool batch) {
   float *flat = f(L.flat), *mix = f(L.mix), *h = f(L.h), *logits = f(L.logits);
   cuda::rmsnorm(xr, L.HC, nullptr, flat, L.HC, rows, L.HC, float(s.rms_eps), st);
   project(W.out_hc_fn, flat, nullptr, rows, L.HC, mix, L.MIX);
-  cuda::ds4_head_input(hc_shape(s), mix, L.MIX, xr, rows, W.out_hc_scale, W.out_hc_base, W.output_norm, h, st);
+  cuda::ds4_head_input(ds4_hc_shape(s), mix, L.MIX, xr, rows, W.out_hc_scale, W.out_hc_base, W.output_norm, h, st);
   const void* xq = quantize_for({&W.output}, h, L.E, rows, L.E);
   // A rank projects its vocabulary rows apart, then gathers every rank's.
   const bool tp = config_.tp != nullptr;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "engine/cuda/stages/llama_impl.h"
+#include "engine/cuda/tensor_views.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/tp_comm.h"
@@ -29,8 +30,6 @@ namespace {
 constexpr uint64_t kMiB = uint64_t(1) << 20;
 // cuBLAS and matmul() want 256-byte aligned scratch; every section is.
 constexpr uint64_t kSectionAlign = 256;
-
-MatrixView matrix_of(const Tensor& t) { return {t.type, t.data, t.rows(), t.ne[0], t.row_bytes}; }
 
 // The matvec's own preconditions on W (dtype, row length, alignment), as a
 // yes/no; the message when no.
@@ -53,7 +52,7 @@ using LW = LlamaFamilyArch;
 
 CudaStage::Proj make_proj(const Tensor& t, int64_t x_stride, int64_t out_col, bool& any_f32) {
   CudaStage::Proj p;
-  p.w = matrix_of(t);
+  p.w = matrix_view(t);
   p.out_col = out_col;
   const std::string why = matvec_refusal(p.w);
   if (t.type == DType::F32) {
@@ -113,7 +112,7 @@ CudaStage::Weights CudaStage::Weights::collect(const Model& m, const LlamaHparam
   const int64_t E = hp.n_embd, F = hp.n_ff, ow = int64_t(hp.n_head) * hp.head_dim_v;
   if (c.embedding) {
     const Tensor& emb = *m.embedding(LW::kTokenEmbd);
-    w.embedding = matrix_of(emb);
+    w.embedding = matrix_view(emb);
     if (std::string why = matvec_refusal(w.embedding); !why.empty()) {
       throw std::runtime_error(fmt::format("tensor {} cannot be the CUDA embedding table: {}", emb.name, why));
     }
