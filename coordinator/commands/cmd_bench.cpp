@@ -60,10 +60,9 @@
 #include "engine/base/temp_file.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/kv_cache.h"
-#include "engine/arch/deepseek4.h"
 #include "engine/arch/llama_family.h"
-#include "engine/dspark/dspark_device.h"
-#include "engine/dspark/dspark_drafter.h"
+#include "coordinator/commands/draft_options.h"
+#include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/model/loader.h"
 #include "engine/base/memory_plan.h"
@@ -271,31 +270,20 @@ void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageR
   const GgufFile& df = sidecar ? *sidecar : file;
   LoadOptions load;
   load.slot_bytes = o.staging_mb << 20;
-  std::unique_ptr<DsparkNetwork> net = dspark_device_network(r, df, *shape, load);
-  std::unique_ptr<DsparkWeights> host_weights;
-  std::unique_ptr<ThreadPool> pool;
-  const char* where = "GPU";
-  if (!net) {
-    const Model* m = r.host_model();
-    if (!m) throw std::invalid_argument("--draft-rounds: the stage's weights are neither on a device nor in host memory");
-    host_weights = std::make_unique<DsparkWeights>(df, *shape);
-    pool = std::make_unique<ThreadPool>(o.n_threads);
-    net = std::make_unique<DsparkDrafter>(*host_weights, *m->embedding(Deepseek4Arch::kTokenEmbd),
-                                          *m->head(Deepseek4Arch::kOutput), *pool);
-    where = "CPU";
-  }
+  // Threshold 0: every round its whole block.
+  const std::unique_ptr<DsparkDraftSource> source =
+      make_dspark_source(r, file, df, *shape, load, /*on_gpu=*/true, o.n_threads, 0.0f, "baton bench");
+  const char* where = r.device_model() ? "GPU" : "CPU";
   const int64_t F = shape->feature_width(), n = std::max<int64_t>(1, o.ctx_start);
   std::mt19937 rng(uint32_t(o.seed));
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> rows(static_cast<size_t>(n * F));
   for (float& v : rows) v = dist(rng);
-  std::vector<int64_t> pos(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = i;
-  net->append_context(rows.data(), pos.data(), n);
+  source->committed(std::vector<int32_t>(static_cast<size_t>(n), 0), 0, rows);
   const std::vector<int32_t> bonus = random_prompt(o.draft_rounds + 1);
-  net->draft(bonus[0], n, 0.0f, shape->block_size);  // warm-up
+  source->propose(bonus[0], n, shape->block_size);  // warm-up
   const auto t0 = Clock::now();
-  for (int64_t i = 0; i < o.draft_rounds; ++i) net->draft(bonus[size_t(i + 1)], n, 0.0f, shape->block_size);
+  for (int64_t i = 0; i < o.draft_rounds; ++i) source->propose(bonus[size_t(i + 1)], n, shape->block_size);
   const double t = seconds_since(t0) / double(o.draft_rounds);
   std::fprintf(stderr, "draft round on the %s at ctx %lld: %.2f ms (%d rows), %.2fx the one-token step (%.2f ms)\n",
                where, (long long)n, 1e3 * t, shape->block_size, t / one, 1e3 * one);

@@ -39,7 +39,6 @@
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
 #include "engine/runtime/stage.h"
-#include "engine/dspark/dspark_device.h"
 #include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/spec/forced_draft.h"
@@ -703,23 +702,9 @@ int run(const RunOptions& opt) {
     const std::optional<GgufFile> sidecar =
         sc.draft_path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(sc.draft_path));
     const GgufFile& drafter_file = sidecar ? *sidecar : file;
-    std::unique_ptr<DsparkDraftSource> source;
-    LoadOptions drafter_load = load;
-    drafter_load.progress = nullptr;  // the model's progress line names the model
-    std::unique_ptr<DsparkNetwork> device =
-        opt.drafting.on_gpu ? dspark_device_network(stage, drafter_file, *drafter, drafter_load) : nullptr;
-    if (device) {
-      source = std::make_unique<DsparkDraftSource>(std::move(device), opt.drafting.threshold);
-    } else if (const Model* host = stage.host_model()) {
-      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, *host, opt.n_threads, opt.drafting.threshold);
-    } else {
-      // A device target: the drafter reads its own host copy of the ends.
-      if (net::log_enabled(net::LogLevel::info)) {
-        std::fprintf(stderr, "baton run: the drafter's host copy of the target's embedding and head: %.2f GiB\n",
-                     double(DsparkDraftSource::target_ends_bytes(file)) / double(uint64_t(1) << 30));
-      }
-      source = std::make_unique<DsparkDraftSource>(drafter_file, *drafter, file, opt.n_threads, opt.drafting.threshold);
-    }
+    const std::unique_ptr<DsparkDraftSource> source =
+        make_dspark_source(stage, file, drafter_file, *drafter, load, opt.drafting.on_gpu, opt.n_threads,
+                           opt.drafting.threshold, "baton run");
     // Only the sampled verify rule reads the draft's logits.
     source->set_return_logits(opt.sampling.temperature > 0);
     gen = generate_speculative(opt, *tokenizer, stage, prompt, *source, true, &spec);

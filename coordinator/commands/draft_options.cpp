@@ -1,6 +1,11 @@
 #include "coordinator/commands/draft_options.h"
 
+#include <cstdio>
 #include <stdexcept>
+
+#include "engine/dspark/dspark_device.h"
+#include "engine/dspark/dspark_source.h"
+#include "net/log.h"
 
 namespace baton {
 
@@ -20,6 +25,27 @@ void add_draft_options(po::options_description& desc, DraftChoice& c) {
        "with --backend cuda: draft with the DSpark drafter's network on the target's GPU, sharing its embedding "
        "and head (off by default on CUDA until its suite has passed on a GPU, docs/DSPARK.md)");
   // clang-format on
+}
+
+std::unique_ptr<DsparkDraftSource> make_dspark_source(const StageRunner& stage, const GgufFile& model_file,
+                                                      const GgufFile& drafter_file, const DsparkShape& shape,
+                                                      const LoadOptions& load, bool on_gpu, int n_threads,
+                                                      float threshold, const char* who) {
+  if (on_gpu) {
+    LoadOptions drafter_load = load;
+    drafter_load.progress = nullptr;  // the model's progress line names the model
+    if (std::unique_ptr<DsparkNetwork> device = dspark_device_network(stage, drafter_file, shape, drafter_load)) {
+      return std::make_unique<DsparkDraftSource>(std::move(device), threshold);
+    }
+  }
+  if (const Model* host = stage.host_model()) {
+    return std::make_unique<DsparkDraftSource>(drafter_file, shape, *host, n_threads, threshold);
+  }
+  if (net::log_enabled(net::LogLevel::info)) {
+    std::fprintf(stderr, "%s: the drafter's host copy of the target's embedding and head: %.2f GiB\n", who,
+                 double(DsparkDraftSource::target_ends_bytes(model_file)) / double(uint64_t(1) << 30));
+  }
+  return std::make_unique<DsparkDraftSource>(drafter_file, shape, model_file, n_threads, threshold);
 }
 
 void check_draft_options(const DraftChoice& c) {
