@@ -4,9 +4,8 @@
 #
 #   bench/dspark_gpu_check.sh BIN OUT_DIR [RAM_DIR [STEPS]]
 #
-# BIN as bench/pack_gpu.sh makes it, plus tests/test_cli_dspark and
-# tests/test_cli_serve_draft (they run the baton binary at the path built
-# into them: link BIN/baton there). RAM_DIR
+# BIN as `bench/pack_gpu.sh BUILD BIN test_cli_dspark test_cli_serve_draft`
+# makes it (the CLI suites drive BIN/baton through $BATON_BINARY). RAM_DIR
 # (default /mnt/ram) holds the model (a tmpfs is mounted there when it is not
 # one). FLASH_LAYERS=N keeps only Flash's first N layers (an 80 GB card; the
 # drafter then reads the last three). STEPS (default "tests bench agree ceiling"):
@@ -27,6 +26,7 @@ work=/tmp/baton-dspark-check
 mkdir -p "$ram"
 source "$(dirname "$0")/gpu_env.sh"
 start_run_log
+export BATON_BINARY="$(cd "$bin" && pwd)/baton" BATON_SHARED="$(cd "$bin" && pwd)/shared"
 
 if has tests; then
   say "CUDA suites: the drafter network, the verify side, the CLI"

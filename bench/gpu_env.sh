@@ -18,7 +18,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do
   if [ -e "$d/libcublas.so.13" ]; then export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
 done
-for lib in $(ldd "$bin/baton" "$bin"/tests/test_cuda_* $(ls "$bin"/bench/* 2>/dev/null) 2>/dev/null | awk '/not found/ {print $1}' | sort -u); do
+for lib in $(ldd "$bin/baton" "$bin"/tests/* $(ls "$bin"/bench/* 2>/dev/null) 2>/dev/null | awk '/not found/ {print $1}' | sort -u); do
   [ -e "$bin/libs/$lib" ] && ln -sf "$(cd "$bin/libs" && pwd)/$lib" "$work/libs/$lib"
 done
 export LD_LIBRARY_PATH="$work/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -51,7 +51,10 @@ std::string model_path(const std::string& name) {
   return path;
 }
 
-std::string baton_binary() { return BATON_BINARY; }
+std::string baton_binary() {
+  const char* env = std::getenv("BATON_BINARY");
+  return env && *env ? env : BATON_BINARY;
+}
 
 std::string source_path(const std::string& rel) { return std::string(BATON_SOURCE_DIR) + "/" + rel; }
 

@@ -19,7 +19,8 @@ namespace baton::test {
 // throw, naming the path and how to point the tests at the fixtures.
 std::string shared_dir();
 std::string model_path(const std::string& name);  // shared_dir()/models/name, which must exist
-// Path of the built `baton` binary.
+// Path of the `baton` binary the CLI suites drive: $BATON_BINARY, else the one built beside
+// them (a packed build on another machine names its own).
 std::string baton_binary();
 // A file or folder of the checkout, by its path from the top (e.g. "configs",
 // "tests/serve"): the source folder the build was configured from, so that it
