@@ -14,8 +14,10 @@
 #   bench    baton bench at ctx 128 and 2048: --verify 2,3,4,5,6 and
 #            --draft-rounds 20 (the drafter's round against the one-token step)
 #   agree    greedy -n 2000 with the drafter (threshold 0: every verify its
-#            whole block) and with --no-draft; tokens compared, and at a first
-#            difference the plain logits' top-2 gap there (baton logits)
+#            whole block) and with --no-draft; the first difference, then
+#            teacher-forced: each drafted token against the plain one-token
+#            step's logits at the drafted run's prefix (baton logits -b 1),
+#            the share it is that step's pick and the logit gap where not
 #   ceiling  --draft-test forced-accept -n 512: every guess kept, tok/s
 set -u -o pipefail
 bin=${1:?binary folder}
@@ -66,23 +68,33 @@ if has agree; then
   say "greedy 2000 tokens: drafted (threshold 0) against --no-draft"
   timeout 200 "$bin/baton" run "${run_args[@]}" -n 2000 --no-draft > "$out/plain.json" 2> "$out/plain.err" || status=1
   timeout 240 "$bin/baton" run "${run_args[@]}" -n 2000 --gpu-drafter --draft-threshold 0 > "$out/drafted.json" 2> "$out/drafted.err" || status=1
-  python3 - "$out" "$bin/baton" "$q2" <<'PY' 2>&1 | tee -a "$log" || status=1
+  python3 - "$out" "$bin/baton" "$q2" "$work" <<'PY' 2>&1 | tee -a "$log" || status=1
 import json, subprocess, sys
-out, baton, model = sys.argv[1:4]
+out, baton, model, work = sys.argv[1:5]
 p, d = (json.load(open(f"{out}/{n}.json")) for n in ("plain", "drafted"))
 a, b = p["tokens"], d["tokens"]
 same = sum(x == y for x, y in zip(a, b))
 first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 print(f"plain {p['decode_tokens_per_s']:.1f} tok/s, drafted {d['decode_tokens_per_s']:.1f} tok/s; draft {d.get('draft')}")
 print(f"{len(a)} and {len(b)} tokens; equal at {same} positions ({100.0 * same / max(1, len(a)):.2f}%); first difference at {first}")
-if first is not None:
-    import numpy as np
-    ids = p["prompt_tokens"] + a[:first]
-    subprocess.run([baton, "logits", "-m", model, "--backend", "cuda", "-b", "1", "--tokens", ",".join(map(str, ids)),
-                    "-o", f"{out}/at_first.npy"], check=True, capture_output=True)
-    row = np.load(f"{out}/at_first.npy", mmap_mode="r")[-1]
-    top = np.sort(row)[-2:]
-    print(f"at the first difference: plain picks {a[first]}, drafted {b[first]}; top-2 logit gap {top[1] - top[0]:.3g}")
+# Teacher-forced: each drafted token against the plain one-token step's
+# logits at the same prefix (the drafted run's own), so that one near-tie
+# does not make every later position a difference.
+import numpy as np
+ids = d["prompt_tokens"] + b
+npy = f"{work}/drafted_logits.npy"
+subprocess.run([baton, "logits", "-m", model, "--backend", "cuda", "-b", "1", "--tokens", ",".join(map(str, ids)),
+                "-o", npy], check=True, capture_output=True)
+rows = np.load(npy, mmap_mode="r")
+n0 = len(d["prompt_tokens"]) - 1
+gaps = []
+for i, t in enumerate(b):
+    row = np.asarray(rows[n0 + i])
+    top = int(row.argmax())
+    if top != t: gaps.append((i, float(row[top] - row[t])))
+print(f"teacher-forced: the drafted token is the plain step's pick at {len(b) - len(gaps)} of {len(b)} positions "
+      f"({100.0 * (len(b) - len(gaps)) / max(1, len(b)):.2f}%); largest logit gap where not {max((g for _, g in gaps), default=0):.3g}"
+      f"; gaps {[(i, round(g, 5)) for i, g in gaps[:12]]}")
 PY
 fi
 

@@ -144,9 +144,14 @@ void check_drafters_agree(const Ds4Types& types, double conf_tol, double rel_tol
   compare_round(p, 5, 0.5f, conf_tol, rel_tol);
 }
 
+// F32 weights: the two networks differ only by the order of their sums, but
+// the FP8 rounding of the KV rows is a step function: a last-bit difference
+// before it can move a value by one FP8 step, which reaches the logits as a
+// few 1e-4 of their range (seen on an H100 at 5e-4); a wrong equation moves
+// them by tenths.
 TEST(CudaDspark, FloatDrafterMatchesCpu) {
   BATON_REQUIRE_CUDA();
-  check_drafters_agree(test::ds4_all_f32(), 1e-4, 1e-4);
+  check_drafters_agree(test::ds4_all_f32(), 2e-3, 2e-3);
 }
 
 TEST(CudaDspark, PublishedDtypesMatchCpu) {
@@ -158,18 +163,35 @@ TEST(CudaDspark, PublishedDtypesMatchCpu) {
 
 // Contexts over one set of weights (serve's slots) keep their own windows
 // and workspace: another context's rows and rounds in between change nothing.
+// Set against a third context fed the same rows alone, not against the CPU:
+// the two networks differ by rounding, which the FP8 step of the KV rows can
+// amplify (above), while two GPU contexts run the same kernels on the same
+// inputs and agree to the last bits.
 TEST(CudaDspark, ContextsShareTheWeightsOnly) {
   BATON_REQUIRE_CUDA();
   Pair p(test::ds4_all_f32(), 13);
   const int64_t F = p.shape.feature_width();
-  CudaDsparkDrafter other(p.weights);
-  p.append(test::random_rows(40, F, 7));
-  const std::vector<float> rows = test::random_rows(50, F, 8);
+  CudaDsparkDrafter other(p.weights), alone(p.weights);
+  const std::vector<float> mine = test::random_rows(40, F, 7);
   std::vector<int64_t> pos(50);
   for (int64_t i = 0; i < 50; ++i) pos[size_t(i)] = i;
+  p.gpu->append_context(mine.data(), pos.data(), 40);
+  alone.append_context(mine.data(), pos.data(), 40);
+  const std::vector<float> rows = test::random_rows(50, F, 8);
   other.append_context(rows.data(), pos.data(), 50);
   other.draft(11, 50, 0.0f, 5);
-  EXPECT_EQ(compare_round(p, 21, 0.0f, 1e-4, 1e-4), 5);
+  const DsparkDraft a = p.gpu->draft(21, 40, 0.0f, 5);
+  const DsparkDraft b = alone.draft(21, 40, 0.0f, 5);
+  ASSERT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.confidence.size(), b.confidence.size());
+  for (size_t i = 0; i < a.confidence.size(); ++i) EXPECT_NEAR(a.confidence[i], b.confidence[i], 1e-6) << "row " << i;
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  double worst = 0, size = 1;
+  for (size_t i = 0; i < a.logits.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(a.logits[i]) - b.logits[i]));
+    size = std::max(size, std::fabs(double(b.logits[i])));
+  }
+  EXPECT_LT(worst, 1e-5 * size);
 }
 
 TEST(CudaDspark, RefusesWrongPositionsAndDeepRollbacks) {
