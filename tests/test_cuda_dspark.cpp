@@ -161,27 +161,9 @@ TEST(CudaDspark, PublishedDtypesMatchCpu) {
   check_drafters_agree(Ds4Types::q2(), 5e-3, 5e-3);
 }
 
-// Contexts over one set of weights (serve's slots) keep their own windows
-// and workspace: another context's rows and rounds in between change nothing.
-// Set against a third context fed the same rows alone, not against the CPU:
-// the two networks differ by rounding, which the FP8 step of the KV rows can
-// amplify (above), while two GPU contexts run the same kernels on the same
-// inputs and agree to the last bits.
-TEST(CudaDspark, ContextsShareTheWeightsOnly) {
-  BATON_REQUIRE_CUDA();
-  Pair p(test::ds4_all_f32(), 13);
-  const int64_t F = p.shape.feature_width();
-  CudaDsparkDrafter other(p.weights), alone(p.weights);
-  const std::vector<float> mine = test::random_rows(40, F, 7);
-  std::vector<int64_t> pos(50);
-  for (int64_t i = 0; i < 50; ++i) pos[size_t(i)] = i;
-  p.gpu->append_context(mine.data(), pos.data(), 40);
-  alone.append_context(mine.data(), pos.data(), 40);
-  const std::vector<float> rows = test::random_rows(50, F, 8);
-  other.append_context(rows.data(), pos.data(), 50);
-  other.draft(11, 50, 0.0f, 5);
-  const DsparkDraft a = p.gpu->draft(21, 40, 0.0f, 5);
-  const DsparkDraft b = alone.draft(21, 40, 0.0f, 5);
+// Two GPU contexts' rounds: the same tokens and confidences, logits to the
+// last bits (the same kernels on the same inputs).
+void expect_same_rounds(const DsparkDraft& a, const DsparkDraft& b) {
   ASSERT_EQ(a.tokens, b.tokens);
   ASSERT_EQ(a.confidence.size(), b.confidence.size());
   for (size_t i = 0; i < a.confidence.size(); ++i) EXPECT_NEAR(a.confidence[i], b.confidence[i], 1e-6) << "row " << i;
@@ -192,6 +174,33 @@ TEST(CudaDspark, ContextsShareTheWeightsOnly) {
     size = std::max(size, std::fabs(double(b.logits[i])));
   }
   EXPECT_LT(worst, 1e-5 * size);
+}
+
+// Contexts over one set of weights (serve's slots) keep their own windows
+// and workspace: another context's rows and rounds in between change
+// nothing. Set against a third context fed the same rows alone, not against
+// the CPU: the two networks differ by rounding, which the FP8 step of the KV
+// rows can amplify (above). The third queues its launches one by one, so
+// the captured round (replayed at a later position too) is checked as well.
+TEST(CudaDspark, ContextsShareTheWeightsOnlyAndTheGraphIsTheQueue) {
+  BATON_REQUIRE_CUDA();
+  Pair p(test::ds4_all_f32(), 13);
+  const int64_t F = p.shape.feature_width();
+  CudaDsparkDrafter other(p.weights), alone(p.weights);
+  alone.set_graph(false);
+  const std::vector<float> mine = test::random_rows(47, F, 7);
+  std::vector<int64_t> pos(50);
+  for (int64_t i = 0; i < 50; ++i) pos[size_t(i)] = i;
+  p.gpu->append_context(mine.data(), pos.data(), 40);
+  alone.append_context(mine.data(), pos.data(), 40);
+  const std::vector<float> rows = test::random_rows(50, F, 8);
+  other.append_context(rows.data(), pos.data(), 50);
+  other.draft(11, 50, 0.0f, 5);
+  expect_same_rounds(p.gpu->draft(21, 40, 0.0f, 5), alone.draft(21, 40, 0.0f, 5));
+  p.gpu->append_context(mine.data() + 40 * F, pos.data() + 40, 7);
+  alone.append_context(mine.data() + 40 * F, pos.data() + 40, 7);
+  other.draft(12, 50, 0.0f, 5);
+  expect_same_rounds(p.gpu->draft(33, 47, 0.0f, 5), alone.draft(33, 47, 0.0f, 5));
 }
 
 TEST(CudaDspark, RefusesWrongPositionsAndDeepRollbacks) {

@@ -225,7 +225,7 @@ void CudaDsparkDrafter::append_context(const float* rows, const int64_t* positio
   BATON_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
-void CudaDsparkDrafter::attention(int k, int64_t pos0) {
+void CudaDsparkDrafter::attention(int k) {
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
@@ -255,8 +255,8 @@ void CudaDsparkDrafter::attention(int k, int64_t pos0) {
   p.kv_new = kvb;
   p.ring = reinterpret_cast<const float*>(ring_.data()) + k * rows_ * hd;
   p.ring_rows = rows_;
-  p.first = std::max<int64_t>(0, pos0 - shape_.window());
-  p.n_window = pos0 - p.first;
+  p.position = d_pos;  // the block's first position: the window ends before it
+  p.window = shape_.window();
   p.sinks = t("attn_sinks.weight").f32();
   p.n_rows = B;
   p.out = att;
@@ -318,7 +318,7 @@ void CudaDsparkDrafter::moe(int k) {
   cuda::ds4_hc_post_add(a.hs, x, out, sh, mix, B, x, st);
 }
 
-void CudaDsparkDrafter::stage_forward(int k, int64_t pos0) {
+void CudaDsparkDrafter::stage_forward(int k) {
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
@@ -328,7 +328,7 @@ void CudaDsparkDrafter::stage_forward(int k, int64_t pos0) {
   cuda::ds4_hc_pre(a.hs, matrix_view(t("hc_attn_fn.weight")), x, B, t("hc_attn_scale.weight").f32(),
                    t("hc_attn_base.weight").f32(), t("attn_norm.weight").f32(), mix, h, ws + a.hc_ws, a.hc_ws_bytes,
                    st);
-  attention(k, pos0);
+  attention(k);
   cuda::ds4_hc_post(a.hs, x, floats_at(a.y), mix, B, x, st);
   cuda::ds4_hc_pre(a.hs, matrix_view(t("hc_ffn_fn.weight")), x, B, t("hc_ffn_scale.weight").f32(),
                    t("hc_ffn_base.weight").f32(), t("ffn_norm.weight").f32(), mix, h, ws + a.hc_ws, a.hc_ws_bytes,
@@ -336,30 +336,23 @@ void CudaDsparkDrafter::stage_forward(int k, int64_t pos0) {
   moe(k);  // ends with the HC-post
 }
 
-DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshold, int max_tokens) {
+// The round's launches between its input copies (positions, tokens, the
+// bonus) and its output copies: nothing in them depends on the host, so
+// one capture serves every round of this context.
+void CudaDsparkDrafter::enqueue_round() {
   const int n = b_.n_hc;
   const int64_t B = shape_.block_size, E = b_.n_embd, HC = b_.hc_width(), V = b_.n_vocab, R = shape_.markov_rank;
   const float eps = float(b_.rms_eps);
-  check_draft(bonus, pos0);
   const Impl& a = *at_;
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
-  // Positions n .. n + B - 1, their negatives, the block's tokens; prev[0] = bonus.
   const int64_t rows = std::max<int64_t>(B, kChunk);
-  std::vector<int32_t> params(static_cast<size_t>(3 * rows), 0);
-  for (int64_t r = 0; r < B; ++r) {
-    params[size_t(r)] = int32_t(pos0 + r);
-    params[size_t(rows + r)] = -int32_t(pos0 + r);
-    params[size_t(2 * rows + r)] = r == 0 ? bonus : int32_t(shape_.noise_token_id);
-  }
-  int32_t* d_params = reinterpret_cast<int32_t*>(ws + a.params);
+  const int32_t* d_params = reinterpret_cast<const int32_t*>(ws + a.params);
   int32_t* d_prev = reinterpret_cast<int32_t*>(ws + a.prev);
-  BATON_CUDA_CHECK(cudaMemcpyAsync(d_params, params.data(), params.size() * 4, cudaMemcpyHostToDevice, st));
-  BATON_CUDA_CHECK(cudaMemcpyAsync(d_prev, &bonus, 4, cudaMemcpyHostToDevice, st));
   float* x = floats_at(a.x);
   const cuda::MatrixView emb = matrix_view(embd_);
   for (int s = 0; s < n; ++s) cuda::get_rows(emb, d_params + 2 * rows, B, x + s * E, HC, st);
-  for (int k = 0; k < shape_.n_stages; ++k) stage_forward(k, pos0);
+  for (int k = 0; k < shape_.n_stages; ++k) stage_forward(k);
 
   // hc_head: h_i (before the norm) into the first E floats of cat row i.
   const int last = shape_.n_stages - 1;
@@ -383,13 +376,60 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
     cuda::add_inplace(logits + r * V, floats_at(a.bias), V, st);
     cuda::argmax(logits + r * V, 1, V, V, d_prev + r + 1, st, ws + a.argmax_ws, a.argmax_ws_bytes);
   }
+}
+
+GraphExecHandle CudaDsparkDrafter::capture_round() {
+  cudaStream_t st = stream_.get();
+  BATON_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue_round();
+  } catch (...) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(st, &g);
+    if (g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t g = nullptr;
+  BATON_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  BATON_CUDA_CHECK(err);
+  return GraphExecHandle(exec);
+}
+
+DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshold, int max_tokens) {
+  const int64_t B = shape_.block_size, V = b_.n_vocab;
+  check_draft(bonus, pos0);
+  const Impl& a = *at_;
+  cudaStream_t st = stream_.get();
+  uint8_t* ws = ws_.data();
+  // Positions n .. n + B - 1, their negatives, the block's tokens; prev[0] = bonus.
+  const int64_t rows = std::max<int64_t>(B, kChunk);
+  std::vector<int32_t> params(static_cast<size_t>(3 * rows), 0);
+  for (int64_t r = 0; r < B; ++r) {
+    params[size_t(r)] = int32_t(pos0 + r);
+    params[size_t(rows + r)] = -int32_t(pos0 + r);
+    params[size_t(2 * rows + r)] = r == 0 ? bonus : int32_t(shape_.noise_token_id);
+  }
+  int32_t* d_params = reinterpret_cast<int32_t*>(ws + a.params);
+  int32_t* d_prev = reinterpret_cast<int32_t*>(ws + a.prev);
+  BATON_CUDA_CHECK(cudaMemcpyAsync(d_params, params.data(), params.size() * 4, cudaMemcpyHostToDevice, st));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(d_prev, &bonus, 4, cudaMemcpyHostToDevice, st));
+  if (!use_graph_) {
+    enqueue_round();
+  } else {
+    if (!round_graph_) round_graph_ = capture_round();
+    BATON_CUDA_CHECK(cudaGraphLaunch(round_graph_.get(), st));
+  }
   uint8_t* io = io_.data();
   const int64_t limit = std::min<int64_t>(B, std::max(1, max_tokens));
   BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_conf, floats_at(a.conf), uint64_t(B) * 4, cudaMemcpyDeviceToHost, st));
   BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_prev, d_prev, uint64_t(B + 1) * 4, cudaMemcpyDeviceToHost, st));
   if (return_logits_) {
     BATON_CUDA_CHECK(
-        cudaMemcpyAsync(io + a.h_logits, logits, uint64_t(limit * V) * 4, cudaMemcpyDeviceToHost, st));
+        cudaMemcpyAsync(io + a.h_logits, floats_at(a.logits), uint64_t(limit * V) * 4, cudaMemcpyDeviceToHost, st));
   }
   BATON_CUDA_CHECK(cudaStreamSynchronize(st));
 

@@ -4,7 +4,9 @@
 // pinned staging ring; the target's token embedding and output head are the
 // stage's own device copies. Each round is one queue of launches, the
 // Markov head row by row on the device (each row's argmax feeds the next),
-// and one copy back of the block's tokens, confidences and logits.
+// and one copy back of the block's tokens, confidences and logits. The
+// launches between the copies are one CUDA graph, captured at the first
+// round: they read the position from device memory.
 //
 // Only compiled when the build has CUDA; engine/dspark/dspark_device.h is
 // the seam the commands include.
@@ -53,6 +55,11 @@ class CudaDsparkDrafter final : public DsparkNetwork {
   void append_context(const float* rows, const int64_t* positions, int64_t n) override;
   DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) override;
 
+  // A round's launches replay one CUDA graph, captured at the first round
+  // (default); off, they are queued one by one every round (the tests set
+  // the two against each other).
+  void set_graph(bool on) { use_graph_ = on; }
+
   // Device bytes of this context: the windows, the round's workspace.
   uint64_t kv_bytes() const { return ring_.size(); }
   uint64_t workspace_bytes() const { return ws_.size(); }
@@ -62,8 +69,10 @@ class CudaDsparkDrafter final : public DsparkNetwork {
   // The workspace's floats at a section's offset.
   float* floats_at(uint64_t offset) const { return reinterpret_cast<float*>(ws_.data() + offset); }
   void project(const Tensor& t, const float* x, int64_t n, int64_t x_stride, float* out, int64_t out_stride);
-  void stage_forward(int k, int64_t pos0);
-  void attention(int k, int64_t pos0);
+  void enqueue_round();
+  GraphExecHandle capture_round();
+  void stage_forward(int k);
+  void attention(int k);
   void moe(int k);
 
   std::shared_ptr<const DsparkDeviceWeights> weights_;
@@ -77,6 +86,8 @@ class CudaDsparkDrafter final : public DsparkNetwork {
   PinnedBuffer io_;
   std::unique_ptr<Impl> at_;  // the workspace's sections
   int64_t rows_ = 0;          // ring slots per stage
+  bool use_graph_ = true;
+  GraphExecHandle round_graph_;  // after the first round
 };
 
 }  // namespace baton

@@ -48,7 +48,12 @@ constexpr int kAttnThreads = 256;
 __global__ void attention_kernel(DsparkAttentionParams p) {
   extern __shared__ float sh[];
   const int r = blockIdx.x, hh = blockIdx.y, hd = p.head_dim;
-  const int64_t n = p.n_window + p.n_rows;
+  int64_t first = p.first, n_window = p.n_window;
+  if (p.position) {
+    first = max(int64_t(0), int64_t(*p.position) - p.window);
+    n_window = int64_t(*p.position) - first;
+  }
+  const int64_t n = n_window + p.n_rows;
   float* qs = sh;         // hd
   float* sc = sh + hd;    // n
   __shared__ float red[32];
@@ -56,7 +61,7 @@ __global__ void attention_kernel(DsparkAttentionParams p) {
   for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[i];
   __syncthreads();
   auto key = [&](int64_t j) {
-    return j < p.n_window ? p.ring + ((p.first + j) % p.ring_rows) * hd : p.kv_new + (j - p.n_window) * hd;
+    return j < n_window ? p.ring + ((first + j) % p.ring_rows) * hd : p.kv_new + (j - n_window) * hd;
   };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   for (int64_t j = warp; j < n; j += n_warps) {
@@ -110,9 +115,11 @@ void dspark_fp8_round(float* x, int64_t n_rows, int64_t stride, int64_t n, int64
 void dspark_attention(const DsparkAttentionParams& p, cudaStream_t stream) {
   require(p.q && p.kv_new && p.sinks && p.out && p.n_head > 0 && p.head_dim > 0 && p.head_dim % 32 == 0 &&
               p.head_dim <= 1024 && p.n_rows > 0 && p.n_rows <= 65535 && p.n_window >= 0 &&
-              p.n_window <= p.ring_rows && (p.n_window == 0 || p.ring) && p.first >= 0,
+              p.n_window <= p.ring_rows && (p.n_window == 0 || p.ring) && p.first >= 0 &&
+              (!p.position || (p.window >= 0 && p.window <= p.ring_rows && (p.window == 0 || p.ring))),
           "dspark_attention: bad arguments");
-  const size_t smem = size_t(p.head_dim + p.n_window + p.n_rows) * sizeof(float);
+  const int64_t most = p.position ? p.window : p.n_window;  // window rows at most
+  const size_t smem = size_t(p.head_dim + most + p.n_rows) * sizeof(float);
   require(smem <= 48 * 1024, "dspark_attention: window too long for shared memory");
   attention_kernel<<<dim3(unsigned(p.n_rows), unsigned(p.n_head)), kAttnThreads, smem, stream>>>(p);
   check_launch("dspark attention_kernel");

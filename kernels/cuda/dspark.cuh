@@ -36,6 +36,12 @@ struct DsparkAttentionParams {
   int64_t ring_rows = 0;
   int64_t first = 0;              // position of the first window row
   int64_t n_window = 0;           // <= ring_rows
+  // When set, the block's first position is read from device memory and
+  // the window is the `window` rows before it (first = max(0, *position -
+  // window), n_window = *position - first; the two above are ignored), so
+  // that one captured launch serves every position. window <= ring_rows.
+  const int32_t* position = nullptr;
+  int64_t window = 0;
   const float* sinks = nullptr;   // [n_head]
   int64_t n_rows = 0;
   float* out = nullptr;           // n_rows rows of n_head * head_dim, out_stride apart
