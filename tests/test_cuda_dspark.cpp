@@ -197,6 +197,8 @@ TEST(CudaDspark, ContextsShareTheWeightsOnlyAndTheGraphIsTheQueue) {
   other.append_context(rows.data(), pos.data(), 50);
   other.draft(11, 50, 0.0f, 5);
   expect_same_rounds(p.gpu->draft(21, 40, 0.0f, 5), alone.draft(21, 40, 0.0f, 5));
+  EXPECT_TRUE(p.gpu->graphed());
+  EXPECT_FALSE(alone.graphed());
   p.gpu->append_context(mine.data() + 40 * F, pos.data() + 40, 7);
   alone.append_context(mine.data() + 40 * F, pos.data() + 40, 7);
   other.draft(12, 50, 0.0f, 5);

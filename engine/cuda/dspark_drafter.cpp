@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -417,11 +418,21 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   int32_t* d_prev = reinterpret_cast<int32_t*>(ws + a.prev);
   BATON_CUDA_CHECK(cudaMemcpyAsync(d_params, params.data(), params.size() * 4, cudaMemcpyHostToDevice, st));
   BATON_CUDA_CHECK(cudaMemcpyAsync(d_prev, &bonus, 4, cudaMemcpyHostToDevice, st));
-  if (!use_graph_) {
-    enqueue_round();
-  } else {
-    if (!round_graph_) round_graph_ = capture_round();
+  if (use_graph_ && !round_graph_) {
+    // A capture the driver refuses costs speed, not the drafts: this
+    // context queues its rounds instead, and says so once.
+    try {
+      round_graph_ = capture_round();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "DSpark drafter: the round could not be captured as a CUDA graph (%s); queuing it\n",
+                   e.what());
+      use_graph_ = false;
+    }
+  }
+  if (use_graph_) {
     BATON_CUDA_CHECK(cudaGraphLaunch(round_graph_.get(), st));
+  } else {
+    enqueue_round();
   }
   uint8_t* io = io_.data();
   const int64_t limit = std::min<int64_t>(B, std::max(1, max_tokens));

@@ -56,9 +56,12 @@ class CudaDsparkDrafter final : public DsparkNetwork {
   DsparkDraft draft(int32_t bonus_token, int64_t position, float threshold, int max_tokens) override;
 
   // A round's launches replay one CUDA graph, captured at the first round
-  // (default); off, they are queued one by one every round (the tests set
-  // the two against each other).
+  // (default; a capture the driver refuses falls back to the queue); off,
+  // they are queued one by one every round (the tests set the two against
+  // each other).
   void set_graph(bool on) { use_graph_ = on; }
+  // Whether the rounds replay the graph (false once a capture was refused).
+  bool graphed() const { return use_graph_ && round_graph_; }
 
   // Device bytes of this context: the windows, the round's workspace.
   uint64_t kv_bytes() const { return ring_.size(); }
