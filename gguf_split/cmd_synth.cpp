@@ -84,7 +84,8 @@ int cmd_synth(int argc, char** argv) {
       ("seed", po::value(&seed), "random seed (default 0x5eed = 24301)")
       ("data", po::value(&data), "random: every tensor its own random data; alias: tensors of one name "
                                  "pattern, type and shape share one repeated random tile (written at disk "
-                                 "speed, full size on disk); sparse: header only, the data a sparse hole "
+                                 "speed, full size on disk; the output head stays random, so greedy "
+                                 "picks are not ties); sparse: header only, the data a sparse hole "
                                  "(reads as zeros; for planning)")
       ("dspark", "deepseek4: add the DSpark drafter (random weights of its real shapes; tiny: the last three "
                  "layers as target layers) to the model file, keys deepseek4.dspark.*, tensors mtp.*")

@@ -283,7 +283,7 @@ class TensorData {
 class DataWriter {
  public:
   DataWriter(const SynthOptions& o, uint64_t total)
-      : o_(o), total_(total), pool_(o.data == SynthData::Random ? int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)) : 1),
+      : o_(o), total_(total), pool_(o.data != SynthData::Sparse ? int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)) : 1),
         scratch_(size_t(pool_.size())) {}
 
   void add(GgufWriter& w, const TensorPlan& t) {
@@ -296,7 +296,7 @@ class DataWriter {
       });
       return;
     }
-    if (o_.data == SynthData::Alias) {
+    if (o_.data == SynthData::Alias && t.name != "output.weight") {
       const std::string key = fmt::format("{}|{}|{}", name_pattern(t.name), dtype_name(t.type), fmt::join(t.ne, "x"));
       auto& tile = tiles_[key];
       if (!tile) tile = make_tile(TensorData(t, splitmix(o_.seed ^ fnv1a(key))));

@@ -44,7 +44,9 @@ void write_synthetic_model(const std::string& path, const SynthConfig& config = 
 //           whole blocks per pattern, repeated. Generating it is free, so the
 //           write runs at disk speed; the file still takes its full size,
 //           because GGUF readers (ours included) refuse tensors whose data
-//           overlap, so tensors cannot share one stored blob.
+//           overlap, so tensors cannot share one stored blob. The output
+//           head is the exception, random as in Random: its rows are the
+//           logits, and repeated rows would make every greedy pick a tie.
 //   Sparse: the header only; the data section is a hole of the full size
 //           (reads as zeros). For tools that never read tensor data.
 enum class SynthData { Random, Alias, Sparse };

@@ -209,6 +209,14 @@ TEST(CliSynth, AliasSharesBytesPerPattern) {
   // Same pattern, other shape (ratio 128 has one compressor lane): not shared.
   EXPECT_NE(f.find_tensor("blk.3.attn_compressor_kv.weight")->ne[1], f.find_tensor("blk.2.attn_compressor_kv.weight")->ne[1]);
   expect_valid_data(f, 8);
+  // The head is Random's, byte for byte (distinct rows: no logit ties).
+  ASSERT_EQ(synth({"--shape", "deepseek4-tiny-q4", "-o", dir.file("r.gguf")}).exit_code, 0);
+  const GgufFile r = GgufFile::open(dir.file("r.gguf"));
+  const GgufTensorInfo* head = r.find_tensor("output.weight");
+  ASSERT_NE(head, nullptr);
+  std::vector<uint8_t> random_head(head->nbytes);
+  r.read_tensor(*head, random_head.data());
+  EXPECT_EQ(bytes("output.weight"), random_head);
 }
 
 TEST(CliSynth, SparseFullSizeShapes) {
