@@ -48,11 +48,8 @@ constexpr int kAttnThreads = 256;
 __global__ void attention_kernel(DsparkAttentionParams p) {
   extern __shared__ float sh[];
   const int r = blockIdx.x, hh = blockIdx.y, hd = p.head_dim;
-  int64_t first = p.first, n_window = p.n_window;
-  if (p.position) {
-    first = max(int64_t(0), int64_t(*p.position) - p.window);
-    n_window = int64_t(*p.position) - first;
-  }
+  const int64_t first = max(int64_t(0), int64_t(*p.position) - p.window);
+  const int64_t n_window = int64_t(*p.position) - first;
   const int64_t n = n_window + p.n_rows;
   float* qs = sh;         // hd
   float* sc = sh + hd;    // n
@@ -114,12 +111,10 @@ void dspark_fp8_round(float* x, int64_t n_rows, int64_t stride, int64_t n, int64
 
 void dspark_attention(const DsparkAttentionParams& p, cudaStream_t stream) {
   require(p.q && p.kv_new && p.sinks && p.out && p.n_head > 0 && p.head_dim > 0 && p.head_dim % 32 == 0 &&
-              p.head_dim <= 1024 && p.n_rows > 0 && p.n_rows <= 65535 && p.n_window >= 0 &&
-              p.n_window <= p.ring_rows && (p.n_window == 0 || p.ring) && p.first >= 0 &&
-              (!p.position || (p.window >= 0 && p.window <= p.ring_rows && (p.window == 0 || p.ring))),
+              p.head_dim <= 1024 && p.n_rows > 0 && p.n_rows <= 65535 && p.position && p.window >= 0 &&
+              p.window <= p.ring_rows && (p.window == 0 || p.ring),
           "dspark_attention: bad arguments");
-  const int64_t most = p.position ? p.window : p.n_window;  // window rows at most
-  const size_t smem = size_t(p.head_dim + most + p.n_rows) * sizeof(float);
+  const size_t smem = size_t(p.head_dim + p.window + p.n_rows) * sizeof(float);  // the window at its longest
   require(smem <= 48 * 1024, "dspark_attention: window too long for shared memory");
   attention_kernel<<<dim3(unsigned(p.n_rows), unsigned(p.n_head)), kAttnThreads, smem, stream>>>(p);
   check_launch("dspark attention_kernel");

@@ -20,7 +20,9 @@ namespace baton::cuda {
 void dspark_fp8_round(float* x, int64_t n_rows, int64_t stride, int64_t n, int64_t block, cudaStream_t stream);
 
 // The block's attention: every one of the n_rows block rows sees the same
-// keys, the window's n_window rows (positions first .. first + n_window - 1,
+// keys, the window's rows (the `window` positions before the block's first,
+// *position, read from device memory so that one captured launch serves
+// every position: positions max(0, *position - window) .. *position - 1,
 // ring row p % ring_rows) and then all n_rows block rows (kv_new), K = V,
 // with the head's sink in the softmax denominator:
 //   out[r][h] = sum_j softmax_j(scale * q[r][h] . key_j ; sink_h) key_j
@@ -34,14 +36,8 @@ struct DsparkAttentionParams {
   const float* kv_new = nullptr;  // n_rows rows of head_dim
   const float* ring = nullptr;    // ring_rows rows of head_dim
   int64_t ring_rows = 0;
-  int64_t first = 0;              // position of the first window row
-  int64_t n_window = 0;           // <= ring_rows
-  // When set, the block's first position is read from device memory and
-  // the window is the `window` rows before it (first = max(0, *position -
-  // window), n_window = *position - first; the two above are ignored), so
-  // that one captured launch serves every position. window <= ring_rows.
-  const int32_t* position = nullptr;
-  int64_t window = 0;
+  const int32_t* position = nullptr;  // device: the block's first position
+  int64_t window = 0;                 // <= ring_rows
   const float* sinks = nullptr;   // [n_head]
   int64_t n_rows = 0;
   float* out = nullptr;           // n_rows rows of n_head * head_dim, out_stride apart
