@@ -24,7 +24,8 @@
 //
 // --draft-rounds N: afterwards the DSpark drafter (the model file's or
 // --draft's) runs N draft rounds over ctx-start context rows, on the stage's
-// GPU (or the CPU backend's threads), timed against the same one-token step.
+// GPU (or the CPU backend's threads), timed against the same one-token step;
+// on the GPU once as one CUDA graph and once queued launch by launch.
 //
 // --tp-alone: MODEL is one rank file of `baton split --tp`, run alone as its
 // rank with a lone group answering its sums and gather locally: one rank's
@@ -163,7 +164,8 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "DeepSeek V4 with a DSpark drafter (the model file's, or --draft FILE): after the single-stream rows, time "
        "this many draft rounds of the drafter network (on the stage's GPU, or the CPU backend's threads) over "
        "ctx-start context rows, each round its whole block (threshold 0); prints ms a round and its ratio to the "
-       "one-token decode step measured beside it")
+       "one-token decode step measured beside it, on the GPU for the round as one CUDA graph and queued launch by "
+       "launch")
       ("draft", po::value<std::string>(&o.draft), "the DSpark drafter's sidecar GGUF for --draft-rounds")
       ("tp-alone", po::bool_switch(&o.tp_alone),
        "MODEL is one rank file of baton split --tp: run that rank alone, each sum leaving its own partial rows and "
@@ -263,6 +265,8 @@ struct Row {
 
 // --draft-rounds: the drafter network's round over ctx-start random context
 // rows, every round its whole block, against the one-token step `one` (s).
+// On the GPU it times the round as one CUDA graph, then queued launch by
+// launch (a fresh context), side by side.
 void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageRunner& r,
                        const std::function<std::vector<int32_t>(int64_t)>& random_prompt, double one) {
   const std::optional<DsparkShape> shape = dspark_find(file, o.draft);  // checked before the load
@@ -270,23 +274,28 @@ void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageR
   const GgufFile& df = sidecar ? *sidecar : file;
   LoadOptions load;
   load.slot_bytes = o.staging_mb << 20;
-  // Threshold 0: every round its whole block.
-  const std::unique_ptr<DsparkDraftSource> source =
-      make_dspark_source(r, file, df, *shape, load, /*on_gpu=*/true, o.n_threads, 0.0f, "baton bench");
-  const char* where = r.device_model() ? "GPU" : "CPU";
+  const bool gpu = r.device_model() != nullptr;
   const int64_t F = shape->feature_width(), n = std::max<int64_t>(1, o.ctx_start);
   std::mt19937 rng(uint32_t(o.seed));
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> rows(static_cast<size_t>(n * F));
   for (float& v : rows) v = dist(rng);
-  source->committed(std::vector<int32_t>(static_cast<size_t>(n), 0), 0, rows);
   const std::vector<int32_t> bonus = random_prompt(o.draft_rounds + 1);
-  source->propose(bonus[0], n, shape->block_size);  // warm-up
-  const auto t0 = Clock::now();
-  for (int64_t i = 0; i < o.draft_rounds; ++i) source->propose(bonus[size_t(i + 1)], n, shape->block_size);
-  const double t = seconds_since(t0) / double(o.draft_rounds);
-  std::fprintf(stderr, "draft round on the %s at ctx %lld: %.2f ms (%d rows), %.2fx the one-token step (%.2f ms)\n",
-               where, (long long)n, 1e3 * t, shape->block_size, t / one, 1e3 * one);
+  for (const bool graph : gpu ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
+    set_draft_graphs(graph);
+    // Threshold 0: every round its whole block.
+    const std::unique_ptr<DsparkDraftSource> source =
+        make_dspark_source(r, file, df, *shape, load, /*on_gpu=*/true, o.n_threads, 0.0f, "baton bench");
+    source->committed(std::vector<int32_t>(static_cast<size_t>(n), 0), 0, rows);
+    source->propose(bonus[0], n, shape->block_size);  // warm-up (and the graph's capture)
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < o.draft_rounds; ++i) source->propose(bonus[size_t(i + 1)], n, shape->block_size);
+    const double t = seconds_since(t0) / double(o.draft_rounds);
+    std::fprintf(stderr, "draft round on the %s%s at ctx %lld: %.2f ms (%d rows), %.2fx the one-token step (%.2f ms)\n",
+                 gpu ? "GPU" : "CPU", gpu ? (graph ? " (one graph)" : " (queued)") : "", (long long)n, 1e3 * t,
+                 shape->block_size, t / one, 1e3 * one);
+  }
+  set_draft_graphs(true);
 }
 
 int bench(const BenchOptions& o) {

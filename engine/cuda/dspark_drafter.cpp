@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "engine/dspark/dspark_weights.h"
 #include "engine/cuda/tensor_views.h"
 #include "engine/gguf/file.h"
+#include "engine/runtime/backend.h"
 #include "kernels/cuda/ds4_hc.cuh"
 #include "kernels/cuda/ds4_norm_rope.cuh"
 #include "kernels/cuda/ds4_router.cuh"
@@ -89,6 +91,12 @@ DsparkDeviceWeights::DsparkDeviceWeights(const GgufFile& drafter_file, const Dsp
 
 DsparkDeviceWeights::~DsparkDeviceWeights() = default;
 
+namespace {
+std::atomic<bool> g_draft_graphs{true};  // set_draft_graphs
+}  // namespace
+
+void set_draft_graphs(bool on) { g_draft_graphs.store(on); }
+
 CudaDsparkDrafter::CudaDsparkDrafter(std::shared_ptr<const DsparkDeviceWeights> weights)
     : weights_(std::move(weights)),
       shape_(weights_->shape()),
@@ -99,6 +107,7 @@ CudaDsparkDrafter::CudaDsparkDrafter(std::shared_ptr<const DsparkDeviceWeights> 
       at_(std::make_unique<Impl>()) {
   const int64_t E = b_.n_embd, V = b_.n_vocab;
   const int S = shape_.n_stages;
+  use_graph_ = g_draft_graphs.load();
   stream_ = make_stage_stream();
   // The windows, then the workspace of one round.
   rows_ = shape_.kv_rows();

@@ -248,6 +248,7 @@ std::unique_ptr<StageRunner> make_stage_runner(Backend b, const GgufFile& f, con
 
 #ifndef BATON_HAVE_CUDA
 void set_programmatic_launch(bool) {}
+void set_draft_graphs(bool) {}
 #endif
 
 namespace {

@@ -221,6 +221,11 @@ DeviceCeilings measure_device_ceilings(uint64_t copy_bytes, bool gemm = true);
 // (`baton bench --no-pdl`). No effect without CUDA.
 void set_programmatic_launch(bool on);
 
+// The CUDA DSpark drafter's round as one CUDA graph, captured at a context's
+// first round (default); off, contexts made afterwards queue its launches
+// one by one (`baton bench --draft-rounds` times both). No effect without CUDA.
+void set_draft_graphs(bool on);
+
 // Process-wide diagnostics of the CUDA stages (`baton bench --profile`): a
 // per-kernel table of a decode step (node by node, then each kernel's
 // marginal cost in the replay, then a replay without programmatic launch)
