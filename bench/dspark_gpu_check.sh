@@ -19,6 +19,8 @@
 #            step's logits at the drafted run's prefix (baton logits -b 1),
 #            the share it is that step's pick and the logit gap where not
 #   ceiling  --draft-test forced-accept -n 512: every guess kept, tok/s
+#   profile  baton bench --profile --draft-rounds 3: the draft round's
+#            kernels, node by node and their marginal cost in the replay
 set -u -o pipefail
 bin=${1:?binary folder}
 out=${2:?output folder}
@@ -42,7 +44,7 @@ if has tests; then
 fi
 
 q2="$ram/flash-q2-dspark${FLASH_LAYERS:+-L$FLASH_LAYERS}.gguf"
-if has bench || has agree || has ceiling; then
+if has bench || has agree || has ceiling || has profile; then
   if [ ! -s "$q2" ]; then
     if ! mountpoint -q "$ram"; then mount -t tmpfs -o size=110G tmpfs "$ram" || echo "no tmpfs at $ram" | tee -a "$log"; fi
     say "synth deepseek4-flash q2 --dspark (alias data) into $ram"
@@ -70,6 +72,7 @@ if has agree; then
   timeout 240 "$bin/baton" run "${run_args[@]}" -n 2000 --gpu-drafter --draft-threshold 0 > "$out/drafted.json" 2> "$out/drafted.err" || status=1
   python3 - "$out" "$bin/baton" "$q2" "$work" <<'PY' 2>&1 | tee -a "$log" || status=1
 import json, subprocess, sys
+import numpy as np
 out, baton, model, work = sys.argv[1:5]
 p, d = (json.load(open(f"{out}/{n}.json")) for n in ("plain", "drafted"))
 a, b = p["tokens"], d["tokens"]
@@ -77,24 +80,42 @@ same = sum(x == y for x, y in zip(a, b))
 first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 print(f"plain {p['decode_tokens_per_s']:.1f} tok/s, drafted {d['decode_tokens_per_s']:.1f} tok/s; draft {d.get('draft')}")
 print(f"{len(a)} and {len(b)} tokens; equal at {same} positions ({100.0 * same / max(1, len(a)):.2f}%); first difference at {first}")
-# Teacher-forced: each drafted token against the plain one-token step's
-# logits at the same prefix (the drafted run's own), so that one near-tie
-# does not make every later position a difference.
-import numpy as np
-ids = d["prompt_tokens"] + b
-npy = f"{work}/drafted_logits.npy"
-subprocess.run([baton, "logits", "-m", model, "--backend", "cuda", "-b", "1", "--tokens", ",".join(map(str, ids)),
-                "-o", npy], check=True, capture_output=True)
-rows = np.load(npy, mmap_mode="r")
-n0 = len(d["prompt_tokens"]) - 1
-gaps = []
-for i, t in enumerate(b):
-    row = np.asarray(rows[n0 + i])
-    top = int(row.argmax())
-    if top != t: gaps.append((i, float(row[top] - row[t])))
-print(f"teacher-forced: the drafted token is the plain step's pick at {len(b) - len(gaps)} of {len(b)} positions "
-      f"({100.0 * (len(b) - len(gaps)) / max(1, len(b)):.2f}%); largest logit gap where not {max((g for _, g in gaps), default=0):.3g}"
-      f"; gaps {[(i, round(g, 5)) for i, g in gaps[:12]]}")
+
+def logits(name, ids, batch):
+    npy = f"{work}/{name}.npy"
+    subprocess.run([baton, "logits", "-m", model, "--backend", "cuda", "-b", str(batch), "--tokens",
+                    ",".join(map(str, ids)), "-o", npy], check=True, capture_output=True)
+    return np.load(npy, mmap_mode="r")
+
+# Teacher-forced: each generated token against the one-token forwards'
+# logits at the same prefix (the run's own), so that one near-tie does not
+# make every later position a difference. The plain run is the control:
+# its decode steps against the same one-token forwards.
+n0 = len(p["prompt_tokens"]) - 1
+def forced(label, run, rows):
+    gaps = []
+    for i, t in enumerate(run):
+        row = np.asarray(rows[n0 + i], dtype=np.float64)
+        top = int(row.argmax())
+        if top != t:
+            gaps.append((i, float(row[top] - row[t]), float(row.std())))
+    n = len(run)
+    print(f"teacher-forced, {label}: the run's token is the one-token forward's pick at {n - len(gaps)} of {n} "
+          f"({100.0 * (n - len(gaps)) / max(1, n):.2f}%); largest logit gap where not "
+          f"{max((g for _, g, _ in gaps), default=0):.3g}; (position, gap, row std) {[(i, round(g, 4), round(s, 2)) for i, g, s in gaps[:16]]}")
+plain_rows = logits("plain_b1", p["prompt_tokens"] + a, 1)
+forced("plain run (control)", a, plain_rows)
+forced("drafted run", b, logits("drafted_b1", d["prompt_tokens"] + b, 1))
+# The same tokens in forwards of 6 rows (a verify's shape) against forwards
+# of one: how far batching moves the logits, relative to the rows' spread.
+b6 = logits("plain_b6", p["prompt_tokens"] + a, 6)
+diff = np.abs(np.asarray(b6, dtype=np.float64) - np.asarray(plain_rows, dtype=np.float64)).max(axis=1)
+std = np.asarray(plain_rows, dtype=np.float64).std(axis=1)
+top2 = -np.diff(np.sort(np.asarray(plain_rows, dtype=np.float64), axis=1)[:, -2:], axis=1)[:, 0]
+for lo, hi in ((0, 128), (128, 512), (512, 1024), (1024, len(a) + n0 + 1)):
+    print(f"rows {lo}-{hi}: max |b6 - b1| {diff[lo:hi].max():.4g} (median {np.median(diff[lo:hi]):.3g}), row std {np.median(std[lo:hi]):.3g}, "
+          f"top-2 gap median {np.median(top2[lo:hi]):.3g}, under 1e-2 at {int((top2[lo:hi] < 1e-2).sum())} rows")
+np.save(f"{work}/top2.npy", top2)
 PY
 fi
 
@@ -108,6 +129,17 @@ out = sys.argv[1]
 p, c = (json.load(open(f"{out}/{n}.json")) for n in ("ceiling_plain", "ceiling"))
 print(f"plain {p['decode_tokens_per_s']:.1f} tok/s; forced-accept {c['decode_tokens_per_s']:.1f} tok/s ({c['decode_tokens_per_s'] / p['decode_tokens_per_s']:.2f}x); {c.get('draft')}")
 PY
+  # Where the forced mode stopped: the plain logits' top-2 gap there (agree's rows).
+  pos=$(grep -o 'at position [0-9]*' "$out/ceiling.err" | grep -o '[0-9]*$' | head -n 1)
+  if [ -n "$pos" ] && [ -s "$work/top2.npy" ]; then
+    /usr/bin/env python3 -c "import numpy as np, sys; t = np.load(sys.argv[1]); p = int(sys.argv[2]); print(f'forced mode stopped at position {p}: top-2 gaps of the one-token rows {p - 2}..{p}: {[round(float(x), 5) for x in t[p - 2:p + 1]]}')" "$work/top2.npy" "$pos" | tee -a "$log"
+  fi
+fi
+if has profile; then
+  say "the draft round kernel by kernel"
+  timeout 240 "$bin/baton" bench -m "$q2" --backend cuda --ctx-start 128 --ctx-max 128 --gen-tokens 12 \
+    --read-mb 0 --draft-rounds 3 --profile > /dev/null 2> "$out/profile.err" || status=1
+  sed -n '/^DSpark draft round, node by node/,/^draft round on the GPU (one graph)/p' "$out/profile.err" | tee -a "$log"
 fi
 say "status $status"
 exit $status

@@ -151,7 +151,8 @@ std::optional<BenchOptions> parse(int argc, char** argv) {
        "CUDA: launch the decode kernels without programmatic dependent launch (A/B measurement)")
       ("profile", po::bool_switch(&o.profile),
        "CUDA: per-kernel tables of a decode step on stderr, node by node and each kernel's marginal cost in the "
-       "replay (and for deepseek4 the GPU time per prefill phase)")
+       "replay (and for deepseek4 the GPU time per prefill phase; with --draft-rounds the same two tables of the "
+       "DSpark draft round)")
       ("parallel", po::value<std::string>(&parallel),
        "comma list of sequence counts: after the single-stream rows, N sequences with a prompt of ctx-start "
        "tokens each decode --gen-tokens steps together, one forward of N rows per step; prints their aggregate "

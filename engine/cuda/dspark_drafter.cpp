@@ -16,6 +16,7 @@
 #include "engine/arch/deepseek4.h"
 #include "engine/dspark/dspark_device.h"
 #include "engine/dspark/dspark_weights.h"
+#include "engine/cuda/graph_profile.h"
 #include "engine/cuda/tensor_views.h"
 #include "engine/gguf/file.h"
 #include "engine/runtime/backend.h"
@@ -404,6 +405,14 @@ GraphExecHandle CudaDsparkDrafter::capture_round() {
   BATON_CUDA_CHECK(cudaStreamEndCapture(st, &g));
   cudaGraphExec_t exec = nullptr;
   const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  if (err == cudaSuccess && stage_profiling()) {
+    // `baton bench --profile --draft-rounds N`: where the round's time goes.
+    // The round is idempotent for its inputs (copied in before the capture),
+    // so the passes and the disabled-node replays leave nothing behind that
+    // the round's own launch does not recompute.
+    std::fprintf(stderr, "DSpark draft round, node by node:\n%s\nDSpark draft round, marginal cost of each kernel:\n%s\n",
+                 cuda::profile_graph(g, exec, st, 5).c_str(), cuda::marginal_costs(g, st).c_str());
+  }
   cudaGraphDestroy(g);
   BATON_CUDA_CHECK(err);
   return GraphExecHandle(exec);
