@@ -19,6 +19,10 @@
 #            step's logits at the drafted run's prefix (baton logits -b 1),
 #            the share it is that step's pick and the logit gap where not
 #   ceiling  --draft-test forced-accept -n 512: every guess kept, tok/s
+#   batching the plain greedy output's logits from forwards of 1, 2, 6 and 64
+#            tokens (baton logits -b N), their differences to the one-token
+#            forwards' in 32-row bands: where a verify-shaped forward leaves
+#            the decode step's arithmetic
 #   profile  baton bench --profile --draft-rounds 3: the draft round's
 #            kernels, node by node and their marginal cost in the replay
 set -u -o pipefail
@@ -44,7 +48,7 @@ if has tests; then
 fi
 
 q2="$ram/flash-q2-dspark${FLASH_LAYERS:+-L$FLASH_LAYERS}.gguf"
-if has bench || has agree || has ceiling || has profile; then
+if has bench || has agree || has ceiling || has profile || has batching; then
   if [ ! -s "$q2" ]; then
     if ! mountpoint -q "$ram"; then mount -t tmpfs -o size=110G tmpfs "$ram" || echo "no tmpfs at $ram" | tee -a "$log"; fi
     say "synth deepseek4-flash q2 --dspark (alias data) into $ram"
@@ -111,7 +115,7 @@ forced("drafted run", b, logits("drafted_b1", d["prompt_tokens"] + b, 1))
 b6 = logits("plain_b6", p["prompt_tokens"] + a, 6)
 diff = np.abs(np.asarray(b6, dtype=np.float64) - np.asarray(plain_rows, dtype=np.float64)).max(axis=1)
 std = np.asarray(plain_rows, dtype=np.float64).std(axis=1)
-top2 = -np.diff(np.sort(np.asarray(plain_rows, dtype=np.float64), axis=1)[:, -2:], axis=1)[:, 0]
+top2 = np.diff(np.sort(np.asarray(plain_rows, dtype=np.float64), axis=1)[:, -2:], axis=1)[:, 0]
 for lo, hi in ((0, 128), (128, 512), (512, 1024), (1024, len(a) + n0 + 1)):
     print(f"rows {lo}-{hi}: max |b6 - b1| {diff[lo:hi].max():.4g} (median {np.median(diff[lo:hi]):.3g}), row std {np.median(std[lo:hi]):.3g}, "
           f"top-2 gap median {np.median(top2[lo:hi]):.3g}, under 1e-2 at {int((top2[lo:hi] < 1e-2).sum())} rows")
@@ -135,6 +139,33 @@ PY
     /usr/bin/env python3 -c "import numpy as np, sys; t = np.load(sys.argv[1]); p = int(sys.argv[2]); print(f'forced mode stopped at position {p}: top-2 gaps of the one-token rows {p - 2}..{p}: {[round(float(x), 5) for x in t[p - 2:p + 1]]}')" "$work/top2.npy" "$pos" | tee -a "$log"
   fi
 fi
+if has batching; then
+  say "the same tokens in forwards of 1, 2, 6 and 64 rows"
+  timeout 200 "$bin/baton" run "${run_args[@]}" -n 1019 --no-draft > "$out/batching_plain.json" 2> /dev/null || status=1
+  python3 - "$out" "$bin/baton" "$q2" "$work" <<'PY' 2>&1 | tee -a "$log" || status=1
+import json, subprocess, sys
+import numpy as np
+out, baton, model, work = sys.argv[1:5]
+p = json.load(open(f"{out}/batching_plain.json"))
+ids = p["prompt_tokens"] + p["tokens"]
+rows = {}
+for b in (1, 2, 6, 64):
+    npy = f"{work}/batch_{b}.npy"
+    subprocess.run([baton, "logits", "-m", model, "--backend", "cuda", "-b", str(b), "--tokens",
+                    ",".join(map(str, ids)), "-o", npy], check=True, capture_output=True)
+    rows[b] = np.load(npy).astype(np.float64)
+std = np.median(rows[1].std(axis=1))
+print(f"{len(ids)} tokens, logit row std {std:.3g}; |logits(b) - logits(1)|, median / max of each 32-row band:")
+for lo in range(0, len(ids), 32):
+    hi = min(len(ids), lo + 32)
+    cells = []
+    for b in (2, 6, 64):
+        d = np.abs(rows[b][lo:hi] - rows[1][lo:hi]).max(axis=1)
+        cells.append(f"b{b} {np.median(d):.2g}/{d.max():.2g}")
+    print(f"  rows {lo:4d}-{hi - 1:4d}: " + "  ".join(cells))
+PY
+fi
+
 if has profile; then
   say "the draft round kernel by kernel"
   timeout 240 "$bin/baton" bench -m "$q2" --backend cuda --ctx-start 128 --ctx-max 128 --gen-tokens 12 \
