@@ -131,9 +131,10 @@ if has ceiling; then
 import json, sys
 out = sys.argv[1]
 p, c = (json.load(open(f"{out}/{n}.json")) for n in ("ceiling_plain", "ceiling"))
-print(f"plain {p['decode_tokens_per_s']:.1f} tok/s; forced-accept {c['decode_tokens_per_s']:.1f} tok/s ({c['decode_tokens_per_s'] / p['decode_tokens_per_s']:.2f}x); {c.get('draft')}")
+print(f"plain {p['decode_tokens_per_s']:.1f} tok/s; forced-accept {c['decode_tokens_per_s']:.1f} tok/s ({c['decode_tokens_per_s'] / p['decode_tokens_per_s']:.2f}x) "
+      f"over {len(c['tokens'])} tokens (stop: {c['stop']}); {c.get('draft')}")
 PY
-  # Where the forced mode stopped: the plain logits' top-2 gap there (agree's rows).
+  # Where the forced run left the plain output: the plain logits' top-2 gap there (agree's rows).
   pos=$(grep -o 'at position [0-9]*' "$out/ceiling.err" | grep -o '[0-9]*$' | head -n 1)
   if [ -n "$pos" ] && [ -s "$work/top2.npy" ]; then
     /usr/bin/env python3 -c "import numpy as np, sys; t = np.load(sys.argv[1]); p = int(sys.argv[2]); print(f'forced mode stopped at position {p}: top-2 gaps of the one-token rows {p - 2}..{p}: {[round(float(x), 5) for x in t[p - 2:p + 1]]}')" "$work/top2.npy" "$pos" | tee -a "$log"

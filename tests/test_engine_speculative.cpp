@@ -455,6 +455,34 @@ TEST_F(Speculative, StopsInsideAnAcceptedBlock) {
   }
 }
 
+// A GPU's verify rows may pick unlike its decode steps (docs/SPECULATIVE.md):
+// with end_at_departure the forced source ends the run at the first bonus
+// that leaves its continuation, everything before it intact; without, it
+// throws (the CPU's case, where a departure is a bug).
+TEST_F(Speculative, ForcedSourceEndsTheRunWhereItLeavesTheContinuation) {
+  const std::vector<int32_t> p = prompt(5);
+  const std::vector<int32_t> want = plain_greedy(0, p, 30);
+  const size_t k = 8;  // the continuation says otherwise from output 8 on
+  std::vector<int32_t> script = want;
+  script[k] = (want[k] + 1) % n_vocab();
+  {
+    ForcedDraft d(Mode::Accept, int64_t(p.size()), script, n_vocab(), 1, /*end_at_departure=*/true);
+    const SpecResult r = spec_greedy(0, p, d, kMaxDraft, 30);
+    EXPECT_EQ(r.stop, "source");
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(want.begin(), want.begin() + k + 1));  // the target's own pick at k
+    EXPECT_EQ(d.departed_at(), int64_t(p.size() + k));
+    EXPECT_EQ(stage().position(0), int64_t(p.size() + k));  // as plain decoding leaves it
+  }
+  {
+    ForcedDraft d(Mode::Accept, int64_t(p.size()), want, n_vocab(), 1, /*end_at_departure=*/true);
+    const SpecResult r = spec_greedy(0, p, d, kMaxDraft, 30);
+    EXPECT_EQ(r.tokens, want);
+    EXPECT_EQ(d.departed_at(), -1);
+  }
+  ForcedDraft strict(Mode::Accept, int64_t(p.size()), script, n_vocab());
+  EXPECT_THROW(spec_greedy(0, p, strict, kMaxDraft, 30), std::logic_error);
+}
+
 TEST_F(Speculative, SampledWithoutDraftsEqualsPlainSampling) {
   const std::vector<int32_t> p = prompt(7);
   SamplerParams sp;

@@ -7,14 +7,25 @@
 namespace baton {
 
 ForcedDraft::ForcedDraft(Mode mode, int64_t prompt_len, std::vector<int32_t> continuation, int32_t n_vocab,
-                         uint64_t seed)
-    : mode_(mode), prompt_len_(prompt_len), cont_(std::move(continuation)), n_vocab_(n_vocab), state_(seed) {
+                         uint64_t seed, bool end_at_departure)
+    : mode_(mode),
+      prompt_len_(prompt_len),
+      cont_(std::move(continuation)),
+      n_vocab_(n_vocab),
+      state_(seed),
+      end_at_departure_(end_at_departure) {
   if (n_vocab_ < 2) throw std::invalid_argument("ForcedDraft: a vocabulary of at least 2 tokens");
 }
 
 Draft ForcedDraft::propose(int32_t bonus, int64_t position, int max_tokens) {
   const int64_t k = position - prompt_len_;  // the bonus is continuation[k]
   if (k < 0 || k >= int64_t(cont_.size()) || cont_[size_t(k)] != bonus) {
+    if (end_at_departure_ && k >= 0) {
+      departed_at_ = position;
+      Draft end;
+      end.end = true;
+      return end;
+    }
     throw std::logic_error(fmt::format("ForcedDraft: bonus {} at position {} is not the continuation's", bonus, position));
   }
   Draft d;

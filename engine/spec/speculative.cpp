@@ -153,6 +153,10 @@ SpecResult speculative_generate(StageRunner& stage, int seq, std::span<const int
     if (o.n_predict >= 0) limit = std::min<int64_t>(limit, o.n_predict - int64_t(r.tokens.size()) - 1);
     Draft d;
     if (limit > 0) d = source.propose(bonus, n, int(limit));
+    if (d.end) {
+      r.stop = "source";
+      return r;
+    }
     if (int64_t(d.tokens.size()) > limit) d.tokens.resize(size_t(std::max<int64_t>(limit, 0)));
     const size_t L = d.tokens.size();
     if (!d.logits.empty() && d.logits.size() < L * size_t(n_vocab)) {

@@ -35,6 +35,7 @@ std::vector<int> drafter_capture_layers(const GgufFile* f, int n_layer);
 struct Draft {
   std::vector<int32_t> tokens;
   std::vector<float> logits;
+  bool end = false;  // the source ends the generation here (SpecResult::stop "source")
 };
 
 class DraftSource {
@@ -86,7 +87,7 @@ struct SpecStats {
 struct SpecResult {
   std::vector<int32_t> tokens;  // the output
   std::string text;             // their text when `piece` is given, cut before a stop string
-  std::string stop = "length";  // "length", "stop token", "stop string", "context full"
+  std::string stop = "length";  // "length", "stop token", "stop string", "context full", "source"
   SpecStats stats;
 };
 
