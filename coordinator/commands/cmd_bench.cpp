@@ -267,7 +267,8 @@ struct Row {
 // --draft-rounds: the drafter network's round over ctx-start random context
 // rows, every round its whole block, against the one-token step `one` (s).
 // On the GPU it times the round as one CUDA graph, then queued launch by
-// launch (a fresh context), side by side.
+// launch (a fresh context), side by side. Without the block's logits, as
+// serve and greedy runs draft (only the sampled verify rule reads them).
 void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageRunner& r,
                        const std::function<std::vector<int32_t>(int64_t)>& random_prompt, double one) {
   const std::optional<DsparkShape> shape = dspark_find(file, o.draft);  // checked before the load
@@ -287,6 +288,7 @@ void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageR
     // Threshold 0: every round its whole block.
     const std::unique_ptr<DsparkDraftSource> source =
         make_dspark_source(r, file, df, *shape, load, /*on_gpu=*/true, o.n_threads, 0.0f, "baton bench");
+    source->set_return_logits(false);  // as serve and greedy runs draft: tokens and confidences only
     source->committed(std::vector<int32_t>(static_cast<size_t>(n), 0), 0, rows);
     source->propose(bonus[0], n, shape->block_size);  // warm-up (and the graph's capture)
     const auto t0 = Clock::now();
