@@ -8,7 +8,9 @@
 # makes it (the CLI suites drive BIN/baton through $BATON_BINARY). RAM_DIR
 # (default /mnt/ram) holds the model (a tmpfs is mounted there when it is not
 # one). FLASH_LAYERS=N keeps only Flash's first N layers (an 80 GB card; the
-# drafter then reads the last three). STEPS (default "tests bench agree ceiling"):
+# drafter then reads the last three). SHAPE=deepseek4-tiny runs the same
+# steps on the tiny shape (every layer kind, seconds to write); CPU_REF=1
+# adds the CPU's forward (exact, the same for any batching) to `batching`. STEPS (default "tests bench agree ceiling"):
 #   tests    test_cuda_dspark, test_cuda_ds4_spec, the GPU cases of the
 #            CLI's CliDspark and ServeDraftCuda
 #   bench    baton bench at ctx 128 and 2048: --verify 2,3,4,5,6 and
@@ -47,13 +49,15 @@ if has tests; then
   done
 fi
 
-q2="$ram/flash-q2-dspark${FLASH_LAYERS:+-L$FLASH_LAYERS}.gguf"
+shape=${SHAPE:-deepseek4-flash}
+[ "$shape" = deepseek4-flash ] || unset FLASH_LAYERS
+q2="$ram/$shape-q2-dspark${FLASH_LAYERS:+-L$FLASH_LAYERS}.gguf"
 if has bench || has agree || has ceiling || has profile || has batching; then
   if [ ! -s "$q2" ]; then
     if ! mountpoint -q "$ram"; then mount -t tmpfs -o size=110G tmpfs "$ram" || echo "no tmpfs at $ram" | tee -a "$log"; fi
-    say "synth deepseek4-flash q2 --dspark (alias data) into $ram"
+    say "synth $shape q2 --dspark (alias data) into $ram"
     t0=$SECONDS
-    timeout 240 "$bin/baton" synth --shape deepseek4-flash --type q2 --dspark ${FLASH_LAYERS:+--layers $FLASH_LAYERS} \
+    timeout 240 "$bin/baton" synth --shape "$shape" --type q2 --dspark ${FLASH_LAYERS:+--layers $FLASH_LAYERS} \
       --data alias -q -o "$q2" 2>&1 | tail -n 2 | tee -a "$log" || status=1
     echo "written in $((SECONDS - t0)) s" | tee -a "$log"
   fi
@@ -143,10 +147,10 @@ fi
 if has batching; then
   say "the same tokens in forwards of 1, 2, 6 and 64 rows"
   timeout 200 "$bin/baton" run "${run_args[@]}" -n 1019 --no-draft > "$out/batching_plain.json" 2> /dev/null || status=1
-  python3 - "$out" "$bin/baton" "$q2" "$work" <<'PY' 2>&1 | tee -a "$log" || status=1
+  python3 - "$out" "$bin/baton" "$q2" "$work" "${CPU_REF:-0}" <<'PY' 2>&1 | tee -a "$log" || status=1
 import json, subprocess, sys
 import numpy as np
-out, baton, model, work = sys.argv[1:5]
+out, baton, model, work, cpu_ref = sys.argv[1:6]
 p = json.load(open(f"{out}/batching_plain.json"))
 ids = p["prompt_tokens"] + p["tokens"]
 rows = {}
@@ -164,6 +168,19 @@ for lo in range(0, len(ids), 32):
         d = np.abs(rows[b][lo:hi] - rows[1][lo:hi]).max(axis=1)
         cells.append(f"b{b} {np.median(d):.2g}/{d.max():.2g}")
     print(f"  rows {lo:4d}-{hi - 1:4d}: " + "  ".join(cells))
+if cpu_ref == "1":
+    npy = f"{work}/batch_cpu.npy"
+    subprocess.run([baton, "logits", "-m", model, "--backend", "cpu", "-b", "64", "--tokens",
+                    ",".join(map(str, ids)), "-o", npy], check=True, capture_output=True)
+    cpu = np.load(npy).astype(np.float64)
+    print("|logits(cuda, b) - logits(cpu)|, median / max of each 32-row band:")
+    for lo in range(0, len(ids), 32):
+        hi = min(len(ids), lo + 32)
+        cells = []
+        for b in (1, 2, 6, 64):
+            d = np.abs(rows[b][lo:hi] - cpu[lo:hi]).max(axis=1)
+            cells.append(f"b{b} {np.median(d):.2g}/{d.max():.2g}")
+        print(f"  rows {lo:4d}-{hi - 1:4d}: " + "  ".join(cells))
 PY
 fi
 
