@@ -57,8 +57,14 @@ __global__ void attention_kernel(DsparkAttentionParams p) {
   const float* q = p.q + r * p.q_stride + int64_t(hh) * hd;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[i];
   __syncthreads();
+  // The window's ring slots are contiguous but for one wrap: the slot of
+  // window row j is first's slot + j, less ring_rows once past the end (no
+  // 64-bit modulo per key and dimension in the loops below).
+  const int64_t slot0 = p.ring_rows > 0 ? first % p.ring_rows : 0;
   auto key = [&](int64_t j) {
-    return j < n_window ? p.ring + ((first + j) % p.ring_rows) * hd : p.kv_new + (j - n_window) * hd;
+    if (j >= n_window) return p.kv_new + (j - n_window) * hd;
+    const int64_t s = slot0 + j;
+    return p.ring + (s < p.ring_rows ? s : s - p.ring_rows) * hd;
   };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
   for (int64_t j = warp; j < n; j += n_warps) {
@@ -78,9 +84,21 @@ __global__ void attention_kernel(DsparkAttentionParams p) {
   const float sum = block_sum(part, red) + __expf(sink - mx);
   const float inv = 1.0f / sum;
   float* o = p.out + r * p.out_stride + int64_t(hh) * hd;
+  // The weighted sum: eight keys' values loaded before they are added, so
+  // that eight reads are in flight rather than one per dependent step; the
+  // sum keeps its order (the same float result as one key at a time).
+  constexpr int kAhead = 8;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     float acc = 0;
-    for (int64_t j = 0; j < n; ++j) acc += sc[j] * key(j)[i];
+    int64_t j = 0;
+    for (; j + kAhead <= n; j += kAhead) {
+      float v[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) v[u] = key(j + u)[i];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) acc += sc[j + u] * v[u];
+    }
+    for (; j < n; ++j) acc += sc[j] * key(j)[i];
     o[i] = acc * inv;
   }
 }
