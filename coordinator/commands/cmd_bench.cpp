@@ -63,6 +63,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/arch/llama_family.h"
 #include "coordinator/commands/draft_options.h"
+#include "engine/dspark/dspark_device.h"
 #include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/model/loader.h"
@@ -267,7 +268,7 @@ struct Row {
 // --draft-rounds: the drafter network's round over ctx-start random context
 // rows, every round its whole block, against the one-token step `one` (s).
 // On the GPU it times the round as one CUDA graph, then queued launch by
-// launch (a fresh context), side by side. Without the block's logits, as
+// launch (a fresh context over the same device weights), side by side. Without the block's logits, as
 // serve and greedy runs draft (only the sampled verify rule reads them).
 void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageRunner& r,
                        const std::function<std::vector<int32_t>(int64_t)>& random_prompt, double one) {
@@ -276,7 +277,9 @@ void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageR
   const GgufFile& df = sidecar ? *sidecar : file;
   LoadOptions load;
   load.slot_bytes = o.staging_mb << 20;
-  const bool gpu = r.device_model() != nullptr;
+  // On the GPU the weights are loaded once; each timing gets its own context.
+  const std::shared_ptr<const DsparkDeviceWeights> weights = dspark_device_weights(r, df, *shape, load);
+  const bool gpu = weights != nullptr;
   const int64_t F = shape->feature_width(), n = std::max<int64_t>(1, o.ctx_start);
   std::mt19937 rng(uint32_t(o.seed));
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -287,7 +290,8 @@ void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageR
     set_draft_graphs(graph);
     // Threshold 0: every round its whole block.
     const std::unique_ptr<DsparkDraftSource> source =
-        make_dspark_source(r, file, df, *shape, load, /*on_gpu=*/true, o.n_threads, 0.0f, "baton bench");
+        gpu ? std::make_unique<DsparkDraftSource>(dspark_device_network(weights), 0.0f)
+            : make_dspark_source(r, file, df, *shape, load, /*on_gpu=*/false, o.n_threads, 0.0f, "baton bench");
     source->set_return_logits(false);  // as serve and greedy runs draft: tokens and confidences only
     source->committed(std::vector<int32_t>(static_cast<size_t>(n), 0), 0, rows);
     source->propose(bonus[0], n, shape->block_size);  // warm-up (and the graph's capture)

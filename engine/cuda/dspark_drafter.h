@@ -2,11 +2,11 @@
 // the GPU"): DsparkDrafter's equations and contract as launches on its own
 // stream. The weights live in one device allocation loaded through the
 // pinned staging ring; the target's token embedding and output head are the
-// stage's own device copies. Each round is one queue of launches, the
-// Markov head row by row on the device (each row's argmax feeds the next),
-// and one copy back of the block's tokens, confidences and logits. The
-// launches between the copies are one CUDA graph, captured at the first
-// round: they read the position from device memory.
+// stage's own device copies. Each round is one copy in of the positions
+// and tokens, the launches (the Markov head row by row on the device, each
+// row's argmax feeding the next) replayed as one CUDA graph captured at the
+// first round (they read the position from device memory), and one copy
+// back of the block's tokens, confidences and logits.
 //
 // Only compiled when the build has CUDA; engine/dspark/dspark_device.h is
 // the seam the commands include.
