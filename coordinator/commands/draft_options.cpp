@@ -23,7 +23,7 @@ void add_draft_options(po::options_description& desc, DraftChoice& c) {
        "--draft has one; baton serve drafts while one request decodes alone)")
       ("gpu-drafter", po::bool_switch(&c.on_gpu),
        "with --backend cuda: draft with the DSpark drafter's network on the target's GPU, sharing its embedding "
-       "and head (off by default on CUDA until its suite has passed on a GPU, docs/DSPARK.md)");
+       "and head (off by default on CUDA until its round costs little enough to pay, docs/DSPARK.md)");
   // clang-format on
 }
 
