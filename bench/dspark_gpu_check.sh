@@ -21,10 +21,10 @@
 #            step's logits at the drafted run's prefix (baton logits -b 1),
 #            the share it is that step's pick and the logit gap where not
 #   ceiling  --draft-test forced-accept -n 512: every guess kept, tok/s
-#   batching the plain greedy output's logits from forwards of 1, 2, 6 and 64
-#            tokens (baton logits -b N), their differences to the one-token
-#            forwards' in 32-row bands: where a verify-shaped forward leaves
-#            the decode step's arithmetic
+#   batching the plain greedy output's logits from forwards of 1 token and of
+#            BATCHES (default "2 6 64") tokens (baton logits -b N), their
+#            differences to the one-token forwards' in 32-row bands: where a
+#            verify-shaped forward leaves the decode step's arithmetic
 #   profile  baton bench --profile --draft-rounds 3: the draft round's
 #            kernels, node by node and their marginal cost in the replay
 set -u -o pipefail
@@ -147,14 +147,15 @@ fi
 if has batching; then
   say "the same tokens in forwards of 1, 2, 6 and 64 rows"
   timeout 200 "$bin/baton" run "${run_args[@]}" -n 1019 --no-draft > "$out/batching_plain.json" 2> /dev/null || status=1
-  python3 - "$out" "$bin/baton" "$q2" "$work" "${CPU_REF:-0}" <<'PY' 2>&1 | tee -a "$log" || status=1
+  python3 - "$out" "$bin/baton" "$q2" "$work" "${CPU_REF:-0}" "${BATCHES:-2 6 64}" <<'PY' 2>&1 | tee -a "$log" || status=1
 import json, subprocess, sys
 import numpy as np
-out, baton, model, work, cpu_ref = sys.argv[1:6]
+out, baton, model, work, cpu_ref, batches = sys.argv[1:7]
 p = json.load(open(f"{out}/batching_plain.json"))
 ids = p["prompt_tokens"] + p["tokens"]
 rows = {}
-for b in (1, 2, 6, 64):
+sizes = [int(b) for b in batches.split()]
+for b in [1] + sizes:
     npy = f"{work}/batch_{b}.npy"
     subprocess.run([baton, "logits", "-m", model, "--backend", "cuda", "-b", str(b), "--tokens",
                     ",".join(map(str, ids)), "-o", npy], check=True, capture_output=True)
@@ -164,7 +165,7 @@ print(f"{len(ids)} tokens, logit row std {std:.3g}; |logits(b) - logits(1)|, med
 for lo in range(0, len(ids), 32):
     hi = min(len(ids), lo + 32)
     cells = []
-    for b in (2, 6, 64):
+    for b in sizes:
         d = np.abs(rows[b][lo:hi] - rows[1][lo:hi]).max(axis=1)
         cells.append(f"b{b} {np.median(d):.2g}/{d.max():.2g}")
     print(f"  rows {lo:4d}-{hi - 1:4d}: " + "  ".join(cells))
@@ -177,7 +178,7 @@ if cpu_ref == "1":
     for lo in range(0, len(ids), 32):
         hi = min(len(ids), lo + 32)
         cells = []
-        for b in (1, 2, 6, 64):
+        for b in [1] + sizes:
             d = np.abs(rows[b][lo:hi] - cpu[lo:hi]).max(axis=1)
             cells.append(f"b{b} {np.median(d):.2g}/{d.max():.2g}")
         print(f"  rows {lo:4d}-{hi - 1:4d}: " + "  ".join(cells))

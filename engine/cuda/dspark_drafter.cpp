@@ -51,8 +51,10 @@ struct CudaDsparkDrafter::Impl {
   uint64_t ids = 0, wts = 0, moe_out = 0, sg = 0, su = 0, sh_out = 0, xq = 0, moe_ws = 0, moe_ws_bytes = 0;
   uint64_t hc_ws = 0, hc_ws_bytes = 0, cat = 0, hn = 0, logits = 0, bias = 0, conf = 0, prev = 0, params = 0;
   uint64_t argmax_ws = 0, argmax_ws_bytes = 0, ctx = 0, main_x = 0, freqs = 0;
-  // Pinned io: the round's outputs (conf[B], prev[B + 1], logits[B x V]).
-  uint64_t h_conf = 0, h_prev = 0, h_logits = 0;
+  // Pinned io: the round's inputs (params[3 * rows], the bonus) and outputs
+  // (conf[B], prev[B + 1], logits[B x V]); pinned, so the copies are the
+  // stream's and the host does not wait on them.
+  uint64_t h_params = 0, h_bonus = 0, h_conf = 0, h_prev = 0, h_logits = 0;
   cuda::Ds4HcShape hs;
 };
 
@@ -179,6 +181,8 @@ CudaDsparkDrafter::CudaDsparkDrafter(std::shared_ptr<const DsparkDeviceWeights> 
     io += align_up(bytes, 256);
     return o;
   };
+  a.h_params = take_io(uint64_t(3 * rows) * 4);
+  a.h_bonus = take_io(4);
   a.h_conf = take_io(uint64_t(B) * 4);
   a.h_prev = take_io(uint64_t(B + 1) * 4);
   a.h_logits = take_io(uint64_t(B * V) * 4);
@@ -425,17 +429,21 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   cudaStream_t st = stream_.get();
   uint8_t* ws = ws_.data();
   // Positions n .. n + B - 1, their negatives, the block's tokens; prev[0] = bonus.
+  // The last round's copies were waited for, so the pinned inputs are free.
   const int64_t rows = std::max<int64_t>(B, kChunk);
-  std::vector<int32_t> params(static_cast<size_t>(3 * rows), 0);
+  uint8_t* io = io_.data();
+  int32_t* params = reinterpret_cast<int32_t*>(io + a.h_params);
+  std::fill(params, params + 3 * rows, 0);
   for (int64_t r = 0; r < B; ++r) {
-    params[size_t(r)] = int32_t(pos0 + r);
-    params[size_t(rows + r)] = -int32_t(pos0 + r);
-    params[size_t(2 * rows + r)] = r == 0 ? bonus : int32_t(shape_.noise_token_id);
+    params[r] = int32_t(pos0 + r);
+    params[rows + r] = -int32_t(pos0 + r);
+    params[2 * rows + r] = r == 0 ? bonus : int32_t(shape_.noise_token_id);
   }
+  *reinterpret_cast<int32_t*>(io + a.h_bonus) = bonus;
   int32_t* d_params = reinterpret_cast<int32_t*>(ws + a.params);
   int32_t* d_prev = reinterpret_cast<int32_t*>(ws + a.prev);
-  BATON_CUDA_CHECK(cudaMemcpyAsync(d_params, params.data(), params.size() * 4, cudaMemcpyHostToDevice, st));
-  BATON_CUDA_CHECK(cudaMemcpyAsync(d_prev, &bonus, 4, cudaMemcpyHostToDevice, st));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(d_params, params, uint64_t(3 * rows) * 4, cudaMemcpyHostToDevice, st));
+  BATON_CUDA_CHECK(cudaMemcpyAsync(d_prev, io + a.h_bonus, 4, cudaMemcpyHostToDevice, st));
   if (use_graph_ && !round_graph_) {
     // A capture the driver refuses costs speed, not the drafts: this
     // context queues its rounds instead, and says so once.
@@ -452,7 +460,6 @@ DsparkDraft CudaDsparkDrafter::draft(int32_t bonus, int64_t pos0, float threshol
   } else {
     enqueue_round();
   }
-  uint8_t* io = io_.data();
   const int64_t limit = std::min<int64_t>(B, std::max(1, max_tokens));
   BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_conf, floats_at(a.conf), uint64_t(B) * 4, cudaMemcpyDeviceToHost, st));
   BATON_CUDA_CHECK(cudaMemcpyAsync(io + a.h_prev, d_prev, uint64_t(B + 1) * 4, cudaMemcpyDeviceToHost, st));
