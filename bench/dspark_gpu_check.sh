@@ -77,7 +77,7 @@ run_args=(-m "$q2" --backend cuda -p "Once upon a time" --temp 0 --ignore-eos --
 if has agree; then
   say "greedy 2000 tokens: drafted (threshold 0) against --no-draft"
   timeout 200 "$bin/baton" run "${run_args[@]}" -n 2000 --no-draft > "$out/plain.json" 2> "$out/plain.err" || status=1
-  timeout 240 "$bin/baton" run "${run_args[@]}" -n 2000 --gpu-drafter --draft-threshold 0 > "$out/drafted.json" 2> "$out/drafted.err" || status=1
+  timeout 240 "$bin/baton" run "${run_args[@]}" -n 2000 --gpu-drafter --draft-threshold 0 --draft-always > "$out/drafted.json" 2> "$out/drafted.err" || status=1
   python3 - "$out" "$bin/baton" "$q2" "$work" <<'PY' 2>&1 | tee -a "$log" || status=1
 import json, subprocess, sys
 import numpy as np

@@ -110,7 +110,7 @@ TEST(CliDspark, DraftedGreedyOutputEqualsPlain) {
   const auto side_plain = run({dir.file("plain.gguf")});
   EXPECT_FALSE(side_plain.contains("draft"));
   const auto side = run({dir.file("plain.gguf"), "--draft", dir.file("side.gguf"), "--draft-max", "3",
-                         "--draft-threshold", "0"});
+                         "--draft-threshold", "0", "--draft-always"});
   ASSERT_TRUE(side.contains("draft"));
   EXPECT_EQ(side["tokens"], side_plain["tokens"]);
   // Threshold 0 never stops a draft early: every verify carries 3 guesses
@@ -163,7 +163,7 @@ TEST(CliDspark, GpuAndCpuDraftersBesideCudaTarget) {
   ASSERT_TRUE(plain.contains("tokens"));
   EXPECT_FALSE(plain.contains("draft"));  // off by default on CUDA
   for (const char* where : {"--gpu-drafter", "--cpu-drafter"}) {
-    const auto drafted = run({dir.file("m.gguf"), where, "--draft-threshold", "0"});
+    const auto drafted = run({dir.file("m.gguf"), where, "--draft-threshold", "0", "--draft-always"});
     ASSERT_TRUE(drafted.contains("draft")) << where;
     EXPECT_EQ(drafted["tokens"], plain["tokens"]) << where;
     EXPECT_EQ(drafted["draft"]["mode"], "dspark");

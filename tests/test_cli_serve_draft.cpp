@@ -58,9 +58,12 @@ class ServeDraft : public ::testing::Test {
     write_synth_model(dir_->file("m.gguf"), o);
     const std::vector<std::string> common = {"-m", dir_->file("m.gguf"), "--model-id", "m", "--backend", "cpu",
                                              "--parallel", "2", "--ctx", "256", "--quiet"};
-    std::vector<std::string> plain = common;
+    std::vector<std::string> plain = common, drafted = common;
     plain.push_back("--no-draft");
-    drafted_ = new ServeProcess(common);
+    // Every lone step drafts: these tests count guesses, which pacing would
+    // make depend on the machine's timings (draft_pacer.h).
+    drafted.push_back("--draft-always");
+    drafted_ = new ServeProcess(drafted);
     plain_ = new ServeProcess(plain);
   }
   static void TearDownTestSuite() {
@@ -420,6 +423,7 @@ class EngineDraft : public ::testing::Test {
     plain_ = new LocalEngine(c, nullptr);
     script_ = std::make_shared<Script>();
     c.draft_source = [s = std::shared_ptr<const Script>(script_)] { return std::make_unique<ScriptedDraft>(s); };
+    c.draft.always = true;  // the counts below are the script's, not the pacer's (draft_pacer.h)
     drafted_ = new LocalEngine(c, nullptr);
     // Two slots, each step slowed so that two requests submitted together
     // surely run side by side.
@@ -602,7 +606,7 @@ TEST(ServeDraftCuda, GpuDrafterKeepsThePlainText) {
                                            "--parallel", "2", "--ctx", "256", "--batch", "8", "--quiet"};
   std::vector<std::string> plain_args = common, gpu_args = common;
   plain_args.push_back("--no-draft");
-  gpu_args.insert(gpu_args.end(), {"--gpu-drafter", "--draft-threshold", "0"});
+  gpu_args.insert(gpu_args.end(), {"--gpu-drafter", "--draft-threshold", "0", "--draft-always"});
   ServeProcess plain(plain_args), gpu(gpu_args);
   for (const auto& prompt : kPrompts) {
     const json want = ok(plain.port(), "/v1/completions", completion(prompt, 40));

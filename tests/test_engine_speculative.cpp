@@ -30,6 +30,7 @@
 #include "engine/runtime/kv_cache.h"
 #include "engine/runtime/stage.h"
 #include "engine/sampling/sampler.h"
+#include "engine/spec/draft_pacer.h"
 #include "engine/spec/forced_draft.h"
 #include "engine/spec/speculative.h"
 #include "gguf_split/synth.h"
@@ -226,6 +227,96 @@ TEST_F(Speculative, GreedyEqualsPlainOnTiny) {
   }
   if (kSanitized) GTEST_SKIP() << "some 75 ms a token under the sanitizers: the regular build runs it";
   greedy_equals_plain({5}, 40, {Mode::Accept, Mode::Reject}, {1, 3, 5});
+}
+
+// The pacer's rule on given timings: plain steps first, then a window of
+// drafting steps judged against the fastest recent plain step; a window
+// slower than plain pauses drafting, each failed probe doubles the pause up
+// to its cap, and a window that pays resets it.
+TEST(DraftPacer, DraftsWhileItPaysAndBacksOffWhileItDoesNot) {
+  DraftPacer::Options o;
+  o.probe = 4, o.pause = 3, o.max_pause = 12;
+  DraftPacer p(o);
+  for (int i = 0; i < DraftPacer::kPlainSteps; ++i) {
+    EXPECT_FALSE(p.draft_now()) << "plain step " << i;
+    p.plain(i == 0 ? 0.030 : 0.010);  // the slower first step (a warm-up) does not set the rate
+  }
+  EXPECT_DOUBLE_EQ(p.plain_seconds(), 0.010);
+  // 2 tokens in 15 ms: 133 tokens/s against plain 100: drafting stays on.
+  for (int i = 0; i < 3 * o.probe; ++i) {
+    ASSERT_TRUE(p.draft_now()) << i;
+    p.drafted(2, 0.015);
+  }
+  EXPECT_EQ(p.pauses(), 0);
+  EXPECT_NEAR(p.judged_tokens_per_s(), 2 / 0.015, 1e-6);
+  // 1 token in 15 ms: slower than plain. The window ends in a pause of 3, then 6, then 12, 12.
+  for (int want : {3, 6, 12, 12}) {
+    for (int i = 0; i < o.probe; ++i) {
+      ASSERT_TRUE(p.draft_now());
+      p.drafted(1, 0.015);
+    }
+    EXPECT_EQ(p.last_pause(), want);
+    for (int i = 0; i < want; ++i) {
+      ASSERT_FALSE(p.draft_now()) << "pause of " << want << ", step " << i;
+      p.plain(0.010);
+    }
+  }
+  EXPECT_EQ(p.pauses(), 4);
+  // Exactly at the plain rate counts as paying, and resets the pause.
+  for (int i = 0; i < o.probe; ++i) p.drafted(1, 0.010);
+  EXPECT_TRUE(p.draft_now());
+  for (int i = 0; i < o.probe; ++i) p.drafted(1, 0.020);
+  EXPECT_EQ(p.last_pause(), o.pause);
+  EXPECT_EQ(p.pauses(), 5);
+  EXPECT_THROW(DraftPacer({0, 1, 1}), std::invalid_argument);
+  EXPECT_THROW(DraftPacer({1, 4, 2}), std::invalid_argument);
+}
+
+// A caller that drafts before any plain step (no plain figure) is sent one
+// plain step before its window is judged.
+TEST(DraftPacer, WithoutAPlainFigureAWindowAsksForAPlainStep) {
+  DraftPacer::Options o;
+  o.probe = 2;
+  DraftPacer fresh(o);
+  while (!fresh.draft_now()) fresh.plain(0.0);  // plain steps that measured nothing
+  fresh.drafted(1, 1.0);
+  fresh.drafted(1, 1.0);
+  EXPECT_FALSE(fresh.draft_now());
+  EXPECT_EQ(fresh.pauses(), 0);
+}
+
+// speculative_generate with a pacer: its first steps are plain (no round
+// asked of the source), and the output is the plain greedy output.
+TEST_F(Speculative, PacedRunStartsWithPlainStepsAndKeepsThePlainOutput) {
+  struct Counting final : DraftSource {
+    std::vector<int64_t> at;  // the position of each round asked for
+    Draft propose(int32_t bonus, int64_t position, int) override {
+      at.push_back(position);
+      return {{bonus}, {}};  // one guess: the bonus again
+    }
+    void committed(std::span<const int32_t>, int64_t, std::span<const float>) override {}
+  };
+  const std::vector<int32_t> p = prompt(2);
+  const int n = 8;  // under one judgement: 2 plain steps, then drafting ones
+  const std::vector<int32_t> want = plain_greedy(0, p, n);
+  stage().reset(0);
+  SamplerParams sp;
+  sp.temperature = 0;
+  Sampler sampler(sp, n_vocab());
+  SpecOptions o;
+  o.max_draft = 1;
+  o.n_predict = n;
+  DraftPacer pacer;
+  o.pacer = &pacer;
+  Counting source;
+  const SpecResult r = speculative_generate(stage(), 0, p, sampler, source, o);
+  EXPECT_EQ(r.tokens, want);
+  // The last step wants one token: no guess, whatever the pacer says.
+  ASSERT_FALSE(source.at.empty());
+  EXPECT_EQ(source.at[0], int64_t(p.size()) + DraftPacer::kPlainSteps);
+  EXPECT_GE(int64_t(source.at.size()), r.stats.verifies - DraftPacer::kPlainSteps - 1);
+  EXPECT_EQ(r.stats.drafted, int64_t(source.at.size()));
+  EXPECT_GT(pacer.plain_seconds(), 0.0);
 }
 
 // The loop is the architecture's business only through truncate_seq: a

@@ -122,8 +122,10 @@ void LocalEngine::decide_drafting(const std::optional<DsparkShape>& drafter) {
       drafter_ = drafter;
       config_.stage.capture_layers = drafter->target_layer_ids;
     }
-    state = fmt::format("on while one request decodes alone ({} guesses per verify at most, confidence "
-                        "threshold {})", config_.draft.max, config_.draft.threshold);
+    state = fmt::format("on while one request decodes alone{} ({} guesses per verify at most, confidence "
+                        "threshold {})",
+                        config_.draft.always ? "" : " and drafting keeps up with plain steps", config_.draft.max,
+                        config_.draft.threshold);
   }
   const std::string what = config_.draft_source ? std::string("test draft source")
                            : drafter->describe() + " (" +
@@ -317,7 +319,12 @@ void LocalEngine::draft_step(Sequence& s) {
   const int64_t limit = std::min<int64_t>(
       {config_.draft.max, stage_->n_ctx() - n - 1, s.req.max_tokens - s.usage.completion_tokens - 1});
   Draft d;
-  if (limit > 0) d = drafters_->propose(s.slot, s.next_input, n, int(limit));
+  // The step runs from the draft round to the verify's last token: what the
+  // pacer sets against plain steps, and the request's decode time.
+  const auto t0 = Clock::now();
+  if (limit > 0 && (config_.draft.always || pacer_.draft_now())) {
+    d = drafters_->propose(s.slot, s.next_input, n, int(limit));
+  }
   if (int64_t(d.tokens.size()) > limit) d.tokens.resize(size_t(std::max<int64_t>(limit, 0)));
   // A guess the grammar forbids could never be sampled: the draft ends before it.
   if (s.grammar) d.tokens.resize(grammar_draft_prefix(*s.grammar, s.req, info_, d.tokens, allowed_));
@@ -327,7 +334,6 @@ void LocalEngine::draft_step(Sequence& s) {
   ForwardOptions verify;
   verify.capture = bool(drafter_);
   verify.all_logits = verify.checkpoint = n_guesses > 0;  // none: a plain decode step
-  const auto t0 = Clock::now();
   ForwardRows res;
   try {
     res = stage_->forward_rows(s.slot, verify_tokens_, verify);
@@ -337,7 +343,6 @@ void LocalEngine::draft_step(Sequence& s) {
     finish(s, FinishReason::error, {}, e.what());
     return;
   }
-  const double dt = seconds_between(t0, Clock::now());
   // Row i is what a plain step after the i-th token would see (the CPU
   // forward does not depend on the batching), so each row is sampled as that
   // step would sample it: logit bias, grammar, penalties, stop strings,
@@ -347,13 +352,26 @@ void LocalEngine::draft_step(Sequence& s) {
   // The usage counts each guess before a token can end the request.
   const size_t width = size_t(stage_->n_vocab());
   s.usage.draft_n += int64_t(n_guesses);
-  s.usage.decode_s += dt;
   size_t used = 0;  // rows whose token was sampled: their inputs stay in the KV
   while (used <= n_guesses) {
     const int32_t guess = used < n_guesses ? d.tokens[used] : -1;
     const int32_t id = sample(s, res.out.subspan(used * width, width), -1, n + int64_t(used) + 1, guess);
     ++used;
     if (id != guess || s.ended || s.cancelled) break;
+  }
+  const double dt = seconds_between(t0, Clock::now());
+  s.usage.decode_s += dt;
+  if (n_guesses > 0) {
+    const int64_t before = pacer_.pauses();
+    pacer_.drafted(int64_t(used), dt);
+    if (pacer_.pauses() > before) {
+      // The first pause at info (a drafter that does not pay here), later ones at debug.
+      net::log(pacer_.pauses() == 1 ? net::LogLevel::info : net::LogLevel::debug,
+               fmt::format("drafting paused for {} steps: drafting steps gave {:.1f} tokens/s, plain steps {:.1f}",
+                           pacer_.last_pause(), pacer_.judged_tokens_per_s(), 1.0 / pacer_.plain_seconds()));
+    }
+  } else {
+    pacer_.plain(dt);
   }
   // The sequence keeps the rows that fed the tokens handed out, as plain
   // decoding leaves it; the drafter and the prefix cache see the same rows.

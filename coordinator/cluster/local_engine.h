@@ -44,6 +44,7 @@
 #include "engine/base/memory_plan.h"
 #include "engine/runtime/stage.h"
 #include "engine/dspark/dspark_shape.h"
+#include "engine/spec/draft_pacer.h"
 #include "engine/spec/speculative.h"
 
 namespace baton {
@@ -159,6 +160,7 @@ class LocalEngine final : public GenerationService {
   std::unique_ptr<SlotDrafters> drafters_;        // scheduler thread only (made once the stage loads)
   std::vector<float> batch_logits_;               // scheduler thread only: forward_for_drafters' rows
   std::vector<int32_t> verify_tokens_;            // scheduler thread only: a verify's [bonus, guesses]
+  DraftPacer pacer_;                              // scheduler thread only: whether a lone step drafts
   std::thread thread_;
 };
 

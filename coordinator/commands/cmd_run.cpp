@@ -41,6 +41,7 @@
 #include "engine/runtime/stage.h"
 #include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
+#include "engine/spec/draft_pacer.h"
 #include "engine/spec/forced_draft.h"
 #include "engine/spec/speculative.h"
 #include "engine/text/tokenizer.h"
@@ -338,13 +339,15 @@ SpecOptions spec_options(const RunOptions& opt, const Tokenizer& tok, int32_t n_
   return o;
 }
 
+// `pacer` (null: every step drafts) pauses drafting where it does not pay.
 Generated generate_speculative(const RunOptions& opt, const Tokenizer& tok, StageRunner& stage,
                                const std::vector<int32_t>& prompt, DraftSource& draft, bool capture,
-                               SpecStats* stats) {
+                               SpecStats* stats, DraftPacer* pacer = nullptr) {
   const int32_t n_vocab = int32_t(stage.n_vocab());
   SpecOptions o = spec_options(opt, tok, n_vocab);
   o.max_draft = opt.drafting.max;
   o.capture = capture;
+  o.pacer = pacer;
   Generated g;
   // Decode time runs from the first token (sampled after the prefill), as
   // in generate(); the rate counts the tokens after it.
@@ -703,6 +706,7 @@ int run(const RunOptions& opt) {
 
   Sampler sampler(opt.sampling, int32_t(stage.n_vocab()));
   SpecStats spec;
+  DraftPacer pacer;
   Generated gen;
   if (opt.draft_test != "none") {
     gen = generate_draft_test(opt, *tokenizer, stage, prompt, &spec);
@@ -715,7 +719,8 @@ int run(const RunOptions& opt) {
                            opt.drafting.threshold, "baton run");
     // Only the sampled verify rule reads the draft's logits.
     source->set_return_logits(opt.sampling.temperature > 0);
-    gen = generate_speculative(opt, *tokenizer, stage, prompt, *source, true, &spec);
+    gen = generate_speculative(opt, *tokenizer, stage, prompt, *source, true, &spec,
+                               opt.drafting.always ? nullptr : &pacer);
   } else {
     const int32_t first = opt.n_predict != 0 ? sampler.sample(logits) : -1;
     gen = generate(
@@ -739,6 +744,11 @@ int run(const RunOptions& opt) {
                         {"verifies", spec.verifies},
                         {"drafted", spec.drafted},
                         {"accepted", spec.accepted}};
+          if (drafting && !opt.drafting.always) {
+            // Probes that did not pay, and the rates the last judgement saw.
+            j["draft"]["pauses"] = pacer.pauses();
+            j["draft"]["plain_step_ms"] = 1e3 * pacer.plain_seconds();
+          }
           if (gen.departed_at >= 0) j["draft"]["departed_at"] = gen.departed_at;
         }
       },
@@ -746,7 +756,10 @@ int run(const RunOptions& opt) {
           ? std::string()
           : "; " + (drafting ? std::string("drafter") : opt.draft_test) + ": " + std::to_string(spec.verifies) + " verifies, " +
                                 std::to_string(spec.accepted) + " of " + std::to_string(spec.drafted) +
-                                " guesses kept");
+                                " guesses kept" +
+                                (pacer.pauses() > 0 ? ", paused " + std::to_string(pacer.pauses()) +
+                                                          " times where drafting was slower than plain steps"
+                                                    : std::string()));
   return 0;
 }
 

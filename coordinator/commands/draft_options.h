@@ -1,5 +1,5 @@
 // The drafter's flags that `baton run` and `baton serve` share (--no-draft,
-// --draft-max, --draft-threshold, --gpu-drafter; docs/DSPARK.md), defined
+// --draft-max, --draft-threshold, --draft-always, --gpu-drafter; docs/DSPARK.md), defined
 // once so that both commands read and check them alike; and the one-sequence
 // draft source `baton run` and `baton bench` build beside a loaded stage.
 #pragma once
@@ -12,7 +12,7 @@
 
 namespace baton {
 
-// Adds the four options to `desc`, writing into `choice`.
+// Adds the five options to `desc`, writing into `choice`.
 void add_draft_options(boost::program_options::options_description& desc, DraftChoice& choice);
 // Throws std::invalid_argument for a value outside its range.
 void check_draft_options(const DraftChoice& choice);

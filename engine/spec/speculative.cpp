@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 
 #include "engine/gguf/file.h"
+#include "engine/spec/draft_pacer.h"
 
 namespace baton {
 
@@ -152,7 +154,8 @@ SpecResult speculative_generate(StageRunner& stage, int seq, std::span<const int
     int64_t limit = std::min<int64_t>(o.max_draft, n_ctx - n - 1);
     if (o.n_predict >= 0) limit = std::min<int64_t>(limit, o.n_predict - int64_t(r.tokens.size()) - 1);
     Draft d;
-    if (limit > 0) d = source.propose(bonus, n, int(limit));
+    const auto t0 = std::chrono::steady_clock::now();  // the round and the verify: the pacer's step
+    if (limit > 0 && (!o.pacer || o.pacer->draft_now())) d = source.propose(bonus, n, int(limit));
     if (d.end) {
       r.stop = "source";
       return r;
@@ -205,6 +208,14 @@ SpecResult speculative_generate(StageRunner& stage, int seq, std::span<const int
       if (!kept) break;
     }
     r.stats.accepted += int64_t(a);
+    if (o.pacer) {
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (L > 0) {
+        o.pacer->drafted(int64_t(a) + 1, dt);
+      } else {
+        o.pacer->plain(dt);
+      }
+    }
     // Hand the tokens out; generation may end inside the block. The KV keeps
     // the rows before the block's last decided token, as plain decoding does.
     size_t j = 0;

@@ -66,7 +66,10 @@ struct DraftChoice {
   int max = 5;
   float threshold = 0.8f;
   bool on_gpu = false;
+  bool always = false;  // --draft-always: draft every step, paying or not (no DraftPacer)
 };
+
+class DraftPacer;
 
 struct SpecOptions {
   int max_draft = 5;      // guesses per verify; 0: plain decoding (verify rows of one token)
@@ -76,6 +79,9 @@ struct SpecOptions {
   std::function<std::string(int32_t)> piece;  // a token's text (stop strings, SpecResult::text)
   std::function<void(int32_t)> on_token;      // each output token as it is decided (streaming)
   bool capture = false;   // hand the stage's captured hidden rows to the source (StageConfig::capture_layers)
+  // Drafts only while drafting pays (draft_pacer.h), timed step by step;
+  // null: every step drafts.
+  DraftPacer* pacer = nullptr;
 };
 
 struct SpecStats {
