@@ -159,11 +159,14 @@ TEST(CliDspark, GpuAndCpuDraftersBesideCudaTarget) {
   const std::vector<std::string> common = {"-p", "Once upon a time", "-n", "24", "--temp", "0", "--ignore-eos",
                                            "--json", "-t", "2", "--backend", "cuda", "--batch", "8"};
   auto run = [&](std::vector<std::string> args) { return run_json(std::move(args), common); };
-  const auto plain = run({dir.file("m.gguf")});
+  const auto plain = run({dir.file("m.gguf"), "--no-draft"});
   ASSERT_TRUE(plain.contains("tokens"));
-  EXPECT_FALSE(plain.contains("draft"));  // off by default on CUDA
-  for (const char* where : {"--gpu-drafter", "--cpu-drafter"}) {
-    const auto drafted = run({dir.file("m.gguf"), where, "--draft-threshold", "0", "--draft-always"});
+  EXPECT_FALSE(plain.contains("draft"));
+  // No flag: on the GPU (it fits beside the micro model).
+  for (const char* where : {"", "--gpu-drafter", "--cpu-drafter"}) {
+    std::vector<std::string> args = {dir.file("m.gguf"), "--draft-threshold", "0", "--draft-always"};
+    if (*where) args.push_back(where);
+    const auto drafted = run(args);
     ASSERT_TRUE(drafted.contains("draft")) << where;
     EXPECT_EQ(drafted["tokens"], plain["tokens"]) << where;
     EXPECT_EQ(drafted["draft"]["mode"], "dspark");

@@ -13,6 +13,7 @@
 #include "coordinator/api/metrics.h"
 #include "coordinator/cluster/batch_scheduler.h"
 #include "coordinator/cluster/slot_drafters.h"
+#include "engine/dspark/dspark_device.h"
 #include "chat/family.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/text/tokenizer.h"
@@ -80,10 +81,20 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
   LoadOptions staging;  // the plan counts the ring the load will use
   staging.slot_bytes = config_.staging_slot_bytes;
   plan_ = plan_stage_runner(config_.backend, file_, config_.stage, staging);
-  // Its weights once, and a context per slot (slot_drafters.h).
+  // Its weights once, and a context per slot (slot_drafters.h). On CUDA a
+  // drafter that --gpu-drafter did not ask for gives way to the model: off
+  // where it would not fit under --mem-limit (here) or in the device memory
+  // the load leaves (scheduler()).
   if (drafter_) {
-    plan_.add(PlanLine::Drafter, drafter->weights + drafter->per_context() * uint64_t(config_.stage.n_seq),
-              fmt::format("{}; a context per slot", drafter->detail));
+    drafter_bytes_ = drafter->weights + drafter->per_context() * uint64_t(config_.stage.n_seq);
+    MemoryPlan with = plan_;
+    with.add(PlanLine::Drafter, drafter_bytes_, fmt::format("{}; a context per slot", drafter->detail));
+    if (drafter_may_give_way() && memory_limit_problem(config_.backend, plan_, config_.mem_limit).empty() &&
+        !memory_limit_problem(config_.backend, with, config_.mem_limit).empty()) {
+      drop_drafter("it does not fit beside the model under --mem-limit");
+    } else {
+      plan_ = std::move(with);
+    }
   }
   if (std::string why = memory_limit_problem(config_.backend, plan_, config_.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
@@ -109,8 +120,6 @@ void LocalEngine::decide_drafting(const std::optional<DsparkShape>& drafter) {
   std::string state;
   if (config_.draft.off) {
     state = "off (--no-draft)";
-  } else if (config_.backend != Backend::Cpu && !config_.draft.on_gpu) {
-    state = "off on this backend unless --gpu-drafter";
   } else if (config_.stage.max_batch < 2) {
     state = "off: a verify forward needs --batch 2 or more";
   } else {
@@ -132,6 +141,16 @@ void LocalEngine::decide_drafting(const std::optional<DsparkShape>& drafter) {
                                  (config_.stage.draft_path.empty() ? "in the model file" : config_.stage.draft_path) +
                                  "): checked;";
   net::log(net::LogLevel::info, fmt::format("{} drafting {}", what, state));
+}
+
+bool LocalEngine::drafter_may_give_way() const {
+  return drafter_ && config_.backend == Backend::Cuda && !config_.draft.on_gpu;
+}
+
+void LocalEngine::drop_drafter(const std::string& why) {
+  drafting_ = false;
+  drafter_.reset();
+  net::log(net::LogLevel::info, fmt::format("drafting off: {} (--gpu-drafter loads it anyway)", why));
 }
 
 void LocalEngine::shutdown() {
@@ -486,6 +505,9 @@ void LocalEngine::scheduler() {
       if (config_.on_load_progress) config_.on_load_progress(p);
     };
     auto stage = make_stage_runner(config_.backend, file_, config_.stage, load);
+    if (drafter_may_give_way()) {
+      if (std::string why = dspark_device_room(*stage, drafter_bytes_); !why.empty()) drop_drafter(why);
+    }
     if (drafting_) {
       SlotDrafters::Factory make = config_.draft_source;
       if (!make) {

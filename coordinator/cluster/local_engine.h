@@ -109,6 +109,11 @@ class LocalEngine final : public GenerationService {
   // Whether serve drafts (drafting_, drafter_, the stage's verify rows and
   // capture), with the model's DSpark drafter if any; logs why on or off.
   void decide_drafting(const std::optional<DsparkShape>& drafter);
+  // Whether the drafter is one CUDA places on the GPU by default (not asked
+  // for with --gpu-drafter), which stays off where it does not fit.
+  bool drafter_may_give_way() const;
+  // Drafting off after all, with a log line that says why.
+  void drop_drafter(const std::string& why);
   void scheduler();
   // Runs one batch of the active sequences; false when none was ready.
   bool step();
@@ -157,6 +162,7 @@ class LocalEngine final : public GenerationService {
   uint64_t steps_ = 0, admitted_ = 0;             // scheduler thread only
   bool drafting_ = false;                         // decided in the constructor
   std::optional<DsparkShape> drafter_;            // the model's DSpark drafter, when it drafts
+  uint64_t drafter_bytes_ = 0;                    // its plan line: weights and a context per slot
   std::unique_ptr<SlotDrafters> drafters_;        // scheduler thread only (made once the stage loads)
   std::vector<float> batch_logits_;               // scheduler thread only: forward_for_drafters' rows
   std::vector<int32_t> verify_tokens_;            // scheduler thread only: a verify's [bonus, guesses]

@@ -39,6 +39,7 @@
 #include "engine/gguf/file.h"
 #include "engine/sampling/sampler.h"
 #include "engine/runtime/stage.h"
+#include "engine/dspark/dspark_device.h"
 #include "engine/dspark/dspark_source.h"
 #include "engine/dspark/dspark_weights.h"
 #include "engine/spec/draft_pacer.h"
@@ -626,16 +627,20 @@ int run(const RunOptions& opt) {
   sc.max_batch = opt.batch;
   if (opt.draft_test != "none") sc.verify_rows = opt.drafting.max + 1;
   sc.draft_path = opt.draft;
-  // The DSpark drafter (docs/DSPARK.md): on by default for this one user on
-  // the CPU backend; on CUDA with --gpu-drafter (its network on the target's
-  // GPU) or --cpu-drafter. Its stage captures the layers it reads.
+  // The DSpark drafter (docs/DSPARK.md): on by default for this one user when
+  // the model file or --draft has one. On CUDA its network runs on the
+  // target's GPU (--cpu-drafter: on the CPU); unless --gpu-drafter asks for
+  // it, a drafter that does not fit beside the model (under --mem-limit, or in
+  // the device memory the load leaves) stays off with a line that says so.
+  // Its stage captures the layers it reads.
   const std::optional<DsparkShape> drafter = dspark_find(file, sc.draft_path);
   if ((opt.drafting.on_gpu || opt.cpu_drafter) && opt.backend != Backend::Cuda) {
     throw std::invalid_argument(std::string(opt.drafting.on_gpu ? "--gpu-drafter" : "--cpu-drafter") +
                                 " places the drafter beside a CUDA target: give --backend cuda");
   }
-  const bool drafting = drafter && !opt.drafting.off && opt.draft_test == "none" &&
-                        (opt.backend == Backend::Cpu || opt.cpu_drafter || opt.drafting.on_gpu);
+  bool drafting = drafter && !opt.drafting.off && opt.draft_test == "none";
+  const bool on_gpu = drafting && opt.backend == Backend::Cuda && !opt.cpu_drafter;
+  const bool may_drop = on_gpu && !opt.drafting.on_gpu;  // a default GPU drafter gives way to the model
   if (drafting) {
     sc.verify_rows = std::max(sc.verify_rows, int64_t(opt.drafting.max) + 1);
     sc.capture_layers = drafter->target_layer_ids;
@@ -648,21 +653,33 @@ int run(const RunOptions& opt) {
   // The drafter where it shares the stage's memory: the CPU backend's host
   // memory, or the GPU beside the target (--cpu-drafter's host copy is not
   // under a device limit).
-  if (drafting && (opt.backend == Backend::Cpu || opt.drafting.on_gpu)) {
-    if (const std::optional<DsparkPlan> d = dspark_plan(file, sc.draft_path)) {
-      dry.add(PlanLine::Drafter, d->total(), d->detail);
+  const std::optional<DsparkPlan> drafter_plan = drafting ? dspark_plan(file, sc.draft_path) : std::nullopt;
+  std::string dropped;  // why a default drafter stays off
+  if (drafter_plan && (opt.backend == Backend::Cpu || on_gpu)) {
+    MemoryPlan with = dry;
+    with.add(PlanLine::Drafter, drafter_plan->total(), drafter_plan->detail);
+    if (may_drop && memory_limit_problem(opt.backend, dry, opt.mem_limit).empty() &&
+        !memory_limit_problem(opt.backend, with, opt.mem_limit).empty()) {
+      drafting = false;
+      dropped = "off: it does not fit beside the model under --mem-limit";
+    } else {
+      dry = std::move(with);
     }
   }
   if (std::string why = memory_limit_problem(opt.backend, dry, opt.mem_limit); !why.empty()) {
     throw std::runtime_error(why + " (baton plan shows the lines)");
   }
-  if (drafter && net::log_enabled(net::LogLevel::info)) {
-    std::fprintf(stderr, "baton run: %s (%s)%s\n", drafter->describe().c_str(),
-                 sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str(),
-                 drafting              ? ""
-                 : opt.drafting.off   ? "; off (--no-draft)"
-                 : opt.draft_test != "none" ? "; off (--draft-test)"
-                                        : "; off on this backend unless --gpu-drafter or --cpu-drafter");
+  auto drafter_line = [&](const std::string& state) {
+    if (net::log_enabled(net::LogLevel::info)) {
+      std::fprintf(stderr, "baton run: %s (%s)%s\n", drafter->describe().c_str(),
+                   sc.draft_path.empty() ? "in the model file" : sc.draft_path.c_str(), state.c_str());
+    }
+  };
+  if (drafter) {
+    drafter_line(drafting                    ? std::string(on_gpu ? " on the GPU" : "")
+                 : !dropped.empty()          ? "; " + dropped
+                 : opt.drafting.off          ? std::string("; off (--no-draft)")
+                                             : std::string("; off (--draft-test)"));
   }
   auto tokenizer = about_file(model_path, [&] { return Tokenizer::from_gguf(file); });
   if (net::log_enabled(net::LogLevel::info)) std::fprintf(stderr, "baton run: %s\n", opt.backend_note.c_str());
@@ -672,6 +689,12 @@ int run(const RunOptions& opt) {
   std::unique_ptr<StageRunner> runner = make_stage_runner(opt.backend, file, sc, load);
   StageRunner& stage = *runner;
   if (show_load) std::fprintf(stderr, "%s\n", load_summary(stage).c_str());
+  if (may_drop && drafting) {
+    if (std::string why = dspark_device_room(stage, drafter_plan ? drafter_plan->total() : 0); !why.empty()) {
+      drafting = false;
+      drafter_line("; off: " + why + " (--gpu-drafter loads it anyway)");
+    }
+  }
   if ((opt.draft_test != "none" || drafting) && !stage.speculative()) {
     throw CommandError(std::string(drafting ? "drafting" : "--draft-test") + ": the " + backend_name(opt.backend) +
                            " stage of " + stage.arch().name() + " has no verify forward (docs/SPECULATIVE.md)",
@@ -715,7 +738,7 @@ int run(const RunOptions& opt) {
         sc.draft_path.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(sc.draft_path));
     const GgufFile& drafter_file = sidecar ? *sidecar : file;
     const std::unique_ptr<DsparkDraftSource> source =
-        make_dspark_source(stage, file, drafter_file, *drafter, load, opt.drafting.on_gpu, opt.n_threads,
+        make_dspark_source(stage, file, drafter_file, *drafter, load, on_gpu, opt.n_threads,
                            opt.drafting.threshold, "baton run");
     // Only the sampled verify rule reads the draft's logits.
     source->set_return_logits(opt.sampling.temperature > 0);

@@ -19,14 +19,16 @@ void add_draft_options(po::options_description& desc, DraftChoice& c) {
       ("draft-threshold", po::value<float>(&c.threshold)->default_value(c.threshold, "0.8"),
        "the DSpark drafter stops guessing at the first token whose confidence is below this (0..1)")
       ("no-draft", po::bool_switch(&c.off),
-       "decode without the model's DSpark drafter (on by default on the CPU backend when the model file or "
-       "--draft has one; baton serve drafts while one request decodes alone)")
+       "decode without the model's DSpark drafter (on by default when the model file or --draft has one: on "
+       "CUDA its network runs on the target's GPU where it fits beside the model; baton serve drafts while one "
+       "request decodes alone)")
       ("draft-always", po::bool_switch(&c.always),
        "draft at every step even where it does not pay (by default drafting pauses while its tokens per second "
        "fall below plain decoding's, measured as it runs, and probes again later: docs/SPECULATIVE.md)")
       ("gpu-drafter", po::bool_switch(&c.on_gpu),
-       "with --backend cuda: draft with the DSpark drafter's network on the target's GPU, sharing its embedding "
-       "and head (off by default on CUDA until its round costs little enough to pay, docs/DSPARK.md)");
+       "with --backend cuda: the DSpark drafter's network on the target's GPU, sharing its embedding and head, "
+       "even where it does not fit under --mem-limit or leave 1 GiB free (the default places it there only "
+       "where it does, and leaves it off otherwise)");
   // clang-format on
 }
 

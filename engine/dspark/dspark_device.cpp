@@ -2,7 +2,25 @@
 // defines these otherwise).
 #include "engine/dspark/dspark_device.h"
 
+#include <fmt/format.h>
+
 #include <stdexcept>
+
+namespace baton {
+
+std::string dspark_device_room(const StageRunner& target, uint64_t bytes) {
+  const DeviceMemoryReport m = target.device_memory();
+  if (m.total == 0) return "the target is not on a GPU";
+  const uint64_t need = bytes + kDrafterDeviceMargin;
+  if (need <= m.free_after) return "";
+  constexpr double kGiB = double(uint64_t(1) << 30);
+  return fmt::format("the drafter's {:.2f} GiB (and {:.0f} GiB spare) do not fit in the {:.2f} GiB the model left "
+                     "free on the {}",
+                     double(bytes) / kGiB, double(kDrafterDeviceMargin) / kGiB, double(m.free_after) / kGiB,
+                     m.device.empty() ? std::string("GPU") : m.device);
+}
+
+}  // namespace baton
 
 #ifndef BATON_HAVE_CUDA
 namespace baton {

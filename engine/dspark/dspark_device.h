@@ -5,7 +5,9 @@
 // the stage (StageRunner::device_model()).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "engine/dspark/dspark_drafter.h"
 #include "engine/model/loader.h"
@@ -26,6 +28,13 @@ std::shared_ptr<const DsparkDeviceWeights> dspark_device_weights(const StageRunn
                                                                  const DsparkShape& shape, const LoadOptions& load);
 // One context (a sequence's windows, a round's workspace) over them.
 std::unique_ptr<DsparkNetwork> dspark_device_network(std::shared_ptr<const DsparkDeviceWeights> weights);
+// Device memory a GPU drafter must leave free beside its own bytes (the
+// contexts' graphs, cuBLAS's and the driver's own allocations).
+inline constexpr uint64_t kDrafterDeviceMargin = uint64_t(1) << 30;
+// "" when `bytes` of a GPU drafter (weights and contexts: DsparkPlan) and
+// kDrafterDeviceMargin fit in the device memory `target` left free after
+// its load (StageRunner::device_memory); else why not, in a sentence.
+std::string dspark_device_room(const StageRunner& target, uint64_t bytes);
 // Both at once, for one sequence; nullptr as dspark_device_weights.
 std::unique_ptr<DsparkNetwork> dspark_device_network(const StageRunner& target, const GgufFile& drafter_file,
                                                      const DsparkShape& shape, const LoadOptions& load);
