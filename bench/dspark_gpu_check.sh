@@ -68,7 +68,7 @@ if has bench; then
     say "bench at ctx $ctx: verify forwards and draft rounds"
     timeout 240 "$bin/baton" bench -m "$q2" --backend cuda --ctx-start $ctx --ctx-max $ctx --gen-tokens 24 \
       --read-mb 0 --verify 2,3,4,5,6 --draft-rounds 20 > "$out/bench_$ctx.txt" 2> "$out/bench_$ctx.err" || status=1
-    grep -E "^verify|^draft round|decode" "$out/bench_$ctx.err" | tee -a "$log"
+    grep -E "^verify|^draft round|^drafting step|decode" "$out/bench_$ctx.err" | tee -a "$log"
     cat "$out/bench_$ctx.txt" >> "$log"
   done
 fi

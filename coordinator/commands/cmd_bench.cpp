@@ -321,6 +321,17 @@ int bench(const BenchOptions& o) {
   sc.n_ctx = o.ctx_max + tail;
   sc.max_batch = std::min(o.batch, sc.n_ctx);
   sc.n_threads = o.n_threads;
+  // With --draft-rounds the stage also runs the verify steps as drafting runs
+  // them (ForwardRows with the drafter's capture, every row's logits and the
+  // checkpoint), so it plans those rows and captures the drafter's layers.
+  std::optional<DsparkShape> drafter_shape;
+  if (o.draft_rounds > 0) {
+    drafter_shape = dspark_find(file, o.draft);
+    int64_t rows = drafter_shape->block_size + 1;
+    for (const int64_t k : o.verify) rows = std::max(rows, k);
+    sc.verify_rows = std::min(rows, sc.max_batch);
+    sc.capture_layers = drafter_shape->target_layer_ids;
+  }
   for (int64_t n : o.parallel) sc.n_seq = std::max(sc.n_seq, int(n));
   // A rank file runs only inside its group; --tp-alone gives it a group of its own.
   std::unique_ptr<TpComm> lone;
@@ -531,12 +542,47 @@ int bench(const BenchOptions& o) {
     }
     return seconds_since(t0) / double(steps);
   };
+  // A drafting step's forward as run and serve make it: the capture, and for
+  // K > 1 every row's logits and the checkpoint, then the cut back to one kept
+  // row (each step one position deeper). K = 1 is a step the pacer keeps plain.
+  auto per_drafting_step = [&](int64_t k) {
+    r.reset(0);
+    int32_t next = 0;
+    prefill(random_prompt(o.ctx_start), &next);
+    const int64_t steps = std::max<int64_t>(4, o.gen_tokens / k);
+    ForwardOptions fo;
+    fo.capture = true;
+    fo.all_logits = fo.checkpoint = k > 1;
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      std::vector<int32_t> ids = random_prompt(k);
+      ids[0] = next;
+      const int64_t n = r.position(0);
+      const ForwardRows rows = r.forward_rows(0, ids, fo);
+      next = int32_t(std::max_element(rows.out.begin(), rows.out.begin() + r.n_vocab()) - rows.out.begin());
+      if (k > 1) r.truncate_seq(0, n + 1);
+    }
+    return seconds_since(t0) / double(steps);
+  };
   if (!o.verify.empty() || o.draft_rounds > 0) {
     const double one = per_forward(1);
     for (const int64_t k : o.verify) {
       const double t = k == 1 ? one : per_forward(k);
       std::fprintf(stderr, "verify %lld at ctx %lld: %.2f ms a forward, %.2fx the one-token step (%.2f ms)\n",
                    (long long)k, (long long)o.ctx_start, 1e3 * t, t / one, 1e3 * one);
+    }
+    if (o.draft_rounds > 0 && r.speculative()) {
+      std::vector<int64_t> ks = {1};
+      for (const int64_t k : o.verify) {
+        if (k > 1 && k <= sc.verify_rows) ks.push_back(k);
+      }
+      for (const int64_t k : ks) {
+        const double t = per_drafting_step(k);
+        std::fprintf(stderr,
+                     "drafting step of %lld rows at ctx %lld (capture%s): %.2f ms, %.2fx the one-token step\n",
+                     (long long)k, (long long)o.ctx_start, k > 1 ? ", every row's logits, checkpoint, cut back" : "",
+                     1e3 * t, t / one);
+      }
     }
     if (o.draft_rounds > 0) time_draft_rounds(o, file, r, random_prompt, one);
   }
