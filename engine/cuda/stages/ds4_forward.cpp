@@ -248,7 +248,10 @@ void CudaDs4Stage::run_forward(const std::vector<Chunk>& chunks, int64_t n, int6
       cuda::ds4_hc_post(hs, x, f(L.moe_out), mix, n, x, st);
     }
     mark(st, kHc);
-    if (call_.capture) capture_rows(l, n);  // the layer's output, for a drafter
+    // The layer's output, for a drafter: asked for, or any single token of a
+    // stage that captures (the decode graph then holds the capture, so a
+    // drafting engine's plain steps replay it: ds4_spec.cpp).
+    if (call_.capture || (n == 1 && !config_.capture_layers.empty())) capture_rows(l, n);
   }
   if (config_.head) head(n, n_out, batch);
   mark(st, kHead);

@@ -15,8 +15,11 @@
 // state).
 //
 // A forward_rows call that asks for nothing special is forward() (a single
-// token replays the decode graph); one that asks for the checkpoint, every
-// row's logits or the capture is queued directly (the decode graph was
+// token replays the decode graph), and so is one token that asks only for
+// the capture (a stage that captures captures every single token, the
+// decode graph included: a drafting engine's plain steps cost a plain
+// step). One that asks for the checkpoint or every row's logits, or the
+// capture of several tokens, is queued directly (the decode graph was
 // captured without them), so its rows run the multi-token kernels: its
 // logits equal one-token decode steps' within the stage's batch tolerance,
 // not bit for bit.
@@ -66,6 +69,17 @@ ForwardRows CudaDs4Stage::forward_rows(int seq, std::span<const int32_t> tokens,
   const int64_t pos0 = position(seq);  // also checks seq
   check_forward_options(config_, n, o);
   if (!o.all_logits && !o.checkpoint && !o.capture) return {forward(seq, tokens), {}};
+  const Layout& L = *layout_;
+  if (!o.all_logits && !o.checkpoint && n == 1) {
+    // A plain step that captures (a drafting engine's step without guesses):
+    // the decode graph, which captures single tokens, then its rows.
+    const std::span<const float> out = forward(seq, tokens);  // synchronizes
+    const size_t n_hidden = config_.capture_layers.size() * size_t(L.E);
+    BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_capture, workspace_.data() + L.capture, n_hidden * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream_.get()));
+    BATON_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+    return {out, {reinterpret_cast<const float*>(io_.data() + L.h_capture), n_hidden}};
+  }
   // The room holds one checkpoint: saving a new one ends the last.
   if (o.checkpoint) checkpoint_ = {};
   if (o.checkpoint && n >= 1 && pos0 + n <= config_.n_ctx) rollback_copy(seq, pos0, n, 0, /*restore=*/false);
@@ -82,7 +96,6 @@ ForwardRows CudaDs4Stage::forward_rows(int seq, std::span<const int32_t> tokens,
     checkpoint_forwards_ = forwards_[size_t(seq)];
   }
   last_rows_ = config_.head && !(config_.all_logits || o.all_logits) ? 1 : n;
-  const Layout& L = *layout_;
   const size_t n_hidden = o.capture ? size_t(n) * config_.capture_layers.size() * size_t(L.E) : 0;
   if (n_hidden > 0) {
     BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_capture, workspace_.data() + L.capture, n_hidden * sizeof(float),
