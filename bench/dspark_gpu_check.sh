@@ -13,7 +13,7 @@
 # adds the CPU's forward (exact, the same for any batching) to `batching`. STEPS (default "tests bench agree ceiling"):
 #   tests    test_cuda_dspark, test_cuda_ds4_spec, the GPU cases of the
 #            CLI's CliDspark and ServeDraftCuda
-#   bench    baton bench at ctx 128 and 2048: --verify 2,3,4,5,6 and
+#   bench    baton bench at ctx 128 and 2048 (BENCH_CTX): --verify 2,3,4,5,6 and
 #            --draft-rounds 20 (the drafter's round against the one-token step)
 #   agree    greedy -n 2000 with the drafter (threshold 0: every verify its
 #            whole block) and with --no-draft; the first difference, then
@@ -64,7 +64,7 @@ if has bench || has agree || has ceiling || has profile || has batching; then
 fi
 
 if has bench; then
-  for ctx in 128 2048; do
+  for ctx in ${BENCH_CTX:-128 2048}; do
     say "bench at ctx $ctx: verify forwards and draft rounds"
     timeout 240 "$bin/baton" bench -m "$q2" --backend cuda --ctx-start $ctx --ctx-max $ctx --gen-tokens 24 \
       --read-mb 0 --verify 2,3,4,5,6 --draft-rounds 20 > "$out/bench_$ctx.txt" 2> "$out/bench_$ctx.err" || status=1
