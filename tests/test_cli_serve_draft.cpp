@@ -196,6 +196,8 @@ TEST_F(ServeDraft, GreedyOutputEqualsPlainThroughBothRoutes) {
   EXPECT_LE(accepted, proposed);
   std::printf("[ drafts   ] %lld of %lld guesses kept\n", (long long)accepted, (long long)proposed);
   EXPECT_EQ(metric(plain_->port(), "baton_draft_tokens_total"), 0);
+  // --draft-always: drafting never paused (the series is there, at 0).
+  EXPECT_EQ(metric(drafted_->port(), "baton_draft_pauses_total"), 0);
 }
 
 // Anthropic's Messages API reports the same counts in its usage, whole and

@@ -150,6 +150,9 @@ std::string Metrics::render(const ServiceHealth& health) const {
   out += fmt::format("baton_draft_tokens_total {}\n", draft_tokens_.load());
   header(out, "baton_draft_accepted_total", "counter", "Guessed tokens the model kept, of ended generations.");
   out += fmt::format("baton_draft_accepted_total {}\n", draft_accepted_.load());
+  header(out, "baton_draft_pauses_total", "counter",
+         "Times drafting paused because its steps gave fewer tokens per second than plain steps (it probes again later).");
+  out += fmt::format("baton_draft_pauses_total {}\n", draft_pauses_.load());
 
   header(out, "baton_prefill_tokens_total", "counter", "Prompt tokens run through the first stage.");
   out += fmt::format("baton_prefill_tokens_total {}\n", prefill_.tokens);

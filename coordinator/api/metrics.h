@@ -52,6 +52,8 @@ class Metrics {
 
   // A generation ended (any reason), with its final usage.
   void generation_finished(FinishReason reason, const Usage& usage);
+  // Drafting paused: its steps fell below plain steps' rate (DraftPacer).
+  void draft_paused() { draft_pauses_.fetch_add(1, std::memory_order_relaxed); }
   // One forward of `n_tokens` tokens on stage `stage` took `seconds` (-1: a
   // whole route of worker stages, timed by the coordinator).
   void stage_forward(int stage, bool prefill, int64_t n_tokens, double seconds);
@@ -89,6 +91,7 @@ class Metrics {
 
   std::atomic<uint64_t> prompt_tokens_{0}, cached_tokens_{0}, completion_tokens_{0};
   std::atomic<uint64_t> draft_tokens_{0}, draft_accepted_{0};  // Usage::draft_n, draft_n_accepted
+  std::atomic<uint64_t> draft_pauses_{0};
   std::atomic<int64_t> streams_open_{0};
   Histogram ttft_, queue_time_, request_time_;
 };

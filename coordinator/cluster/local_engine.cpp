@@ -380,10 +380,13 @@ void LocalEngine::draft_step(Sequence& s) {
   }
   const double dt = seconds_between(t0, Clock::now());
   s.usage.decode_s += dt;
-  if (n_guesses > 0) {
+  if (config_.draft.always) {
+    // --draft-always: no pacing.
+  } else if (n_guesses > 0) {
     const int64_t before = pacer_.pauses();
     pacer_.drafted(int64_t(used), dt);
     if (pacer_.pauses() > before) {
+      if (metrics_) metrics_->draft_paused();
       // The first pause at info (a drafter that does not pay here), later ones at debug.
       net::log(pacer_.pauses() == 1 ? net::LogLevel::info : net::LogLevel::debug,
                fmt::format("drafting paused for {} steps: drafting steps gave {:.1f} tokens/s, plain steps {:.1f}",
