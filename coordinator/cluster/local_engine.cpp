@@ -354,6 +354,7 @@ void LocalEngine::draft_step(Sequence& s) {
   verify.capture = bool(drafter_);
   verify.all_logits = verify.checkpoint = n_guesses > 0;  // none: a plain decode step
   ForwardRows res;
+  const auto t_forward = Clock::now();
   try {
     res = stage_->forward_rows(s.slot, verify_tokens_, verify);
   } catch (const std::exception& e) {
@@ -362,6 +363,7 @@ void LocalEngine::draft_step(Sequence& s) {
     finish(s, FinishReason::error, {}, e.what());
     return;
   }
+  const double forward_s = seconds_between(t_forward, Clock::now());  // the stage's latency, without the round
   // Row i is what a plain step after the i-th token would see (the CPU
   // forward does not depend on the batching), so each row is sampled as that
   // step would sample it: logit bias, grammar, penalties, stop strings,
@@ -402,7 +404,7 @@ void LocalEngine::draft_step(Sequence& s) {
   drafters_->committed(s.slot, fed, n, res.hidden.subspan(0, used * hidden_width));
   stage_->truncate_seq(s.slot, n + int64_t(used));
   cache_.append(s.slot, fed);
-  if (metrics_) metrics_->stage_forward(0, false, int64_t(used), dt);
+  if (metrics_) metrics_->stage_forward(0, false, int64_t(used), forward_s);
 }
 
 bool LocalEngine::step() {
