@@ -768,7 +768,7 @@ int run(const RunOptions& opt) {
                         {"drafted", spec.drafted},
                         {"accepted", spec.accepted}};
           if (drafting && !opt.drafting.always) {
-            // Probes that did not pay, and the rates the last judgement saw.
+            // Probes that did not pay, and the plain step the pacer measured.
             j["draft"]["pauses"] = pacer.pauses();
             j["draft"]["plain_step_ms"] = 1e3 * pacer.plain_seconds();
           }
