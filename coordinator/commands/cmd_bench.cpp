@@ -270,17 +270,16 @@ struct Row {
 // On the GPU it times the round as one CUDA graph, then queued launch by
 // launch (a fresh context over the same device weights), side by side. Without the block's logits, as
 // serve and greedy runs draft (only the sampled verify rule reads them).
-void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageRunner& r,
+void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const DsparkShape& shape, const StageRunner& r,
                        const std::function<std::vector<int32_t>(int64_t)>& random_prompt, double one) {
-  const std::optional<DsparkShape> shape = dspark_find(file, o.draft);  // checked before the load
   const std::optional<GgufFile> sidecar = o.draft.empty() ? std::nullopt : std::optional<GgufFile>(GgufFile::open(o.draft));
   const GgufFile& df = sidecar ? *sidecar : file;
   LoadOptions load;
   load.slot_bytes = o.staging_mb << 20;
   // On the GPU the weights are loaded once; each timing gets its own context.
-  const std::shared_ptr<const DsparkDeviceWeights> weights = dspark_device_weights(r, df, *shape, load);
+  const std::shared_ptr<const DsparkDeviceWeights> weights = dspark_device_weights(r, df, shape, load);
   const bool gpu = weights != nullptr;
-  const int64_t F = shape->feature_width(), n = std::max<int64_t>(1, o.ctx_start);
+  const int64_t F = shape.feature_width(), n = std::max<int64_t>(1, o.ctx_start);
   std::mt19937 rng(uint32_t(o.seed));
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> rows(static_cast<size_t>(n * F));
@@ -291,16 +290,16 @@ void time_draft_rounds(const BenchOptions& o, const GgufFile& file, const StageR
     // Threshold 0: every round its whole block.
     const std::unique_ptr<DsparkDraftSource> source =
         gpu ? std::make_unique<DsparkDraftSource>(dspark_device_network(weights), 0.0f)
-            : make_dspark_source(r, file, df, *shape, load, /*on_gpu=*/false, o.n_threads, 0.0f, "baton bench");
+            : make_dspark_source(r, file, df, shape, load, /*on_gpu=*/false, o.n_threads, 0.0f, "baton bench");
     source->set_return_logits(false);  // as serve and greedy runs draft: tokens and confidences only
     source->committed(std::vector<int32_t>(static_cast<size_t>(n), 0), 0, rows);
-    source->propose(bonus[0], n, shape->block_size);  // warm-up (and the graph's capture)
+    source->propose(bonus[0], n, shape.block_size);  // warm-up (and the graph's capture)
     const auto t0 = Clock::now();
-    for (int64_t i = 0; i < o.draft_rounds; ++i) source->propose(bonus[size_t(i + 1)], n, shape->block_size);
+    for (int64_t i = 0; i < o.draft_rounds; ++i) source->propose(bonus[size_t(i + 1)], n, shape.block_size);
     const double t = seconds_since(t0) / double(o.draft_rounds);
     std::fprintf(stderr, "draft round on the %s%s at ctx %lld: %.2f ms (%d rows), %.2fx the one-token step (%.2f ms)\n",
                  gpu ? "GPU" : "CPU", gpu ? (graph ? " (one graph)" : " (queued)") : "", (long long)n, 1e3 * t,
-                 shape->block_size, t / one, 1e3 * one);
+                 shape.block_size, t / one, 1e3 * one);
   }
   set_draft_graphs(true);
 }
@@ -311,7 +310,9 @@ int bench(const BenchOptions& o) {
   if (o.no_pdl) set_programmatic_launch(false);
   if (o.profile) set_stage_profiling(true);
   GgufFile file = about_file(o.model, [&] { return GgufFile::open(o.model); });
-  if (o.draft_rounds > 0 && !dspark_find(file, o.draft)) {
+  // The drafter --draft-rounds times, found before the load.
+  const std::optional<DsparkShape> drafter_shape = o.draft_rounds > 0 ? dspark_find(file, o.draft) : std::nullopt;
+  if (o.draft_rounds > 0 && !drafter_shape) {
     throw std::invalid_argument("--draft-rounds: " + o.model + " has no DSpark drafter (--draft FILE names a sidecar)");
   }
   StageConfig sc;
@@ -324,9 +325,7 @@ int bench(const BenchOptions& o) {
   // With --draft-rounds the stage also runs the verify steps as drafting runs
   // them (ForwardRows with the drafter's capture, every row's logits and the
   // checkpoint), so it plans those rows and captures the drafter's layers.
-  std::optional<DsparkShape> drafter_shape;
-  if (o.draft_rounds > 0) {
-    drafter_shape = dspark_find(file, o.draft);
+  if (drafter_shape) {
     int64_t rows = drafter_shape->block_size + 1;
     for (const int64_t k : o.verify) rows = std::max(rows, k);
     sc.verify_rows = std::min(rows, sc.max_batch);
@@ -584,7 +583,7 @@ int bench(const BenchOptions& o) {
                      1e3 * t, t / one);
       }
     }
-    if (o.draft_rounds > 0) time_draft_rounds(o, file, r, random_prompt, one);
+    if (drafter_shape) time_draft_rounds(o, file, *drafter_shape, r, random_prompt, one);
   }
 
   if (o.csv) {
