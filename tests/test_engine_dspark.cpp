@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 
+#include "engine/dspark/dspark_device.h"
 #include "engine/dspark/dspark_drafter.h"
 #include "engine/dspark/dspark_shape.h"
 #include "engine/dspark/dspark_source.h"
@@ -89,6 +90,20 @@ struct Rig {
     drafter->append_context(rows.data(), pos.data(), n);
   }
 };
+
+// A GPU drafter CUDA places by default gives way under --mem-limit only
+// where it alone tips the plan over; a plan that does not fit without it is
+// refused by its own check, and a limit that holds both keeps it.
+TEST(DsparkDeviceRoom, DrafterGivesWayOnlyWhereItTipsTheLimit) {
+  MemoryPlan without;
+  without.add(PlanLine::Weights, 1000);
+  MemoryPlan with = without;
+  with.add(PlanLine::Drafter, 200);
+  EXPECT_EQ(dspark_limit_room(Backend::Cuda, without, with, 1200), "");
+  EXPECT_EQ(dspark_limit_room(Backend::Cuda, without, with, 0), "");    // no limit
+  EXPECT_EQ(dspark_limit_room(Backend::Cuda, without, with, 999), "");  // the plan's own refusal comes first
+  EXPECT_NE(dspark_limit_room(Backend::Cuda, without, with, 1100).find("--mem-limit"), std::string::npos);
+}
 
 TEST(DsparkShapeTest, FlashTableHasTheSidecarsTensors) {
   const DsparkShape d = DsparkShape::for_target(Deepseek4Shape::flash());

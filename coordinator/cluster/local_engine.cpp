@@ -89,9 +89,10 @@ LocalEngine::LocalEngine(LocalEngineConfig config, Metrics* metrics)
     drafter_bytes_ = drafter->weights + drafter->per_context() * uint64_t(config_.stage.n_seq);
     MemoryPlan with = plan_;
     with.add(PlanLine::Drafter, drafter_bytes_, fmt::format("{}; a context per slot", drafter->detail));
-    if (drafter_may_give_way() && memory_limit_problem(config_.backend, plan_, config_.mem_limit).empty() &&
-        !memory_limit_problem(config_.backend, with, config_.mem_limit).empty()) {
-      drop_drafter("it does not fit beside the model under --mem-limit");
+    const std::string why =
+        drafter_may_give_way() ? dspark_limit_room(config_.backend, plan_, with, config_.mem_limit) : std::string();
+    if (!why.empty()) {
+      drop_drafter(why);
     } else {
       plan_ = std::move(with);
     }

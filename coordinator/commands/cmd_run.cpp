@@ -658,10 +658,9 @@ int run(const RunOptions& opt) {
   if (drafter_plan && (opt.backend == Backend::Cpu || on_gpu)) {
     MemoryPlan with = dry;
     with.add(PlanLine::Drafter, drafter_plan->total(), drafter_plan->detail);
-    if (may_drop && memory_limit_problem(opt.backend, dry, opt.mem_limit).empty() &&
-        !memory_limit_problem(opt.backend, with, opt.mem_limit).empty()) {
+    if (may_drop) dropped = dspark_limit_room(opt.backend, dry, with, opt.mem_limit);
+    if (!dropped.empty()) {
       drafting = false;
-      dropped = "off: it does not fit beside the model under --mem-limit";
     } else {
       dry = std::move(with);
     }
@@ -677,7 +676,7 @@ int run(const RunOptions& opt) {
   };
   if (drafter) {
     drafter_line(drafting                    ? std::string(on_gpu ? " on the GPU" : "")
-                 : !dropped.empty()          ? "; " + dropped
+                 : !dropped.empty()          ? "; off: " + dropped
                  : opt.drafting.off          ? std::string("; off (--no-draft)")
                                              : std::string("; off (--draft-test)"));
   }

@@ -20,6 +20,11 @@ std::string dspark_device_room(const StageRunner& target, uint64_t bytes) {
                      m.device.empty() ? std::string("GPU") : m.device);
 }
 
+std::string dspark_limit_room(Backend b, const MemoryPlan& without, const MemoryPlan& with, uint64_t limit) {
+  if (!memory_limit_problem(b, without, limit).empty() || memory_limit_problem(b, with, limit).empty()) return "";
+  return "it does not fit beside the model under --mem-limit";
+}
+
 }  // namespace baton
 
 #ifndef BATON_HAVE_CUDA

@@ -35,6 +35,11 @@ inline constexpr uint64_t kDrafterDeviceMargin = uint64_t(1) << 30;
 // kDrafterDeviceMargin fit in the device memory `target` left free after
 // its load (StageRunner::device_memory); else why not, in a sentence.
 std::string dspark_device_room(const StageRunner& target, uint64_t bytes);
+// The same before the load, against --mem-limit: "" when `with` (the plan
+// with the drafter's line) fits under `limit`, or when `without` does not
+// fit either (the plan's own refusal comes first); else why the drafter
+// gives way.
+std::string dspark_limit_room(Backend b, const MemoryPlan& without, const MemoryPlan& with, uint64_t limit);
 // Both at once, for one sequence; nullptr as dspark_device_weights.
 std::unique_ptr<DsparkNetwork> dspark_device_network(const StageRunner& target, const GgufFile& drafter_file,
                                                      const DsparkShape& shape, const LoadOptions& load);
