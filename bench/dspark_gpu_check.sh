@@ -11,8 +11,9 @@
 # drafter then reads the last three). SHAPE=deepseek4-tiny runs the same
 # steps on the tiny shape (every layer kind, seconds to write); CPU_REF=1
 # adds the CPU's forward (exact, the same for any batching) to `batching`. STEPS (default "tests bench agree ceiling"):
-#   tests    test_cuda_dspark, test_cuda_ds4_spec, the GPU cases of the
-#            CLI's CliDspark and ServeDraftCuda
+#   tests    test_cuda_ds4_attention, test_cuda_dspark, test_cuda_ds4_spec,
+#            the GPU cases of the CLI's CliDspark and ServeDraftCuda (TESTS
+#            names others)
 #   bench    baton bench at ctx 128 and 2048 (BENCH_CTX): --verify 2,3,4,5,6 and
 #            --draft-rounds 20 (the drafter's round against the one-token step)
 #   agree    greedy -n 2000 with the drafter (threshold 0: every verify its
@@ -40,7 +41,7 @@ export BATON_BINARY="$(cd "$bin" && pwd)/baton" BATON_SHARED="$(cd "$bin" && pwd
 
 if has tests; then
   say "CUDA suites: the drafter network, the verify side, the CLI"
-  for t in test_cuda_dspark test_cuda_ds4_spec test_cli_dspark test_cli_serve_draft; do
+  for t in ${TESTS:-test_cuda_ds4_attention test_cuda_dspark test_cuda_ds4_spec test_cli_dspark test_cli_serve_draft}; do
     filter=()
     [[ "$t" == test_cli_* ]] && filter=(--gtest_filter='*Cuda*')
     timeout 240 "$bin/tests/$t" --gtest_brief=1 "${filter[@]}" > "$out/$t.log" 2>&1 || status=1
@@ -161,6 +162,9 @@ for b in [1] + sizes:
                     ",".join(map(str, ids)), "-o", npy], check=True, capture_output=True)
     rows[b] = np.load(npy).astype(np.float64)
 std = np.median(rows[1].std(axis=1))
+for b in sizes:
+    same = int((rows[b] == rows[1]).all(axis=1).sum())
+    print(f"forwards of {b} rows: {same} of {len(ids)} logit rows equal to the one-token forwards' to the bit")
 print(f"{len(ids)} tokens, logit row std {std:.3g}; |logits(b) - logits(1)|, median / max of each 32-row band:")
 for lo in range(0, len(ids), 32):
     hi = min(len(ids), lo + 32)

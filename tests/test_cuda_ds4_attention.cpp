@@ -32,7 +32,9 @@ using test::rope_freqs;
 struct AttnCase {
   int n_head, head_dim, ratio, top_k;  // top_k 0: no indexer
   int64_t window, pos0, n_tokens;
-  bool expect_split;  // at least 32 visible rows and few blocks: the rows are split
+  // A workspace is asked for: launches of up to 8 tokens always split (row
+  // invariance), longer ones when the rows are many and the blocks few.
+  bool expect_split;
 };
 
 // Host inputs of one attention case.
@@ -193,7 +195,7 @@ TEST(CudaDs4Attention, AttentionWindowCompressedRowsAndSinks) {
   // Sliding only; ratio 16 (all rows); ratio 4 with the indexer's picks
   // (fewer and more rows than top_k); 12 heads: a partial block of warps;
   // Flash's 512-wide rows; a batch longer than the window.
-  check_attention({12, 64, 0, 0, 8, 20, 5, false}, seed + 51);
+  check_attention({12, 64, 0, 0, 8, 20, 5, true}, seed + 51);
   check_attention({12, 64, 16, 0, 8, 40, 9, false}, seed + 52);
   check_attention({8, 128, 4, 3, 8, 2, 12, false}, seed + 53);
   check_attention({8, 512, 4, 6, 16, 60, 3, true}, seed + 54);
@@ -203,6 +205,91 @@ TEST(CudaDs4Attention, AttentionWindowCompressedRowsAndSinks) {
   check_attention({4, 128, 128, 0, 64, 5000, 2, true}, seed + 56);
   check_attention({8, 512, 4, 64, 32, 400, 2, true}, seed + 57);
   check_attention({64, 512, 4, 16, 128, 1000, 1, true}, seed + 58);  // Flash's 64 heads of 512
+}
+
+// Row invariance: each token of a launch of up to 8 equals, to the bit, the
+// same token launched alone (the one-token decode step of its position,
+// with the rows of the launch's earlier tokens in the ring), with its
+// position on the host or on the device under a larger bound (a decode
+// graph); also a launch of 8 against one of 3. Lists of 1-15 rows (one
+// split), Flash's 64 heads of 512 with indexer picks, and a ratio-128 list
+// longer than 16 x the cap (chunks above 16 rows).
+TEST(CudaDs4Attention, TokensEqualTheirOwnLaunchToTheBit) {
+  BATON_REQUIRE_CUDA();
+  const uint64_t seed = test::test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  struct Case {
+    int n_head, head_dim, ratio, top_k;
+    int64_t window, pos0, n_tokens;
+  };
+  for (const Case& c : {Case{4, 64, 0, 0, 32, 3, 8}, Case{64, 512, 4, 16, 128, 1000, 6},
+                        Case{8, 128, 128, 0, 64, 90000, 5}, Case{12, 64, 4, 0, 16, 37, 3}}) {
+    SCOPED_TRACE("heads " + std::to_string(c.n_head) + " pos0 " + std::to_string(c.pos0) + " tokens " +
+                 std::to_string(c.n_tokens));
+    std::mt19937_64 rng(seed + uint64_t(c.pos0));
+    const int64_t hd = c.head_dim, HD = int64_t(c.n_head) * hd, B = c.n_tokens;
+    const std::vector<float> q = test::random_floats(rng, size_t(B * HD));
+    const std::vector<float> kv = test::random_floats(rng, size_t(B * hd));
+    const std::vector<float> ring0 = test::random_floats(rng, size_t(c.window * hd));
+    const int64_t n_comp = c.ratio > 0 ? (c.pos0 + B) / c.ratio : 0;
+    const std::vector<float> comp = test::random_floats(rng, size_t(std::max<int64_t>(1, n_comp) * hd));
+    const std::vector<float> sinks = test::random_floats(rng, size_t(c.n_head), 2.0f);
+    std::vector<int32_t> itop(size_t(B * std::max(1, c.top_k)), 0);
+    for (int64_t t = 0; c.top_k > 0 && t < B; ++t) {
+      const int64_t nv = (c.pos0 + t + 1) / c.ratio;
+      for (int k = 0; k < c.top_k; ++k) itop[size_t(t * c.top_k + k)] = int32_t((k * 7919 + t) % nv);
+    }
+    DeviceArray<float> dq(q), dkv(kv), dring(ring0), dcomp(comp), dsinks(sinks), dout(size_t(B * HD));
+    DeviceArray<int32_t> ditop(itop), dpos(std::vector<int32_t>{0});
+    cuda::Ds4AttentionParams p;
+    p.n_head = c.n_head;
+    p.head_dim = c.head_dim;
+    p.scale = float(1.0 / std::sqrt(double(hd)));
+    p.q_stride = p.out_stride = HD;
+    p.window = c.window;
+    p.comp_rows = c.ratio > 0 ? dcomp.get() : nullptr;
+    p.ratio = c.ratio;
+    p.top_k = c.top_k;
+    p.sinks = dsinks.get();
+    p.out = dout.get();
+    DeviceArray<uint8_t> ws(size_t(8) * 32 * size_t(c.n_head) * size_t(hd + 32) * sizeof(float));
+    // Tokens [t0, t0 + n) in one launch, the ring holding every earlier
+    // row; dev_bound > 0: the position from the device, grids sized for it.
+    auto run = [&](int64_t t0, int64_t n, int64_t dev_bound) {
+      std::vector<float> ring = ring0;
+      for (int64_t j = 0; j < t0; ++j) std::copy_n(kv.begin() + j * hd, hd, ring.begin() + ((c.pos0 + j) % c.window) * hd);
+      dring.upload(ring);
+      p.q = dq.get() + t0 * HD;
+      p.kv_new = dkv.get() + t0 * hd;
+      p.ring = dring.get();
+      p.itop = c.top_k > 0 ? ditop.get() + t0 * c.top_k : nullptr;
+      p.n_tokens = n;
+      p.pos0 = dev_bound > 0 ? dev_bound : c.pos0 + t0;
+      p.pos0_dev = nullptr;
+      if (dev_bound > 0) {
+        dpos.upload({int32_t(c.pos0 + t0)});
+        p.pos0_dev = dpos.get();
+      }
+      const size_t need = cuda::ds4_attention_workspace_bytes(p);
+      EXPECT_GT(need, 0u);
+      EXPECT_LE(need, ws.size());
+      dout.poison();
+      cuda::ds4_attention(p, ws.get(), ws.size(), nullptr);
+      std::vector<float> out = dout.download();
+      out.resize(size_t(n * HD));
+      return out;
+    };
+    const std::vector<float> all = run(0, B, 0);
+    for (int64_t t = 0; t < B; ++t) {
+      const std::vector<float> want(all.begin() + t * HD, all.begin() + (t + 1) * HD);
+      ASSERT_EQ(run(t, 1, 0), want) << "token " << t << " alone (host position)";
+      ASSERT_EQ(run(t, 1, c.pos0 + 4000), want) << "token " << t << " alone (device position)";
+    }
+    if (B > 3) {
+      const std::vector<float> tail = run(B - 3, 3, 0);
+      ASSERT_EQ(tail, std::vector<float>(all.begin() + (B - 3) * HD, all.end())) << "the last 3 tokens";
+    }
+  }
 }
 
 // The host references themselves, on inputs whose answer is known by hand

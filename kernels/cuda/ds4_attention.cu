@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/ds4_common.cuh"
+#include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace baton::cuda {
@@ -20,6 +21,15 @@ using namespace detail;
 
 constexpr int kAttnWarps = 8;
 constexpr int kMaxSplitsDevice = 256;  // attention splits per (token, head)
+
+// Row-invariant splits: a list of n rows in chunks of at least kMinSplitRows
+// rows, at most `cap` chunks. A function of n alone (the token's position),
+// so one token's sums are the same in any launch.
+constexpr int64_t kMinSplitRows = 16;
+__host__ __device__ __forceinline__ int64_t row_chunk(int64_t n, int64_t cap) {
+  const int64_t c = (n + cap - 1) / cap;
+  return c > kMinSplitRows ? c : kMinSplitRows;
+}
 
 // The inverse RoPE of Ds4AttentionParams::rope_pos on the output pair
 // (x0, x1) of dims (d, d + 1), d even: rope_kernel's arithmetic (a double
@@ -40,6 +50,11 @@ __device__ __forceinline__ bool out_rope_angle(const Ds4AttentionParams& p, int6
 // the output. Split (decode), block z takes rows [z * chunk, (z + 1) * chunk)
 // of the list, starts empty (m = -inf, sum = 0) and writes its partial
 // (m, sum, acc) for attention_merge_kernel, which adds the sink.
+// chunk > 0: given by the host; 0: the bound's splits shared over the
+// batch's real rows; -cap (row-invariant launches): each token's own list
+// in chunks of row_chunk(its length, cap), so a token's partials, and its
+// output, do not depend on the other tokens of the launch, its grid or
+// whether its position came from the device.
 template <bool kSplit>
 __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4AttentionParams p, int64_t chunk,
                                                                         float* __restrict__ part) {
@@ -66,7 +81,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
     if (p.pos0_dev) p.pos0 = *p.pos0_dev;
     pos = p.pos0 + t, kv0 = p.pos0, last = p.pos0 + p.n_tokens;
   }
-  if (p.batch.seq || p.pos0_dev) {
+  if (chunk == 0) {
     // The splits were sized for the upper bound; share the real rows.
     const int64_t cv = p.ratio > 0 ? (p.itop ? min(int64_t(p.top_k), last / p.ratio) : last / p.ratio) : 0;
     chunk = (min(p.window, last) + cv + gridDim.z - 1) / gridDim.z;
@@ -100,6 +115,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) ds4_attention_kernel(Ds4Atten
   const int64_t nv = p.ratio > 0 ? (pos + 1) / p.ratio : 0;
   const int64_t n_comp = p.itop ? min(nv, int64_t(p.top_k)) : nv;
   const int64_t n = n_win + n_comp;
+  if (chunk < 0) chunk = row_chunk(n, -chunk);
   const int64_t k0 = kSplit ? int64_t(blockIdx.z) * chunk : 0, k1 = kSplit ? min(n, k0 + chunk) : n;
   bool bad = false;
   // Row k of the visible list, or null for a refused compressed id.
@@ -242,13 +258,33 @@ int64_t max_visible(const Ds4AttentionParams& p) {
   return std::min(p.window, last) + comp;
 }
 
-// Splits per (token, head): enough blocks for about two per multiprocessor,
-// at least kMinSplitRows rows each, at most kMaxSplits.
-constexpr int64_t kMinSplitRows = 16, kMaxSplits = kMaxSplitsDevice;
+// Launches of up to kMatvecMaxTokens tokens (decode steps, a speculative
+// verify forward, a few sequences' decode rows) are row-invariant: each
+// token's list is split by its own length (row_chunk), into at most
+// invariant_cap() chunks, always through the merge kernel. A verify row then
+// equals the decode step of its position to the bit, queued or replayed from
+// a graph (docs/DEEPSEEK4.md, "Batch invariance"). The cap is what one token
+// wants: about two blocks per multiprocessor, at most kMaxInvariantSplits
+// (what the stage's workspace holds for kMatvecMaxTokens tokens).
+constexpr int64_t kMaxInvariantSplits = 32;
+bool row_invariant(const Ds4AttentionParams& p) { return p.n_tokens <= kMatvecMaxTokens; }
+int64_t invariant_cap(const Ds4AttentionParams& p) {
+  const int64_t head_blocks = (p.n_head + kAttnWarps - 1) / kAttnWarps;
+  return std::clamp<int64_t>((2 * int64_t(sm_count()) + head_blocks - 1) / head_blocks, 1, kMaxInvariantSplits);
+}
+
+// Splits per (token, head). Row-invariant launches: as many as the longest
+// list can take; shorter lists leave the last splits empty, which the merge
+// adds as exact zeros. Others: enough blocks for about two per
+// multiprocessor, at least kMinSplitRows rows each, at most kMaxSplits.
+constexpr int64_t kMaxSplits = kMaxSplitsDevice;
 int64_t attention_splits(const Ds4AttentionParams& p) {
+  const int64_t vis = max_visible(p);
+  // A list of n rows takes ceil(n / row_chunk(n, cap)) <= min(cap, ceil(n / 16)) chunks.
+  if (row_invariant(p)) return std::clamp<int64_t>((vis + kMinSplitRows - 1) / kMinSplitRows, 1, invariant_cap(p));
   const int64_t blocks = (p.n_head + kAttnWarps - 1) / kAttnWarps * p.n_tokens;
   const int64_t want = (2 * int64_t(sm_count()) + blocks - 1) / blocks;
-  const int64_t most = (max_visible(p) + kMinSplitRows - 1) / kMinSplitRows;
+  const int64_t most = (vis + kMinSplitRows - 1) / kMinSplitRows;
   return std::clamp<int64_t>(std::min(want, most), 1, kMaxSplits);
 }
 
@@ -277,7 +313,7 @@ void validate_attention(const Ds4AttentionParams& p) {
 size_t ds4_attention_workspace_bytes(const Ds4AttentionParams& p) {
   validate_attention(p);
   const int64_t splits = attention_splits(p);
-  if (splits <= 1) return 0;
+  if (splits <= 1 && !row_invariant(p)) return 0;
   return size_t(p.n_tokens * p.n_head * splits * (p.head_dim + 32)) * sizeof(float);
 }
 
@@ -286,9 +322,12 @@ void ds4_attention(const Ds4AttentionParams& p, void* workspace, size_t workspac
   const int64_t splits = attention_splits(p);
   const size_t need = ds4_attention_workspace_bytes(p);
   const unsigned head_blocks = unsigned((p.n_head + kAttnWarps - 1) / kAttnWarps);
-  if (splits > 1 && workspace != nullptr && workspace_bytes >= need) {
-    // 0: from the device position(s)
-    const int64_t chunk = p.pos0_dev || p.batch.seq ? 0 : (max_visible(p) + splits - 1) / splits;
+  const bool invariant = row_invariant(p);
+  if ((splits > 1 || invariant) && workspace != nullptr && workspace_bytes >= need) {
+    // Row-invariant: -cap (each token's own chunks); 0: from the device position(s).
+    const int64_t chunk = invariant                     ? -invariant_cap(p)
+                          : p.pos0_dev || p.batch.seq ? 0
+                                                      : (max_visible(p) + splits - 1) / splits;
     float* part = static_cast<float*>(workspace);
     launch_pdl("ds4_attention_kernel", ds4_attention_kernel<true>,
                dim3(dim3(head_blocks, unsigned(p.n_tokens), unsigned(splits))), dim3(kAttnWarps * 32), 0, stream, p,

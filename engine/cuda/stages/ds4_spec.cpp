@@ -20,9 +20,9 @@
 // decode graph included: a drafting engine's plain steps cost a plain
 // step). One that asks for the checkpoint or every row's logits, or the
 // capture of several tokens, is queued directly (the decode graph was
-// captured without them), so its rows run the multi-token kernels: its
-// logits equal one-token decode steps' within the stage's batch tolerance,
-// not bit for bit.
+// captured without them), so its rows run the multi-token kernels, which
+// for up to 8 rows are row-invariant (docs/DEEPSEEK4.md, "Batch
+// invariance"): its logits equal the one-token decode steps', to the bit.
 #include <fmt/format.h>
 
 #include <algorithm>
