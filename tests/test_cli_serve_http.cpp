@@ -329,6 +329,10 @@ TEST(HttpServerAdmission, OneAddressHoldingSocketsLeavesRoomForOthersAndRefusals
   EXPECT_EQ(hog2.bad, "");
   EXPECT_EQ(s.server().connections(), 12);
   EXPECT_EQ(successes(port, "127.0.0.1", 20), 20);
+  // The light clients' last closes are noticed asynchronously: the flood
+  // starts once only the two hogs' 12 are held, so that it meets 4 free rooms.
+  for (int i = 0; i < 500 && s.server().connections() != 12; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(s.server().connections(), 12);
   // Past every limit, many times over: still an answer each, never a reset.
   // All open at once, so that the refusals outnumber the sessions kept for them.
   std::vector<int> fds;
