@@ -70,15 +70,23 @@ ForwardRows CudaDs4Stage::forward_rows(int seq, std::span<const int32_t> tokens,
   check_forward_options(config_, n, o);
   if (!o.all_logits && !o.checkpoint && !o.capture) return {forward(seq, tokens), {}};
   const Layout& L = *layout_;
+  // Queues the copy of `rows` tokens' captured rows to the pinned io; the
+  // span is valid once the stream is synchronized.
+  auto hidden_to_host = [&](int64_t rows) -> std::span<const float> {
+    const size_t n_hidden = size_t(rows) * config_.capture_layers.size() * size_t(L.E);
+    if (n_hidden > 0) {
+      BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_capture, workspace_.data() + L.capture,
+                                       n_hidden * sizeof(float), cudaMemcpyDeviceToHost, stream_.get()));
+    }
+    return {reinterpret_cast<const float*>(io_.data() + L.h_capture), n_hidden};
+  };
   if (!o.all_logits && !o.checkpoint && n == 1) {
     // A plain step that captures (a drafting engine's step without guesses):
     // the decode graph, which captures single tokens, then its rows.
     const std::span<const float> out = forward(seq, tokens);  // synchronizes
-    const size_t n_hidden = config_.capture_layers.size() * size_t(L.E);
-    BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_capture, workspace_.data() + L.capture, n_hidden * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_.get()));
+    const std::span<const float> hidden = hidden_to_host(1);
     BATON_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-    return {out, {reinterpret_cast<const float*>(io_.data() + L.h_capture), n_hidden}};
+    return {out, hidden};
   }
   // The room holds one checkpoint: saving a new one ends the last.
   if (o.checkpoint) checkpoint_ = {};
@@ -96,13 +104,9 @@ ForwardRows CudaDs4Stage::forward_rows(int seq, std::span<const int32_t> tokens,
     checkpoint_forwards_ = forwards_[size_t(seq)];
   }
   last_rows_ = config_.head && !(config_.all_logits || o.all_logits) ? 1 : n;
-  const size_t n_hidden = o.capture ? size_t(n) * config_.capture_layers.size() * size_t(L.E) : 0;
-  if (n_hidden > 0) {
-    BATON_CUDA_CHECK(cudaMemcpyAsync(io_.data() + L.h_capture, workspace_.data() + L.capture, n_hidden * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream_.get()));
-  }
+  const std::span<const float> hidden = hidden_to_host(o.capture ? n : 0);
   const std::span<const float> out = output_to_host();  // synchronizes
-  return {out, {reinterpret_cast<const float*>(io_.data() + L.h_capture), n_hidden}};
+  return {out, hidden};
 }
 
 void CudaDs4Stage::truncate_seq(int seq, int64_t n) {
